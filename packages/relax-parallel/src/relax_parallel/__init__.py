@@ -1,0 +1,3 @@
+"""relax_parallel: see the package README for what it provides."""
+
+__all__: list[str] = []

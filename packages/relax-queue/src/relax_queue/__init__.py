@@ -1,0 +1,3 @@
+"""relax_queue: see the package README for what it provides."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""relax_services: see the package README for what it provides."""
+
+__all__: list[str] = []
