@@ -1,0 +1,198 @@
+"""Chat builder: renders one user turn with modality placeholder spans of the right length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from relax_modalities.text._tokenizer import Tokenizer
+
+Modality = Literal["image", "video", "audio"]
+MODALITIES: tuple[Modality, ...] = ("image", "video", "audio")
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Strings a chat is rendered with; defaults are the tiny vocabulary's, `qwen()` the real model's.
+
+    The tiny layout (TOKENIZER_SPEC.md) is ``<|bos|><|user|>[media blocks]prompt<|assistant|>``, then
+    the response ended by ``<|eos|>``.
+
+    Attributes:
+        user_prefix: opens the user turn.
+        turn_end: closes the user turn (empty for the tiny layout).
+        assistant_prefix: opens the assistant turn (the generation prompt).
+        response_end: closes an assistant response (its eos).
+        system_prefix: opens a system turn; ``None`` when the template has no system turn.
+        vision_start: starts an image or video span.
+        vision_end: ends an image or video span.
+        image_pad: one image placeholder token.
+        video_pad: one video placeholder token.
+        audio_start: starts an audio span.
+        audio_end: ends an audio span.
+        audio_pad: one audio placeholder token.
+    """
+
+    user_prefix: str = "<|bos|><|user|>"
+    turn_end: str = ""
+    assistant_prefix: str = "<|assistant|>"
+    response_end: str = "<|eos|>"
+    system_prefix: str | None = None
+    vision_start: str = "<|vision_start|>"
+    vision_end: str = "<|vision_end|>"
+    image_pad: str = "<|image_pad|>"
+    video_pad: str = "<|video_pad|>"
+    audio_start: str = "<|audio_start|>"
+    audio_end: str = "<|audio_end|>"
+    audio_pad: str = "<|audio_pad|>"
+
+    @classmethod
+    def qwen(cls) -> ChatTemplate:
+        """The Qwen2.5-Omni chat template strings (for the real tokenizer)."""
+        return cls(
+            user_prefix="<|im_start|>user\n",
+            turn_end="<|im_end|>\n",
+            assistant_prefix="<|im_start|>assistant\n",
+            response_end="<|im_end|>",
+            system_prefix="<|im_start|>system\n",
+            image_pad="<|IMAGE|>",
+            video_pad="<|VIDEO|>",
+            audio_start="<|audio_bos|>",
+            audio_end="<|audio_eos|>",
+            audio_pad="<|AUDIO|>",
+        )
+
+
+TINY_TEMPLATE = ChatTemplate()
+
+
+@dataclass(frozen=True)
+class MediaSlot:
+    """One media item of a user turn: its modality and how many placeholder tokens the model expects.
+
+    Attributes:
+        modality: ``"image"``, ``"video"`` or ``"audio"``.
+        num_tokens: placeholder count (image/video: ``prod(grid_thw) // merge**2``;
+            audio: the encoder's output length).
+    """
+
+    modality: Modality
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.modality not in MODALITIES:
+            raise ValueError(f"MediaSlot.modality must be one of {MODALITIES}, got {self.modality!r}")
+        if self.num_tokens < 1:
+            raise ValueError(f"MediaSlot.num_tokens must be >= 1, got {self.num_tokens}")
+
+
+@dataclass(frozen=True)
+class PlaceholderSpan:
+    """Where one media item's placeholder tokens sit in ``input_ids`` (``start`` inclusive)."""
+
+    modality: Modality
+    start: int
+    length: int
+
+
+@dataclass
+class ChatPrompt:
+    """A rendered prompt.
+
+    Attributes:
+        input_ids: token ids of the whole prompt, ending with the generation prompt.
+        spans: placeholder span of each media item, in the order given.
+    """
+
+    input_ids: list[int]
+    spans: list[PlaceholderSpan] = field(default_factory=list)
+
+
+class ChatBuilder:
+    """Renders chats to ids with a tokenizer and a template; special ids are resolved once.
+
+    Args:
+        tokenizer: anything satisfying the `Tokenizer` protocol.
+        template: the chat strings; every special string must be a single token of ``tokenizer``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate = TINY_TEMPLATE) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        t = template
+        self._span_ids: dict[Modality, tuple[int, int, int]] = {
+            "image": (self._single(t.vision_start), self._single(t.image_pad), self._single(t.vision_end)),
+            "video": (self._single(t.vision_start), self._single(t.video_pad), self._single(t.vision_end)),
+            "audio": (self._single(t.audio_start), self._single(t.audio_pad), self._single(t.audio_end)),
+        }
+        self._system_ids = None if t.system_prefix is None else tokenizer.encode(t.system_prefix)
+        self._user_ids = tokenizer.encode(t.user_prefix)
+        self._assistant_ids = tokenizer.encode(t.assistant_prefix)
+        self._turn_end_ids = tokenizer.encode(t.turn_end)
+        self._response_end_ids = tokenizer.encode(t.response_end)
+
+    def _single(self, token: str) -> int:
+        ids = self.tokenizer.encode(token)
+        if len(ids) != 1:
+            raise ValueError(f"chat template token {token!r} is not a single token of the tokenizer (got ids {ids})")
+        return ids[0]
+
+    def placeholder_id(self, modality: Modality) -> int:
+        """Id of the placeholder token of ``modality``."""
+        return self._span_ids[modality][1]
+
+    def build(
+        self,
+        user_text: str,
+        media: Sequence[MediaSlot] = (),
+        *,
+        system: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> ChatPrompt:
+        """Render one user turn (media spans first, then text) and the assistant prefix.
+
+        Args:
+            user_text: the user's question.
+            media: media items, each rendered as ``start, pad × num_tokens, end``.
+            system: optional system message (only for templates with a system turn).
+            add_generation_prompt: append the assistant prefix so the model answers next.
+
+        Returns:
+            The ids and the placeholder span of each media item.
+        """
+        ids: list[int] = []
+        if system is not None:
+            if self._system_ids is None:
+                raise ValueError("this chat template has no system turn (ChatTemplate.system_prefix is None)")
+            ids += self._system_ids + self.tokenizer.encode(system) + self._turn_end_ids
+        ids += self._user_ids
+        spans: list[PlaceholderSpan] = []
+        for slot in media:
+            start_id, pad_id, end_id = self._span_ids[slot.modality]
+            ids.append(start_id)
+            spans.append(PlaceholderSpan(slot.modality, len(ids), slot.num_tokens))
+            ids += [pad_id] * slot.num_tokens
+            ids.append(end_id)
+        ids += self.tokenizer.encode(user_text) + self._turn_end_ids
+        if add_generation_prompt:
+            ids += self._assistant_ids
+        return ChatPrompt(input_ids=ids, spans=spans)
+
+    def response_ids(self, response: str) -> list[int]:
+        """Ids of an assistant response followed by the response end (eos)."""
+        return self.tokenizer.encode(response) + self._response_end_ids
+
+
+def build_chat(
+    tokenizer: Tokenizer,
+    user_text: str,
+    media: Sequence[MediaSlot] = (),
+    *,
+    system: str | None = None,
+    template: ChatTemplate = TINY_TEMPLATE,
+    add_generation_prompt: bool = True,
+) -> ChatPrompt:
+    """One-shot form of `ChatBuilder.build` (build a `ChatBuilder` once when rendering many prompts)."""
+    builder = ChatBuilder(tokenizer, template)
+    return builder.build(user_text, media, system=system, add_generation_prompt=add_generation_prompt)
