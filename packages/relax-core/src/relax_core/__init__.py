@@ -1,3 +1,116 @@
-"""relax_core: see the package README for what it provides."""
+"""relax_core: typed configs, trajectory schema and the RL math of relax.
 
-__all__: list[str] = []
+Configs are small pydantic models loaded from YAML plus dotted overrides; the math is plain
+torch on ``[B, T]`` response-token tensors with a loss mask. Nothing here imports ray,
+transformers or a media library.
+"""
+
+from relax_core._advantages import (
+    VTraceOutput,
+    broadcast_to_tokens,
+    discounted_returns,
+    dynamic_sampling_keep,
+    gae_advantages,
+    group_index,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+    vtrace,
+)
+from relax_core._config_base import (
+    ConfigError,
+    ConfigIssue,
+    ConfigModel,
+    apply_overrides,
+    dump_config,
+    load_config,
+    parse_override,
+)
+from relax_core._configs import (
+    AdvantageEstimator,
+    AlgorithmConfig,
+    OptimizerConfig,
+    PolicyLossName,
+    RewardConfig,
+    StalenessConfig,
+    load_preset,
+    lr_multiplier,
+)
+from relax_core._kl import KLEstimator, entropy_from_logits, kl_estimate, kl_penalised_rewards, value_loss
+from relax_core._loss_fn import compute_policy_loss
+from relax_core._masked import LossAggMode, aggregate_loss, masked_mean, masked_sum, masked_var, masked_whiten
+from relax_core._policy_losses import (
+    ImportanceWeights,
+    cispo_loss,
+    gspo_log_ratio,
+    importance_weights,
+    ppo_clip_loss,
+    sapo_loss,
+)
+from relax_core._presets import PRESET_NAMES, PresetName
+
+# configs: machinery
+__all__ = [
+    "ConfigError",
+    "ConfigIssue",
+    "ConfigModel",
+    "apply_overrides",
+    "dump_config",
+    "load_config",
+    "parse_override",
+]
+# configs: components and presets
+__all__ += [
+    "PRESET_NAMES",
+    "AdvantageEstimator",
+    "AlgorithmConfig",
+    "KLEstimator",
+    "LossAggMode",
+    "OptimizerConfig",
+    "PolicyLossName",
+    "PresetName",
+    "RewardConfig",
+    "StalenessConfig",
+    "load_preset",
+    "lr_multiplier",
+]
+# masked reductions
+__all__ += [
+    "aggregate_loss",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]
+# advantage estimators
+__all__ += [
+    "VTraceOutput",
+    "broadcast_to_tokens",
+    "discounted_returns",
+    "dynamic_sampling_keep",
+    "gae_advantages",
+    "group_index",
+    "grpo_advantages",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "vtrace",
+]
+# policy losses and corrections
+__all__ += [
+    "ImportanceWeights",
+    "cispo_loss",
+    "compute_policy_loss",
+    "gspo_log_ratio",
+    "importance_weights",
+    "ppo_clip_loss",
+    "sapo_loss",
+]
+# value loss, KL, entropy
+__all__ += [
+    "entropy_from_logits",
+    "kl_estimate",
+    "kl_penalised_rewards",
+    "value_loss",
+]

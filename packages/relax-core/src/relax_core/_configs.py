@@ -1,0 +1,290 @@
+"""Component configs owned by relax-core: algorithm, optimizer, staleness, reward.
+
+Each is a small :class:`~relax_core.ConfigModel`; every field carries its default and a docstring.
+relax-services composes its run config from these plus its own service configs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import pydantic
+from pydantic_core import PydanticCustomError
+
+from relax_core._config_base import ConfigModel
+from relax_core._kl import KLEstimator
+from relax_core._masked import LossAggMode
+from relax_core._presets import PRESET_NAMES, PresetName, preset_data
+
+__all__ = [
+    "AdvantageEstimator",
+    "AlgorithmConfig",
+    "KLEstimator",
+    "LossAggMode",
+    "OptimizerConfig",
+    "PolicyLossName",
+    "RewardConfig",
+    "StalenessConfig",
+    "load_preset",
+    "lr_multiplier",
+]
+
+AdvantageEstimator = Literal["gae", "vtrace", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+PolicyLossName = Literal["ppo", "gspo", "cispo", "sapo"]
+
+
+_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+_CRITIC_ESTIMATORS = ("gae", "vtrace")
+
+
+class AlgorithmConfig(ConfigModel):
+    """The RL algorithm: advantage estimator, policy loss, KL/entropy terms, off-policy corrections."""
+
+    preset: PresetName | None = None
+    """Preset the values start from (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo); keys given
+    next to it override the preset's. None: start from the defaults below."""
+
+    advantage_estimator: AdvantageEstimator = "grpo"
+    """How advantages are computed: gae / vtrace (need a critic), grpo, rloo, reinforce_pp,
+    reinforce_pp_baseline."""
+
+    norm_adv_by_std: bool = True
+    """GRPO: divide group-centred rewards by the group std. False gives Dr.GRPO."""
+
+    whiten_advantages: bool = False
+    """Whiten advantages over all valid tokens of the batch (masked mean 0, std 1) after estimation."""
+
+    gamma: float = pydantic.Field(default=1.0, ge=0.0, le=1.0)
+    """Discount factor γ for GAE, V-trace and REINFORCE++ returns."""
+
+    lam: float = pydantic.Field(default=1.0, ge=0.0, le=1.0)
+    """GAE λ (and the V-trace λ that scales the trace coefficients c)."""
+
+    group_size: int = pydantic.Field(default=8, ge=1)
+    """Samples generated per prompt (n). Group estimators (grpo, rloo, reinforce_pp_baseline) need >= 2."""
+
+    policy_loss: PolicyLossName = "ppo"
+    """Surrogate: ppo (clip; Schulman et al. 2017), gspo (sequence ratios), cispo (clipped IS weight),
+    sapo (soft gate)."""
+
+    clip_eps_low: float = pydantic.Field(default=0.2, gt=0.0, le=1.0)
+    """Lower clip range ε_low: ratios below 1 − ε_low are clipped (CISPO: lower IS-weight clip)."""
+
+    clip_eps_high: float = pydantic.Field(default=0.2, gt=0.0)
+    """Upper clip range ε_high: ratios above 1 + ε_high are clipped (DAPO clip-higher uses 0.28)."""
+
+    dual_clip_c: float | None = pydantic.Field(default=None, gt=1.0)
+    """Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); None disables it."""
+
+    sapo_tau_pos: float = pydantic.Field(default=1.0, gt=0.0)
+    """SAPO gate temperature for positive advantages."""
+
+    sapo_tau_neg: float = pydantic.Field(default=1.05, gt=0.0)
+    """SAPO gate temperature for negative advantages."""
+
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token losses become a scalar: token-mean, seq-mean-token-mean, seq-mean-token-sum,
+    seq-mean-token-sum-norm (sum over tokens divided by a constant; Dr.GRPO)."""
+
+    loss_norm_constant: int | None = pydantic.Field(default=None, gt=0)
+    """Constant normaliser for seq-mean-token-sum-norm (e.g. the max response length); None uses the
+    padded response width T of each batch."""
+
+    kl_coef: float = pydantic.Field(default=0.0, ge=0.0)
+    """Weight β of the KL(π_θ ‖ π_ref) term; 0 disables the reference model."""
+
+    kl_estimator: KLEstimator = "k3"
+    """KL estimator (Schulman 2020): k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low variance)."""
+
+    kl_placement: Literal["loss", "reward"] = "loss"
+    """Where β·KL goes: added to the loss, or subtracted from the token rewards before advantages."""
+
+    kl_clamp: float = pydantic.Field(default=10.0, gt=0.0)
+    """The KL estimate per token is clamped to [−kl_clamp, kl_clamp] (k3 low-variance clamp)."""
+
+    entropy_coef: float = pydantic.Field(default=0.0, ge=0.0)
+    """Entropy bonus weight: loss −= entropy_coef · aggregated entropy."""
+
+    value_loss_coef: float = pydantic.Field(default=0.5, ge=0.0)
+    """Weight of the critic's value loss (PPO with a critic)."""
+
+    value_clip_eps: float | None = pydantic.Field(default=0.2, gt=0.0)
+    """Value-function clip range around the old values; None disables value clipping."""
+
+    decoupled: bool = False
+    """Decoupled PPO (Hilton et al. 2022): the trainer recomputes proximal log-probs before each update;
+    the clip is taken around them and π_prox/π_behaviour becomes an importance weight. Needed for
+    τ > 0 and for rollout/trainer mismatch corrections."""
+
+    tis_cap: float | None = pydantic.Field(default=None, gt=0.0)
+    """Token-level truncated IS: the π_prox/π_behaviour weight is capped at this value. Needs decoupled."""
+
+    mis_level: Literal["none", "token", "sequence"] = "none"
+    """Masked IS (MIS / IcePop): zero the loss of tokens (or whole sequences, by geometric-mean ratio)
+    whose π_prox/π_behaviour ratio falls outside [mis_low, mis_high]. Needs decoupled."""
+
+    mis_low: float = pydantic.Field(default=0.5, gt=0.0, lt=1.0)
+    """Lower ratio threshold for masked IS; must be < 1."""
+
+    mis_high: float = pydantic.Field(default=2.0, gt=1.0)
+    """Upper ratio threshold for masked IS; must be > 1."""
+
+    vtrace_rho_bar: float = pydantic.Field(default=1.0, gt=0.0)
+    """V-trace ρ̄: truncation of the importance weight in the TD term."""
+
+    vtrace_c_bar: float = pydantic.Field(default=1.0, gt=0.0)
+    """V-trace c̄: truncation of the trace coefficients (c̄ <= ρ̄ in the paper)."""
+
+    filter_groups: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage, no signal)."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in PRESET_NAMES:
+            return {**preset_data(data["preset"]), **data}
+        return data
+
+    @pydantic.field_validator("group_size")
+    @classmethod
+    def _check_group_size(cls, value: int, info: pydantic.ValidationInfo) -> int:
+        estimator = info.data.get("advantage_estimator")
+        if estimator in _GROUP_ESTIMATORS and value < 2:
+            raise _inconsistent(f">= 2 for advantage_estimator={estimator}")
+        return value
+
+    @pydantic.field_validator("tis_cap", "mis_level")
+    @classmethod
+    def _check_needs_decoupled(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        if value not in (None, "none") and not info.data.get("decoupled", False):
+            raise _inconsistent("null/'none' unless decoupled=true")
+        return value
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the estimator needs a value model (gae, vtrace)."""
+        return self.advantage_estimator in _CRITIC_ESTIMATORS
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a frozen reference model is needed (kl_coef > 0)."""
+        return self.kl_coef > 0.0
+
+
+def _inconsistent(allowed: str) -> PydanticCustomError:
+    """An error for a value inconsistent with an earlier field; ConfigError reports ``allowed``."""
+    return PydanticCustomError("inconsistent_value", "value inconsistent with other fields", {"expected": allowed})
+
+
+def load_preset(name: str, overrides: dict[str, Any] | None = None) -> AlgorithmConfig:
+    """Load an algorithm preset shipped with the package (``relax_core/presets/<name>.yaml``).
+
+    Args:
+        name: One of ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``rloo``, ``reinforce_pp``, ``ppo``.
+        overrides: Field values replacing the preset's.
+
+    Raises:
+        ConfigError: If the name is unknown (the message lists the presets) or an override is invalid.
+    """
+    from relax_core._config_base import load_config
+
+    return load_config(AlgorithmConfig, {"preset": name, **(overrides or {})})
+
+
+class OptimizerConfig(ConfigModel):
+    """AdamW optimizer and learning-rate schedule of a trained model (policy or critic)."""
+
+    lr: float = pydantic.Field(default=1e-6, gt=0.0)
+    """Peak learning rate."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (β1, β2)."""
+
+    eps: float = pydantic.Field(default=1e-8, gt=0.0)
+    """AdamW ε."""
+
+    weight_decay: float = pydantic.Field(default=0.01, ge=0.0)
+    """Decoupled weight decay."""
+
+    grad_clip: float | None = pydantic.Field(default=1.0, gt=0.0)
+    """Clip the global gradient norm to this value; None disables clipping."""
+
+    warmup_steps: int = pydantic.Field(default=0, ge=0)
+    """Linear warm-up from 0 to lr over this many optimizer steps."""
+
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up: constant, linear or cosine down to min_lr_ratio · lr at total_steps."""
+
+    min_lr_ratio: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
+    """Final lr as a fraction of the peak for the linear and cosine schedules."""
+
+    total_steps: int | None = pydantic.Field(default=None, gt=0)
+    """Total optimizer steps; required by the linear and cosine schedules."""
+
+    @pydantic.field_validator("betas")
+    @classmethod
+    def _check_betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= beta < 1.0 for beta in value):
+            raise ValueError("each beta must be in [0, 1)")
+        return value
+
+    @pydantic.field_validator("total_steps")
+    @classmethod
+    def _check_total_steps(cls, value: int | None, info: pydantic.ValidationInfo) -> int | None:
+        schedule = info.data.get("schedule", "constant")
+        if value is None and schedule != "constant":
+            raise _inconsistent(f"an int > 0 for schedule={schedule}")
+        return value
+
+
+def lr_multiplier(cfg: OptimizerConfig, step: int) -> float:
+    """Learning-rate multiplier at optimizer step ``step`` (use with ``torch.optim.lr_scheduler.LambdaLR``).
+
+    Linear warm-up over ``warmup_steps``; then constant, or linear/cosine decay to ``min_lr_ratio``
+    at ``total_steps``.
+    """
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant" or cfg.total_steps is None:
+        return 1.0
+    span = max(cfg.total_steps - cfg.warmup_steps, 1)
+    progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+    decay = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+
+class StalenessConfig(ConfigModel):
+    """The staleness bound τ and what happens to a sample that exceeds it at consumption time."""
+
+    tau: int | None = pydantic.Field(default=0, ge=0)
+    """Maximum staleness V − v_min of a consumed sample; 0 is strictly on-policy, null is unbounded (∞)."""
+
+    on_stale: Literal["drop", "requeue", "flag"] = "drop"
+    """Safety net for samples found stale when consumed: drop, requeue for regeneration, or flag
+    (keep, with off-policy correction). Always counted."""
+
+    def is_stale(self, current_version: int, sample_min_version: int) -> bool:
+        """Whether a sample whose oldest token has ``sample_min_version`` exceeds τ at ``current_version``."""
+        return self.tau is not None and current_version - sample_min_version > self.tau
+
+
+class RewardConfig(ConfigModel):
+    """Which reward function scores responses, and how."""
+
+    name: str = "exact_match"
+    """A registry name (exact_match, multiple_choice, math, format) or a dotted import path
+    ('my_pkg.rewards:score' or 'my_pkg.rewards.score')."""
+
+    kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    """Keyword arguments passed to every call of the function."""
+
+    kind: Literal["auto", "scalar", "batched", "async"] = "auto"
+    """Calling convention: scalar (one response), batched (lists), async (coroutine per response);
+    auto picks async for coroutine functions and scalar otherwise."""
+
+    timeout_s: float | None = pydantic.Field(default=None, gt=0.0)
+    """Per-response timeout for async reward functions; None waits forever."""
+
+    failure_reward: float = 0.0
+    """Reward recorded for a sample whose reward function raised (the sample is also marked failed)."""

@@ -1,0 +1,130 @@
+"""KL estimators, entropy and the clipped value loss."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from relax_core._masked import LossAggMode, aggregate_loss, masked_mean, masked_var
+
+__all__ = [
+    "KLEstimator",
+    "entropy_from_logits",
+    "kl_estimate",
+    "kl_penalised_rewards",
+    "value_loss",
+]
+
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def kl_estimate(
+    logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator = "k3", clamp: float | None = 10.0
+) -> Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (Schulman 2020, "Approximating KL").
+
+    With log r = log π_ref − log π_θ:
+    k1 = −log r (unbiased, high variance), k2 = ½ (log r)² (biased, low variance),
+    k3 = r − 1 − log r (unbiased, non-negative, low variance).
+
+    Args:
+        logprobs: log π_θ of the sampled tokens ``[B, T]``.
+        ref_logprobs: log π_ref of the same tokens ``[B, T]``.
+        estimator: ``k1``, ``k2`` or ``k3``.
+        clamp: The estimate is clamped to [−clamp, clamp] (and k3's log r to ±20 before ``exp``), the
+            low-variance clamp that keeps one outlier token from dominating; None disables it.
+
+    Returns:
+        KL estimate ``[B, T]``; differentiable w.r.t. ``logprobs``.
+    """
+    log_r = ref_logprobs - logprobs  # [B, T]
+    if estimator == "k1":
+        kl = -log_r
+    elif estimator == "k2":
+        kl = 0.5 * log_r**2
+    elif estimator == "k3":
+        log_r = torch.clamp(log_r, -20.0, 20.0)
+        kl = torch.exp(log_r) - 1.0 - log_r
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: k1, k2, k3")
+    return torch.clamp(kl, -clamp, clamp) if clamp is not None else kl
+
+
+def kl_penalised_rewards(
+    rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    coef: float,
+    estimator: KLEstimator = "k1",
+    clamp: float | None = 10.0,
+) -> Tensor:
+    """Token rewards with the KL penalty folded in: r_t − β · KL_t on valid tokens (InstructGPT style).
+
+    Args:
+        rewards: Token rewards ``[B, T]``.
+        logprobs: Behaviour (or proximal) log-probs ``[B, T]``.
+        ref_logprobs: Reference log-probs ``[B, T]``.
+        mask: Valid tokens ``[B, T]``.
+        coef: β.
+        estimator, clamp: As in :func:`kl_estimate`.
+
+    Returns:
+        Penalised rewards ``[B, T]`` (no gradient).
+    """
+    with torch.no_grad():
+        kl = kl_estimate(logprobs, ref_logprobs, estimator, clamp)
+        return torch.where(mask.bool(), rewards - coef * kl, rewards)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical distribution at each position: ``[..., V]`` → ``[...]``."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_eps: float | None = 0.2,
+    agg_mode: LossAggMode = "token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss (PPO as in OpenAI baselines; Schulman et al. 2017 §5):
+    ½ · max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²).
+
+    Args:
+        values: Current critic values ``[B, T]``.
+        old_values: Critic values when the data was scored ``[B, T]``.
+        returns: Regression targets (GAE returns or V-trace targets) ``[B, T]``.
+        mask: Valid tokens ``[B, T]``.
+        clip_eps: ε; None gives the plain squared error.
+        agg_mode: Aggregation mode (see :func:`aggregate_loss`).
+
+    Returns:
+        ``(loss, diagnostics)`` with ``vf_clipfrac`` and ``vf_explained_var``.
+    """
+    mask_b = mask.bool()
+    values = torch.where(mask_b, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    unclipped = (values - returns) ** 2  # [B, T]
+    if clip_eps is None:
+        per_token = 0.5 * unclipped
+        clipped_more = torch.zeros_like(mask_b)
+    else:
+        clipped_values = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
+        clipped = (clipped_values - returns) ** 2
+        per_token = 0.5 * torch.maximum(unclipped, clipped)
+        clipped_more = clipped > unclipped
+    loss = aggregate_loss(per_token, mask, agg_mode)
+    with torch.no_grad():
+        residual_var = masked_var(returns - values, mask)
+        return_var = masked_var(returns, mask)
+        diagnostics = {
+            "vf_loss": float(loss.item()),
+            "vf_clipfrac": float(masked_mean(clipped_more.float(), mask).item()),
+            "vf_explained_var": float((1.0 - residual_var / return_var.clamp(min=1e-8)).item()),
+        }
+    return loss, diagnostics

@@ -1,0 +1,146 @@
+"""The trainer-facing policy loss: one call computes the whole objective of an AlgorithmConfig."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from relax_core._configs import AlgorithmConfig
+from relax_core._kl import kl_estimate
+from relax_core._masked import aggregate_loss, masked_mean
+from relax_core._policy_losses import cispo_loss, gspo_log_ratio, importance_weights, ppo_clip_loss, sapo_loss
+
+__all__ = ["compute_policy_loss"]
+
+
+def _check_shapes(shape: torch.Size, **tensors: Tensor | None) -> None:
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}; expected {tuple(shape)} like logprobs")
+
+
+def _surrogate(
+    cfg: AlgorithmConfig, log_ratio: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per-token loss ``[B, T]``, clip indicator ``[B, T]`` and (PPO/GSPO) dual-clip indicator."""
+    if cfg.policy_loss in ("ppo", "gspo"):
+        if cfg.policy_loss == "gspo":
+            log_ratio = gspo_log_ratio(log_ratio, mask)
+        return ppo_clip_loss(log_ratio, advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c)
+    if cfg.policy_loss == "cispo":
+        loss, clipped = cispo_loss(log_ratio, advantages, cfg.clip_eps_low, cfg.clip_eps_high)
+        return loss, clipped, None
+    loss, gated = sapo_loss(log_ratio, advantages, cfg.sapo_tau_pos, cfg.sapo_tau_neg)
+    return loss, gated, None
+
+
+def compute_policy_loss(
+    cfg: AlgorithmConfig,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    proximal_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The full policy objective of ``cfg``: surrogate × off-policy weights + β·KL − entropy bonus.
+
+    The clip is taken around the proximal policy when ``cfg.decoupled`` (decoupled PPO, Hilton et
+    al. 2022), else around ``old_logprobs``. Off-policy weights (TIS cap, masked IS) come from
+    π_prox/π_behaviour. Tokens rejected by masked IS leave the loss mask (and its normaliser).
+
+    Args:
+        cfg: Algorithm settings (policy_loss, clip ranges, aggregation, KL, entropy, corrections).
+        logprobs: log π_θ of the response tokens ``[B, T]``, with gradient.
+        old_logprobs: Behaviour log-probs from the rollout engine ``[B, T]``.
+        advantages: ``[B, T]``.
+        mask: Loss mask ``[B, T]`` (1 on policy-generated tokens).
+        proximal_logprobs: log π_prox ``[B, T]`` recomputed by the trainer; required iff ``cfg.decoupled``.
+        ref_logprobs: Reference log-probs ``[B, T]``; required when ``kl_coef > 0`` and
+            ``kl_placement == "loss"``; when given with placement "reward" only the diagnostic is reported.
+        entropy: Per-token entropy ``[B, T]`` (with gradient); required when ``entropy_coef > 0``.
+
+    Returns:
+        ``(loss, diagnostics)``: the scalar to minimise and floats ``policy_loss``, ``clip_frac``,
+        ``dual_clip_frac``, ``approx_kl``, ``ratio_mean``, and when present ``is_weight_mean/min/max``,
+        ``is_truncated_frac``, ``is_masked_frac``, ``mismatch_kl``, ``kl``, ``entropy``, ``loss``.
+
+    Raises:
+        ValueError: On shape mismatches or a missing input the config needs.
+    """
+    _check_shapes(
+        logprobs.shape,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        mask=mask,
+        proximal_logprobs=proximal_logprobs,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+    )
+    if cfg.decoupled and proximal_logprobs is None:
+        raise ValueError("cfg.decoupled is true: proximal_logprobs (trainer log-probs before the update) are required")
+    if not cfg.decoupled and proximal_logprobs is not None:
+        raise ValueError("proximal_logprobs given but cfg.decoupled is false; set algorithm.decoupled=true to use them")
+    if cfg.kl_coef > 0 and cfg.kl_placement == "loss" and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 with kl_placement='loss' needs ref_logprobs")
+    if cfg.entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
+
+    mask_b = mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    # Padding may hold garbage (−inf log-probs); select it away so no NaN reaches values or gradients.
+    logprobs = torch.where(mask_b, logprobs, zero)
+    anchor = proximal_logprobs if proximal_logprobs is not None else old_logprobs
+    log_ratio = logprobs - torch.where(mask_b, anchor, zero).detach()  # [B, T]
+    per_token, clipped, dual = _surrogate(cfg, log_ratio, advantages.detach(), mask_b)
+
+    diagnostics: dict[str, float] = {}
+    loss_mask = mask_b
+    if proximal_logprobs is not None:
+        iw = importance_weights(
+            proximal_logprobs, old_logprobs, mask_b, cfg.tis_cap, cfg.mis_level, cfg.mis_low, cfg.mis_high
+        )
+        per_token = per_token * iw.weights
+        loss_mask = iw.keep
+        with torch.no_grad():
+            log_w = torch.where(mask_b, proximal_logprobs - old_logprobs, zero)
+            diagnostics.update(
+                is_weight_mean=float(masked_mean(iw.weights, mask_b).item()),
+                is_weight_min=float(torch.where(mask_b, iw.raw, torch.inf).min().item()) if mask_b.any() else 1.0,
+                is_weight_max=float(torch.where(mask_b, iw.raw, -torch.inf).max().item()) if mask_b.any() else 1.0,
+                is_truncated_frac=float(masked_mean(iw.truncated.float(), mask_b).item()),
+                is_masked_frac=float(masked_mean((~iw.keep).float(), mask_b).item()),
+                # KL(μ ‖ π_prox) by k3 on samples of μ: the rollout/trainer mismatch.
+                mismatch_kl=float(masked_mean(torch.exp(log_w) - 1.0 - log_w, mask_b).item()),
+            )
+
+    policy_loss = aggregate_loss(per_token, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
+    loss = policy_loss
+    if ref_logprobs is not None:
+        kl = kl_estimate(logprobs, torch.where(mask_b, ref_logprobs, zero), cfg.kl_estimator, cfg.kl_clamp)
+        kl_value = aggregate_loss(kl, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
+        if cfg.kl_placement == "loss" and cfg.kl_coef > 0:
+            loss = loss + cfg.kl_coef * kl_value
+        diagnostics["kl"] = float(kl_value.item())
+    if entropy is not None:
+        entropy_value = aggregate_loss(
+            torch.where(mask_b, entropy, zero), loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant
+        )
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * entropy_value
+        diagnostics["entropy"] = float(entropy_value.item())
+
+    with torch.no_grad():
+        lr_det = log_ratio.detach()
+        diagnostics.update(
+            policy_loss=float(policy_loss.item()),
+            clip_frac=float(masked_mean(clipped.float(), mask_b).item()),
+            dual_clip_frac=float(masked_mean(dual.float(), mask_b).item()) if dual is not None else 0.0,
+            # k3 estimate of KL(π_anchor ‖ π_θ), how far this update has moved the policy.
+            approx_kl=float(masked_mean(torch.exp(lr_det) - 1.0 - lr_det, mask_b).item()),
+            ratio_mean=float(masked_mean(torch.exp(lr_det), mask_b).item()),
+            loss=float(loss.item()),
+        )
+    return loss, diagnostics

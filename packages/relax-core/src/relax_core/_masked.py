@@ -1,0 +1,88 @@
+"""Masked reductions and loss aggregation over [B, T] token tensors.
+
+Masked positions never contribute a value or a gradient: every reduction selects with
+``torch.where`` instead of multiplying, so NaN/inf in padding cannot leak into the result.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["LossAggMode", "aggregate_loss", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def _zeroed(values: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``values`` where ``mask`` is true (over ``dim``, or everything)."""
+    zeroed = _zeroed(values, mask)
+    return zeroed.sum() if dim is None else zeroed.sum(dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` where ``mask`` is true; 0 where nothing is selected."""
+    count = mask.bool().sum() if dim is None else mask.bool().sum(dim)
+    return masked_sum(values, mask, dim) / count.clamp(min=1).to(values.dtype)
+
+
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of the selected entries (Bessel-corrected when ``unbiased`` and more than one)."""
+    mean = masked_mean(values, mask)
+    count = mask.bool().sum().to(values.dtype)
+    sq = masked_sum((values - mean) ** 2, mask)
+    denom = count - 1 if unbiased and count > 1 else count.clamp(min=1)
+    return sq / denom
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalise the selected entries to unit variance (and zero mean if ``shift_mean``); masked → 0.
+
+    Args:
+        values: Any shape, usually advantages ``[B, T]``.
+        mask: Same shape; true where the entry counts.
+        shift_mean: Subtract the masked mean (False keeps the mean, as REINFORCE++ does not).
+        eps: Added to the variance before the square root.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return _zeroed(whitened, mask)
+
+
+def aggregate_loss(
+    loss: Tensor, mask: Tensor, mode: LossAggMode = "token-mean", norm_constant: float | None = None
+) -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` to a scalar.
+
+    Modes:
+        ``token-mean``: Σ_{b,t} m·ℓ / Σ m — every token weighs the same (DAPO, Yu et al. 2025, eq. 8).
+        ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (GRPO, Shao et al.
+        2024, eq. 3). Sequences with no valid token are left out.
+        ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
+        ``seq-mean-token-sum-norm``: Σ_{b,t} m·ℓ / (B · C) with a constant C (Dr.GRPO, Liu et al. 2025),
+        C = ``norm_constant`` or the padded width T.
+    """
+    if mode == "token-mean":
+        return masked_mean(loss, mask)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked_mean(loss, mask, dim=-1)  # [B]
+        has_tokens = mask.bool().any(dim=-1)  # [B]
+        return masked_mean(per_seq, has_tokens)
+    if mode == "seq-mean-token-sum":
+        return masked_sum(loss, mask, dim=-1).mean()
+    if mode == "seq-mean-token-sum-norm":
+        constant = float(norm_constant) if norm_constant is not None else float(loss.shape[-1])
+        return masked_sum(loss, mask) / (loss.shape[0] * constant)
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; allowed: {', '.join(_MODES)}")
+
+
+_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
