@@ -49,6 +49,26 @@ from relax_core._policy_losses import (
     sapo_loss,
 )
 from relax_core._presets import PRESET_NAMES, PresetName
+from relax_core._reward_fns import (
+    exact_match_reward,
+    extract_boxed,
+    extract_choice,
+    format_reward,
+    math_reward,
+    multiple_choice_reward,
+    normalize_number,
+)
+from relax_core._rewards import (
+    REWARD_REGISTRY,
+    AsyncRewardFn,
+    BatchedRewardFn,
+    RewardFn,
+    RewardResult,
+    RewardScorer,
+    build_reward,
+    resolve_reward_fn,
+)
+from relax_core._schema import MediaRef, Modality, PackedBatch, PaddedBatch, Sample
 
 # configs: machinery
 __all__ = [
@@ -113,4 +133,30 @@ __all__ += [
     "kl_estimate",
     "kl_penalised_rewards",
     "value_loss",
+]
+# trajectory schema
+__all__ += [
+    "MediaRef",
+    "Modality",
+    "PackedBatch",
+    "PaddedBatch",
+    "Sample",
+]
+# rewards
+__all__ += [
+    "REWARD_REGISTRY",
+    "AsyncRewardFn",
+    "BatchedRewardFn",
+    "RewardFn",
+    "RewardResult",
+    "RewardScorer",
+    "build_reward",
+    "exact_match_reward",
+    "extract_boxed",
+    "extract_choice",
+    "format_reward",
+    "math_reward",
+    "multiple_choice_reward",
+    "normalize_number",
+    "resolve_reward_fn",
 ]
