@@ -1,3 +1,77 @@
-"""relax_queue: see the package README for what it provides."""
+"""relax_queue: a bounded, version-tagged, columnar data bus with staleness control.
 
-__all__: list[str] = []
+Producers put rows (key, fields, policy versions, group, tags) and add fields later; readers of
+each task (consumer group) lease batches, ack or nack them; a staleness policy paces producers
+(admission) and checks rows at consumption. Works in-process (threads and asyncio) and across a
+Ray cluster, with no third-party dependency at import time.
+"""
+
+from relax_queue._async import AsyncReader, AsyncTransferQueue
+from relax_queue._batchers import Batcher, FixedSizeBatcher, GroupBatcher, RowMeta, TokenBudgetBatcher
+from relax_queue._config import BoundedStaleness, Capacity, OnStale, QueueConfig, StalenessPolicy, TaskSpec
+from relax_queue._errors import (
+    AdmissionError,
+    ConfigError,
+    FieldTypeError,
+    GroupError,
+    LeaseError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RelaxQueueError,
+    RowTooLargeError,
+    UnknownTaskError,
+)
+from relax_queue._queue import Reader, TransferQueue, VersionError
+from relax_queue._ray import RayQueueClient, RayReader, connect, create_ray_queue
+from relax_queue._replica import ReplicaSet
+from relax_queue._sizing import estimate_nbytes
+from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
+
+__all__ = [  # noqa: RUF022 - grouped by topic
+    # queues and readers
+    "AsyncReader",
+    "AsyncTransferQueue",
+    "Reader",
+    "TransferQueue",
+    # configuration
+    "BoundedStaleness",
+    "Capacity",
+    "OnStale",
+    "QueueConfig",
+    "StalenessPolicy",
+    "TaskSpec",
+    # rows and batches
+    "Batch",
+    "Key",
+    "RequeuedRow",
+    "Row",
+    "RowInput",
+    # batching
+    "Batcher",
+    "FixedSizeBatcher",
+    "GroupBatcher",
+    "ReplicaSet",
+    "RowMeta",
+    "TokenBudgetBatcher",
+    # Ray transport
+    "RayQueueClient",
+    "RayReader",
+    "connect",
+    "create_ray_queue",
+    # utilities
+    "estimate_nbytes",
+    # errors
+    "AdmissionError",
+    "ConfigError",
+    "FieldTypeError",
+    "GroupError",
+    "LeaseError",
+    "QueueClosedError",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "RelaxQueueError",
+    "RowTooLargeError",
+    "UnknownTaskError",
+    "VersionError",
+]

@@ -1,0 +1,190 @@
+"""``AsyncTransferQueue``: the asyncio face over the same core as ``TransferQueue``.
+
+Blocking operations never block the event loop: they try under the lock, then await a wake-up
+that the core sends (thread-safely) on every state change, or the next lease deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from relax_queue._batchers import Batcher, FixedSizeBatcher
+from relax_queue._errors import QueueClosedError, QueueTimeoutError
+from relax_queue._queue import PutMany, TransferQueue, _normalise_fields
+from relax_queue._replica import ReplicaSet
+from relax_queue._types import Batch, Key, RowInput
+
+__all__ = ["AsyncReader", "AsyncTransferQueue"]
+
+T = TypeVar("T")
+
+
+class AsyncTransferQueue:
+    """Awaitable put/get/admit over a :class:`TransferQueue` (which threads may use at the same time).
+
+    Non-blocking operations (ack, nack, add_fields, publish_version, metrics, snapshots) are the
+    sync queue's, reachable through :attr:`sync`.
+    """
+
+    def __init__(self, queue: TransferQueue) -> None:
+        """Wrap ``queue``; both faces share one state."""
+        self.sync = queue
+        self._core = queue._core
+
+    async def _wait(
+        self, attempt: Callable[[float], T | None], timeout: float | None, on_timeout: Callable[[], Exception]
+    ) -> T:
+        core = self._core
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed; nobody is waiting any more
+                loop.call_soon_threadsafe(event.set)
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with core.cond:
+            core.listeners.add(wake)
+        try:
+            while True:
+                event.clear()
+                with core.cond:
+                    if core.closed:
+                        raise QueueClosedError("the queue is closed")
+                    now = time.monotonic()
+                    result = attempt(now)
+                    lease_deadline = core.next_deadline()
+                if result is not None:
+                    return result
+                wait = None if deadline is None else deadline - now
+                if wait is not None and wait <= 0:
+                    raise on_timeout()
+                if lease_deadline is not None:
+                    until_lease = max(lease_deadline - now, 0.0) + 1e-4
+                    wait = until_lease if wait is None else min(wait, until_lease)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), wait)
+        finally:
+            with core.cond:
+                core.listeners.discard(wake)
+
+    async def put(
+        self,
+        key: Key,
+        fields: Mapping[str, Any],
+        *,
+        versions: tuple[int, int] | int = 0,
+        group_id: Hashable | None = None,
+        group_size: int | None = None,
+        tags: Mapping[str, int | float | str] | None = None,
+        admitted: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Awaitable :meth:`TransferQueue.put`."""
+        row = RowInput(key, fields, versions, group_id, group_size, tags or {})
+        await self.put_many([row], admitted=admitted, timeout=timeout)
+
+    async def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
+        """Awaitable :meth:`TransferQueue.put_many`."""
+        start = time.perf_counter()
+        progress = PutMany(self._core, rows, admitted)
+        await self._wait(progress, timeout, lambda: progress.full_error(timeout))
+        self._core.counters.put_latency_s.append(time.perf_counter() - start)
+
+    async def get(
+        self,
+        task: str,
+        *,
+        fields: tuple[str, ...] | None = None,
+        n: int | None = None,
+        batcher: Batcher | None = None,
+        timeout: float | None = None,
+        replica: ReplicaSet | None = None,
+    ) -> Batch:
+        """Awaitable :meth:`TransferQueue.get`."""
+        start = time.perf_counter()
+        chosen = batcher or FixedSizeBatcher()
+        core, replicas = self._core, self.sync._replicas
+
+        def attempt(now: float) -> Batch | None:
+            if replica is None:
+                return core.try_get(task, fields, n, chosen, now)
+            return replicas.try_get(core, task, fields, n, chosen, now, replica)
+
+        batch = await self._wait(
+            attempt, timeout, lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s")
+        )
+        core.counters.get_latency_s.append(time.perf_counter() - start)
+        return batch
+
+    async def admit(self, n: int, timeout: float = 0.0) -> int:
+        """Awaitable :meth:`TransferQueue.admit` (0 on timeout)."""
+        core = self._core
+        start = time.monotonic()
+        with core.cond:
+            granted = core.try_admit(n)
+        if granted or n == 0 or timeout <= 0:
+            return granted
+        try:
+            granted = await self._wait(
+                lambda now: core.try_admit(n) or None, timeout, lambda: QueueTimeoutError("admit")
+            )
+        except QueueTimeoutError:
+            granted = 0
+        with core.cond:
+            core.counters.admission_waits += 1
+            core.counters.admission_wait_s += time.monotonic() - start
+        return granted
+
+    def reader(
+        self,
+        task: str,
+        fields: Iterable[str] | None = None,
+        batcher: Batcher | None = None,
+        *,
+        replica: ReplicaSet | None = None,
+    ) -> AsyncReader:
+        """An awaitable reader (see :meth:`TransferQueue.reader`)."""
+        with self._core.cond:
+            self._core.task(task)
+        return AsyncReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+
+    def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
+        """:meth:`TransferQueue.ack` (never blocks)."""
+        self.sync.ack(batch, rank=rank)
+
+    def nack(self, batch: Batch | int) -> None:
+        """:meth:`TransferQueue.nack` (never blocks)."""
+        self.sync.nack(batch)
+
+
+class AsyncReader:
+    """Awaitable counterpart of :class:`Reader`."""
+
+    def __init__(
+        self,
+        queue: AsyncTransferQueue,
+        task: str,
+        fields: tuple[str, ...] | None,
+        batcher: Batcher,
+        replica: ReplicaSet | None,
+    ) -> None:
+        self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
+
+    async def get(self, n: int | None = None, timeout: float | None = None) -> Batch:
+        """Lease the next batch (see :meth:`Reader.get`)."""
+        return await self.queue.get(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch) -> None:
+        """Consume ``batch``."""
+        self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def nack(self, batch: Batch) -> None:
+        """Give ``batch`` back for redelivery."""
+        self.queue.nack(batch)

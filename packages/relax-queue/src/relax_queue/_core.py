@@ -1,0 +1,492 @@
+"""The queue state and its non-blocking operations (callers hold the lock).
+
+``TransferQueue`` (threads) and ``AsyncTransferQueue`` (asyncio) both drive one ``QueueCore``;
+the only blocking lives in those facades, which wait on the core's condition or listeners.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from typing import Any
+
+from relax_queue._batchers import Batcher
+from relax_queue._config import QueueConfig, TaskSpec
+from relax_queue._errors import (
+    AdmissionError,
+    FieldTypeError,
+    GroupError,
+    LeaseError,
+    RowTooLargeError,
+    UnknownTaskError,
+)
+from relax_queue._metrics import Counters
+from relax_queue._sizing import estimate_nbytes
+from relax_queue._types import Batch, Key, RequeuedRow, Row
+
+__all__ = ["QueueCore", "StoredRow"]
+
+FULL = object()  # sentinel: the row did not fit; wait for capacity
+
+
+class StoredRow:
+    """A row as held by the queue (internal; batchers see it through ``RowMeta``)."""
+
+    __slots__ = (
+        "deliveries",
+        "fields",
+        "group_id",
+        "group_size",
+        "key",
+        "nbytes",
+        "pending_tasks",
+        "tags",
+        "v_max",
+        "v_min",
+    )
+
+    def __init__(
+        self,
+        key: Key,
+        fields: dict[str, Any],
+        v_min: int,
+        v_max: int,
+        group_id: Hashable | None,
+        group_size: int | None,
+        tags: Mapping[str, int | float | str],
+        nbytes: int,
+        pending_tasks: int,
+    ) -> None:
+        self.key = key
+        self.fields = fields
+        self.v_min = v_min
+        self.v_max = v_max
+        self.group_id = group_id
+        self.group_size = group_size
+        self.tags = tags
+        self.nbytes = nbytes
+        self.pending_tasks = pending_tasks
+        self.deliveries: dict[str, int] = {}
+
+
+class TaskState:
+    """Per-task delivery state: rows waiting (FIFO), rows to redeliver first, counters."""
+
+    __slots__ = ("acked", "delivered", "pending", "retry", "spec", "staleness_hist")
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.pending: OrderedDict[Key, None] = OrderedDict()
+        self.retry: OrderedDict[Key, None] = OrderedDict()
+        self.delivered = 0
+        self.acked = 0
+        self.staleness_hist: dict[int, int] = {}
+
+
+class Lease:
+    """Rows of one batch delivered to one task, until ack, nack or expiry."""
+
+    __slots__ = ("batch", "deadline", "lease_id", "on_settle", "rows", "task")
+
+    def __init__(self, lease_id: int, task: TaskState, rows: list[StoredRow], deadline: float) -> None:
+        self.lease_id = lease_id
+        self.task = task
+        self.rows = rows
+        self.deadline = deadline
+        self.on_settle: Callable[[], None] | None = None
+
+
+def parse_versions(key: Key, versions: tuple[int, int] | int) -> tuple[int, int]:
+    """``(v_min, v_max)`` from a tuple or a single int, validated."""
+    if isinstance(versions, int) and not isinstance(versions, bool):
+        return versions, versions
+    if isinstance(versions, tuple | list) and len(versions) == 2:
+        v_min, v_max = versions
+        if isinstance(v_min, int) and isinstance(v_max, int) and 0 <= v_min <= v_max:
+            return v_min, v_max
+    raise FieldTypeError(
+        f"row {key!r}: versions must be an int or (v_min, v_max) ints with 0 <= v_min <= v_max, got {versions!r}"
+    )
+
+
+def check_fields(key: Key, fields: Any) -> dict[str, Any]:
+    """Validate a fields mapping (str names) and return it as a dict."""
+    if not isinstance(fields, Mapping):
+        raise FieldTypeError(
+            f"row {key!r}: fields must be a mapping of field name to value, got {type(fields).__name__}"
+        )
+    for name in fields:
+        if not isinstance(name, str):
+            raise FieldTypeError(f"row {key!r}: field names must be str, got {name!r}")
+    return fields if type(fields) is dict else dict(fields)
+
+
+class QueueCore:
+    """All queue state. Every method expects ``self.cond`` to be held by the caller."""
+
+    def __init__(self, config: QueueConfig) -> None:
+        self.config = config
+        self.policy = config.staleness
+        self.cond = threading.Condition(threading.Lock())
+        self.listeners: set[Callable[[], None]] = set()
+        self.closed = False
+        self.tasks: dict[str, TaskState] = {s.name: TaskState(s) for s in config.tasks}
+        self.rows: dict[Key, StoredRow] = {}
+        self.groups: dict[Hashable, dict[Key, StoredRow]] = {}
+        self.nbytes = 0
+        self.version = 0
+        self.accepted = 0
+        self.running = 0
+        self.next_lease_id = 1
+        self.leases: dict[int, Lease] = {}
+        self.lease_heap: list[tuple[float, int]] = []
+        self.retired: OrderedDict[Key, None] = OrderedDict()
+        self.requeued: list[RequeuedRow] = []
+        self.counters = Counters()
+        self.counters.put_latency_s = type(self.counters.put_latency_s)(maxlen=config.latency_window)
+        self.counters.get_latency_s = type(self.counters.get_latency_s)(maxlen=config.latency_window)
+
+    # ------------------------------------------------------------------ notification
+    def notify(self) -> None:
+        """Wake blocked threads and asyncio waiters: the state changed."""
+        self.cond.notify_all()
+        for listener in tuple(self.listeners):
+            listener()
+
+    def task(self, name: str) -> TaskState:
+        """The state of task ``name``; unknown names raise :class:`UnknownTaskError`."""
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise UnknownTaskError(f"unknown task {name!r}; registered tasks are {list(self.tasks)}") from None
+
+    # ------------------------------------------------------------------ put
+    def put_row(
+        self,
+        key: Key,
+        fields: Mapping[str, Any],
+        versions: tuple[int, int] | int,
+        group_id: Hashable | None,
+        group_size: int | None,
+        tags: Mapping[str, int | float | str] | None,
+        admitted: bool,
+    ) -> object:
+        """Insert a row or add its missing fields; returns ``FULL`` when a new row must wait."""
+        row = self.rows.get(key)
+        if row is not None:
+            self._add_missing(row, check_fields(key, fields))
+            return None
+        if key in self.retired:
+            self.counters.duplicate_puts += 1
+            return None
+        fields = check_fields(key, fields)
+        v_min, v_max = parse_versions(key, versions)
+        if tags is None:
+            tags = {}
+        elif not isinstance(tags, Mapping):
+            raise FieldTypeError(f"row {key!r}: tags must be a mapping, got {type(tags).__name__}")
+        members = self._check_group(key, group_id, group_size)
+        nbytes = 0
+        for value in fields.values():
+            nbytes += estimate_nbytes(value)
+        cap = self.config.capacity
+        if cap.max_bytes is not None:
+            if nbytes > cap.max_bytes:
+                raise RowTooLargeError(f"row {key!r} is {nbytes} bytes, larger than max_bytes={cap.max_bytes}")
+            if self.nbytes + nbytes > cap.max_bytes:
+                return FULL
+        if cap.max_rows is not None and len(self.rows) >= cap.max_rows:
+            return FULL
+        row = StoredRow(key, fields, v_min, v_max, group_id, group_size, tags, nbytes, len(self.tasks))
+        self.rows[key] = row
+        if members is not None:
+            members[key] = row
+        self.nbytes += nbytes
+        for ts in self.tasks.values():
+            ts.pending[key] = None
+        self.counters.puts += 1
+        self.accepted += 1
+        if admitted:
+            if self.running > 0:
+                self.running -= 1
+            else:
+                self.counters.admission_unmatched += 1
+        return None
+
+    def _check_group(self, key: Key, group_id: Hashable | None, group_size: int | None) -> dict[Key, StoredRow] | None:
+        if group_id is None:
+            if group_size is not None:
+                raise GroupError(f"row {key!r}: group_size={group_size} given without group_id")
+            return None
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
+            raise GroupError(f"row {key!r}: group {group_id!r} needs a positive int group_size, got {group_size!r}")
+        members = self.groups.get(group_id)
+        if members is None:
+            members = self.groups[group_id] = {}
+        elif members:
+            size = next(iter(members.values())).group_size
+            if size != group_size:
+                raise GroupError(f"row {key!r}: group {group_id!r} has group_size={size}, this row says {group_size}")
+            if len(members) >= group_size:
+                raise GroupError(f"row {key!r}: group {group_id!r} already has its {group_size} rows")
+        return members
+
+    def _add_missing(self, row: StoredRow, fields: dict[str, Any]) -> None:
+        added = False
+        for name, value in fields.items():
+            if name not in row.fields:
+                row.fields[name] = value
+                size = estimate_nbytes(value)
+                row.nbytes += size
+                self.nbytes += size
+                added = True
+        if added:
+            self.counters.fields_added += 1
+        else:
+            self.counters.duplicate_puts += 1
+
+    def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
+        """Add fields to a stored row; ``False`` (counted) when the key is not stored."""
+        row = self.rows.get(key)
+        if row is None:
+            self.counters.add_fields_unknown_key += 1
+            return False
+        self._add_missing(row, check_fields(key, fields))
+        return True
+
+    # ------------------------------------------------------------------ get
+    def try_get(
+        self, task: str, fields: tuple[str, ...] | None, n: int | None, batcher: Batcher, now: float
+    ) -> Batch | None:
+        """Lease the batch the batcher picks, or ``None`` when it wants to wait."""
+        ts = self.task(task)
+        self.expire(now)
+        stale: list[list[StoredRow]] = []
+        units = self._units(ts, fields, stale)
+        try:
+            chosen = batcher.select(units, n)
+        finally:
+            units.close()
+        if stale:
+            self._remove_stale(stale)
+        if not chosen:
+            return None
+        return self._lease(ts, fields, chosen, now)
+
+    def _units(
+        self, ts: TaskState, fields: tuple[str, ...] | None, stale: list[list[StoredRow]]
+    ) -> Generator[list[StoredRow], None, None]:
+        rows = self.rows
+        check = ts.spec.check_staleness
+        policy = self.policy
+        version = self.version
+        drop_stale = policy.on_stale != "flag"
+        buckets: dict[Hashable, list[StoredRow]] = {}
+        for source in (ts.retry, ts.pending):
+            for key in source:
+                row = rows[key]
+                if fields:
+                    row_fields = row.fields
+                    if not all(f in row_fields for f in fields):
+                        continue
+                if row.group_id is None:
+                    if check and drop_stale and policy.is_stale(version, row.v_min):
+                        stale.append([row])
+                        continue
+                    yield [row]
+                    continue
+                bucket = buckets.get(row.group_id)
+                if bucket is None:
+                    bucket = buckets[row.group_id] = []
+                bucket.append(row)
+                if len(bucket) == row.group_size:
+                    if check and drop_stale and any(policy.is_stale(version, r.v_min) for r in bucket):
+                        stale.append(bucket)
+                        continue
+                    yield bucket
+
+    def _lease(self, ts: TaskState, fields: tuple[str, ...] | None, chosen: Sequence[Any], now: float) -> Batch:
+        lease_id = self.next_lease_id
+        self.next_lease_id += 1
+        timeout = self.config.lease_timeout_s
+        version = self.version
+        check = ts.spec.check_staleness
+        policy = self.policy
+        hist = ts.staleness_hist
+        leased: list[StoredRow] = []
+        out: list[Row] = []
+        for unit in chosen:
+            for row in unit:
+                key = row.key
+                if key in ts.retry:
+                    del ts.retry[key]
+                else:
+                    del ts.pending[key]
+                leased.append(row)
+                staleness = version - row.v_min
+                hist[staleness] = hist.get(staleness, 0) + 1
+                stale = check and policy.is_stale(version, row.v_min)
+                if stale:
+                    self.counters.flagged += 1
+                count = row.deliveries.get(ts.spec.name, 0) + 1
+                row.deliveries[ts.spec.name] = count
+                if fields is None:
+                    values = dict(row.fields)
+                else:
+                    rf = row.fields
+                    values = {f: rf[f] for f in fields}
+                out.append(
+                    Row(
+                        key,
+                        values,
+                        row.v_min,
+                        row.v_max,
+                        row.group_id,
+                        row.group_size,
+                        row.tags,
+                        staleness,
+                        stale,
+                        count,
+                    )
+                )
+        ts.delivered += len(out)
+        self.leases[lease_id] = Lease(lease_id, ts, leased, now + timeout)
+        heapq.heappush(self.lease_heap, (now + timeout, lease_id))
+        return Batch(ts.spec.name, lease_id, out, timeout, version)
+
+    # ------------------------------------------------------------------ leases
+    def _pop_lease(self, lease_id: int, action: str) -> Lease:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            raise LeaseError(f"cannot {action} lease {lease_id}: it is unknown, already settled, or expired")
+        if lease.on_settle is not None:
+            lease.on_settle()
+        return lease
+
+    def ack(self, lease_id: int) -> int:
+        """Consume the lease's rows for its task; returns how many rows were freed entirely."""
+        lease = self._pop_lease(lease_id, "ack")
+        freed = 0
+        rows = self.rows
+        for row in lease.rows:
+            if rows.get(row.key) is not row:  # dropped or requeued meanwhile
+                continue
+            row.pending_tasks -= 1
+            if row.pending_tasks == 0:
+                self._remove(row, retire=True)
+                freed += 1
+        lease.task.acked += len(lease.rows)
+        self.counters.freed += freed
+        return freed
+
+    def nack(self, lease_id: int) -> None:
+        """Return the lease's rows to its task for redelivery (first in line)."""
+        lease = self._pop_lease(lease_id, "nack")
+        self.counters.nacks += 1
+        self._redeliver(lease)
+
+    def renew(self, lease_id: int, now: float, timeout_s: float | None) -> float:
+        """Extend a lease to ``now + timeout_s`` (default the lease timeout); returns the new deadline."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"cannot renew lease {lease_id}: it is unknown, already settled, or expired")
+        lease.deadline = now + (timeout_s if timeout_s is not None else self.config.lease_timeout_s)
+        return lease.deadline
+
+    def _redeliver(self, lease: Lease) -> None:
+        rows = self.rows
+        retry = lease.task.retry
+        for row in lease.rows:
+            if rows.get(row.key) is row:
+                retry[row.key] = None
+                self.counters.redeliveries += 1
+
+    def expire(self, now: float) -> bool:
+        """Redeliver the rows of every lease past its deadline; ``True`` if any expired."""
+        heap = self.lease_heap
+        expired = False
+        while heap and heap[0][0] <= now:
+            _, lease_id = heapq.heappop(heap)
+            lease = self.leases.get(lease_id)
+            if lease is None:
+                continue
+            if lease.deadline > now:  # renewed: look again at its new deadline
+                heapq.heappush(heap, (lease.deadline, lease_id))
+                continue
+            self._pop_lease(lease_id, "expire")
+            self.counters.expired_leases += 1
+            self._redeliver(lease)
+            expired = True
+        if expired:
+            self.notify()
+        return expired
+
+    def next_deadline(self) -> float | None:
+        """The earliest lease deadline (blocked waiters wake then to expire it)."""
+        return self.lease_heap[0][0] if self.lease_heap else None
+
+    # ------------------------------------------------------------------ removal
+    def _remove(self, row: StoredRow, retire: bool) -> None:
+        key = row.key
+        del self.rows[key]
+        self.nbytes -= row.nbytes
+        for ts in self.tasks.values():
+            ts.pending.pop(key, None)
+            ts.retry.pop(key, None)
+        if row.group_id is not None:
+            members = self.groups.get(row.group_id)
+            if members is not None:
+                members.pop(key, None)
+                if not members:
+                    del self.groups[row.group_id]
+        if retire and self.config.remember_retired:
+            self.retired[key] = None
+            if len(self.retired) > self.config.remember_retired:
+                self.retired.popitem(last=False)
+
+    def _remove_stale(self, units: list[list[StoredRow]]) -> None:
+        action = self.policy.on_stale
+        for unit in units:
+            for row in unit:
+                if self.rows.get(row.key) is not row:
+                    continue
+                self._remove(row, retire=action == "drop")
+                self.accepted = max(0, self.accepted - 1)  # its admission slot is free again
+                if action == "requeue":
+                    self.counters.requeues += 1
+                    self.requeued.append(
+                        RequeuedRow(row.key, row.group_id, row.group_size, row.tags, row.v_min, self.version)
+                    )
+                else:
+                    self.counters.drops += 1
+        self.notify()
+
+    # ------------------------------------------------------------------ admission
+    def try_admit(self, n: int) -> int:
+        """Reserve up to ``n`` sample starts allowed by the staleness policy; returns the count."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise AdmissionError(f"admit(n) needs an int n >= 0, got {n!r}")
+        capacity = self.policy.admission_capacity(self.version, self.accepted, self.running)
+        granted = n if capacity is None else max(0, min(n, capacity))
+        self.running += granted
+        self.counters.admission_granted += granted
+        return granted
+
+    def release_admission(self, n: int, failed: bool) -> None:
+        """Return ``n`` admissions that will not produce a row (unused, or a failed sample)."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise AdmissionError(f"release_admission(n) needs an int n >= 0, got {n!r}")
+        matched = min(n, self.running)
+        self.counters.admission_unmatched += n - matched
+        self.running -= matched
+        if failed:
+            self.counters.admission_failed += n
+        else:
+            self.counters.admission_released += n
+        self.notify()
+
+    def admission_capacity(self) -> int | None:
+        """Samples that may start now (``None``: unlimited)."""
+        return self.policy.admission_capacity(self.version, self.accepted, self.running)

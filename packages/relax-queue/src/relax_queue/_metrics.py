@@ -1,0 +1,53 @@
+"""Counters and latency windows behind ``TransferQueue.metrics()``."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Counters", "latency_summary"]
+
+
+@dataclass
+class Counters:
+    """Queue-wide event counts (per-task counts live with each task)."""
+
+    puts: int = 0
+    duplicate_puts: int = 0
+    fields_added: int = 0
+    add_fields_unknown_key: int = 0
+    put_waits: int = 0
+    drops: int = 0
+    requeues: int = 0
+    flagged: int = 0
+    redeliveries: int = 0
+    expired_leases: int = 0
+    nacks: int = 0
+    freed: int = 0
+    admission_granted: int = 0
+    admission_waits: int = 0
+    admission_wait_s: float = 0.0
+    admission_released: int = 0
+    admission_failed: int = 0
+    admission_unmatched: int = 0
+    put_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    get_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+
+    def scalars(self) -> dict[str, Any]:
+        """The integer/float counters as a plain dict."""
+        return {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
+
+
+def latency_summary(samples: deque[float]) -> dict[str, float]:
+    """p50/p99/max in milliseconds over the window, plus the sample count."""
+    if not samples:
+        return {"count": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    ordered = sorted(samples)
+    n = len(ordered)
+    return {
+        "count": n,
+        "p50_ms": ordered[(n - 1) // 2] * 1e3,
+        "p99_ms": ordered[min(n - 1, int(0.99 * n))] * 1e3,
+        "max_ms": ordered[-1] * 1e3,
+    }

@@ -1,0 +1,454 @@
+"""``TransferQueue``: the thread-safe, blocking (sync) face of the queue, and its ``Reader``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from relax_queue._batchers import Batcher, FixedSizeBatcher
+from relax_queue._config import QueueConfig
+from relax_queue._core import FULL, QueueCore
+from relax_queue._errors import FieldTypeError, QueueClosedError, QueueFullError, QueueTimeoutError, RelaxQueueError
+from relax_queue._metrics import latency_summary
+from relax_queue._replica import ReplicaCoordinator, ReplicaSet
+from relax_queue._snapshot import atomic_write, core_state, load_core_state, read_state
+from relax_queue._types import Batch, Key, RequeuedRow, RowInput
+
+__all__ = ["Reader", "TransferQueue", "VersionError"]
+
+T = TypeVar("T")
+
+
+class VersionError(RelaxQueueError, ValueError):
+    """A published policy version is not an int or goes backwards."""
+
+
+def _lease_id(batch: Batch | int) -> int:
+    return batch if isinstance(batch, int) else batch.lease_id
+
+
+def _normalise_fields(task: str, fields: Iterable[str] | None) -> tuple[str, ...] | None:
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        raise FieldTypeError(f"reader of task {task!r}: fields must be a list of names, got the string {fields!r}")
+    names = tuple(fields)
+    for name in names:
+        if not isinstance(name, str):
+            raise FieldTypeError(f"reader of task {task!r}: field names must be str, got {name!r}")
+    return names
+
+
+class PutMany:
+    """Progress of a ``put_many``: resumable after waiting for capacity (shared by sync/async)."""
+
+    def __init__(self, core: QueueCore, rows: Sequence[RowInput], admitted: bool) -> None:
+        self.core, self.rows, self.admitted, self.done = core, rows, admitted, 0
+
+    def __call__(self, now: float) -> bool | None:
+        core, rows = self.core, self.rows
+        while self.done < len(rows):
+            r = rows[self.done]
+            if not isinstance(r, RowInput):
+                raise FieldTypeError(f"put_many expects RowInput items, got {type(r).__name__} at index {self.done}")
+            if core.put_row(r.key, r.fields, r.versions, r.group_id, r.group_size, r.tags, self.admitted) is FULL:
+                return None
+            self.done += 1
+        core.notify()
+        return True
+
+    def full_error(self, timeout: float | None) -> QueueFullError:
+        cap = self.core.config.capacity
+        return QueueFullError(
+            f"queue full for {timeout} s (rows {len(self.core.rows)}/{cap.max_rows}, "
+            f"bytes {self.core.nbytes}/{cap.max_bytes}); {self.done} of {len(self.rows)} rows were stored",
+            inserted=[r.key for r in self.rows[: self.done]],
+        )
+
+
+class TransferQueue:
+    """Bounded, version-tagged, columnar data bus, safe to share between threads.
+
+    Build it from a :class:`QueueConfig` (or its fields as keyword arguments)::
+
+        q = TransferQueue(QueueConfig(
+            tasks=[TaskSpec("reward"), TaskSpec("trainer", check_staleness=True)],
+            capacity=Capacity(max_rows=4096, max_bytes=2**30),
+            staleness=BoundedStaleness(tau=2, on_stale="drop", batch_size=256),
+        ))
+
+    Use :class:`AsyncTransferQueue` over the same instance from asyncio code.
+    """
+
+    def __init__(self, config: QueueConfig | None = None, **config_fields: Any) -> None:
+        """Create an empty queue from ``config`` or from ``QueueConfig(**config_fields)``."""
+        if config is None:
+            config = QueueConfig(**config_fields)
+        elif config_fields:
+            raise TypeError("pass either a QueueConfig or its fields as keyword arguments, not both")
+        self._core = QueueCore(config)
+        self._replicas = ReplicaCoordinator()
+
+    @property
+    def config(self) -> QueueConfig:
+        """The queue's configuration."""
+        return self._core.config
+
+    # ------------------------------------------------------------------ waiting
+    def _wait(
+        self, attempt: Callable[[float], T | None], timeout: float | None, on_timeout: Callable[[], Exception]
+    ) -> T:
+        """Run ``attempt`` under the lock until it returns a value, waking on changes and lease deadlines."""
+        core = self._core
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with core.cond:
+            while True:
+                if core.closed:
+                    raise QueueClosedError("the queue is closed")
+                now = time.monotonic()
+                result = attempt(now)
+                if result is not None:
+                    return result
+                wait = None if deadline is None else deadline - now
+                if wait is not None and wait <= 0:
+                    raise on_timeout()
+                lease_deadline = core.next_deadline()
+                if lease_deadline is not None:
+                    wait = (
+                        max(lease_deadline - now, 0.0) + 1e-4
+                        if wait is None
+                        else min(wait, lease_deadline - now + 1e-4)
+                    )
+                core.cond.wait(wait)
+
+    # ------------------------------------------------------------------ producers
+    def put(
+        self,
+        key: Key,
+        fields: Mapping[str, Any],
+        *,
+        versions: tuple[int, int] | int = 0,
+        group_id: Hashable | None = None,
+        group_size: int | None = None,
+        tags: Mapping[str, int | float | str] | None = None,
+        admitted: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Store one row, or add the fields it lacks when ``key`` is already stored (idempotent).
+
+        Args:
+            key: unique row key. A key already consumed by every task is ignored (no redelivery).
+            fields: the row's columns.
+            versions: ``(v_min, v_max)`` policy versions that produced the row (an int v is (v, v)).
+            group_id: group (e.g. GRPO prompt) of the row; groups are delivered whole.
+            group_size: rows in the group; required with ``group_id``.
+            tags: scalar metadata, e.g. ``{"num_tokens": 37}``.
+            admitted: the row consumes one admission granted by :meth:`admit`.
+            timeout: seconds to wait for capacity; ``None`` waits forever.
+
+        Raises:
+            QueueFullError: the queue stayed full for ``timeout`` seconds.
+            FieldTypeError, GroupError, RowTooLargeError: the row is malformed or can never fit.
+        """
+        self.put_many(
+            [RowInput(key, fields, versions, group_id, group_size, tags or {})], admitted=admitted, timeout=timeout
+        )
+
+    def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
+        """Store many rows in one call (see :meth:`put`); rows before a failing one stay stored."""
+        start = time.perf_counter()
+        progress = PutMany(self._core, rows, admitted)
+        first = True
+
+        def attempt(now: float) -> bool | None:
+            nonlocal first
+            result = progress(now)
+            if result is None and first:
+                self._core.counters.put_waits += 1
+                first = False
+            return result
+
+        self._wait(attempt, timeout, lambda: progress.full_error(timeout))
+        self._core.counters.put_latency_s.append(time.perf_counter() - start)
+
+    def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
+        """Add fields to a stored row (fields it already has are left unchanged); never blocks.
+
+        Returns:
+            ``False`` when ``key`` is not stored (already consumed, dropped, or never put).
+        """
+        with self._core.cond:
+            found = self._core.add_fields(key, fields)
+            self._core.notify()
+        return found
+
+    def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
+        """:meth:`add_fields` for many rows in one call; returns how many keys were stored."""
+        with self._core.cond:
+            found = sum(self._core.add_fields(key, fields) for key, fields in updates.items())
+            self._core.notify()
+        return found
+
+    # ------------------------------------------------------------------ consumers
+    def reader(
+        self,
+        task: str,
+        fields: Iterable[str] | None = None,
+        batcher: Batcher | None = None,
+        *,
+        replica: ReplicaSet | None = None,
+    ) -> Reader:
+        """A reader of ``task`` that sees rows having all of ``fields`` (``None``: any row, all fields).
+
+        Args:
+            task: a registered task.
+            fields: fields the reader needs; delivered rows carry exactly these.
+            batcher: how batches are formed; default ``FixedSizeBatcher(1)`` (``get(n)`` sets the size).
+            replica: makes every rank of a replica set receive identical batches.
+        """
+        with self._core.cond:
+            self._core.task(task)  # fail early on an unknown task
+        return Reader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+
+    def get(
+        self,
+        task: str,
+        *,
+        fields: tuple[str, ...] | None = None,
+        n: int | None = None,
+        batcher: Batcher | None = None,
+        timeout: float | None = None,
+        replica: ReplicaSet | None = None,
+    ) -> Batch:
+        """Lease the next batch of ``task`` (what :meth:`Reader.get` calls).
+
+        Raises:
+            QueueTimeoutError: no batch was ready within ``timeout`` seconds.
+            UnknownTaskError: ``task`` is not registered.
+        """
+        start = time.perf_counter()
+        chosen = batcher or FixedSizeBatcher()
+        core = self._core
+
+        def attempt(now: float) -> Batch | None:
+            if replica is None:
+                return core.try_get(task, fields, n, chosen, now)
+            return self._replicas.try_get(core, task, fields, n, chosen, now, replica)
+
+        batch = self._wait(
+            attempt,
+            timeout,
+            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
+        )
+        core.counters.get_latency_s.append(time.perf_counter() - start)
+        return batch
+
+    def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
+        """Consume a leased batch: its rows are never delivered to that task again.
+
+        Args:
+            batch: the batch or its lease id.
+            rank: for replica sets, the acking rank; the lease is acked when every rank did.
+
+        Raises:
+            LeaseError: the lease is unknown, settled, or expired (its rows were redelivered).
+        """
+        lease_id = _lease_id(batch)
+        with self._core.cond:
+            if rank is not None and not self._replicas.ack(lease_id, rank):
+                return
+            self._core.ack(lease_id)
+            self._core.notify()
+
+    def nack(self, batch: Batch | int) -> None:
+        """Give a leased batch back: its rows are redelivered to the task first."""
+        with self._core.cond:
+            self._core.nack(_lease_id(batch))
+            self._core.notify()
+
+    def renew(self, batch: Batch | int, timeout_s: float | None = None) -> None:
+        """Extend a lease by ``timeout_s`` from now (default: the configured lease timeout)."""
+        with self._core.cond:
+            self._core.renew(_lease_id(batch), time.monotonic(), timeout_s)
+
+    # ------------------------------------------------------------------ staleness
+    @property
+    def version(self) -> int:
+        """The last published policy version V."""
+        return self._core.version
+
+    def publish_version(self, version: int) -> None:
+        """Publish the trainer's policy version V (number of optimizer updates so far).
+
+        Raises:
+            VersionError: ``version`` is not an int or is below the current version.
+        """
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise VersionError(f"version must be an int, got {version!r}")
+        with self._core.cond:
+            if version < self._core.version:
+                raise VersionError(f"version must not go backwards: current {self._core.version}, got {version}")
+            self._core.version = version
+            self._core.notify()
+
+    def admit(self, n: int, timeout: float = 0.0) -> int:
+        """Reserve up to ``n`` sample starts allowed by the staleness policy.
+
+        Each granted admission must end as a put with ``admitted=True`` or be given back with
+        :meth:`release_admission`.
+
+        Args:
+            n: samples the producer would like to start.
+            timeout: seconds to wait until at least one is allowed (0: answer now).
+
+        Returns:
+            How many may start now (0 on timeout).
+        """
+        core = self._core
+        start = time.monotonic()
+        with core.cond:
+            granted = core.try_admit(n)
+        if granted or n == 0 or timeout <= 0:
+            return granted
+        try:
+            granted = self._wait(lambda now: core.try_admit(n) or None, timeout, lambda: QueueTimeoutError("admit"))
+        except QueueTimeoutError:
+            granted = 0
+        with core.cond:
+            core.counters.admission_waits += 1
+            core.counters.admission_wait_s += time.monotonic() - start
+        return granted
+
+    def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
+        """Give back ``n`` admissions that will not become rows (unused, or ``failed`` samples)."""
+        with self._core.cond:
+            self._core.release_admission(n, failed)
+
+    def admission_capacity(self) -> int | None:
+        """How many samples may start now without reserving them (``None``: unlimited)."""
+        with self._core.cond:
+            return self._core.admission_capacity()
+
+    def take_requeued(self, max_n: int | None = None) -> list[RequeuedRow]:
+        """Pop rows removed as stale under ``on_stale="requeue"``: the producer regenerates them."""
+        with self._core.cond:
+            requeued = self._core.requeued
+            count = len(requeued) if max_n is None else min(max_n, len(requeued))
+            taken, self._core.requeued = requeued[:count], requeued[count:]
+        return taken
+
+    # ------------------------------------------------------------------ snapshots
+    def state_dict(self, resolve: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+        """The full state as plain containers (leased rows are saved as to-be-redelivered)."""
+        with self._core.cond:
+            return core_state(self._core, resolve)
+
+    def load_state_dict(self, state: dict[str, Any], *, reset_running: bool = True) -> None:
+        """Replace the state by ``state``; leases in it are redelivered.
+
+        Args:
+            state: from :meth:`state_dict`.
+            reset_running: forget admissions granted but not yet put (their producers are gone
+                after a restart); ``False`` keeps the saved running count.
+        """
+        with self._core.cond:
+            load_core_state(self._core, state, reset_running)
+            self._replicas.reset()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`state_dict` to ``path`` atomically (temp file, fsync, rename)."""
+        atomic_write(path, self.state_dict())
+
+    def load(self, path: str | os.PathLike[str], *, reset_running: bool = True) -> None:
+        """Restore the state saved at ``path`` by :meth:`save`."""
+        self.load_state_dict(read_state(path), reset_running=reset_running)
+
+    # ------------------------------------------------------------------ introspection
+    def __len__(self) -> int:
+        return len(self._core.rows)
+
+    def metrics(self) -> dict[str, Any]:
+        """A plain dict of depth, backlog, admission, staleness and latency metrics."""
+        core = self._core
+        with core.cond:
+            core.expire(time.monotonic())
+            leased: dict[str, int] = {name: 0 for name in core.tasks}
+            for lease in core.leases.values():
+                leased[lease.task.spec.name] += len(lease.rows)
+            counters = core.counters.scalars()
+            return {
+                "depth_rows": len(core.rows),
+                "depth_bytes": core.nbytes,
+                "max_rows": core.config.capacity.max_rows,
+                "max_bytes": core.config.capacity.max_bytes,
+                "version": core.version,
+                "tasks": {
+                    name: {
+                        "backlog": len(ts.pending) + len(ts.retry),
+                        "leased": leased[name],
+                        "delivered": ts.delivered,
+                        "acked": ts.acked,
+                        "staleness_histogram": dict(sorted(ts.staleness_hist.items())),
+                    }
+                    for name, ts in core.tasks.items()
+                },
+                "admission": {
+                    "accepted": core.accepted,
+                    "running": core.running,
+                    "capacity": core.admission_capacity(),
+                    "granted": counters.pop("admission_granted"),
+                    "waits": counters.pop("admission_waits"),
+                    "wait_s": counters.pop("admission_wait_s"),
+                    "released": counters.pop("admission_released"),
+                    "failed": counters.pop("admission_failed"),
+                    "unmatched": counters.pop("admission_unmatched"),
+                },
+                "requeued_pending": len(core.requeued),
+                **counters,
+                "put_latency": latency_summary(core.counters.put_latency_s),
+                "get_latency": latency_summary(core.counters.get_latency_s),
+            }
+
+    def close(self) -> None:
+        """Close the queue: blocked and later blocking calls raise :class:`QueueClosedError`."""
+        with self._core.cond:
+            self._core.closed = True
+            self._core.notify()
+
+
+class Reader:
+    """A consumer of one task with fixed fields, batcher and (optional) replica set."""
+
+    def __init__(
+        self,
+        queue: TransferQueue,
+        task: str,
+        fields: tuple[str, ...] | None,
+        batcher: Batcher,
+        replica: ReplicaSet | None,
+    ) -> None:
+        self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
+
+    def get(self, n: int | None = None, timeout: float | None = None) -> Batch:
+        """Lease the next batch (``n`` in the batcher's unit; ``None``: its default size).
+
+        Raises:
+            QueueTimeoutError: nothing ready within ``timeout`` seconds.
+        """
+        return self.queue.get(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch) -> None:
+        """Consume ``batch`` (for a replica set: this rank's ack)."""
+        self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def nack(self, batch: Batch) -> None:
+        """Give ``batch`` back for redelivery."""
+        self.queue.nack(batch)
+
+    def renew(self, batch: Batch, timeout_s: float | None = None) -> None:
+        """Extend the lease of ``batch``."""
+        self.queue.renew(batch, timeout_s)

@@ -1,0 +1,314 @@
+"""Ray transport: one named queue actor, picklable clients with the sync queue API.
+
+The actor (``num_cpus=0``) holds a :class:`TransferQueue` and serves blocking calls with the
+asyncio face, so a waiting ``get`` never stalls other callers. Field values at or above
+``object_store_threshold`` bytes (tensors, arrays, media) are ``ray.put`` by the producer with the
+queue actor as owner (they outlive the producer) and only their references go through the actor;
+consumers fetch all references of a batch in one ``ray.get``. Every call moves many rows.
+
+``ray`` is imported only inside this module's functions.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from relax_queue._batchers import Batcher, FixedSizeBatcher
+from relax_queue._config import QueueConfig
+from relax_queue._queue import _normalise_fields
+from relax_queue._replica import ReplicaSet
+from relax_queue._sizing import estimate_nbytes
+from relax_queue._types import Batch, Key, RequeuedRow, RowInput
+
+__all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
+
+DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - exercised only where ray is absent
+        raise ImportError("relax_queue's Ray transport needs ray: pip install 'relax-queue[ray]'") from exc
+    return ray
+
+
+class StoreRef:
+    """A field value living in the Ray object store (the queue holds only this reference)."""
+
+    __slots__ = ("nbytes", "ref")
+
+    def __init__(self, ref: Any, nbytes: int) -> None:
+        self.ref = ref
+        self.nbytes = nbytes  # read by estimate_nbytes, so capacity counts the real payload
+
+
+@functools.cache
+def _actor_class() -> Any:
+    ray = _ray()
+    from relax_queue._async import AsyncTransferQueue
+    from relax_queue._queue import TransferQueue
+
+    @ray.remote(num_cpus=0)
+    class QueueActor:
+        """Holds the queue; every method is one round trip for many rows."""
+
+        def __init__(self, config: QueueConfig) -> None:
+            self.queue = TransferQueue(config)
+            self.aqueue = AsyncTransferQueue(self.queue)
+
+        async def put_many(self, rows: list[RowInput], admitted: bool, timeout: float | None) -> None:
+            await self.aqueue.put_many(rows, admitted=admitted, timeout=timeout)
+
+        async def get(self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any) -> Batch:
+            return await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
+
+        async def admit(self, n: int, timeout: float) -> int:
+            return await self.aqueue.admit(n, timeout)
+
+        async def save(self, path: str) -> None:
+            state = self.queue.state_dict()
+            for row in state["rows"]:  # snapshots hold values, not object-store references
+                for name, value in row["fields"].items():
+                    if isinstance(value, StoreRef):
+                        row["fields"][name] = await value.ref
+            from relax_queue._snapshot import atomic_write
+
+            atomic_write(path, state)
+
+        def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.queue, method)(*args, **kwargs)
+
+    return QueueActor
+
+
+def _unwrap(refs: Any) -> Any:
+    """``ray.get`` that re-raises the queue's own exception instead of Ray's wrapper."""
+    ray = _ray()
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, BaseException):
+            raise cause from None
+        raise
+
+
+def create_ray_queue(
+    name: str,
+    config: QueueConfig,
+    *,
+    namespace: str | None = None,
+    detached: bool = False,
+    object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
+) -> RayQueueClient:
+    """Start the named queue actor (once per cluster) and return a client.
+
+    Args:
+        name: actor name; other processes :func:`connect` to it.
+        config: the queue configuration.
+        namespace: Ray namespace of the actor (default: the job's).
+        detached: keep the actor alive after the creating job exits.
+        object_store_threshold: field values of at least this many bytes go through the object store.
+
+    Raises:
+        ValueError: an actor of that name already exists.
+    """
+    ray = _ray()
+    options: dict[str, Any] = {"name": name, "max_concurrency": 1000}
+    if namespace is not None:
+        options["namespace"] = namespace
+    if detached:
+        options["lifetime"] = "detached"
+    actor = _actor_class().options(**options).remote(config)
+    ray.get(actor.call.remote("metrics"))  # surface constructor errors here
+    return RayQueueClient(actor, name, namespace, object_store_threshold)
+
+
+def connect(
+    name: str, *, namespace: str | None = None, object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
+) -> RayQueueClient:
+    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none)."""
+    actor = _ray().get_actor(name, namespace=namespace)
+    return RayQueueClient(actor, name, namespace, object_store_threshold)
+
+
+@dataclass
+class RayQueueClient:
+    """Client of a Ray queue actor with the sync :class:`TransferQueue` API; picklable.
+
+    Pass it to other Ray actors and tasks as an argument, or :func:`connect` by name.
+    """
+
+    actor: Any
+    name: str
+    namespace: str | None = None
+    object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _unwrap(self.actor.call.remote(method, *args, **kwargs))
+
+    def _offload(self, fields: Mapping[str, Any]) -> Mapping[str, Any]:
+        out: dict[str, Any] | None = None
+        for name, value in fields.items():
+            size = estimate_nbytes(value)
+            if size >= self.object_store_threshold:
+                if out is None:
+                    out = dict(fields)
+                out[name] = StoreRef(_ray().put(value, _owner=self.actor), size)
+        return fields if out is None else out
+
+    # ------------------------------------------------------------------ producers
+    def put(
+        self,
+        key: Key,
+        fields: Mapping[str, Any],
+        *,
+        versions: tuple[int, int] | int = 0,
+        group_id: Hashable | None = None,
+        group_size: int | None = None,
+        tags: Mapping[str, int | float | str] | None = None,
+        admitted: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """See :meth:`TransferQueue.put`."""
+        self.put_many(
+            [RowInput(key, fields, versions, group_id, group_size, tags or {})], admitted=admitted, timeout=timeout
+        )
+
+    def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
+        """See :meth:`TransferQueue.put_many`; one round trip, large values via the object store."""
+        sent = [RowInput(r.key, self._offload(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
+        _unwrap(self.actor.put_many.remote(sent, admitted, timeout))
+
+    def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
+        """See :meth:`TransferQueue.add_fields`."""
+        return bool(self._call("add_fields", key, self._offload(fields)))
+
+    def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
+        """See :meth:`TransferQueue.add_fields_many`."""
+        return int(self._call("add_fields_many", {k: self._offload(f) for k, f in updates.items()}))
+
+    # ------------------------------------------------------------------ consumers
+    def reader(
+        self,
+        task: str,
+        fields: Iterable[str] | None = None,
+        batcher: Batcher | None = None,
+        *,
+        replica: ReplicaSet | None = None,
+    ) -> RayReader:
+        """See :meth:`TransferQueue.reader`."""
+        return RayReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+
+    def get(
+        self,
+        task: str,
+        *,
+        fields: tuple[str, ...] | None = None,
+        n: int | None = None,
+        batcher: Batcher | None = None,
+        timeout: float | None = None,
+        replica: ReplicaSet | None = None,
+    ) -> Batch:
+        """See :meth:`TransferQueue.get`; object-store values of the batch are fetched in one ``ray.get``."""
+        batch: Batch = _unwrap(self.actor.get.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica))
+        slots = [
+            (row.fields, name, v.ref) for row in batch.rows for name, v in row.fields.items() if isinstance(v, StoreRef)
+        ]
+        if slots:
+            values = _ray().get([ref for _, _, ref in slots])
+            for (row_fields, name, _), value in zip(slots, values, strict=True):
+                row_fields[name] = value
+        return batch
+
+    def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
+        """See :meth:`TransferQueue.ack`."""
+        self._call("ack", batch if isinstance(batch, int) else batch.lease_id, rank=rank)
+
+    def nack(self, batch: Batch | int) -> None:
+        """See :meth:`TransferQueue.nack`."""
+        self._call("nack", batch if isinstance(batch, int) else batch.lease_id)
+
+    def renew(self, batch: Batch | int, timeout_s: float | None = None) -> None:
+        """See :meth:`TransferQueue.renew`."""
+        self._call("renew", batch if isinstance(batch, int) else batch.lease_id, timeout_s)
+
+    # ------------------------------------------------------------------ staleness
+    @property
+    def version(self) -> int:
+        """See :attr:`TransferQueue.version`."""
+        return int(self._call("metrics")["version"])
+
+    def publish_version(self, version: int) -> None:
+        """See :meth:`TransferQueue.publish_version`."""
+        self._call("publish_version", version)
+
+    def admit(self, n: int, timeout: float = 0.0) -> int:
+        """See :meth:`TransferQueue.admit`."""
+        return int(_unwrap(self.actor.admit.remote(n, timeout)))
+
+    def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
+        """See :meth:`TransferQueue.release_admission`."""
+        self._call("release_admission", n, failed=failed)
+
+    def admission_capacity(self) -> int | None:
+        """See :meth:`TransferQueue.admission_capacity`."""
+        result = self._call("admission_capacity")
+        return None if result is None else int(result)
+
+    def take_requeued(self, max_n: int | None = None) -> list[RequeuedRow]:
+        """See :meth:`TransferQueue.take_requeued`."""
+        return list(self._call("take_requeued", max_n))
+
+    # ------------------------------------------------------------------ snapshots, metrics, lifetime
+    def save(self, path: str) -> None:
+        """Snapshot to ``path`` (on the actor's node) with object-store values inlined."""
+        _unwrap(self.actor.save.remote(path))
+
+    def load(self, path: str, *, reset_running: bool = True) -> None:
+        """Restore from ``path`` (on the actor's node); leased rows are redelivered."""
+        self._call("load", path, reset_running=reset_running)
+
+    def metrics(self) -> dict[str, Any]:
+        """See :meth:`TransferQueue.metrics`."""
+        return dict(self._call("metrics"))
+
+    def __len__(self) -> int:
+        return int(self._call("__len__"))
+
+    def shutdown(self) -> None:
+        """Kill the queue actor (its rows are lost unless saved)."""
+        _ray().kill(self.actor)
+
+
+@dataclass
+class RayReader:
+    """A reader over the Ray transport (see :class:`Reader`)."""
+
+    client: RayQueueClient
+    task: str
+    fields: tuple[str, ...] | None
+    batcher: Batcher
+    replica: ReplicaSet | None = None
+
+    def get(self, n: int | None = None, timeout: float | None = None) -> Batch:
+        """Lease the next batch (see :meth:`Reader.get`)."""
+        return self.client.get(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch) -> None:
+        """Consume ``batch``."""
+        self.client.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def nack(self, batch: Batch) -> None:
+        """Give ``batch`` back for redelivery."""
+        self.client.nack(batch)
+
+    def renew(self, batch: Batch, timeout_s: float | None = None) -> None:
+        """Extend the lease of ``batch``."""
+        self.client.renew(batch, timeout_s)

@@ -1,0 +1,160 @@
+"""State dicts of a queue: plain Python containers, picklable, restorable.
+
+Leases are not saved: a row leased but not acked at save time is pending again after restore (and
+delivered first), so nothing in flight is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relax_queue._core import QueueCore, StoredRow
+from relax_queue._errors import ConfigError
+from relax_queue._metrics import Counters
+
+__all__ = ["FORMAT", "atomic_write", "core_state", "load_core_state", "read_state"]
+
+FORMAT = "relax_queue/1"
+
+
+def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Everything needed to rebuild ``core`` (caller holds the lock).
+
+    Args:
+        core: the queue state.
+        resolve: maps each stored field value to what goes in the snapshot (the Ray transport
+            fetches object-store references here); identity by default.
+    """
+    leased: dict[str, set[Any]] = {name: set() for name in core.tasks}
+    for lease in core.leases.values():
+        leased[lease.task.spec.name].update(r.key for r in lease.rows)
+    rows = []
+    for key, row in core.rows.items():
+        todo, redeliver = [], []
+        for name, ts in core.tasks.items():
+            if key in ts.retry or key in leased[name]:
+                redeliver.append(name)
+            elif key in ts.pending:
+                todo.append(name)
+        fields = row.fields if resolve is None else {k: resolve(v) for k, v in row.fields.items()}
+        rows.append(
+            {
+                "key": key,
+                "fields": fields,
+                "versions": (row.v_min, row.v_max),
+                "group_id": row.group_id,
+                "group_size": row.group_size,
+                "tags": dict(row.tags),
+                "nbytes": row.nbytes,
+                "pending": todo,
+                "redeliver": redeliver,
+                "deliveries": dict(row.deliveries),
+            }
+        )
+    return {
+        "format": FORMAT,
+        "tasks": list(core.tasks),
+        "version": core.version,
+        "accepted": core.accepted,
+        "running": core.running,
+        "next_lease_id": core.next_lease_id,
+        "rows": rows,
+        "retired": list(core.retired),
+        "requeued": list(core.requeued),
+        "counters": core.counters.scalars(),
+        "task_counters": {
+            name: {"delivered": ts.delivered, "acked": ts.acked, "staleness_hist": dict(ts.staleness_hist)}
+            for name, ts in core.tasks.items()
+        },
+    }
+
+
+def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool) -> None:
+    """Replace ``core``'s state by ``state`` (caller holds the lock); leases become redeliveries."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"not a relax_queue state dict (expected format {FORMAT!r})")
+    unknown = [t for t in state["tasks"] if t not in core.tasks]
+    if unknown:
+        raise ConfigError(f"snapshot has tasks {unknown} that this queue does not register ({list(core.tasks)})")
+    core.rows.clear()
+    core.groups.clear()
+    core.leases.clear()
+    core.lease_heap.clear()
+    core.nbytes = 0
+    for ts in core.tasks.values():
+        ts.pending.clear()
+        ts.retry.clear()
+    redeliveries = 0
+    for item in state["rows"]:
+        todo, redeliver = item["pending"], item["redeliver"]
+        # Tasks this queue registers that the snapshot did not know must still consume the row.
+        extra = [t for t in core.tasks if t not in state["tasks"]]
+        v_min, v_max = item["versions"]
+        row = StoredRow(
+            item["key"],
+            dict(item["fields"]),
+            v_min,
+            v_max,
+            item["group_id"],
+            item["group_size"],
+            item["tags"],
+            item["nbytes"],
+            len(todo) + len(redeliver) + len(extra),
+        )
+        row.deliveries = dict(item["deliveries"])
+        core.rows[row.key] = row
+        core.nbytes += row.nbytes
+        if row.group_id is not None:
+            core.groups.setdefault(row.group_id, {})[row.key] = row
+        for name in redeliver:
+            core.tasks[name].retry[row.key] = None
+            redeliveries += 1
+        for name in (*todo, *extra):
+            core.tasks[name].pending[row.key] = None
+    core.version = state["version"]
+    core.accepted = state["accepted"]
+    core.running = 0 if reset_running else state["running"]
+    core.next_lease_id = max(core.next_lease_id, state["next_lease_id"])
+    core.retired = OrderedDict.fromkeys(state["retired"])
+    core.requeued = list(state["requeued"])
+    counters = Counters(**state["counters"])
+    counters.put_latency_s = core.counters.put_latency_s
+    counters.get_latency_s = core.counters.get_latency_s
+    counters.redeliveries += redeliveries
+    core.counters = counters
+    for name, tc in state["task_counters"].items():
+        ts = core.tasks[name]
+        ts.delivered, ts.acked, ts.staleness_hist = tc["delivered"], tc["acked"], dict(tc["staleness_hist"])
+    core.notify()
+
+
+def atomic_write(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Pickle ``state`` to ``path`` atomically: a temp file in the same folder, fsync, rename."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a state dict written by :func:`atomic_write`."""
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path}: not a relax_queue snapshot")
+    return state

@@ -1,0 +1,130 @@
+"""Rows going in (:class:`RowInput`), rows and batches coming out (:class:`Row`, :class:`Batch`)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Batch", "Key", "RequeuedRow", "Row", "RowInput", "Tags"]
+
+Key = Hashable
+"""A row key: any hashable value (str or int recommended; it must pickle for snapshots and Ray)."""
+
+Tags = Mapping[str, "int | float | str"]
+"""Small scalar metadata of a row, e.g. ``{"num_tokens": 37, "prompt_id": "p12"}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowInput:
+    """One row to put.
+
+    Attributes:
+        key: unique row key; putting a key that is already stored only adds missing fields.
+        fields: columns of the row (any Python objects; arrays and tensors are stored by reference).
+        versions: ``(v_min, v_max)``, the oldest and newest policy version that produced the row;
+            an int ``v`` means ``(v, v)``.
+        group_id: id of the group (e.g. the GRPO prompt) the row belongs to, or ``None``.
+        group_size: number of rows in the group; required with ``group_id``.
+        tags: scalar metadata used by batchers (e.g. ``num_tokens``) and by producers.
+    """
+
+    key: Key
+    fields: Mapping[str, Any]
+    versions: tuple[int, int] | int = 0
+    group_id: Hashable | None = None
+    group_size: int | None = None
+    tags: Tags = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A delivered row.
+
+    Attributes:
+        key: the row key.
+        fields: the fields the reader asked for (all stored fields if it asked for ``None``).
+        v_min: oldest policy version in the row.
+        v_max: newest policy version in the row.
+        group_id: group of the row or ``None``.
+        group_size: size of that group or ``None``.
+        tags: the row's tags.
+        staleness: ``V - v_min`` at delivery, V being the published version then.
+        stale: ``True`` only when the row exceeded τ and the policy's action is ``flag``.
+        deliveries: how many times this row has been delivered to this task (1 on first delivery).
+    """
+
+    key: Key
+    fields: dict[str, Any]
+    v_min: int
+    v_max: int
+    group_id: Hashable | None
+    group_size: int | None
+    tags: Tags
+    staleness: int
+    stale: bool
+    deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Rows delivered to one task under one lease. ``ack`` it to consume, ``nack`` to redeliver.
+
+    Attributes:
+        task: the task the batch was delivered to.
+        lease_id: id of the lease; unique for the life of the queue (also across restores).
+        rows: the rows, whole groups only, in delivery order.
+        lease_timeout_s: seconds the lease lasts from delivery unless renewed.
+        version: the published policy version at delivery.
+    """
+
+    task: str
+    lease_id: int
+    rows: list[Row]
+    lease_timeout_s: float
+    version: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows)
+
+    @property
+    def keys(self) -> list[Key]:
+        """Keys of the rows, in order."""
+        return [r.key for r in self.rows]
+
+    def column(self, name: str) -> list[Any]:
+        """Values of field ``name`` over the rows, in order.
+
+        Raises:
+            KeyError: when the reader did not ask for ``name``.
+        """
+        try:
+            return [r.fields[name] for r in self.rows]
+        except KeyError:
+            raise KeyError(f"field {name!r} is not in this batch; the reader must list it in fields=") from None
+
+
+@dataclass(frozen=True, slots=True)
+class RequeuedRow:
+    """A row removed as stale under ``on_stale="requeue"``: the producer should regenerate it.
+
+    The key is not retired, so the producer may put a fresh row under the same key.
+
+    Attributes:
+        key: the row key.
+        group_id: its group or ``None`` (a stale group is requeued whole).
+        group_size: that group's size or ``None``.
+        tags: the row's tags (a good place for the prompt id a producer needs to regenerate).
+        v_min: the row's oldest version.
+        version: the published version when it was found stale.
+    """
+
+    key: Key
+    group_id: Hashable | None
+    group_size: int | None
+    tags: Tags
+    v_min: int
+    version: int
