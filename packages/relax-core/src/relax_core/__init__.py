@@ -37,6 +37,7 @@ from relax_core._configs import (
     load_preset,
     lr_multiplier,
 )
+from relax_core._estimate import AdvantageOutput, compute_advantages, outcome_token_rewards
 from relax_core._kl import KLEstimator, entropy_from_logits, kl_estimate, kl_penalised_rewards, value_loss
 from relax_core._loss_fn import compute_policy_loss
 from relax_core._masked import LossAggMode, aggregate_loss, masked_mean, masked_sum, masked_var, masked_whiten
@@ -105,13 +106,16 @@ __all__ += [
 ]
 # advantage estimators
 __all__ += [
+    "AdvantageOutput",
     "VTraceOutput",
     "broadcast_to_tokens",
+    "compute_advantages",
     "discounted_returns",
     "dynamic_sampling_keep",
     "gae_advantages",
     "group_index",
     "grpo_advantages",
+    "outcome_token_rewards",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
