@@ -1,0 +1,40 @@
+"""Engines behind the services: rollout (generation) and training backends, and their protocols."""
+
+from relax_services.engines.hf_rollout import HFRolloutConfig, HFRolloutEngine
+from relax_services.engines.protocols import (
+    PARTIAL_ROLLOUT_MODES,
+    Completion,
+    FinishReason,
+    LossFn,
+    LossInputs,
+    PartialRolloutMode,
+    RolloutEngine,
+    TrainEngine,
+    TrainSample,
+    WeightPoll,
+)
+from relax_services.engines.sampling import SamplingParams, policy_logprobs, sample_tokens, truncate
+
+# protocols and records
+__all__ = [
+    "PARTIAL_ROLLOUT_MODES",
+    "Completion",
+    "FinishReason",
+    "LossFn",
+    "LossInputs",
+    "PartialRolloutMode",
+    "RolloutEngine",
+    "TrainEngine",
+    "TrainSample",
+    "WeightPoll",
+]
+
+# rollout
+__all__ += [
+    "HFRolloutConfig",
+    "HFRolloutEngine",
+    "SamplingParams",
+    "policy_logprobs",
+    "sample_tokens",
+    "truncate",
+]

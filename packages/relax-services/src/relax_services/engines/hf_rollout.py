@@ -1,0 +1,291 @@
+"""Built-in rollout engine: batched incremental decoding of a transformers Qwen2.5-Omni thinker.
+
+Each prompt is prefilled once with its media, its KV cache is then gathered to the ``n`` rows of its
+group (prompt sharing), and all rows decode in lock step, one forward per token; finished rows are
+dropped from the cache as they end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relax_services.engines.protocols import (
+    PARTIAL_ROLLOUT_MODES,
+    Completion,
+    PartialRolloutMode,
+    WeightPoll,
+)
+from relax_services.engines.sampling import SamplingParams, sample_tokens
+from relax_services.models import _vocab
+from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences, rope_positions
+
+
+@dataclass(frozen=True)
+class HFRolloutConfig:
+    """Settings of :class:`HFRolloutEngine`.
+
+    Attributes:
+        partial_rollout: What happens to generation in flight when newer weights arrive:
+            ``"finish_old"``: weights are polled only at the start of :meth:`~HFRolloutEngine.generate`, so
+            every call finishes on the weights it started with;
+            ``"switch"``: newer weights are loaded between decode steps, the KV cache of prompt and tokens
+            generated so far is recomputed under them (prompt prefilled once per group, then the generated
+            tokens in one chunk), and later tokens are tagged with the new version;
+            ``"abort_resume"``: unfinished completions are discarded and restarted from the prompt on the
+            new weights (finished ones are kept).
+        share_prompt: Prefill each prompt once for its group; ``False`` prefills each of the ``n`` rows
+            separately (same samples, for comparisons).
+        poll_every: Poll for weights every this many decode steps (``switch`` and ``abort_resume``).
+        seed: Seed of the engine's sampling RNG.
+        device: Torch device of the model.
+    """
+
+    partial_rollout: PartialRolloutMode = "finish_old"
+    share_prompt: bool = True
+    poll_every: int = 1
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.partial_rollout not in PARTIAL_ROLLOUT_MODES:
+            raise ValueError(
+                f"HFRolloutConfig.partial_rollout must be one of {PARTIAL_ROLLOUT_MODES}, got {self.partial_rollout!r}"
+            )
+        if self.poll_every < 1:
+            raise ValueError(f"HFRolloutConfig.poll_every must be >= 1, got {self.poll_every}")
+
+
+@dataclass
+class _DecodeState:
+    """Decoding state of the active rows (all rows have generated the same number of tokens)."""
+
+    slots: torch.Tensor  # [R] output slot of each row (prompt index * n + sample index)
+    cache: Any  # transformers Cache over the R rows
+    attention_mask: torch.Tensor  # [R, S] 1 on real prompt/response tokens
+    next_pos: torch.Tensor  # [R] rope position of the next token fed
+    logits: torch.Tensor  # [R, V] next-token logits
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keeps rows ``keep`` ([R'] indices)."""
+        self.slots = self.slots[keep]
+        self.cache.batch_select_indices(keep)
+        self.attention_mask = self.attention_mask[keep]
+        self.next_pos = self.next_pos[keep]
+        self.logits = self.logits[keep]
+
+
+class HFRolloutEngine:
+    """:class:`~relax_services.engines.RolloutEngine` over a transformers Qwen2.5-Omni thinker.
+
+    Args:
+        model: The policy; put in eval mode and moved to ``config.device``.
+        config: Engine settings.
+        version: Policy version of the initial weights.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: HFRolloutConfig | None = None, version: int = 0) -> None:
+        self.config = config or HFRolloutConfig()
+        self.device = torch.device(self.config.device)
+        self.model = model.to(self.device).eval()
+        self._version = version
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def version(self) -> int:
+        """Policy version of the loaded weights."""
+        return self._version
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copies ``state_dict`` into the model (strict) and sets the version."""
+        if version < self._version:
+            raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
+        self.model.load_state_dict(dict(state_dict), strict=True)
+        self._version = version
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[OmniPrompt],
+        params: SamplingParams,
+        poll_weights: WeightPoll | None = None,
+    ) -> list[list[Completion]]:
+        """Samples ``params.n`` completions for each prompt; see :class:`HFRolloutConfig` for weight updates.
+
+        Args:
+            prompts: Prompts, batched together (left-padded).
+            params: Sampling parameters.
+            poll_weights: Returns ``(version, state_dict)`` when newer weights exist, else ``None``.
+
+        Returns:
+            ``[len(prompts)][params.n]`` completions.
+        """
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        if poll_weights is not None:
+            self._apply(poll_weights())
+        n_slots = len(prompts) * params.n
+        out = [Completion() for _ in range(n_slots)]
+        state = self._prefill(prompts, torch.arange(n_slots), params.n)
+        steps, forwards = 0, 1
+        mode = self.config.partial_rollout
+        while True:
+            # One uniform per slot and step, whatever rows are still active.
+            uniforms = torch.rand(n_slots, generator=self.generator)  # [n_slots]
+            tokens, logp, samp_logp = sample_tokens(state.logits, params, uniforms[state.slots])
+            done = self._record(out, state.slots, tokens, logp, samp_logp, params)
+            steps += 1
+            if bool(done.all()):
+                break
+            keep = (~done).nonzero()[:, 0]
+            tokens = tokens[keep]
+            if len(keep) < len(done):
+                state.select(keep)
+            if poll_weights is not None and mode != "finish_old" and steps % self.config.poll_every == 0:
+                update = poll_weights()
+                if update is not None and update[0] > self._version:
+                    self._apply(update)
+                    forwards += 1
+                    if mode == "switch":
+                        state = self._recompute(prompts, out, state, params.n)
+                    else:
+                        for slot in state.slots.tolist():
+                            restarts = out[slot].num_restarts + 1
+                            out[slot] = Completion(num_restarts=restarts)
+                        state = self._prefill(prompts, state.slots, params.n)
+                    continue
+            self._decode_step(state, tokens)
+            forwards += 1
+        elapsed = time.perf_counter() - start
+        n_tokens = sum(len(c.token_ids) for c in out)
+        self.last_stats = {
+            "generate_s": elapsed,
+            "completions": float(n_slots),
+            "completions_per_s": n_slots / elapsed,
+            "tokens": float(n_tokens),
+            "tokens_per_s": n_tokens / elapsed,
+            "decode_steps": float(steps),
+            "forwards": float(forwards),
+        }
+        return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _apply(self, update: tuple[int, Mapping[str, torch.Tensor]] | None) -> None:
+        if update is not None and update[0] > self._version:
+            self.load_weights(update[1], update[0])
+
+    def _record(
+        self,
+        out: list[Completion],
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        logp: torch.Tensor,
+        samp_logp: torch.Tensor,
+        params: SamplingParams,
+    ) -> torch.Tensor:
+        """Appends each row's token to its completion; returns ``[R]`` bool: the row finished."""
+        done = torch.zeros(len(slots), dtype=torch.bool)
+        for row, (slot, tok, lp, slp) in enumerate(
+            zip(slots.tolist(), tokens.tolist(), logp.tolist(), samp_logp.tolist(), strict=True)
+        ):
+            c = out[slot]
+            c.token_ids.append(tok)
+            c.logprobs.append(lp)
+            c.sampling_logprobs.append(slp)
+            c.versions.append(self._version)
+            if tok == params.eos_id:
+                c.finish_reason = "stop"
+                done[row] = True
+            elif len(c.token_ids) >= params.max_new_tokens:
+                c.finish_reason = "length"
+                done[row] = True
+        return done
+
+    def _prefill(self, prompts: Sequence[OmniPrompt], slots: torch.Tensor, n: int) -> _DecodeState:
+        """Prefills the prompts of ``slots`` ([R]) and gathers each prompt's cache to its rows."""
+        prompt_of_row = slots // n  # [R]
+        if self.config.share_prompt:
+            unique, row_to_unique = torch.unique(prompt_of_row, sorted=True, return_inverse=True)
+        else:
+            unique, row_to_unique = prompt_of_row, torch.arange(len(slots))
+        batch = [prompts[i] for i in unique.tolist()]
+        input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], _vocab.PAD_ID, side="left")
+        media = {k: v.to(self.device) for k, v in collate_media(batch).items()}
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        positions = rope_positions(self.model, input_ids, attention_mask, media)  # [3, U, T]
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=True,
+            **media,
+        )
+        cache = out.past_key_values
+        index = row_to_unique.to(self.device)
+        cache.batch_select_indices(index)
+        return _DecodeState(
+            slots=slots.clone(),
+            cache=cache,
+            attention_mask=attention_mask[index],
+            next_pos=(positions.amax(dim=(0, 2)) + 1)[index],  # [R]
+            logits=out.logits[index, -1],  # [R, V]
+        )
+
+    def _decode_step(self, state: _DecodeState, tokens: torch.Tensor) -> None:
+        """Feeds one token per row ([R]) and updates ``state`` in place."""
+        rows = len(tokens)
+        state.attention_mask = torch.cat(
+            [state.attention_mask, state.attention_mask.new_ones(rows, 1)], dim=1
+        )  # [R, S + 1]
+        position_ids = state.next_pos.view(1, rows, 1).expand(3, rows, 1)  # [3, R, 1]
+        out = self.model(
+            input_ids=tokens.view(rows, 1).to(self.device),
+            attention_mask=state.attention_mask,
+            position_ids=position_ids,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        state.cache = out.past_key_values
+        state.next_pos = state.next_pos + 1
+        state.logits = out.logits[:, -1]  # [R, V]
+
+    def _recompute(
+        self, prompts: Sequence[OmniPrompt], out: list[Completion], state: _DecodeState, n: int
+    ) -> _DecodeState:
+        """Rebuilds the active rows' KV cache under the current weights (``switch`` mode).
+
+        The prompts are prefilled once per group and the tokens generated so far (equal in number on every
+        active row) are fed as one chunk; the returned logits predict the next token.
+        """
+        fresh = self._prefill(prompts, state.slots, n)
+        generated = torch.tensor([out[s].token_ids for s in state.slots.tolist()], dtype=torch.long)  # [R, t]
+        rows, t = generated.shape
+        fresh.attention_mask = torch.cat(
+            [fresh.attention_mask, fresh.attention_mask.new_ones(rows, t)], dim=1
+        )  # [R, S + t]
+        steps = torch.arange(t, device=self.device)
+        position_ids = (fresh.next_pos[:, None] + steps[None, :]).unsqueeze(0).expand(3, rows, t)  # [3, R, t]
+        res = self.model(
+            input_ids=generated.to(self.device),
+            attention_mask=fresh.attention_mask,
+            position_ids=position_ids,
+            past_key_values=fresh.cache,
+            use_cache=True,
+        )
+        fresh.cache = res.past_key_values
+        fresh.next_pos = fresh.next_pos + t
+        fresh.logits = res.logits[:, -1]  # [R, V]
+        return fresh
+
+    def rng_state(self) -> torch.Tensor:
+        """State of the sampling RNG (for checkpoints)."""
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restores :meth:`rng_state`."""
+        self.generator.set_state(state)

@@ -1,0 +1,168 @@
+"""Contracts between the services and their engines.
+
+A rollout engine turns prompts into sampled completions with behaviour log-probs and per-token policy
+versions; a training engine turns scored samples into optimizer updates. The built-in engines are
+:class:`~relax_services.engines.HFRolloutEngine` and :class:`~relax_services.engines.TorchTrainEngine`;
+vLLM and megatron-core engines implement the same protocols later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+from relax_services.engines.sampling import SamplingParams
+from relax_services.models.inputs import OmniPrompt
+
+FinishReason = Literal["stop", "length"]
+PartialRolloutMode = Literal["finish_old", "switch", "abort_resume"]
+PARTIAL_ROLLOUT_MODES: tuple[str, ...] = ("finish_old", "switch", "abort_resume")
+
+WeightPoll = Callable[[], "tuple[int, Mapping[str, torch.Tensor]] | None"]
+"""Returns ``(version, state_dict)`` when weights newer than the engine's are available, else ``None``."""
+
+
+@dataclass
+class Completion:
+    """One sampled completion of one prompt.
+
+    Attributes:
+        token_ids: Response ids; ends with ``eos_id`` when ``finish_reason == "stop"``.
+        logprobs: Behaviour log-prob of each token under the policy distribution
+            ``log_softmax(logits / T)`` over the non-suppressed vocabulary (before top-k/top-p), the
+            distribution the training engine recomputes.
+        sampling_logprobs: Log-prob of each token under the truncated (top-k/top-p) distribution it was
+            actually drawn from; equal to ``logprobs`` when no truncation is set; 0 for greedy.
+        versions: Policy version of the weights that produced each token.
+        finish_reason: ``"stop"`` (eos sampled) or ``"length"`` (``max_new_tokens`` reached).
+        num_restarts: Times the completion was aborted and restarted from the prompt (``abort_resume``).
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    num_restarts: int = 0
+
+    @property
+    def version_range(self) -> tuple[int, int]:
+        """``(v_min, v_max)`` over the tokens."""
+        return min(self.versions), max(self.versions)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates completions; weights change only at safe points between decode steps."""
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights currently loaded."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replaces the weights (between generate calls) and tags later tokens with ``version``."""
+        ...
+
+    def generate(
+        self,
+        prompts: Sequence[OmniPrompt],
+        params: SamplingParams,
+        poll_weights: WeightPoll | None = None,
+    ) -> list[list[Completion]]:
+        """Samples ``params.n`` completions per prompt.
+
+        Args:
+            prompts: Prompts, batched together.
+            params: Sampling parameters.
+            poll_weights: Called at safe points; newer weights it returns are applied per the engine's
+                partial-rollout mode.
+
+        Returns:
+            ``[len(prompts)][params.n]`` completions, in prompt order.
+        """
+        ...
+
+
+@dataclass
+class TrainSample:
+    """One scored sample for the training engine.
+
+    Attributes:
+        prompt: The prompt the response was generated from (media included).
+        response_ids: ``[L]`` response ids.
+        fields: Per-token ``[L]`` or per-sample scalar tensors handed to the loss (advantages,
+            behaviour log-probs, reference log-probs, ...); padded to ``[B, L_max]`` / stacked to ``[B]``.
+    """
+
+    prompt: OmniPrompt
+    response_ids: torch.Tensor
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.response_ids = torch.as_tensor(self.response_ids, dtype=torch.long)
+        if self.response_ids.ndim != 1 or self.response_ids.numel() == 0:
+            raise ValueError("TrainSample.response_ids must be a non-empty 1-D sequence")
+        for name, value in self.fields.items():
+            value = torch.as_tensor(value)
+            if value.ndim > 1 or (value.ndim == 1 and value.numel() != self.response_ids.numel()):
+                raise ValueError(
+                    f"TrainSample.fields[{name!r}] must be a scalar or have one value per response token "
+                    f"({self.response_ids.numel()}), got shape {tuple(value.shape)}"
+                )
+            self.fields[name] = value
+
+
+@dataclass
+class LossInputs:
+    """What the training engine hands to a loss function for one micro-batch.
+
+    Attributes:
+        logprobs: ``[B, L]`` log-probs of the response tokens under the current policy (with grad).
+        entropy: ``[B, L]`` entropy of the policy distribution at each response position (with grad).
+        mask: ``[B, L]`` float, 1 on response tokens that count (not padding, not suppressed ids).
+        fields: The samples' extra fields, ``[B, L]`` (zero-padded) or ``[B]``.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    mask: torch.Tensor
+    fields: dict[str, torch.Tensor]
+
+
+LossFn = Callable[[LossInputs], "torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]"]
+"""Returns the micro-batch loss (a scalar aggregated as the engine's ``loss_weighting`` says) and
+optionally metrics to average."""
+
+
+@runtime_checkable
+class TrainEngine(Protocol):
+    """Owns the policy's trainable state and applies one optimizer update per :meth:`step`."""
+
+    @property
+    def version(self) -> int:
+        """Optimizer updates applied so far."""
+        ...
+
+    def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update over ``batch`` (split into micro-batches); returns metrics."""
+        ...
+
+    def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token ``(logprobs [B, L], mask [B, L])`` under the current weights, without grad."""
+        ...
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """Detached CPU copy of the model weights, for publishing."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scheduler, RNG and version, for checkpoints."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned."""
+        ...

@@ -1,0 +1,39 @@
+"""Models the engines drive: the default tiny omni thinker, checkpoint loading, and model inputs."""
+
+from relax_services.models._vocab import EOS_ID, PAD_ID, SUPPRESSED_IDS, VOCAB_SIZE
+from relax_services.models.inputs import (
+    OmniPrompt,
+    audio_token_count,
+    collate_media,
+    pad_sequences,
+    rope_positions,
+    text_prompt,
+)
+from relax_services.models.tiny_omni import OmniModel, TinyOmniConfig, build_tiny_omni, load_model, num_parameters
+
+# tiny omni model
+__all__ = [
+    "OmniModel",
+    "TinyOmniConfig",
+    "build_tiny_omni",
+    "load_model",
+    "num_parameters",
+]
+
+# inputs
+__all__ += [
+    "OmniPrompt",
+    "audio_token_count",
+    "collate_media",
+    "pad_sequences",
+    "rope_positions",
+    "text_prompt",
+]
+
+# vocabulary
+__all__ += [
+    "EOS_ID",
+    "PAD_ID",
+    "SUPPRESSED_IDS",
+    "VOCAB_SIZE",
+]

@@ -1,0 +1,191 @@
+"""Model inputs: one prompt's token ids and media tensors, batch collation, and 3-D rope positions.
+
+The tensors are what the Qwen2.5-Omni thinker's forward takes (``pixel_values``, ``image_grid_thw``, ...),
+so a prompt built by relax-modalities or by a transformers processor passes through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relax_services.models import _vocab
+
+_MEDIA_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "video_second_per_grid",
+    "input_features",
+    "feature_attention_mask",
+)
+
+
+def audio_token_count(num_frames: int) -> int:
+    """Audio placeholder tokens for ``num_frames`` log-mel frames (two stride-2 stages of the encoder)."""
+    return ((num_frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+@dataclass(frozen=True)
+class OmniPrompt:
+    """One chat prompt: token ids with media placeholders, and the media tensors that fill them.
+
+    Attributes:
+        input_ids: ``[T]`` int64 ids, ending with ``<|assistant|>``.
+        pixel_values: ``[P_img, C·t·p·p]`` flattened image patches of all images, in prompt order.
+        image_grid_thw: ``[n_img, 3]`` patch grid (t, h, w) per image.
+        pixel_values_videos: ``[P_vid, C·t·p·p]`` flattened video patches.
+        video_grid_thw: ``[n_vid, 3]`` patch grid per video.
+        video_second_per_grid: ``[n_vid]`` seconds covered by one temporal grid step (required with video).
+        input_features: ``[n_aud, n_mels, L]`` log-mel features per audio clip.
+        feature_attention_mask: ``[n_aud, L]`` 1 on real frames.
+    """
+
+    input_ids: torch.Tensor
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    video_second_per_grid: torch.Tensor | None = None
+    input_features: torch.Tensor | None = None
+    feature_attention_mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        ids = torch.as_tensor(self.input_ids, dtype=torch.long)
+        object.__setattr__(self, "input_ids", ids)
+        if ids.ndim != 1 or ids.numel() == 0:
+            raise ValueError(f"OmniPrompt.input_ids must be a non-empty 1-D sequence, got shape {tuple(ids.shape)}")
+        self._check_vision("image", _vocab.IMAGE_PAD_ID, self.pixel_values, self.image_grid_thw)
+        self._check_vision("video", _vocab.VIDEO_PAD_ID, self.pixel_values_videos, self.video_grid_thw)
+        if self.video_grid_thw is not None and (
+            self.video_second_per_grid is None or len(self.video_second_per_grid) != len(self.video_grid_thw)
+        ):
+            raise ValueError("OmniPrompt.video_second_per_grid must give one value per video")
+        n_audio_tokens = int((ids == _vocab.AUDIO_PAD_ID).sum())
+        if self.input_features is None:
+            if n_audio_tokens:
+                raise ValueError(f"OmniPrompt has {n_audio_tokens} audio placeholder tokens but no input_features")
+            return
+        if self.feature_attention_mask is None or self.input_features.ndim != 3:
+            raise ValueError("OmniPrompt.input_features must be [n_aud, n_mels, L] with a feature_attention_mask")
+        expected = sum(audio_token_count(int(n)) for n in self.feature_attention_mask.sum(-1))
+        if expected != n_audio_tokens:
+            raise ValueError(
+                f"OmniPrompt has {n_audio_tokens} audio placeholder tokens but its features need {expected}"
+            )
+
+    def _check_vision(self, kind: str, pad_id: int, pixels: torch.Tensor | None, grid: torch.Tensor | None) -> None:
+        # The placeholder count depends on the tower's merge size; the model checks it against the features.
+        n_tokens = int((self.input_ids == pad_id).sum())
+        if pixels is None or grid is None:
+            if n_tokens or pixels is not None or grid is not None:
+                raise ValueError(
+                    f"OmniPrompt has {n_tokens} {kind} placeholder tokens; pixels and grid must both be set"
+                )
+            return
+        n_patches = int(grid.prod(-1).sum())
+        if n_tokens == 0 or n_patches != pixels.shape[0]:
+            raise ValueError(
+                f"OmniPrompt {kind}: {n_tokens} placeholder tokens and {pixels.shape[0]} patches, "
+                f"but grid {grid.tolist()} has {n_patches} patches"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length in tokens, media placeholders included."""
+        return int(self.input_ids.numel())
+
+    def media(self) -> dict[str, torch.Tensor]:
+        """The media tensors that are set, keyed by forward-kwarg name."""
+        return {name: getattr(self, name) for name in _MEDIA_FIELDS if getattr(self, name) is not None}
+
+
+def text_prompt(input_ids: Sequence[int]) -> OmniPrompt:
+    """A prompt without media."""
+    return OmniPrompt(input_ids=torch.tensor(list(input_ids), dtype=torch.long))
+
+
+def collate_media(prompts: Sequence[OmniPrompt]) -> dict[str, torch.Tensor]:
+    """Concatenates the prompts' media in batch order, padding audio clips to the longest.
+
+    The model scatters media features into the placeholders in row-major order of the batch, so the
+    concatenation order here is what keeps each image with its prompt.
+
+    Returns:
+        Forward kwargs for the media present in at least one prompt.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid"):
+        parts = [getattr(p, name) for p in prompts if getattr(p, name) is not None]
+        if parts:
+            out[name] = torch.cat(parts, dim=0)
+    feats = [p.input_features for p in prompts if p.input_features is not None]
+    masks = [p.feature_attention_mask for p in prompts if p.feature_attention_mask is not None]
+    if feats:
+        length = max(f.shape[-1] for f in feats)
+        out["input_features"] = torch.cat(
+            [torch.nn.functional.pad(f, (0, length - f.shape[-1])) for f in feats], dim=0
+        )  # [n_aud, n_mels, L_max]
+        out["feature_attention_mask"] = torch.cat(
+            [torch.nn.functional.pad(m.long(), (0, length - m.shape[-1])) for m in masks], dim=0
+        )  # [n_aud, L_max]
+    return out
+
+
+def pad_sequences(sequences: Sequence[torch.Tensor], pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pads 1-D id tensors to a batch.
+
+    Args:
+        sequences: ``B`` tensors of shape ``[T_i]``.
+        pad_id: Fill id.
+        side: ``"left"`` (prompts for decoding: all rows end at the same column) or ``"right"``.
+
+    Returns:
+        ``(input_ids [B, T], attention_mask [B, T])``.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    length = max(int(s.numel()) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        n = int(seq.numel())
+        cols = slice(length - n, length) if side == "left" else slice(0, n)
+        ids[i, cols] = seq
+        mask[i, cols] = 1
+    return ids, mask
+
+
+def rope_positions(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, Any]
+) -> torch.Tensor:
+    """3-D (time, height, width) rope positions of a padded batch, as the model itself computes them.
+
+    Text after the last media block continues at ``max(previous) + 1``, so a decoded token at step ``k``
+    after a prompt has position ``max(prompt positions) + 1 + k`` in all three components.
+
+    Args:
+        model: A Qwen2.5-Omni thinker (its ``get_rope_index``).
+        input_ids: ``[B, T]``.
+        attention_mask: ``[B, T]`` 1 on real tokens; pads get a dummy position.
+        media: The batch's media kwargs from :func:`collate_media`.
+
+    Returns:
+        ``[3, B, T]`` int64 positions.
+    """
+    mask = media.get("feature_attention_mask")
+    positions: torch.Tensor
+    positions, _ = model.get_rope_index(
+        input_ids,
+        image_grid_thw=media.get("image_grid_thw"),
+        video_grid_thw=media.get("video_grid_thw"),
+        attention_mask=attention_mask,
+        use_audio_in_video=False,
+        audio_seqlens=mask.sum(-1) if mask is not None else None,
+        second_per_grids=media.get("video_second_per_grid"),
+    )
+    return positions

@@ -1,0 +1,134 @@
+"""Tests of the tiny omni model builder, checkpoint loading and model inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax_services.models import (
+    SUPPRESSED_IDS,
+    OmniPrompt,
+    TinyOmniConfig,
+    audio_token_count,
+    build_tiny_omni,
+    collate_media,
+    load_model,
+    num_parameters,
+    pad_sequences,
+    rope_positions,
+)
+from relax_services.models import _vocab as vocab
+from relax_services.models.synthetic import synthetic_prompt
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return build_tiny_omni(seed=0)
+
+
+def _plain_logits(model: torch.nn.Module, prompt: OmniPrompt) -> torch.Tensor:
+    """Logits of one unpadded prompt, positions computed by transformers itself."""
+    ids = prompt.input_ids[None]
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), **prompt.media()).logits[0]
+
+
+def test_tiny_model_has_the_documented_size_and_token_ids(model: torch.nn.Module) -> None:
+    assert 400_000 < num_parameters(model) < 460_000  # DESIGN.md: ≈ 0.43 M
+    cfg = model.config
+    assert cfg.text_config.vocab_size == 64
+    assert (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id) == (7, 8, 11)
+    assert (cfg.vision_start_token_id, cfg.vision_end_token_id) == (5, 6)
+    assert (cfg.audio_start_token_id, cfg.audio_end_token_id, cfg.user_token_id) == (9, 10, 3)
+    gen = model.generation_config
+    assert (gen.pad_token_id, gen.bos_token_id, gen.eos_token_id) == (0, 1, 2)
+    assert 2 not in SUPPRESSED_IDS and set(SUPPRESSED_IDS) == {0, 1, *range(3, 12)}
+
+
+def test_build_is_deterministic_and_leaves_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a, b, c = build_tiny_omni(seed=1), build_tiny_omni(seed=1), build_tiny_omni(seed=2)
+    assert torch.rand(1) == before
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"mrope_section": (4, 2, 1)}, "mrope_section"),
+        ({"num_kv_heads": 3}, "num_kv_heads"),
+        ({"hidden_size": 66}, "hidden_size"),
+        ({"attn_implementation": "flash"}, "attn_implementation"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        TinyOmniConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_media_token_counts(model: torch.nn.Module) -> None:
+    # 56 × 56 px image: 4 × 4 patches of 14 px, merged 2 × 2 -> 4 tokens.
+    pixels = torch.randn(16, 3 * 2 * 14 * 14)
+    feats = model.get_image_features(pixels, torch.tensor([[1, 4, 4]])).pooler_output
+    assert feats[0].shape == (4, 64)
+    # 1 s of audio = 100 log-mel frames -> 25 tokens; the formula against the encoder itself.
+    assert audio_token_count(100) == 25
+    for frames in (37, 100, 161):
+        out = model.get_audio_features(
+            torch.randn(1, 128, frames), feature_attention_mask=torch.ones(1, frames, dtype=torch.long)
+        ).last_hidden_state
+        assert out.shape == (audio_token_count(frames), 64)
+
+
+def test_prompt_validation_errors() -> None:
+    ids = torch.tensor([1, 3, 9, 11, 11, 10, 4])
+    with pytest.raises(ValueError, match="no input_features"):
+        OmniPrompt(input_ids=ids)
+    with pytest.raises(ValueError, match="audio placeholder tokens"):
+        OmniPrompt(
+            input_ids=ids,
+            input_features=torch.zeros(1, 128, 100),
+            feature_attention_mask=torch.ones(1, 100, dtype=torch.long),
+        )
+    with pytest.raises(ValueError, match="image"):
+        OmniPrompt(input_ids=torch.tensor([1, 3, 5, 7, 6, 4]))
+    with pytest.raises(ValueError, match="patches"):
+        OmniPrompt(
+            input_ids=torch.tensor([1, 3, 5, 7, 6, 4]),
+            pixel_values=torch.zeros(15, 1176),
+            image_grid_thw=torch.tensor([[1, 4, 4]]),
+        )
+
+
+def test_left_padded_batch_matches_each_prompt_alone(model: torch.nn.Module) -> None:
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        synthetic_prompt(kind, [12 + i] * (i + 1), gen)
+        for i, kind in enumerate(["text", "image", "video", "audio", "image"])
+    ]
+    ids, mask = pad_sequences([p.input_ids for p in prompts], vocab.PAD_ID, side="left")
+    media = collate_media(prompts)
+    positions = rope_positions(model, ids, mask, media)
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask, position_ids=positions, **media).logits
+    for i, prompt in enumerate(prompts):
+        alone = _plain_logits(model, prompt)
+        torch.testing.assert_close(batched[i, -prompt.num_tokens :], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_save_pretrained_round_trip(model: torch.nn.Module, tmp_path: object) -> None:
+    path = tmp_path / "ckpt"  # type: ignore[operator]
+    model.save_pretrained(path)
+    loaded = load_model(path)
+    prompt = synthetic_prompt("video", [13, 14], torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_plain_logits(loaded, prompt), _plain_logits(model, prompt), atol=0, rtol=0)
+    assert loaded.config.vision_start_token_id == vocab.VISION_START_ID
+
+
+def test_load_model_rejects_a_non_checkpoint(tmp_path: object) -> None:
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_model(tmp_path)  # type: ignore[arg-type]
