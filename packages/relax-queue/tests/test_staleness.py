@@ -1,0 +1,120 @@
+"""Staleness control: AReaL admission pacing and the consumption-time check (drop/requeue/flag)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from relax_queue import BoundedStaleness, ConfigError, RowInput, TaskSpec, TransferQueue, VersionError
+
+MakeQueue = Callable[..., TransferQueue]
+TRAINER = TaskSpec("trainer", check_staleness=True)
+
+
+def test_admission_formula_by_hand(make_queue: MakeQueue) -> None:
+    # tau=1, B=4: at V=0, (1+0+1)*4 = 8 samples may start.
+    q = make_queue(tasks=(TRAINER,), tau=1, batch_size=4)
+    assert q.admission_capacity() == 8
+    assert q.admit(5) == 5  # running 5
+    assert q.admit(5) == 3  # only 3 left
+    assert q.admit(1) == 0
+    q.put_many([RowInput(i, {"x": i}) for i in range(6)], admitted=True)  # accepted 6, running 2
+    q.release_admission(1)  # an unused start: running 1
+    q.release_admission(1, failed=True)  # a failed sample: running 0
+    assert q.admission_capacity() == 8 - 6
+    q.publish_version(1)  # (1+1+1)*4 - 6 = 6
+    assert q.admission_capacity() == 6
+    m = q.metrics()["admission"]
+    assert (m["accepted"], m["running"], m["granted"], m["released"], m["failed"]) == (6, 0, 8, 1, 1)
+
+
+def test_tau_infinity_admits_everything(make_queue: MakeQueue) -> None:
+    q = make_queue(tasks=(TRAINER,), tau=None)
+    assert q.admission_capacity() is None
+    assert q.admit(10**6) == 10**6
+
+
+def test_admit_blocks_until_version_is_published(make_queue: MakeQueue) -> None:
+    q = make_queue(tasks=(TRAINER,), tau=0, batch_size=2)
+    assert q.admit(2) == 2
+    assert q.admit(1, timeout=0.02) == 0  # times out -> 0
+    threading.Timer(0.05, q.publish_version, args=(1,)).start()
+    start = time.monotonic()
+    assert q.admit(3, timeout=2.0) == 2  # (0+1+1)*2 - (0+2) = 2
+    assert time.monotonic() - start >= 0.04
+    assert q.metrics()["admission"]["waits"] == 2
+
+
+def test_paced_producer_never_generates_stale_rows(make_queue: MakeQueue) -> None:
+    """A producer that only starts admitted samples is never dropped, for tau in {0, 1, 3}."""
+    for tau in (0, 1, 3):
+        q = make_queue(tasks=(TRAINER,), tau=tau, batch_size=4, max_rows=1000)
+        reader = q.reader("trainer", ["x"])
+        key = 0
+        for step in range(10):
+            while (k := q.admit(100)) > 0:  # produce greedily, as fast as admission allows
+                q.put_many([RowInput(key + i, {"x": 1}, versions=q.version) for i in range(k)], admitted=True)
+                key += k
+            batch = reader.get(4, timeout=0)
+            assert max(r.staleness for r in batch.rows) <= tau
+            reader.ack(batch)
+            q.publish_version(step + 1)
+        m = q.metrics()
+        assert m["drops"] == 0 and m["requeues"] == 0
+        assert max(m["tasks"]["trainer"]["staleness_histogram"]) == tau  # the bound is reached, not exceeded
+
+
+@pytest.mark.parametrize("action", ["drop", "requeue", "flag"])
+def test_consumption_check(make_queue: MakeQueue, action: str) -> None:
+    q = make_queue(tasks=(TRAINER, "reward"), tau=1, on_stale=action)
+    q.put_many([RowInput(f"old{i}", {"x": i}, versions=(0, 2)) for i in range(2)])
+    q.put_many([RowInput(f"g/{i}", {"x": i}, versions=(1 + i, 3), group_id="g", group_size=2) for i in range(2)])
+    q.put("new", {"x": 9}, versions=3)
+    q.publish_version(3)  # staleness: old* 3, group min v_min 1 -> 2, new 0
+    batch = q.reader("trainer", ["x"]).get(5, timeout=0) if action == "flag" else None
+    m = q.metrics()
+    if action == "flag":
+        assert batch is not None
+        stale = {r.key: r.stale for r in batch.rows}
+        assert stale == {"old0": True, "old1": True, "g/0": True, "g/1": False, "new": False}
+        assert m["flagged"] == 3
+        return
+    reader = q.reader("trainer", ["x"])
+    batch = reader.get(1, timeout=0)
+    assert batch.keys == ["new"]
+    assert batch.rows[0].staleness == 0
+    m = q.metrics()
+    assert m["drops" if action == "drop" else "requeues"] == 4  # a stale group goes whole
+    assert len(q) == 1  # removed for every task, including reward
+    if action == "requeue":
+        requeued = q.take_requeued()
+        assert sorted(str(r.key) for r in requeued) == ["g/0", "g/1", "old0", "old1"]
+        assert q.take_requeued() == []
+        q.put("old0", {"x": 0}, versions=3)  # a regenerated row may reuse its key
+        assert len(q) == 2
+    else:
+        q.put("old0", {"x": 0}, versions=3)  # a dropped key is retired
+        assert len(q) == 1
+    assert q.metrics()["admission"]["accepted"] == 5 - 4 + (1 if action == "requeue" else 0)
+
+
+def test_staleness_not_checked_for_other_tasks(make_queue: MakeQueue) -> None:
+    q = make_queue(tasks=("reward",), tau=0)
+    q.put("k", {"x": 1}, versions=0)
+    q.publish_version(5)
+    row = q.reader("reward").get(1, timeout=0).rows[0]
+    assert (row.staleness, row.stale) == (5, False)
+
+
+def test_version_and_policy_errors(make_queue: MakeQueue) -> None:
+    q = make_queue(tasks=("a",))
+    q.publish_version(2)
+    with pytest.raises(VersionError, match="backwards"):
+        q.publish_version(1)
+    with pytest.raises(ConfigError, match="on_stale"):
+        BoundedStaleness(tau=1, on_stale="explode")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="tau"):
+        BoundedStaleness(tau=-1)
