@@ -138,6 +138,8 @@ def _stage_params(model: ModelSpec, cfg: ParallelConfig, *, first: bool, last: b
         dense += vocab
     if last and (not first or not model.tied_embeddings):
         dense += vocab
+    if last:
+        dense += model.hidden_size  # final norm
     encoders = 0.0
     if first:
         if model.vision:

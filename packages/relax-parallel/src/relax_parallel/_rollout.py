@@ -115,5 +115,5 @@ def plan_rollout(
         generation=est,
         binding_constraint=binding,
         explanation=tuple(lines),
-        encoder_placement=encoder_placement(model, workload, ParallelConfig(tp=tp)),
+        encoder_placement=encoder_placement(model, workload, ParallelConfig(tp=tp), inference=True),
     )

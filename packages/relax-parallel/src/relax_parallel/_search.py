@@ -19,6 +19,7 @@ from relax_parallel._strategy import (
 from relax_parallel._time import TimeBreakdown, training_step_time
 
 MIN_CP_CHUNK_TOKENS = 512  # megatron-core CP splits a sequence into 2·cp load-balanced chunks
+SIMPLICITY_TOLERANCE = 0.01  # relative step-time difference treated as a tie
 
 
 class InfeasiblePlanError(ValueError):
@@ -103,6 +104,10 @@ class _Evaluation:
     modality: str
     time: TimeBreakdown | None = None
 
+    @property
+    def step_s(self) -> float:
+        return self.time.total if self.time is not None else float("inf")
+
 
 def _evaluate_memory(
     model: ModelSpec, workload: WorkloadSpec, cfg: ParallelConfig, forward_only: bool
@@ -185,12 +190,17 @@ def _explain(
                 f"{knob}={getattr(best.cfg, knob)}: with {shown} the {seq:,}-token {modality} samples need "
                 f"{gib(mem.total)} > {gib(limit)} usable; {term} ({gib(size)}) is the largest term"
             )
-            memory_reasons.append(f"memory: {term} of the {seq:,}-token {modality} sequences")
+            if term in ("weights", "gradients", "optimizer"):
+                memory_reasons.append(f"memory: model states ({term} {gib(size)} is the largest term)")
+            else:
+                memory_reasons.append(f"memory: {term} of the {seq:,}-token {modality} sequences")
         else:
             t = training_step_time(model, workload, cluster, relaxed, mem.gradients, train=not forward_only)
+            delta = {k: v - getattr(best.time, k) for k, v in vars(t).items()}
+            worst = max(delta, key=lambda k: delta[k])
             lines.append(
                 f"{knob}={getattr(best.cfg, knob)}: {shown} also fits ({gib(mem.total)}) but is slower "
-                f"({t.total:.2f} s vs {best.time.total:.2f} s per step)"
+                f"({t.total:.2f} s vs {best.time.total:.2f} s per step; {worst} +{delta[worst]:.2f} s)"
             )
     c = best.cfg
     m = c.micro_batches(workload.samples_per_step)
@@ -218,6 +228,8 @@ def plan_training(
 ) -> ParallelPlan:
     """Pick the fastest predicted valid layout that fits in memory for a training or scoring service.
 
+    Layouts predicted within 1 % of the fastest count as ties, broken toward less model parallelism.
+
     Args:
         model: The model.
         workload: The step's samples.
@@ -242,8 +254,11 @@ def plan_training(
     if not feasible:
         raise _infeasible(model, workload, cluster, configs, forward_only)
     evals = [_evaluate(model, workload, cluster, cfg, forward_only) for cfg in feasible]
-    # Fastest first; ties go to less model parallelism, then larger micro-batches.
-    best = min(evals, key=lambda e: (round(e.time.total, 6), e.cfg.tp * e.cfg.pp * e.cfg.cp, -e.cfg.micro_batch))  # type: ignore[union-attr]
+    fastest = min(e.step_s for e in evals)
+    # Predictions closer than SIMPLICITY_TOLERANCE are within the model's error: among those, take the layout
+    # with the least model parallelism and no recomputation, then the fastest.
+    near = [e for e in evals if e.step_s <= fastest * (1 + SIMPLICITY_TOLERANCE)]
+    best = min(near, key=lambda e: (e.cfg.tp * e.cfg.pp * e.cfg.cp, e.cfg.recompute == "full", e.cfg.ep, e.step_s))
     binding, lines = _explain(model, workload, cluster, best, forward_only)
     return ParallelPlan(
         service=service,

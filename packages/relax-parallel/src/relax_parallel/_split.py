@@ -48,6 +48,7 @@ class ServiceSplit:
         speedup: sync_step_s / async_step_s of the recommendation.
         overlap_bound: (R + T) / max(R, T) with R rollout and T the rest, measured on all GPUs.
         colocated: True when running in turn on all GPUs is recommended (τ = 0, or no split helps).
+        min_gpus: Fewest GPUs (a power of two) each service fits on; a split gives multiples of it.
         plans: Per-service plans on their GPUs.
         explanation: Why.
     """
@@ -60,6 +61,7 @@ class ServiceSplit:
     speedup: float
     overlap_bound: float
     colocated: bool
+    min_gpus: dict[str, int]
     plans: dict[str, ParallelPlan]
     explanation: tuple[str, ...]
 
@@ -176,7 +178,7 @@ def split_services(
         else:
             lines.append(f"the best split ({best[0]:.2f} s per step) is slower than running in turn")
         alloc = dict.fromkeys(services, g)
-        return ServiceSplit(tau, alloc, sync_all, sync_step, sync_step, 1.0, bound, True, full, tuple(lines))
+        return ServiceSplit(tau, alloc, sync_all, sync_step, sync_step, 1.0, bound, True, units, full, tuple(lines))
     step, alloc = best
     lines.append(
         f"τ = {tau:g} ≥ 1 lets rollout of step k+1 overlap update k; larger τ only absorbs variance, which this "
@@ -190,4 +192,4 @@ def split_services(
     speedup = sync_step / step
     if math.isfinite(speedup) and speedup > bound:
         lines.append("the speedup exceeds the overlap bound because async rollout also skips the long-tail wait")
-    return ServiceSplit(tau, alloc, stage, sync_step, step, speedup, bound, False, plans, tuple(lines))
+    return ServiceSplit(tau, alloc, stage, sync_step, step, speedup, bound, False, units, plans, tuple(lines))

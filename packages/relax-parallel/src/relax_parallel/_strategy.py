@@ -43,17 +43,19 @@ def shard_vision_encoder(model: ModelSpec, workload: WorkloadSpec, cluster: Clus
     return model.vision.num_params() * per_param > ENCODER_SHARD_FRACTION * cluster.usable_bytes
 
 
-def encoder_placement(model: ModelSpec, workload: WorkloadSpec, cfg: ParallelConfig) -> dict[str, str]:
-    """Where each encoder lives under the layout."""
-    trained = "trained" if workload.train_encoders else "frozen, forward only"
+def encoder_placement(
+    model: ModelSpec, workload: WorkloadSpec, cfg: ParallelConfig, *, inference: bool = False
+) -> dict[str, str]:
+    """Where each encoder lives under the layout (``inference``: inside each rollout engine)."""
+    trained = "forward only" if inference else ("trained" if workload.train_encoders else "frozen, forward only")
+    where = "every engine" if inference else "pipeline stage 0"
     out: dict[str, str] = {}
     if model.vision:
         how = f"tensor-parallel over tp={cfg.tp}" if cfg.vision_tp else "replicated on every rank"
-        out["vision"] = f"pipeline stage 0, {how} ({trained})"
+        out["vision"] = f"{where}, {how} ({trained})"
     if model.audio:
-        out["audio"] = (
-            f"pipeline stage 0, replicated, {model.audio.chunk_seconds:g} s chunks encoded independently ({trained})"
-        )
+        chunks = f"{model.audio.chunk_seconds:g} s chunks encoded independently"
+        out["audio"] = f"{where}, replicated, {chunks} ({trained})"
     return out
 
 
@@ -81,7 +83,7 @@ def modality_strategies(
                 approach = f"context parallel cp={cfg.cp} + {sp}"
                 reason = f"{seq:,}-token sequences are long; ring attention splits them {seq // cfg.cp:,} per rank"
             else:
-                approach = f"{sp}, {b} sequences packed per micro-batch"
+                approach = f"{sp}, {b} sequence{'s' if b > 1 else ''} packed per micro-batch"
                 reason = f"{seq:,}-token sequences are short; packing keeps GPUs busy without splitting sequences"
         elif modality == "image":
             approach = "vision encoder " + ("tensor-parallel" if cfg.vision_tp else "replicated") + f", {sp}"

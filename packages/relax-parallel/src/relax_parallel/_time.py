@@ -95,25 +95,29 @@ def _encoder_forward_flops(model: ModelSpec, workload: WorkloadSpec, modality: s
     return 0.0
 
 
-def sample_forward_flops(model: ModelSpec, workload: WorkloadSpec, modality: str) -> tuple[float, float]:
-    """(decoder, encoder) forward FLOPs for one mean-length sample of a modality."""
+def sample_forward_flops(model: ModelSpec, workload: WorkloadSpec, modality: str) -> tuple[float, float, float]:
+    """(decoder layers, LM head, encoder) forward FLOPs for one mean-length sample of a modality."""
     seq = workload.sequence_tokens(model, modality)[0]
-    return seq * decoder_forward_flops_per_token(model, seq), _encoder_forward_flops(model, workload, modality)
+    head = seq * 2 * model.hidden_size * model.vocab_size
+    layers = seq * decoder_forward_flops_per_token(model, seq) - head
+    return layers, head, _encoder_forward_flops(model, workload, modality)
 
 
 def step_flops(model: ModelSpec, workload: WorkloadSpec, *, recompute: str = "none", train: bool = True) -> float:
     """FLOPs for one optimizer step's samples.
 
-    Training is 3× the forward (backward = 2× forward; Kaplan et al. 2020, 6·N·tokens), 4× with full
-    recomputation (Narayanan et al. 2021, eq. 3: 96·B·s·l·h²…). Frozen encoders run forward only.
+    Training is 3× the forward (backward = 2× forward; Kaplan et al. 2020, 6·N·tokens); full recomputation
+    re-runs the transformer layers' forward, 4× for them but still 3× for the LM head (Narayanan et al.
+    2021, eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh)). Frozen encoders run forward only.
     """
     passes = (4 if recompute == "full" else 3) if train else 1
+    head_passes = 3 if train else 1
     encoder_passes = passes if train and workload.train_encoders else 1
     total = 0.0
     for modality in workload.active_modalities():
-        decoder, encoder = sample_forward_flops(model, workload, modality)
+        layers, head, encoder = sample_forward_flops(model, workload, modality)
         share = workload.modality_mix[modality] * workload.samples_per_step
-        total += share * (passes * decoder + encoder_passes * encoder)
+        total += share * (passes * layers + head_passes * head + encoder_passes * encoder)
     return total
 
 
