@@ -14,6 +14,8 @@ from relax_services.engines.protocols import (
     WeightPoll,
 )
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, sample_tokens, truncate
+from relax_services.engines.scoring import TokenScores, score_responses
+from relax_services.engines.torch_train import TorchTrainConfig, TorchTrainEngine
 
 # protocols and records
 __all__ = [
@@ -37,4 +39,12 @@ __all__ += [
     "policy_logprobs",
     "sample_tokens",
     "truncate",
+]
+
+# training
+__all__ += [
+    "TokenScores",
+    "TorchTrainConfig",
+    "TorchTrainEngine",
+    "score_responses",
 ]

@@ -36,3 +36,14 @@ SUPPRESSED_IDS: tuple[int, ...] = (
     AUDIO_END_ID,
     AUDIO_PAD_ID,
 )
+
+# Media markers and placeholders: inside a response they would be taken for media by the model's forward.
+MEDIA_IDS: tuple[int, ...] = (
+    VISION_START_ID,
+    VISION_END_ID,
+    IMAGE_PAD_ID,
+    VIDEO_PAD_ID,
+    AUDIO_START_ID,
+    AUDIO_END_ID,
+    AUDIO_PAD_ID,
+)

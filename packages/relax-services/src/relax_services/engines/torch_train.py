@@ -1,0 +1,277 @@
+"""Built-in training engine: plain torch AdamW over a transformers model, with micro-batch accumulation."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
+from relax_services.engines.scoring import TokenScores, score_responses
+from relax_services.models import _vocab
+
+LossWeighting = Literal["tokens", "samples"]
+
+
+@dataclass(frozen=True)
+class TorchTrainConfig:
+    """Settings of :class:`TorchTrainEngine`.
+
+    Attributes:
+        lr: Peak learning rate.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        weight_decay: AdamW decoupled weight decay.
+        grad_clip: Clip the global gradient norm to this; ``0`` disables clipping.
+        micro_batch_size: Samples per forward/backward; gradients accumulate over the micro-batches of a step.
+        loss_weighting: How micro-batch losses combine into the step loss. ``"tokens"``: weight by unmasked
+            tokens, exact for a loss that is a token mean over its micro-batch; ``"samples"``: weight by
+            samples, exact for a mean over samples. Either way accumulation equals one big batch.
+        warmup_steps: Linear warm-up from ``lr / warmup_steps`` to ``lr`` over this many steps.
+        schedule: After warm-up, ``"constant"`` or ``"cosine"`` decay to ``min_lr_ratio * lr`` at ``total_steps``.
+        total_steps: Steps of the cosine schedule (required for ``"cosine"``).
+        min_lr_ratio: Floor of the cosine schedule as a fraction of ``lr``.
+        temperature: Sampling temperature of the responses; log-probs use ``logits / temperature``.
+        suppressed_ids: Ids outside the policy's support (never sampled); masked out of the loss.
+        autocast: ``"auto"`` uses bf16 autocast on a CUDA device that supports it, never on CPU;
+            ``"bf16"`` forces it; ``"off"`` disables it.
+        device: Torch device of the model.
+        seed: Seeds torch's global RNG when the engine is built (the model has no dropout by default;
+            this keeps any stochastic layer reproducible).
+    """
+
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 64
+    loss_weighting: LossWeighting = "tokens"
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+    temperature: float = 1.0
+    suppressed_ids: tuple[int, ...] = field(default=_vocab.SUPPRESSED_IDS)
+    autocast: Literal["auto", "bf16", "off"] = "auto"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"TorchTrainConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.loss_weighting not in ("tokens", "samples"):
+            raise ValueError(
+                f"TorchTrainConfig.loss_weighting must be 'tokens' or 'samples', got {self.loss_weighting!r}"
+            )
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"TorchTrainConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            raise ValueError("TorchTrainConfig.total_steps must exceed warmup_steps for the cosine schedule")
+        if self.autocast not in ("auto", "bf16", "off"):
+            raise ValueError(f"TorchTrainConfig.autocast must be 'auto', 'bf16' or 'off', got {self.autocast!r}")
+        if self.grad_clip < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("TorchTrainConfig.grad_clip, warmup_steps >= 0 and min_lr_ratio in [0, 1] required")
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of ``lr`` at optimizer step ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class TorchTrainEngine:
+    """:class:`~relax_services.engines.TrainEngine` in plain torch.
+
+    Args:
+        model: The policy to train (moved to ``config.device``).
+        config: Optimizer and loss settings.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: TorchTrainConfig | None = None) -> None:
+        self.config = config or TorchTrainConfig()
+        torch.manual_seed(self.config.seed)
+        self.device = torch.device(self.config.device)
+        self.model = model.to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.eps,
+            weight_decay=self.config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.config.lr_factor)
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Optimizer updates applied so far."""
+        return self._version
+
+    @property
+    def autocast_enabled(self) -> bool:
+        """Whether forwards run under bf16 autocast."""
+        if self.config.autocast == "off":
+            return False
+        if self.config.autocast == "bf16":
+            return True
+        return self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if not self.autocast_enabled:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def score(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """Forward over one micro-batch: response log-probs, entropy and mask (grad follows the caller)."""
+        with self._autocast():
+            return score_responses(
+                self.model,
+                [s.prompt for s in batch],
+                [s.response_ids for s in batch],
+                temperature=self.config.temperature,
+                suppressed_ids=self.config.suppressed_ids,
+                device=self.device,
+            )
+
+    def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token ``(logprobs [B, L], mask [B, L])`` on CPU under the current weights, without grad."""
+        was_training = self.model.training
+        self.model.eval()
+        parts: list[TokenScores] = []
+        with torch.no_grad():
+            for micro in self._micro_batches(batch):
+                parts.append(self.score(micro))
+        self.model.train(was_training)
+        length = max(p.mask.shape[1] for p in parts)
+        logprobs = torch.cat([_pad_to(p.logprobs, length) for p in parts]).cpu()
+        mask = torch.cat([_pad_to(p.mask, length) for p in parts]).cpu()
+        return logprobs, mask
+
+    def accumulate_gradients(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        """Adds the gradient of the batch loss to ``.grad`` (no optimizer step); returns loss metrics.
+
+        The batch loss is ``Σ_m w_m · loss_fn(micro-batch m)`` with ``w_m`` the micro-batch's share of
+        unmasked tokens (or samples, per ``loss_weighting``).
+        """
+        if not batch:
+            raise ValueError("cannot train on an empty batch")
+        self.model.train()
+        micro_batches = self._micro_batches(batch)
+        weights = self._weights(micro_batches)
+        totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+        n_tokens = 0.0
+        for micro, weight in zip(micro_batches, weights, strict=True):
+            scores = self.score(micro)
+            inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, _stack_fields(micro, scores.mask))
+            result = loss_fn(inputs)
+            loss: torch.Tensor
+            extra: Mapping[str, float]
+            loss, extra = (result, {}) if isinstance(result, torch.Tensor) else result
+            if loss.ndim != 0:
+                raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+            torch.autograd.backward(loss * weight)
+            totals["loss"] += weight * float(loss.detach())
+            totals["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
+            n_tokens += float(scores.mask.sum())
+            for key, value in extra.items():
+                totals[key] = totals.get(key, 0.0) + weight * float(value)
+        totals["entropy"] /= max(n_tokens, 1.0)
+        totals["tokens"] = n_tokens
+        return totals
+
+    def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update: accumulate over micro-batches, clip, AdamW step, LR schedule step.
+
+        Returns:
+            Metrics: ``loss``, ``entropy``, ``tokens``, ``grad_norm`` (before clipping), ``lr`` (used by this
+            step), ``step_s``, ``version`` (after the step), plus ``loss_fn``'s own metrics.
+        """
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.accumulate_gradients(batch, loss_fn)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        self.scheduler.step()
+        self._version += 1
+        metrics.update(grad_norm=float(grad_norm), step_s=time.perf_counter() - start, version=float(self._version))
+        return metrics
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """Detached CPU copies of the weights (safe to publish while training continues)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scheduler, torch RNG states and version (copies, not views of live state)."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "model": self.policy_state(),
+            # The optimizer's state dict holds its live moment tensors, which later steps update in place.
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng,
+            "version": self._version,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`."""
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self._version = int(state["version"])
+
+    def _micro_batches(self, batch: Sequence[TrainSample]) -> list[Sequence[TrainSample]]:
+        size = self.config.micro_batch_size
+        return [batch[i : i + size] for i in range(0, len(batch), size)]
+
+    def _weights(self, micro_batches: list[Sequence[TrainSample]]) -> list[float]:
+        if self.config.loss_weighting == "samples":
+            counts = [float(len(m)) for m in micro_batches]
+        else:
+            banned = torch.tensor(sorted(set(self.config.suppressed_ids) | set(_vocab.MEDIA_IDS)))
+            counts = [float(sum(int((~torch.isin(s.response_ids, banned)).sum()) for s in m)) for m in micro_batches]
+        total = sum(counts)
+        if total == 0:
+            raise ValueError("batch has no unmasked response tokens to train on")
+        return [c / total for c in counts]
+
+
+def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, length - x.shape[1]))
+
+
+def _stack_fields(batch: Sequence[TrainSample], mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token fields zero-padded to ``[B, L]`` and scalar fields stacked to ``[B]``, on ``mask``'s device."""
+    names = set(batch[0].fields)
+    for s in batch:
+        if set(s.fields) != names:
+            raise ValueError(f"samples in a batch must have the same fields: {sorted(names)} vs {sorted(s.fields)}")
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(names):
+        values = [s.fields[name] for s in batch]
+        if values[0].ndim == 0:
+            out[name] = torch.stack(values).to(mask.device)
+        else:
+            out[name] = torch.stack([torch.nn.functional.pad(v, (0, mask.shape[1] - v.numel())) for v in values]).to(
+                mask.device
+            )
+    return out
