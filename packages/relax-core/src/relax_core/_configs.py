@@ -199,10 +199,10 @@ class OptimizerConfig(ConfigModel):
     """Peak learning rate."""
 
     betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW (β1, β2)."""
+    """AdamW (β1, β2) moment decay rates, each in [0, 1)."""
 
     eps: float = pydantic.Field(default=1e-8, gt=0.0)
-    """AdamW ε."""
+    """AdamW ε added to the denominator for numerical stability."""
 
     weight_decay: float = pydantic.Field(default=0.01, ge=0.0)
     """Decoupled weight decay."""

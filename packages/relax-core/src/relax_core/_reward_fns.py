@@ -92,7 +92,14 @@ def normalize_number(text: str) -> Fraction | None:
     s = _UNIT_WORDS.sub("", text)
     s = _FRAC.sub(r"(\1)/(\2)", s)
     s = s.replace("\\!", "").replace("\\,", "").replace("\\left", "").replace("\\right", "")
-    s = s.replace("$", "").replace("\\%", "").replace("%", "").replace("^\\circ", "").replace("°", "")
+    s = (
+        s.replace("\\$", "")
+        .replace("$", "")
+        .replace("\\%", "")
+        .replace("%", "")
+        .replace("^\\circ", "")
+        .replace("°", "")
+    )
     s = re.sub(r"^[^=]*=", "", s) if s.count("=") == 1 else s
     s = re.sub(r"(?<=\d),(?=\d{3}\b)", "", s)  # thousands separators
     s = s.strip().rstrip(".")
