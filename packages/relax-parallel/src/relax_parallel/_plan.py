@@ -52,6 +52,29 @@ class ParallelPlan:
     modalities: tuple[ModalityStrategy, ...] = ()
     encoder_placement: Mapping[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def from_config(cls, config: ParallelConfig, service: str = "trainer") -> ParallelPlan:
+        """Wrap a layout chosen elsewhere (no predictions) so it can be realised.
+
+        Args:
+            config: The layout.
+            service: Service name to record.
+
+        Returns:
+            A plan whose memory and time are empty and whose explanation says it was given.
+        """
+        return cls(
+            service=service,
+            config=config,
+            memory=MemoryBreakdown(),
+            memory_limit=0.0,
+            binding_modality="",
+            time=None,
+            generation=None,
+            binding_constraint="none: layout given, not searched",
+            explanation=("layout given by the caller; no prediction was made",),
+        )
+
     @property
     def tp(self) -> int:
         """Tensor-parallel degree."""

@@ -27,12 +27,15 @@ class Throughputs:
         trainer: Trained samples/s/GPU.
         reference: Scored samples/s/GPU.
         critic: Critic-trained samples/s/GPU (PPO only).
+        rollout_sync: Rollout samples/s/GPU in lock-step, where each batch waits for its slowest sample;
+            defaults to ``rollout``.
     """
 
     rollout: float
     trainer: float
     reference: float = 0.0
     critic: float = 0.0
+    rollout_sync: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,10 @@ def split_services(
         missing = [s for s in services if rates[s] <= 0]
         if missing:
             raise ValueError(f"measured: throughput for {missing} must be > 0 for algorithm {algorithm!r}")
-        sync_all = {s: batch / (rates[s] * g) for s in services}
-        async_all = dict(sync_all)
+        async_all = {s: batch / (rates[s] * g) for s in services}
+        sync_all = dict(async_all)
+        if measured.rollout_sync > 0:
+            sync_all["rollout"] = batch / (measured.rollout_sync * g)
     rollout_s = sync_all["rollout"]
     rest_s = sum(v for k, v in sync_all.items() if k != "rollout")
     sync_step = rollout_s + rest_s
