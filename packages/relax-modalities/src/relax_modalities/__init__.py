@@ -1,3 +1,107 @@
-"""relax_modalities: see the package README for what it provides."""
+"""relax_modalities: per-modality data paths from file to Qwen2.5-Omni thinker input.
 
-__all__: list[str] = []
+- image: `load_image` → `preprocess_image` (EXIF, RGB, smart resize, normalise, patchify).
+- audio: `iter_audio_blocks` / `load_audio` (bounded-memory reads, mono, soxr) → `log_mel`,
+  `chunk_features`, and `StreamingLogMel` for live PCM.
+- video: `load_video` (decord, fps sampling, token budget, temporal patches, timestamps) and
+  `extract_audio_track` (PyAV).
+- text: `relax_modalities.text` (tiny tokenizer, vocabulary constants, chat builder).
+- samples and batches: `process_sample` → thinker kwargs; `collate` / `pack_batch`;
+  `cost_aware_batches`.
+- loading: `build_loader` on torchdata.nodes with parallel decode, bounded prefetch, checkpointable
+  state, and bad-file skipping (`MediaError`).
+- synthetic tasks: `relax_modalities.synthetic`.
+"""
+
+from relax_modalities._audio_io import AudioSettings, extract_audio_track, iter_audio_blocks, load_audio, resample
+from relax_modalities._collate import PackedBatch, collate, cost_aware_batches, estimate_cost, pack_batch
+from relax_modalities._errors import MediaError
+from relax_modalities._image import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    ImageFeatures,
+    ImageSettings,
+    image_token_count,
+    load_image,
+    patchify_frames,
+    preprocess_image,
+    probe_image_size,
+    smart_resize,
+)
+from relax_modalities._loader import LoaderStats, OmniLoader, ProcessedSample, build_loader
+from relax_modalities._mel import (
+    AudioFeatures,
+    FeatureChunk,
+    StreamingLogMel,
+    audio_token_count,
+    chunk_features,
+    log_mel,
+    mel_filter_bank,
+    num_feature_frames,
+)
+from relax_modalities._sample import ProcessorSettings, SampleProcessor, process_sample
+from relax_modalities._video import (
+    VideoFeatures,
+    VideoPlan,
+    VideoSettings,
+    load_video,
+    plan_video,
+    probe_video,
+    sample_frame_indices,
+)
+
+__all__ = [  # errors
+    "MediaError",
+]
+__all__ += [  # image
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
+    "ImageFeatures",
+    "ImageSettings",
+    "image_token_count",
+    "load_image",
+    "patchify_frames",
+    "preprocess_image",
+    "probe_image_size",
+    "smart_resize",
+]
+__all__ += [  # audio
+    "AudioFeatures",
+    "AudioSettings",
+    "FeatureChunk",
+    "StreamingLogMel",
+    "audio_token_count",
+    "chunk_features",
+    "extract_audio_track",
+    "iter_audio_blocks",
+    "load_audio",
+    "log_mel",
+    "mel_filter_bank",
+    "num_feature_frames",
+    "resample",
+]
+__all__ += [  # video
+    "VideoFeatures",
+    "VideoPlan",
+    "VideoSettings",
+    "load_video",
+    "plan_video",
+    "probe_video",
+    "sample_frame_indices",
+]
+__all__ += [  # samples and batches
+    "PackedBatch",
+    "ProcessorSettings",
+    "SampleProcessor",
+    "collate",
+    "cost_aware_batches",
+    "estimate_cost",
+    "pack_batch",
+    "process_sample",
+]
+__all__ += [  # loading
+    "LoaderStats",
+    "OmniLoader",
+    "ProcessedSample",
+    "build_loader",
+]

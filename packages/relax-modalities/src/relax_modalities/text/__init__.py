@@ -34,29 +34,30 @@ from relax_modalities.text._vocab import (
     never_sample_ids,
 )
 
-__all__ = [
-    # vocabulary
+__all__ = [  # vocabulary
     "CHARACTERS",
-    "MODALITIES",
     "SPECIAL_TOKENS",
     "TINY_SPECIAL_IDS",
-    "TINY_TEMPLATE",
     "TINY_VOCAB",
     "TINY_VOCAB_SIZE",
-    # chat
+    "TinyVocab",
+    "never_sample_ids",
+]
+__all__ += [  # tokenizers
+    "TinyTokenizer",
+    "TokenizationError",
+    "Tokenizer",
+    "tiny_hf_tokenizer",
+    "tiny_tokenizers_backend",
+]
+__all__ += [  # chat
+    "MODALITIES",
+    "TINY_TEMPLATE",
     "ChatBuilder",
     "ChatPrompt",
     "ChatTemplate",
     "MediaSlot",
     "Modality",
     "PlaceholderSpan",
-    # tokenizers
-    "TinyTokenizer",
-    "TinyVocab",
-    "TokenizationError",
-    "Tokenizer",
     "build_chat",
-    "never_sample_ids",
-    "tiny_hf_tokenizer",
-    "tiny_tokenizers_backend",
 ]

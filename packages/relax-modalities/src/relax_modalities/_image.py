@@ -1,0 +1,235 @@
+"""Image path: decode (EXIF, RGB), smart resize, normalise, patchify into Qwen2-VL's layout."""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from relax_modalities._errors import MediaError, check_readable
+
+OPENAI_CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+
+# EXIF orientations 5..8 rotate by 90°/270°, which swaps width and height.
+_EXIF_ORIENTATION = 0x0112
+_SWAPS_AXES = {5, 6, 7, 8}
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """How images become vision-encoder patches (defaults are Qwen2-VL / Qwen2.5-Omni's).
+
+    Attributes:
+        patch_size: spatial patch side in pixels.
+        merge_size: patches merged per side into one LLM token (2 → 2×2 patches per token).
+        temporal_patch_size: frames per temporal patch; a still image is repeated this many times.
+        min_pixels: lower bound on resized height × width.
+        max_pixels: upper bound on resized height × width.
+        image_mean: per-channel mean subtracted after scaling to [0, 1].
+        image_std: per-channel std divided by after subtracting the mean.
+        max_decoded_pixels: header-declared width × height above which a file is rejected as a
+            decompression bomb before any pixel is decoded.
+    """
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+    max_decoded_pixels: int = 64_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_decoded_pixels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ImageSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_pixels < self.min_pixels:
+            raise ValueError(f"ImageSettings.max_pixels ({self.max_pixels}) must be >= min_pixels ({self.min_pixels})")
+        if self.max_pixels < self.factor**2:
+            raise ValueError(f"ImageSettings.max_pixels must be >= (patch_size*merge_size)**2 = {self.factor**2}")
+
+    @property
+    def factor(self) -> int:
+        """Resized sides are multiples of this (``patch_size * merge_size``)."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch: ``3 * temporal_patch_size * patch_size**2``."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
+
+
+@dataclass
+class ImageFeatures:
+    """One image as the vision encoder takes it.
+
+    Attributes:
+        pixel_values: ``[grid_h * grid_w, 3 * temporal_patch * patch**2]`` float32 patches.
+        grid_thw: ``[3]`` int64 ``(1, grid_h, grid_w)`` in patches.
+        num_tokens: LLM placeholder tokens, ``grid_h * grid_w // merge**2``.
+    """
+
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor
+    num_tokens: int
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Target size with both sides multiples of ``factor``, area in [min_pixels, max_pixels], aspect kept.
+
+    Round each side to the nearest multiple; if the area is too large, scale both sides down by
+    ``sqrt(area / max_pixels)`` and floor to multiples; if too small, scale up and ceil.
+
+    Raises:
+        ValueError: for an aspect ratio above 200 (the vision encoder's limit).
+    """
+    if min(height, width) < 1:
+        raise ValueError(f"image size must be positive, got {height}x{width}")
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be at most 200, got {max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def image_token_count(height: int, width: int, settings: ImageSettings) -> int:
+    """Placeholder tokens an image of ``height × width`` (after EXIF rotation) will take."""
+    h, w = smart_resize(height, width, settings.factor, settings.min_pixels, settings.max_pixels)
+    return (h // settings.factor) * (w // settings.factor)
+
+
+def _open_checked(path: str | os.PathLike[str], settings: ImageSettings) -> Image.Image:
+    p = check_readable(path, "image")
+    try:
+        with warnings.catch_warnings():
+            # Our own pixel limit below is the policy; Pillow's warning would only duplicate it.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(p)
+    except Image.DecompressionBombError as exc:
+        raise MediaError(p, "image", f"decompression bomb: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        raise MediaError(p, "image", "not a recognised image format") from exc
+    except OSError as exc:
+        raise MediaError(p, "image", f"cannot open: {exc}") from exc
+    w, h = img.size
+    if w * h > settings.max_decoded_pixels:
+        img.close()
+        raise MediaError(
+            p,
+            "image",
+            f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_decoded_pixels {settings.max_decoded_pixels}",
+        )
+    return img
+
+
+def probe_image_size(path: str | os.PathLike[str], settings: ImageSettings | None = None) -> tuple[int, int]:
+    """``(height, width)`` after EXIF rotation, read from the header only (no pixel decode)."""
+    settings = settings or ImageSettings()
+    with _open_checked(path, settings) as img:
+        w, h = img.size
+        orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
+    return (w, h) if orientation in _SWAPS_AXES else (h, w)
+
+
+def load_image(path: str | os.PathLike[str], settings: ImageSettings | None = None) -> Image.Image:
+    """Decode an image file to an RGB PIL image with EXIF orientation applied.
+
+    Raises:
+        MediaError: missing, empty, truncated, corrupt, unknown-format or oversized file.
+    """
+    settings = settings or ImageSettings()
+    img = _open_checked(path, settings)
+    try:
+        with img:
+            img.load()
+            out = ImageOps.exif_transpose(img)
+            return to_rgb(out)
+    except MediaError:
+        raise
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError … for broken data
+        raise MediaError(path, "image", f"decode failed ({type(exc).__name__}: {exc})") from exc
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """RGB copy of ``img``; transparent pixels are composited over white (as transformers does)."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def normalisation_affine(settings: ImageSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel ``(scale, offset)`` so that ``u8 * scale + offset == (u8 / 255 - mean) / std``."""
+    std = np.asarray(settings.image_std, dtype=np.float64)
+    mean = np.asarray(settings.image_mean, dtype=np.float64)
+    return (1.0 / (255.0 * std)).astype(np.float32), (-mean / std).astype(np.float32)
+
+
+def patchify_frames(frames: np.ndarray, settings: ImageSettings) -> np.ndarray:
+    """Normalise and patchify uint8 frames into the Qwen2-VL flat patch layout.
+
+    Args:
+        frames: ``[T, H, W, 3]`` uint8, ``T`` a multiple of ``temporal_patch_size``, ``H`` and ``W``
+            multiples of ``patch_size * merge_size``.
+        settings: patch geometry and normalisation.
+
+    Returns:
+        ``[T/tp * H/p * W/p, 3 * tp * p * p]`` float32; rows ordered (t, h-block, w-block, h-in-block,
+        w-in-block), columns (channel, t-in-patch, y, x).
+    """
+    t, h, w, c = frames.shape
+    p, m, tp = settings.patch_size, settings.merge_size, settings.temporal_patch_size
+    gt, gh, gw = t // tp, h // p, w // p
+    # Reorder the uint8 pixels first (1 byte each), then normalise straight into the final layout.
+    x = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, c)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # [gt, gh/m, gw/m, m, m, C, tp, p, p]
+    u8 = np.ascontiguousarray(x).reshape(gt * gh * gw, c, tp * p * p)
+    scale, offset = normalisation_affine(settings)
+    out = u8.astype(np.float32)  # [N, C, tp*p*p]
+    out *= scale[None, :, None]
+    out += offset[None, :, None]
+    return out.reshape(gt * gh * gw, c * tp * p * p)
+
+
+def preprocess_image(image: Image.Image, settings: ImageSettings | None = None) -> ImageFeatures:
+    """Resize (bicubic) to patch multiples within the pixel budget, normalise and patchify one image.
+
+    Equal (to 1e-5) to transformers' ``Qwen2VLImageProcessor`` with the same settings.
+
+    Args:
+        image: an RGB PIL image (`load_image` gives one).
+        settings: geometry and normalisation.
+    """
+    settings = settings or ImageSettings()
+    image = to_rgb(image)
+    w, h = image.size
+    rh, rw = smart_resize(h, w, settings.factor, settings.min_pixels, settings.max_pixels)
+    if (rh, rw) != (h, w):
+        image = image.resize((rw, rh), resample=Image.Resampling.BICUBIC)
+    arr = np.asarray(image)  # [H, W, 3] uint8
+    frames = np.broadcast_to(arr[None], (settings.temporal_patch_size, *arr.shape))
+    patches = patchify_frames(frames, settings)
+    gh, gw = rh // settings.patch_size, rw // settings.patch_size
+    return ImageFeatures(
+        pixel_values=torch.from_numpy(patches),
+        grid_thw=torch.tensor([1, gh, gw], dtype=torch.long),
+        num_tokens=gh * gw // settings.merge_size**2,
+    )

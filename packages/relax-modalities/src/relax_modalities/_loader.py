@@ -1,0 +1,216 @@
+"""Checkpointable loading pipeline on torchdata.nodes: items → parallel decode → skip bad → prefetch.
+
+Graph: ``_ItemSource`` (seeded per-epoch shuffle, state = epoch and position) →
+``ParallelMapper`` (threads decode and process media, in order, so the sample sequence does not
+depend on timing) → ``_SkipBad`` (drops `MediaError` results and counts them by modality and
+reason) → ``Prefetcher`` (bounded look-ahead) → ``Loader``. ``Loader.state_dict()`` snapshots every
+node at the last sample handed out, so restoring it resumes with exactly the next sample.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torchdata.nodes import BaseNode, Loader, ParallelMapper, Prefetcher
+
+from relax_modalities._collate import estimate_cost
+from relax_modalities._errors import MediaError
+from relax_modalities._sample import ProcessorSettings, SampleProcessor
+from relax_modalities.synthetic._manifest import TaskItem, read_manifest
+from relax_modalities.text import Tokenizer
+
+
+@dataclass
+class ProcessedSample:
+    """One item and its thinker kwargs.
+
+    Attributes:
+        item: the manifest item (prompt, answer, options, …).
+        inputs: `process_sample` output for it.
+        cost: `estimate_cost` of ``inputs``.
+    """
+
+    item: TaskItem
+    inputs: dict[str, torch.Tensor]
+    cost: float
+
+
+@dataclass
+class LoaderStats:
+    """Bad inputs the loader skipped.
+
+    Attributes:
+        skipped: total skipped samples.
+        by_reason: ``"<modality>: <reason>"`` → count (reasons cut at the first ``:`` or ``(``).
+        last_errors: the most recent error messages (at most 16).
+    """
+
+    skipped: int = 0
+    by_reason: Counter[str] = field(default_factory=Counter)
+    last_errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Bad:
+    item_id: str
+    error: MediaError
+
+
+class _ItemSource(BaseNode[TaskItem]):  # type: ignore[misc]  # torchdata ships no type hints
+    """Items in a per-epoch order seeded by ``(seed, epoch)``; ``num_epochs=None`` repeats forever."""
+
+    def __init__(self, items: Sequence[TaskItem], shuffle: bool, seed: int, num_epochs: int | None) -> None:
+        super().__init__()
+        if not items:
+            raise ValueError("the loader needs at least one item")
+        self.items = list(items)
+        self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
+        self._epoch, self._pos, self._started = 0, 0, False
+        self._order = np.arange(len(self.items))
+
+    def _make_order(self) -> None:
+        n = len(self.items)
+        self._order = np.random.default_rng([self.seed, self._epoch]).permutation(n) if self.shuffle else np.arange(n)
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is not None:
+            self._epoch, self._pos = int(initial_state["epoch"]), int(initial_state["pos"])
+        else:
+            if self._started:  # a new pass over a finite loader starts the next epoch
+                self._epoch += 1
+            self._pos = 0
+        self._started = False
+        self._make_order()
+
+    def next(self) -> TaskItem:
+        self._started = True
+        if self._pos >= len(self.items):
+            if self.num_epochs is not None and self._epoch + 1 >= self.num_epochs:
+                raise StopIteration
+            self._epoch += 1
+            self._pos = 0
+            self._make_order()
+        item = self.items[int(self._order[self._pos])]
+        self._pos += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {"epoch": self._epoch, "pos": self._pos}
+
+
+class _SkipBad(BaseNode[ProcessedSample]):  # type: ignore[misc]  # torchdata ships no type hints
+    """Drops `_Bad` results and counts them; the counts are part of the state."""
+
+    def __init__(self, source: BaseNode[ProcessedSample | _Bad]) -> None:
+        super().__init__()
+        self.source = source
+        self.stats = LoaderStats()
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is not None:
+            self.source.reset(initial_state["source"])
+            self.stats = LoaderStats(
+                skipped=int(initial_state["skipped"]),
+                by_reason=Counter(initial_state["by_reason"]),
+                last_errors=list(initial_state["last_errors"]),
+            )
+        else:
+            self.source.reset(None)
+
+    def next(self) -> ProcessedSample:
+        while True:
+            out: ProcessedSample | _Bad = next(self.source)
+            if isinstance(out, ProcessedSample):
+                return out
+            e = out.error
+            short = e.reason.split(":")[0].split("(")[0].strip()
+            self.stats.skipped += 1
+            self.stats.by_reason[f"{e.modality}: {short}"] += 1
+            self.stats.last_errors = [*self.stats.last_errors[-15:], f"{out.item_id}: {e}"]
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "source": self.source.state_dict(),
+            "skipped": self.stats.skipped,
+            "by_reason": dict(self.stats.by_reason),
+            "last_errors": list(self.stats.last_errors),
+        }
+
+
+class OmniLoader:
+    """Iterable of `ProcessedSample` with ``state_dict``/``load_state_dict`` that resume exactly.
+
+    Build it with `build_loader`. Iterating again after a finite pass starts the next epoch.
+    """
+
+    def __init__(self, root: BaseNode[ProcessedSample], skip: _SkipBad) -> None:
+        self._loader = Loader(root, restart_on_stop_iteration=True)
+        self._skip = skip
+
+    def __iter__(self) -> Iterator[ProcessedSample]:
+        return iter(self._loader)
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Counts of skipped bad inputs so far (restored with the state)."""
+        return self._skip.stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """Snapshot at the last sample handed out."""
+        state: dict[str, Any] = self._loader.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a snapshot; the next sample is the one after the snapshot's last."""
+        self._loader.load_state_dict(dict(state))
+
+
+def build_loader(
+    manifest: str | os.PathLike[str] | Sequence[TaskItem],
+    tokenizer: Tokenizer,
+    settings: ProcessorSettings | None = None,
+    *,
+    num_workers: int = 2,
+    prefetch: int = 4,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_epochs: int | None = 1,
+) -> OmniLoader:
+    """Checkpointable loader over a manifest yielding processed samples, skipping bad files.
+
+    Args:
+        manifest: a JSONL manifest path or the items themselves.
+        tokenizer: a `Tokenizer`.
+        settings: modality settings.
+        num_workers: decode threads (media decoders release the GIL).
+        prefetch: samples decoded ahead of the consumer (bounds memory).
+        shuffle: shuffle items per epoch with ``(seed, epoch)``.
+        seed: shuffle seed.
+        num_epochs: passes before stopping; ``None`` repeats forever.
+    """
+    items = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
+    if num_workers < 1 or prefetch < 1:
+        raise ValueError(f"num_workers and prefetch must be >= 1, got {num_workers}, {prefetch}")
+    processor = SampleProcessor(tokenizer, settings)
+
+    def work(item: TaskItem) -> ProcessedSample | _Bad:
+        try:
+            inputs = processor(item)
+        except MediaError as exc:
+            return _Bad(item.id, exc)
+        return ProcessedSample(item, inputs, estimate_cost(inputs))
+
+    source = _ItemSource(items, shuffle, seed, num_epochs)
+    decoded: BaseNode[ProcessedSample | _Bad] = ParallelMapper(
+        source, work, num_workers=num_workers, in_order=True, method="thread"
+    )
+    skip = _SkipBad(decoded)
+    return OmniLoader(Prefetcher(skip, prefetch_factor=prefetch), skip)

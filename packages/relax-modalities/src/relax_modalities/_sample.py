@@ -1,0 +1,153 @@
+"""One prompt → the kwargs Qwen2.5-Omni's thinker forward takes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relax_modalities._audio_io import AudioSettings, extract_audio_track, load_audio
+from relax_modalities._errors import MediaError
+from relax_modalities._image import ImageSettings, load_image, preprocess_image
+from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
+from relax_modalities._video import VideoSettings, load_video
+from relax_modalities.synthetic._manifest import MediaRef, TaskItem
+from relax_modalities.text import TINY_TEMPLATE, ChatBuilder, ChatTemplate, MediaSlot, Tokenizer
+
+
+@dataclass(frozen=True)
+class ProcessorSettings:
+    """Settings of every modality path plus the chat template.
+
+    Attributes:
+        image: image path settings.
+        audio: audio path settings.
+        video: video path settings.
+        template: chat strings (tiny vocabulary by default, `ChatTemplate.qwen()` for the real model).
+        system: optional system message (only for templates with a system turn).
+    """
+
+    image: ImageSettings = field(default_factory=ImageSettings)
+    audio: AudioSettings = field(default_factory=AudioSettings)
+    video: VideoSettings = field(default_factory=VideoSettings)
+    template: ChatTemplate = TINY_TEMPLATE
+    system: str | None = None
+
+
+def _as_item(item: TaskItem | Mapping[str, Any]) -> TaskItem:
+    if isinstance(item, TaskItem):
+        return item
+    media = tuple(
+        MediaRef(m["modality"], str(m["path"]), bool(m.get("audio_track", False))) for m in item.get("media", ())
+    )
+    return TaskItem(id=str(item.get("id", "")), task=str(item.get("task", "")), prompt=str(item["prompt"]), media=media)
+
+
+def audio_features_from_waveform(waveform: Any, settings: AudioSettings, path: str) -> AudioFeatures:
+    """Log-mel features and token count of a mono waveform (``path`` names it in errors)."""
+    if len(waveform) <= settings.n_fft // 2 + settings.hop_length:
+        raise MediaError(path, "audio", f"too short: {len(waveform)} samples at {settings.sampling_rate} Hz")
+    feats = log_mel(waveform, settings)  # [M, L]
+    return AudioFeatures(feats, feats.shape[1], audio_token_count(feats.shape[1]))
+
+
+class SampleProcessor:
+    """Turns manifest items into thinker kwargs; holds the tokenizer, settings and chat builder.
+
+    Args:
+        tokenizer: a `Tokenizer` (e.g. `TinyTokenizer`).
+        settings: modality and template settings.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, settings: ProcessorSettings | None = None) -> None:
+        self.settings = settings or ProcessorSettings()
+        self.builder = ChatBuilder(tokenizer, self.settings.template)
+
+    def __call__(self, item: TaskItem | Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Process one item; see `process_sample` for the returned keys.
+
+        Raises:
+            MediaError: for any media file that cannot be processed.
+        """
+        it = _as_item(item)
+        s = self.settings
+        slots: list[MediaSlot] = []
+        images, videos, audios = [], [], []
+        for ref in it.media:
+            if ref.modality == "image":
+                feats = preprocess_image(load_image(ref.path, s.image), s.image)
+                images.append(feats)
+                slots.append(MediaSlot("image", feats.num_tokens))
+            elif ref.modality == "video":
+                vfeats = load_video(ref.path, s.video)
+                videos.append(vfeats)
+                slots.append(MediaSlot("video", vfeats.num_tokens))
+                if ref.audio_track:
+                    track = extract_audio_track(ref.path, s.audio)
+                    if track is None:
+                        raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
+                    afeats = audio_features_from_waveform(track, s.audio, ref.path)
+                    audios.append(afeats)
+                    slots.append(MediaSlot("audio", afeats.num_tokens))
+            elif ref.modality == "audio":
+                afeats = audio_features_from_waveform(load_audio(ref.path, s.audio), s.audio, ref.path)
+                audios.append(afeats)
+                slots.append(MediaSlot("audio", afeats.num_tokens))
+            else:
+                raise MediaError(ref.path, "manifest", f"unknown media modality {ref.modality!r} in item {it.id!r}")
+        prompt = self.builder.build(it.prompt, slots, system=s.system)
+        ids = torch.tensor([prompt.input_ids], dtype=torch.long)  # [1, T]
+        out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if images:
+            out["pixel_values"] = torch.cat([f.pixel_values for f in images])  # [sum patches, D]
+            out["image_grid_thw"] = torch.stack([f.grid_thw for f in images])  # [n_img, 3]
+        if videos:
+            out["pixel_values_videos"] = torch.cat([f.pixel_values_videos for f in videos])
+            out["video_grid_thw"] = torch.stack([f.grid_thw for f in videos])  # [n_vid, 3]
+            out["video_second_per_grid"] = torch.tensor([f.second_per_grid for f in videos], dtype=torch.float32)
+        if audios:
+            feats_list = [a.input_features for a in audios]
+            out["input_features"], out["feature_attention_mask"] = pad_audio_features(feats_list)
+        return out
+
+
+def pad_audio_features(features: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``[M, L_i]`` clips into ``[n, M, max L]`` (zeros after each clip) and a ``[n, max L]`` mask.
+
+    The thinker's audio tower takes clips this way and packs them itself by the mask.
+    """
+    n, m = len(features), features[0].shape[0]
+    longest = max(f.shape[1] for f in features)
+    out = torch.zeros(n, m, longest, dtype=torch.float32)
+    mask = torch.zeros(n, longest, dtype=torch.long)
+    for i, f in enumerate(features):
+        out[i, :, : f.shape[1]] = f
+        mask[i, : f.shape[1]] = 1
+    return out, mask
+
+
+def process_sample(
+    item: TaskItem | Mapping[str, Any], tokenizer: Tokenizer, settings: ProcessorSettings | None = None
+) -> dict[str, torch.Tensor]:
+    """The exact kwargs ``Qwen2_5OmniThinkerForConditionalGeneration.forward`` takes for one prompt.
+
+    Keys (media keys only when the item has that modality):
+
+    - ``input_ids`` ``[1, T]`` int64 and ``attention_mask`` ``[1, T]`` int64 (all ones);
+    - ``pixel_values`` ``[sum patches, 3*tp*p*p]`` float32 and ``image_grid_thw`` ``[n_img, 3]`` int64;
+    - ``pixel_values_videos`` ``[sum patches, 3*tp*p*p]``, ``video_grid_thw`` ``[n_vid, 3]`` and
+      ``video_second_per_grid`` ``[n_vid]`` float32;
+    - ``input_features`` ``[n_aud, 128, L]`` float32 and ``feature_attention_mask`` ``[n_aud, L]`` int64
+      (a video with ``audio_track=True`` adds its track as an audio item right after the video).
+
+    Args:
+        item: a `TaskItem` or a mapping with ``prompt`` and ``media`` (``[{"modality", "path"}]``).
+        tokenizer: a `Tokenizer`.
+        settings: modality settings; build a `SampleProcessor` once when processing many items.
+
+    Raises:
+        MediaError: for a media file that cannot be processed.
+    """
+    return SampleProcessor(tokenizer, settings)(item)
