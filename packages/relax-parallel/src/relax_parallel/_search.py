@@ -119,14 +119,6 @@ def _evaluate_memory(
     return per_modality[modality], modality
 
 
-def _evaluate(
-    model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec, cfg: ParallelConfig, forward_only: bool
-) -> _Evaluation:
-    memory, modality = _evaluate_memory(model, workload, cfg, forward_only)
-    time = training_step_time(model, workload, cluster, cfg, memory.gradients, train=not forward_only)
-    return _Evaluation(cfg, memory, modality, time)
-
-
 def _infeasible(
     model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec, configs: list[ParallelConfig], forward_only: bool
 ) -> InfeasiblePlanError:
@@ -211,7 +203,7 @@ def _explain(
     if memory_reasons:
         binding = memory_reasons[0]
     else:
-        terms = {k: v for k, v in vars(best.time).items()}
+        terms = vars(best.time)
         dominant = max(terms, key=lambda k: terms[k])
         binding = f"step time: every simpler layout fits, this is the fastest predicted (largest cost: {dominant})"
     return binding, lines
@@ -246,14 +238,14 @@ def plan_training(
     """
     world = world_size or cluster.num_gpus
     configs = enumerate_configs(model, workload, cluster, world, forward_only=forward_only)
-    feasible = []
+    evals = []
     for cfg in configs:
-        memory, _ = _evaluate_memory(model, workload, cfg, forward_only)
+        memory, modality = _evaluate_memory(model, workload, cfg, forward_only)
         if memory.total <= cluster.usable_bytes:
-            feasible.append(cfg)
-    if not feasible:
+            time = training_step_time(model, workload, cluster, cfg, memory.gradients, train=not forward_only)
+            evals.append(_Evaluation(cfg, memory, modality, time))
+    if not evals:
         raise _infeasible(model, workload, cluster, configs, forward_only)
-    evals = [_evaluate(model, workload, cluster, cfg, forward_only) for cfg in feasible]
     fastest = min(e.step_s for e in evals)
     # Predictions closer than SIMPLICITY_TOLERANCE are within the model's error: among those, take the layout
     # with the least model parallelism and no recomputation, then the fastest.
