@@ -211,3 +211,30 @@ def test_compute_advantages_missing_inputs() -> None:
         rc.compute_advantages(rc.load_preset("ppo", {"kl_coef": 0.0}), torch.zeros(2), mask)
     with pytest.raises(ValueError, match="ref_logprobs"):
         rc.compute_advantages(rc.load_preset("rloo"), torch.zeros(2), mask, group_ids=[0, 0])
+
+
+def test_compute_advantages_vtrace_uses_proximal_as_target() -> None:
+    cfg = rc.AlgorithmConfig(advantage_estimator="vtrace", gamma=0.9, lam=1.0, vtrace_rho_bar=1.0, vtrace_c_bar=1.0)
+    gen = torch.Generator().manual_seed(9)
+    values = torch.randn(2, 3, generator=gen)
+    behaviour = -torch.rand(2, 3, generator=gen)
+    prox = behaviour + 0.3 * torch.randn(2, 3, generator=gen)
+    mask = torch.ones(2, 3)
+    scores = torch.tensor([1.0, -1.0])
+    out = rc.compute_advantages(cfg, scores, mask, values=values, old_logprobs=behaviour, proximal_logprobs=prox)
+    direct = rc.vtrace(rc.outcome_token_rewards(scores, mask), values, prox, behaviour, mask, 0.9, 1.0)
+    assert out.returns is not None
+    torch.testing.assert_close(out.returns, direct.targets)
+    torch.testing.assert_close(out.advantages, direct.advantages)
+
+
+def test_compute_advantages_grpo_with_reward_kl_subtracts_summed_penalty() -> None:
+    cfg = rc.AlgorithmConfig(group_size=2, norm_adv_by_std=False, kl_coef=1.0, kl_estimator="k1", kl_placement="reward")
+    mask = torch.tensor([[1, 1], [1, 0]])
+    old = torch.zeros(2, 2)
+    ref = torch.tensor([[-0.1, -0.2], [-0.3, -9.0]])  # k1 = old − ref on valid tokens: (0.1, 0.2), (0.3)
+    out = rc.compute_advantages(
+        cfg, torch.tensor([1.0, 1.0]), mask, group_ids=[0, 0], old_logprobs=old, ref_logprobs=ref
+    )
+    # penalised scores 1 − 0.3 = 0.7 and 1 − 0.3 = 0.7 → equal → zero advantage
+    torch.testing.assert_close(out.advantages, torch.zeros(2, 2))

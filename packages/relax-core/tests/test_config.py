@@ -226,3 +226,11 @@ def test_staleness_check() -> None:
     two = rc.StalenessConfig(tau=2)
     assert not two.is_stale(5, 3) and two.is_stale(6, 3)
     assert not rc.StalenessConfig(tau=None).is_stale(10**6, 0)
+
+
+def test_config_error_from_assignment_error() -> None:
+    cfg = rc.AlgorithmConfig()
+    with pytest.raises(pydantic.ValidationError) as info:
+        cfg.gamma = 2.0
+    err = rc.config_error_from(info.value, rc.AlgorithmConfig, prefix="algorithm")
+    assert err.path == "algorithm.gamma" and err.issues[0].value == 2.0 and err.issues[0].allowed == ">= 0.0, <= 1.0"

@@ -323,3 +323,14 @@ def test_compute_policy_loss_input_errors() -> None:
         rc.compute_policy_loss(rc.AlgorithmConfig(kl_coef=0.1), logp, old, adv, mask)
     with pytest.raises(ValueError, match="entropy"):
         rc.compute_policy_loss(rc.AlgorithmConfig(entropy_coef=0.1), logp, old, adv, mask)
+
+
+def test_value_loss_masked_tokens_get_zero_gradient() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    old = torch.tensor([[0.5, math.nan, 0.0]])
+    returns = torch.tensor([[2.0, math.inf, 0.0]])
+    mask = torch.tensor([[1, 0, 1]])
+    loss, _ = rc.value_loss(values, old, returns, mask, clip_eps=0.2)
+    loss.backward()
+    assert values.grad is not None and torch.isfinite(loss)
+    assert values.grad[0, 1] == 0.0 and torch.all(torch.isfinite(values.grad))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import relax_core as rc
 
@@ -118,3 +120,38 @@ def test_empty_batches_are_rejected() -> None:
         rc.PaddedBatch.from_samples([])
     with pytest.raises(ValueError, match="empty"):
         rc.PackedBatch.from_samples([])
+
+
+@st.composite
+def _sample_lists(draw: st.DrawFn) -> list[rc.Sample]:
+    n = draw(st.integers(1, 5))
+    samples = []
+    for i in range(n):
+        prompt = draw(st.lists(st.integers(1, 63), max_size=6))
+        t = draw(st.integers(0, 6))
+        samples.append(
+            rc.Sample(
+                uid=f"s{i}",
+                group_id=f"g{i % 2}",
+                prompt_ids=prompt,
+                response_ids=draw(st.lists(st.integers(1, 63), min_size=t, max_size=t)),
+                loss_mask=draw(st.lists(st.integers(0, 1), min_size=t, max_size=t)),
+                # Exactly representable in float32 so the round trip is exact.
+                behaviour_logprobs=[-x / 8 for x in draw(st.lists(st.integers(0, 80), min_size=t, max_size=t))],
+                policy_versions=draw(st.lists(st.integers(0, 9), min_size=t, max_size=t)),
+                reward=draw(st.none() | st.sampled_from([0.0, 0.5, 1.0])),
+            )
+        )
+    return samples
+
+
+@settings(max_examples=60, deadline=None)
+@given(_sample_lists())
+def test_padded_and_packed_round_trip_property(samples: list[rc.Sample]) -> None:
+    assert rc.PaddedBatch.from_samples(samples).to_samples() == samples
+    packed = rc.PackedBatch.from_samples(samples)
+    assert packed.to_samples() == samples
+    padded = rc.PaddedBatch.from_samples(samples)
+    response = packed.to_response_padded(packed.input_ids)
+    t = padded.response_ids.shape[1]
+    assert torch.equal(response[:, :t], padded.response_ids[:, : response.shape[1]])

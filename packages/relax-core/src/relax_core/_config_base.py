@@ -16,12 +16,14 @@ from typing import Any, TypeVar
 
 import pydantic
 import yaml
+from pydantic.fields import FieldInfo
 
 __all__ = [
     "ConfigError",
     "ConfigIssue",
     "ConfigModel",
     "apply_overrides",
+    "config_error_from",
     "dump_config",
     "load_config",
     "parse_override",
@@ -88,33 +90,43 @@ class ConfigError(ValueError):
 _BOUND_WORDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
-def _allowed_from_error(err: Mapping[str, Any], model: type[pydantic.BaseModel] | None) -> str | None:
+def _allowed_from_error(
+    err: Mapping[str, Any], loc: Sequence[str], model: type[pydantic.BaseModel] | None
+) -> str | None:
     ctx = err.get("ctx") or {}
     if "expected" in ctx:
         return str(ctx["expected"])
-    bounds = [f"{word} {ctx[key]}" for key, word in _BOUND_WORDS.items() if key in ctx]
-    if bounds:
-        return ", ".join(bounds)
+    if any(key in ctx for key in _BOUND_WORDS):
+        # Report every bound of the field, not only the one that was violated.
+        field = _field_at(model, loc) if model is not None else None
+        bounds = _bounds(field) or {key: ctx[key] for key in _BOUND_WORDS if key in ctx}
+        return ", ".join(f"{_BOUND_WORDS[key]} {value}" for key, value in bounds.items())
     if err["type"] == "extra_forbidden" and model is not None:
-        fields = _fields_at(model, tuple(err["loc"][:-1]))
-        if fields is not None:
-            return ", ".join(sorted(fields))
+        parent = _field_at(model, loc[:-1]) if loc[:-1] else None
+        owner = parent.annotation if parent is not None else (model if not loc[:-1] else None)
+        if isinstance(owner, type) and issubclass(owner, pydantic.BaseModel):
+            return ", ".join(sorted(owner.model_fields))
     return None
 
 
-def _fields_at(model: type[pydantic.BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names of the (nested) model found at ``loc``, or None if it cannot be resolved."""
+def _bounds(field: FieldInfo | None) -> dict[str, Any]:
+    """The numeric bounds (gt/ge/lt/le) declared on a field, in that order."""
+    found = {key: getattr(m, key) for m in (field.metadata if field else []) for key in _BOUND_WORDS if hasattr(m, key)}
+    return {key: found[key] for key in _BOUND_WORDS if key in found}
+
+
+def _field_at(model: type[pydantic.BaseModel], loc: Sequence[str]) -> FieldInfo | None:
+    """The field found by walking ``loc`` through nested models, or None if it cannot be resolved."""
     current: Any = model
+    field: FieldInfo | None = None
     for part in loc:
         if not (isinstance(current, type) and issubclass(current, pydantic.BaseModel)):
             return None
-        field = current.model_fields.get(str(part))
+        field = current.model_fields.get(part)
         if field is None:
             return None
         current = field.annotation
-    if isinstance(current, type) and issubclass(current, pydantic.BaseModel):
-        return list(current.model_fields)
-    return None
+    return field
 
 
 def _issues_from_validation(
@@ -131,7 +143,7 @@ def _issues_from_validation(
         elif err["type"] == "literal_error":
             message = "not one of the allowed values"
         value = None if err["type"] == "missing" else err.get("input")
-        issues.append(ConfigIssue(path, value, message, _allowed_from_error(err, model)))
+        issues.append(ConfigIssue(path, value, message, _allowed_from_error(err, loc, model)))
     return issues
 
 
@@ -232,10 +244,16 @@ def load_config(
         raise ConfigError(_issues_from_validation(exc, cls), where) from None
 
 
-def validation_error_to_config_error(
+def config_error_from(
     exc: pydantic.ValidationError, model: type[pydantic.BaseModel] | None = None, prefix: str = ""
 ) -> ConfigError:
-    """Convert a pydantic ``ValidationError`` (e.g. from an assignment) into a :class:`ConfigError`."""
+    """Convert a pydantic ``ValidationError`` (e.g. from an assignment) into a :class:`ConfigError`.
+
+    Args:
+        exc: The pydantic error.
+        model: The model that raised it, so unknown-key errors can list the allowed keys.
+        prefix: Dotted path of that model inside a larger config (e.g. ``"algorithm"``).
+    """
     return ConfigError(_issues_from_validation(exc, model, prefix))
 
 

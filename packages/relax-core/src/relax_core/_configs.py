@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from relax_core._config_base import ConfigModel
+from relax_core._config_base import ConfigModel, load_config
 from relax_core._kl import KLEstimator
 from relax_core._masked import LossAggMode
 from relax_core._presets import PRESET_NAMES, PresetName, preset_data
@@ -43,7 +43,8 @@ class AlgorithmConfig(ConfigModel):
 
     preset: PresetName | None = None
     """Preset the values start from (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo); keys given
-    next to it override the preset's. None: start from the defaults below."""
+    next to it override the preset's. Applied when the config is loaded, not on later assignment.
+    None: start from the defaults below."""
 
     advantage_estimator: AdvantageEstimator = "grpo"
     """How advantages are computed: gae / vtrace (need a critic), grpo, rloo, reinforce_pp,
@@ -187,8 +188,6 @@ def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Algorithm
     Raises:
         ConfigError: If the name is unknown (the message lists the presets) or an override is invalid.
     """
-    from relax_core._config_base import load_config
-
     return load_config(AlgorithmConfig, {"preset": name, **(overrides or {})})
 
 

@@ -108,7 +108,10 @@ def value_loss(
         ``(loss, diagnostics)`` with ``vf_clipfrac`` and ``vf_explained_var``.
     """
     mask_b = mask.bool()
-    values = torch.where(mask_b, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    values = torch.where(mask_b, values, zero)
+    old_values = torch.where(mask_b, old_values, zero)
+    returns = torch.where(mask_b, returns, zero)
     unclipped = (values - returns) ** 2  # [B, T]
     if clip_eps is None:
         per_token = 0.5 * unclipped

@@ -92,9 +92,10 @@ def compute_policy_loss(
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     # Padding may hold garbage (−inf log-probs); select it away so no NaN reaches values or gradients.
     logprobs = torch.where(mask_b, logprobs, zero)
+    advantages = torch.where(mask_b, advantages, zero)
     anchor = proximal_logprobs if proximal_logprobs is not None else old_logprobs
     log_ratio = logprobs - torch.where(mask_b, anchor, zero).detach()  # [B, T]
-    per_token, clipped, dual = _surrogate(cfg, log_ratio, advantages.detach(), mask_b)
+    per_token, clipped, dual = _surrogate(cfg, log_ratio, advantages.detach(), mask_b)  # [B, T]
 
     diagnostics: dict[str, float] = {}
     loss_mask = mask_b
