@@ -334,3 +334,13 @@ def test_value_loss_masked_tokens_get_zero_gradient() -> None:
     loss.backward()
     assert values.grad is not None and torch.isfinite(loss)
     assert values.grad[0, 1] == 0.0 and torch.all(torch.isfinite(values.grad))
+
+
+def test_token_logprobs_matches_log_softmax_gather() -> None:
+    logits = torch.randn(2, 4, 6, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    ids = torch.tensor([[0, 5, 2, 3], [1, 1, 4, 0]])
+    expected = torch.tensor(
+        [[math.log(torch.softmax(logits[b, t], -1)[ids[b, t]].item()) for t in range(4)] for b in range(2)],
+        dtype=torch.float32,
+    )
+    torch.testing.assert_close(rc.token_logprobs(logits, ids), expected)

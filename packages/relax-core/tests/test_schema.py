@@ -155,3 +155,9 @@ def test_padded_and_packed_round_trip_property(samples: list[rc.Sample]) -> None
     response = packed.to_response_padded(packed.input_ids)
     t = padded.response_ids.shape[1]
     assert torch.equal(response[:, :t], padded.response_ids[:, : response.shape[1]])
+
+
+def test_to_device_moves_every_tensor() -> None:
+    padded = rc.PaddedBatch.from_samples(_samples()).to("cpu")
+    packed = rc.PackedBatch.from_samples(_samples()).to(torch.device("cpu"))
+    assert padded.to_samples() == _samples() and packed.to_samples() == _samples()

@@ -39,7 +39,14 @@ from relax_core._configs import (
     lr_multiplier,
 )
 from relax_core._estimate import AdvantageOutput, compute_advantages, outcome_token_rewards
-from relax_core._kl import KLEstimator, entropy_from_logits, kl_estimate, kl_penalised_rewards, value_loss
+from relax_core._kl import (
+    KLEstimator,
+    entropy_from_logits,
+    kl_estimate,
+    kl_penalised_rewards,
+    token_logprobs,
+    value_loss,
+)
 from relax_core._loss_fn import compute_policy_loss
 from relax_core._masked import LossAggMode, aggregate_loss, masked_mean, masked_sum, masked_var, masked_whiten
 from relax_core._policy_losses import (
@@ -133,11 +140,12 @@ __all__ += [
     "ppo_clip_loss",
     "sapo_loss",
 ]
-# value loss, KL, entropy
+# value loss, KL, entropy, log-probs
 __all__ += [
     "entropy_from_logits",
     "kl_estimate",
     "kl_penalised_rewards",
+    "token_logprobs",
     "value_loss",
 ]
 # trajectory schema

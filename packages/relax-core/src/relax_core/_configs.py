@@ -70,7 +70,8 @@ class AlgorithmConfig(ConfigModel):
     sapo (soft gate)."""
 
     clip_eps_low: float = pydantic.Field(default=0.2, gt=0.0, le=1.0)
-    """Lower clip range ε_low: ratios below 1 − ε_low are clipped (CISPO: lower IS-weight clip)."""
+    """Lower clip range ε_low: ratios below 1 − ε_low are clipped (CISPO: the lower IS-weight clip; 1.0
+    disables it)."""
 
     clip_eps_high: float = pydantic.Field(default=0.2, gt=0.0)
     """Upper clip range ε_high: ratios above 1 + ε_high are clipped (DAPO clip-higher uses 0.28)."""

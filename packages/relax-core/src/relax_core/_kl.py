@@ -14,6 +14,7 @@ __all__ = [
     "entropy_from_logits",
     "kl_estimate",
     "kl_penalised_rewards",
+    "token_logprobs",
     "value_loss",
 ]
 
@@ -77,6 +78,15 @@ def kl_penalised_rewards(
     with torch.no_grad():
         kl = kl_estimate(logprobs, ref_logprobs, estimator, clamp)
         return torch.where(mask.bool(), rewards - coef * kl, rewards)
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """log p(token) under ``logits``: ``[..., V]`` and ``[...]`` → ``[...]`` (computed in float32).
+
+    Shift before calling: for a causal LM the logits at position j score token j + 1.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

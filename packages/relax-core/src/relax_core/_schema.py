@@ -127,6 +127,14 @@ def _non_tensor_fields(samples: Sequence[Sample]) -> dict[str, Any]:
     }
 
 
+def _tensors_to(batch: Any, device: torch.device | str) -> dict[str, Any]:
+    return {
+        f.name: getattr(batch, f.name).to(device)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), Tensor)
+    }
+
+
 def _reward(value: float) -> float | None:
     return None if math.isnan(value) else value
 
@@ -163,6 +171,10 @@ class PaddedBatch:
     reward_errors: list[str | None]
     media: list[list[MediaRef]]
     metadata: list[dict[str, Any]]
+
+    def to(self, device: torch.device | str) -> PaddedBatch:
+        """A copy with every tensor moved to ``device``."""
+        return dataclasses.replace(self, **_tensors_to(self, device))
 
     @property
     def input_ids(self) -> Tensor:
@@ -315,6 +327,10 @@ class PackedBatch:
             policy_versions=torch.tensor(versions, dtype=torch.long),
             **_non_tensor_fields(samples),
         )
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """A copy with every tensor moved to ``device``."""
+        return dataclasses.replace(self, **_tensors_to(self, device))
 
     def response_index(self) -> tuple[Tensor, Tensor]:
         """Where the response tokens are: ``(flat [M], response_mask [B, T])``.
