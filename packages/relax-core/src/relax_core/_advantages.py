@@ -108,22 +108,15 @@ def dynamic_sampling_keep(scores: Tensor, group_ids: Sequence[Any] | Tensor, tol
     return (high - low)[index] > tol
 
 
-def _reverse_scan(mask: Tensor, step: Any) -> None:
-    for t in reversed(range(mask.shape[-1])):
-        step(t, mask[:, t].bool())
-
-
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
     """Reward-to-go G_t = Σ_{k≥t} γ^{k−t} r_k over valid tokens ``[B, T]`` (masked tokens skipped, → 0)."""
+    mask_b = mask.bool()
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])  # [B]
-
-    def step(t: int, valid: Tensor) -> None:
-        nonlocal running
+    for t in reversed(range(rewards.shape[-1])):
+        valid = mask_b[:, t]
         running = torch.where(valid, rewards[:, t] + gamma * running, running)
         returns[:, t] = torch.where(valid, running, torch.zeros_like(running))
-
-    _reverse_scan(mask, step)
     return returns
 
 
@@ -150,20 +143,19 @@ def gae_advantages(
     Returns:
         ``(advantages, returns)``, each ``[B, T]`` and 0 on masked tokens.
     """
+    mask_b = mask.bool()
+    values = values.detach()
     advantages = torch.zeros_like(rewards)
-    next_value = torch.zeros_like(rewards[:, 0]) if last_values is None else last_values.to(rewards.dtype)
+    next_value = torch.zeros_like(rewards[:, 0]) if last_values is None else last_values.to(rewards.dtype)  # [B]
     running = torch.zeros_like(rewards[:, 0])  # [B]
-
-    def step(t: int, valid: Tensor) -> None:
-        nonlocal next_value, running
+    for t in reversed(range(rewards.shape[-1])):
+        valid = mask_b[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]
+        # Masked positions carry the running estimate and the next value through unchanged.
         running = torch.where(valid, delta + gamma * lam * running, running)
         next_value = torch.where(valid, values[:, t], next_value)
         advantages[:, t] = torch.where(valid, running, torch.zeros_like(running))
-
-    with torch.no_grad():
-        _reverse_scan(mask, step)
-    returns = torch.where(mask.bool(), advantages + values.detach(), torch.zeros_like(advantages))
+    returns = torch.where(mask_b, advantages + values, torch.zeros_like(advantages))
     return advantages, returns
 
 
