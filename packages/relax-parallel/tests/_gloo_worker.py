@@ -1,6 +1,6 @@
-"""Run by test_realise.py: spawn gloo ranks, build each plan's DeviceMesh, record every group's members.
+"""Run by test_realise.py as one gloo rank: build each plan's DeviceMesh and record every group's members.
 
-Usage: python _gloo_worker.py WORLD_SIZE OUT_DIR 'JSON list of ParallelConfig kwargs'
+Usage: python _gloo_worker.py RANK WORLD_SIZE OUT_DIR 'JSON list of ParallelConfig kwargs'
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from relax_parallel import EXPERT_MESH_DIMS, MESH_DIMS, ParallelConfig, ParallelPlan
 
@@ -45,5 +44,4 @@ def _worker(rank: int, world: int, out_dir: str, configs: list[dict[str, int]]) 
 
 
 if __name__ == "__main__":
-    world_size, out, spec = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-    mp.spawn(_worker, args=(world_size, out, spec), nprocs=world_size, join=True)
+    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]))

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,10 @@ def _expert_coords(rank: int, c: ParallelConfig) -> dict[str, int]:
     }
 
 
-def _expected(rank: int, dim: str, c: ParallelConfig, coords=_coords) -> list[int]:  # type: ignore[no-untyped-def]
+Coords = Callable[[int, ParallelConfig], dict[str, int]]
+
+
+def _expected(rank: int, dim: str, c: ParallelConfig, coords: Coords = _coords) -> list[int]:
     mine = coords(rank, c)
     return [r for r in range(c.world_size) if all(v == mine[k] for k, v in coords(r, c).items() if k != dim)]
 
@@ -61,17 +65,28 @@ def test_rank_groups_match_megatron_order(kwargs: dict[str, int]) -> None:
         assert {tuple(g) for g in groups[dim]} == expected, dim
 
 
+@pytest.mark.integration
 def test_device_mesh_groups_on_four_gloo_processes(tmp_path: Path) -> None:
     worker = Path(__file__).with_name("_gloo_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, str(worker), str(WORLD), str(tmp_path), json.dumps(CONFIGS)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(rank), str(WORLD), str(tmp_path), json.dumps(CONFIGS)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(WORLD)
+    ]
+    try:
+        errors = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(e[-2000:] for e in errors)
     for rank in range(WORLD):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for kwargs, entry in zip(CONFIGS, results, strict=True):
