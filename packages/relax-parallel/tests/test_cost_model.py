@@ -45,9 +45,9 @@ def test_korthikanti_activation_formula(gpt: ModelSpec) -> None:
     assert layer_activation_coefficient(gpt, s, flash_attention=False) == pytest.approx(34 + 5 * a * s / h)
     assert layer_activation_coefficient(gpt, s, flash_attention=True) == pytest.approx(34)
     no_flash = layer_activation_bytes(gpt, s, b, ParallelConfig(tp=t), flash_attention=False)
-    assert no_flash == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t)  # eq. 5, TP + SP
+    assert no_flash == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t)  # §4.2.2, TP + SP
     selective = layer_activation_bytes(gpt, s, b, ParallelConfig(tp=t, recompute="selective"), flash_attention=False)
-    assert selective == pytest.approx(34 * s * b * h / t)  # eq. 6
+    assert selective == pytest.approx(34 * s * b * h / t)  # §5, selective recomputation
     full = layer_activation_bytes(gpt, s, b, ParallelConfig(tp=t, recompute="full"))
     assert full == pytest.approx(2 * s * b * h / t)
     cp = layer_activation_bytes(gpt, s, b, ParallelConfig(tp=t, cp=4), flash_attention=True)

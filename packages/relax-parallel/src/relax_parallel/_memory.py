@@ -83,8 +83,8 @@ def layer_activation_bytes(
 ) -> float:
     """Bytes one decoder layer keeps for backward for one micro-batch on one GPU.
 
-    Korthikanti et al. 2022: with tensor and sequence parallelism every term divides by t (eq. 5); selective
-    recomputation keeps 34·sbh/t (eq. 6); full recomputation keeps only the layer input, 2·sbh/t (§5).
+    Korthikanti et al. 2022: with tensor and sequence parallelism every term divides by t (§4.2.2); selective
+    recomputation keeps 34·sbh/t (§5); full recomputation keeps only the layer input, 2·sbh/t (§5).
     Context parallelism divides s by cp (each rank holds s/cp tokens).
     """
     tokens = seq_len * micro_batch / cfg.cp
@@ -191,7 +191,7 @@ def training_memory(
 def kv_cache_bytes_per_token(model: ModelSpec, tp: int) -> float:
     """KV cache bytes per token per GPU: 2 (K and V) · layers · kv_heads/tp · head_dim · 2 bytes.
 
-    Kwon et al. 2023 (PagedAttention, §2.2). When tp exceeds the KV heads each rank keeps a replica of one
+    Kwon et al. 2023 (vLLM / PagedAttention). When tp exceeds the KV heads each rank keeps a replica of one
     head, so the per-rank count is ceil(kv/tp).
     """
     kv_per_rank = math.ceil(model.num_kv_heads / tp)

@@ -61,7 +61,7 @@ def pipeline_bubble_fraction(pp: int, micro_batches: int) -> float:
 def decoder_forward_flops_per_token(model: ModelSpec, context: float) -> float:
     """Forward FLOPs for one token attending over `context` tokens.
 
-    Narayanan et al. 2021 (eq. 3 and §5.1): a layer costs 24·B·s·h² + 4·B·s²·h forward, i.e. 2 FLOPs per
+    Narayanan et al. 2021 (§5.1, FLOP count): a layer costs 24·B·s·h² + 4·B·s²·h forward, i.e. 2 FLOPs per
     parameter per token plus 4·s·h for QKᵀ and attention·V; the LM head adds 2·h·V per token. Here the
     parameter term uses the layer's actual (GQA, gated-MLP, top-k-expert) parameter count and the attention
     term uses a·d for h; like the paper, causal masking is not discounted.
@@ -108,7 +108,7 @@ def step_flops(model: ModelSpec, workload: WorkloadSpec, *, recompute: str = "no
 
     Training is 3× the forward (backward = 2× forward; Kaplan et al. 2020, 6·N·tokens); full recomputation
     re-runs the transformer layers' forward, 4× for them but still 3× for the LM head (Narayanan et al.
-    2021, eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh)). Frozen encoders run forward only.
+    2021, §5.1: 96·B·s·l·h²·(1 + s/6h + V/16lh)). Frozen encoders run forward only.
     """
     passes = (4 if recompute == "full" else 3) if train else 1
     head_passes = 3 if train else 1
@@ -161,7 +161,8 @@ def training_step_time(
         m * layers * n_ar * ring_allreduce_seconds(act_bytes, cfg.tp, cluster.link_gbps(cfg.tp), cluster.latency_s)
     )
 
-    # Stage boundaries: one activation forward and one gradient backward per micro-batch.
+    # Stage boundaries: one activation send forward and one gradient send backward per micro-batch, each
+    # s·b·h·2 bytes (Narayanan et al. 2021, §3.2: point-to-point between consecutive stages).
     pp_gbps = cluster.link_gbps(cfg.tp * cfg.cp * cfg.dp * min(cfg.pp, 2))
     pp_send = cluster.latency_s + act_bytes / (pp_gbps * 1e9)
     pp_comm = (2 if train else 1) * m * pp_send if cfg.pp > 1 else 0.0
@@ -219,10 +220,11 @@ def generation_estimate(
 ) -> GenerationEstimate:
     """Rollout time for one step's samples on `replicas` engines of `tp` GPUs each.
 
-    Decode is memory-bandwidth bound at RL batch sizes (Pope et al. 2022, §2): a step reads every weight
-    and the live KV cache once, so it costs max(bytes / HBM bandwidth, FLOPs / sustained FLOP/s) plus two
-    TP all-reduces per layer. Prefill is compute bound. A synchronous step waits max_response_tokens decode
-    steps per wave; continuous batching pays only the mean length.
+    Decode is memory-bandwidth bound at RL batch sizes (Pope et al. 2022, "Efficiently Scaling Transformer
+    Inference"): a step reads every weight and the live KV cache once, so it costs
+    max(bytes / HBM bandwidth, FLOPs / sustained FLOP/s) plus two TP all-reduces per layer. Prefill is
+    compute bound. A synchronous step waits max_response_tokens decode steps per wave; continuous batching
+    pays only the mean length.
     """
     samples = math.ceil(workload.samples_per_step / replicas)
     seq_mean = mean_sequence_tokens(model, workload)
