@@ -14,11 +14,11 @@ MEASURED = Throughputs(rollout=1.0, trainer=2.0, reference=4.0)  # samples/s per
 WEIGHT_SYNC = 2 * QWEN.total_params() / 50e9  # bf16 weights over the 50 GB/s cross-node link
 
 
-def _best_split(units: dict[str, int], rates: dict[str, float]) -> float:
-    """Independent brute force: slowest stage of the best split of 16 GPUs in multiples of each minimum."""
+def _best_split(feasible: dict[str, tuple[int, ...]], rates: dict[str, float]) -> float:
+    """Independent brute force: slowest stage of the best split of 16 GPUs over every feasible count."""
     return min(
         max(256 / (rates[s] * g) for s, g in zip(rates, counts, strict=True))
-        for counts in itertools.product(*(range(units[s], 17, units[s]) for s in rates))
+        for counts in itertools.product(*(feasible[s] for s in rates))
         if sum(counts) == 16
     )
 
@@ -28,7 +28,7 @@ def test_split_of_linearly_scaling_services_does_not_beat_running_in_turn() -> N
     # 256 samples on 16 GPUs: rollout 16 s, trainer 8 s, reference 4 s in turn.
     assert split.sync_step_s == pytest.approx(28.0)
     assert split.overlap_bound == pytest.approx(28.0 / 16.0)
-    best = _best_split(split.min_gpus, {"rollout": 1.0, "trainer": 2.0, "reference": 4.0})
+    best = _best_split(split.feasible_gpus, {"rollout": 1.0, "trainer": 2.0, "reference": 4.0})
     assert best > 28.0
     assert split.colocated and split.speedup == 1.0
     assert any(f"best split ({best + WEIGHT_SYNC:.2f} s" in line for line in split.explanation)
@@ -40,7 +40,7 @@ def test_measured_split_with_lock_step_tail_matches_brute_force() -> None:
     # In lock-step rollout takes 256 / (0.5 · 16) = 32 s, then 8 s + 4 s.
     assert split.sync_step_s == pytest.approx(44.0)
     assert split.overlap_bound == pytest.approx(44.0 / 32.0)
-    best = _best_split(split.min_gpus, {"rollout": 1.0, "trainer": 2.0, "reference": 4.0})
+    best = _best_split(split.feasible_gpus, {"rollout": 1.0, "trainer": 2.0, "reference": 4.0})
     assert split.async_step_s == pytest.approx(best + WEIGHT_SYNC)
     assert split.speedup == pytest.approx(44.0 / (best + WEIGHT_SYNC))
     assert sum(split.gpus.values()) == 16 and not split.colocated

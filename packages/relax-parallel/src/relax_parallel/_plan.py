@@ -180,9 +180,14 @@ class ParallelPlan:
     def table(self) -> str:
         """A human-readable plan: degrees, predictions, per-modality treatment and reasons."""
         c = self.config
+        if self.generation is not None:
+            layout = f"{c.dp} inference engine(s) of tp={c.tp}"
+        else:
+            layout = (
+                f"tp={c.tp} pp={c.pp} cp={c.cp} ep={c.ep} dp={c.dp} micro-batch={c.micro_batch} recompute={c.recompute}"
+            )
         lines = [
-            f"[{self.service}] {self.world_size} GPUs: tp={c.tp} pp={c.pp} cp={c.cp} ep={c.ep} dp={c.dp} "
-            f"micro-batch={c.micro_batch} recompute={c.recompute}",
+            f"[{self.service}] {self.world_size} GPUs: {layout}",
             f"  memory/GPU   {self.memory.describe()} of {self.memory_limit / GIB:.1f} GiB usable "
             f"(binding modality: {self.binding_modality})",
         ]

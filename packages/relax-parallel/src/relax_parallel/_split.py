@@ -51,7 +51,7 @@ class ServiceSplit:
         speedup: sync_step_s / async_step_s of the recommendation.
         overlap_bound: (R + T) / max(R, T) with R rollout and T the rest, measured on all GPUs.
         colocated: True when running in turn on all GPUs is recommended (τ = 0, or no split helps).
-        min_gpus: Fewest GPUs (a power of two) each service fits on; a split gives multiples of it.
+        feasible_gpus: The GPU counts each service fits on; the search considers all of them.
         plans: Per-service plans on their GPUs.
         explanation: Why.
     """
@@ -64,7 +64,7 @@ class ServiceSplit:
     speedup: float
     overlap_bound: float
     colocated: bool
-    min_gpus: dict[str, int]
+    feasible_gpus: dict[str, tuple[int, ...]]
     plans: dict[str, ParallelPlan]
     explanation: tuple[str, ...]
 
@@ -89,21 +89,41 @@ def _plan(service: str, model: ModelSpec, workload: WorkloadSpec, cluster: Clust
     return plan_training(model, workload, cluster, world_size=world, service=service, forward_only=forward_only)
 
 
-def _min_unit(service: str, model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec) -> int:
-    """Fewest GPUs (a power of two) on which the service fits."""
-    world = 1
-    while world <= cluster.num_gpus:
-        try:
-            _plan(service, model, workload, cluster, world)
-            return world
-        except InfeasiblePlanError:
-            world *= 2
-    raise InfeasiblePlanError(
-        f"{service} of {model.name} fits on no power-of-two share of {cluster.num_gpus} GPUs",
-        float("inf"),
-        cluster.usable_bytes,
-        None,
-    )
+def _plans_by_size(
+    services: tuple[str, ...], model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec
+) -> dict[str, dict[int, ParallelPlan]]:
+    """Each service's plan on every GPU count it fits on (1..num_gpus)."""
+    out: dict[str, dict[int, ParallelPlan]] = {}
+    for service in services:
+        out[service] = {}
+        for world in range(1, cluster.num_gpus + 1):
+            try:
+                out[service][world] = _plan(service, model, workload, cluster, world)
+            except InfeasiblePlanError:
+                continue
+        if not out[service]:
+            raise InfeasiblePlanError(
+                f"{service} of {model.name} fits on no share of the {cluster.num_gpus} GPUs",
+                float("inf"),
+                cluster.usable_bytes,
+                None,
+            )
+    return out
+
+
+def _best_split(times: dict[str, dict[int, float]], total: int) -> tuple[float, dict[str, int]] | None:
+    """The allocation of `total` GPUs minimising the slowest stage, over every feasible count per service."""
+    services = list(times)
+    best: tuple[float, dict[str, int]] | None = None
+    for head in itertools.product(*(sorted(times[s]) for s in services[:-1])):
+        last = total - sum(head)
+        if last not in times[services[-1]]:
+            continue
+        alloc = dict(zip(services, (*head, last), strict=True))
+        slowest = max(times[s][alloc[s]] for s in services)
+        if best is None or slowest < best[0]:
+            best = (slowest, alloc)
+    return best
 
 
 def split_services(
@@ -117,7 +137,8 @@ def split_services(
 ) -> ServiceSplit:
     """Recommend GPUs per service and predict the asynchronous speedup.
 
-    Stage times scale inversely with GPUs (data-parallel replicas). The synchronous baseline runs every
+    Each service is planned on every GPU count it fits on; its stage time there is that plan's predicted
+    step time (or, with measured throughputs, samples / (rate · GPUs)). The synchronous baseline runs every
     service in turn on all GPUs and its rollout waits for the longest sample; with τ ≥ 1 rollout of step
     k + 1 overlaps training of step k, so a split's step time is its slowest service plus the weight
     broadcast, and rollout pays the mean length (continuous batching). τ = 0 forbids the overlap.
@@ -139,20 +160,24 @@ def split_services(
         raise ValueError(f"tau: must be >= 0, got {tau}")
     services = ALGORITHMS[algorithm]
     g, batch = cluster.num_gpus, workload.samples_per_step
-    full = {s: _plan(s, model, workload, cluster, g) for s in services}
+    plans = _plans_by_size(services, model, workload, cluster)
+    misfits = [s for s in services if g not in plans[s]]
+    if misfits:
+        msg = f"{', '.join(misfits)} of {model.name} do not fit on all {g} GPUs (the synchronous baseline)"
+        raise InfeasiblePlanError(msg, float("inf"), cluster.usable_bytes, None)
     if measured is None:
-        gen = full["rollout"].generation
+        times = {s: {n: p.step_time_s for n, p in plans[s].items()} for s in services}
+        gen = plans["rollout"][g].generation
         assert gen is not None
-        sync_all = {s: full[s].step_time_s for s in services} | {"rollout": gen.sync_s}
-        async_all = {s: full[s].step_time_s for s in services}
+        sync_all = {s: times[s][g] for s in services} | {"rollout": gen.sync_s}
     else:
         rates = {"rollout": measured.rollout, "trainer": measured.trainer, "reference": measured.reference}
         rates["critic"] = measured.critic
         missing = [s for s in services if rates[s] <= 0]
         if missing:
             raise ValueError(f"measured: throughput for {missing} must be > 0 for algorithm {algorithm!r}")
-        async_all = {s: batch / (rates[s] * g) for s in services}
-        sync_all = dict(async_all)
+        times = {s: {n: batch / (rates[s] * n) for n in plans[s]} for s in services}
+        sync_all = {s: times[s][g] for s in services}
         if measured.rollout_sync > 0:
             sync_all["rollout"] = batch / (measured.rollout_sync * g)
     rollout_s = sync_all["rollout"]
@@ -160,17 +185,9 @@ def split_services(
     sync_step = rollout_s + rest_s
     bound = sync_step / max(rollout_s, rest_s)
     weight_sync = BF16 * model.total_params() / (cluster.link_gbps(g) * 1e9)
-
-    units = {s: _min_unit(s, model, workload, cluster) for s in services}
-    best: tuple[float, dict[str, int]] | None = None
-    ranges = [range(units[s], g + 1, units[s]) for s in services]
-    for counts in itertools.product(*ranges):
-        if sum(counts) != g:
-            continue
-        alloc = dict(zip(services, counts, strict=True))
-        step = max(async_all[s] * g / alloc[s] for s in services) + weight_sync
-        if best is None or step < best[0]:
-            best = (step, alloc)
+    feasible = {s: tuple(sorted(plans[s])) for s in services}
+    found = _best_split(times, g)
+    best = (found[0] + weight_sync, found[1]) if found else None
     lines = [
         f"synchronous baseline: rollout {rollout_s:.2f} s then {' + '.join(s for s in services[1:])} "
         f"{rest_s:.2f} s on all {g} GPUs",
@@ -179,22 +196,23 @@ def split_services(
         if tau == 0:
             lines.append("τ = 0 is strictly on-policy: rollout of step k+1 waits for update k, so nothing overlaps")
         elif best is None:
-            lines.append(f"no split of {g} GPUs gives every service its minimum ({units})")
+            lines.append(f"no split of {g} GPUs fits every service")
         else:
             lines.append(f"the best split ({best[0]:.2f} s per step) is slower than running in turn")
         alloc = dict.fromkeys(services, g)
-        return ServiceSplit(tau, alloc, sync_all, sync_step, sync_step, 1.0, bound, True, units, full, tuple(lines))
+        full = {s: plans[s][g] for s in services}
+        return ServiceSplit(tau, alloc, sync_all, sync_step, sync_step, 1.0, bound, True, feasible, full, tuple(lines))
     step, alloc = best
     lines.append(
         f"τ = {tau:g} ≥ 1 lets rollout of step k+1 overlap update k; larger τ only absorbs variance, which this "
         "model does not predict"
     )
-    lines.append(f"weight broadcast to rollout: {weight_sync:.2f} s per step; minimum GPUs per service {units}")
-    stage = {s: async_all[s] * g / alloc[s] for s in services}
+    lines.append(f"weight broadcast to rollout: {weight_sync:.2f} s per step")
+    stage = {s: times[s][alloc[s]] for s in services}
     slowest = max(stage, key=lambda s: stage[s])
     lines.append(f"{slowest} is the slowest stage at {stage[slowest]:.2f} s; the others wait on it")
-    plans = {s: _plan(s, model, workload, cluster, alloc[s]) for s in services}
+    chosen = {s: plans[s][alloc[s]] for s in services}
     speedup = sync_step / step
     if math.isfinite(speedup) and speedup > bound:
         lines.append("the speedup exceeds the overlap bound because async rollout also skips the long-tail wait")
-    return ServiceSplit(tau, alloc, stage, sync_step, step, speedup, bound, False, units, plans, tuple(lines))
+    return ServiceSplit(tau, alloc, stage, sync_step, step, speedup, bound, False, feasible, chosen, tuple(lines))
