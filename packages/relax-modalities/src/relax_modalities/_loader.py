@@ -113,15 +113,19 @@ class _SkipBad(BaseNode[ProcessedSample]):  # type: ignore[misc]  # torchdata sh
         self.source = source
         self.stats = LoaderStats()
 
+    @staticmethod
+    def stats_from_state(state: Mapping[str, Any]) -> LoaderStats:
+        return LoaderStats(
+            skipped=int(state["skipped"]),
+            by_reason=Counter(state["by_reason"]),
+            last_errors=list(state["last_errors"]),
+        )
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if initial_state is not None:
             self.source.reset(initial_state["source"])
-            self.stats = LoaderStats(
-                skipped=int(initial_state["skipped"]),
-                by_reason=Counter(initial_state["by_reason"]),
-                last_errors=list(initial_state["last_errors"]),
-            )
+            self.stats = self.stats_from_state(initial_state)
         else:
             self.source.reset(None)
 
@@ -171,6 +175,9 @@ class OmniLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a snapshot; the next sample is the one after the snapshot's last."""
         self._loader.load_state_dict(dict(state))
+        # torchdata applies the state lazily on the next iteration; make the counts visible now.
+        # The root is our Prefetcher, whose snapshot is the _SkipBad state.
+        self._skip.stats = _SkipBad.stats_from_state(state["root"]["snapshot"])
 
 
 def build_loader(

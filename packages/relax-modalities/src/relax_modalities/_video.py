@@ -171,6 +171,8 @@ def _probe_size(path: os.PathLike[str]) -> tuple[int, int]:
             if not container.streams.video:
                 raise MediaError(path, "video", "no video stream")
             ctx = container.streams.video[0].codec_context
+            if ctx.height < 1 or ctx.width < 1:
+                raise MediaError(path, "video", f"no video stream with a frame size ({ctx.width}x{ctx.height})")
             return int(ctx.height), int(ctx.width)
     except MediaError:
         raise

@@ -1,13 +1,39 @@
-"""A ≈ 0.4 M-parameter Qwen2.5-Omni thinker built offline against the tiny vocabulary (tests only)."""
+"""Shared fixtures: one synthetic task set per session, one tiny thinker per session."""
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+import torch
+
+from relax_modalities.synthetic import TaskItem, read_manifest, write_synthetic_tasks
 from relax_modalities.text import TINY_VOCAB
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+
+@pytest.fixture(scope="session")
+def synthetic_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_tasks(tmp_path_factory.mktemp("synthetic"), n_per_task=4, seed=7)
+
+
+@pytest.fixture(scope="session")
+def synthetic_items(synthetic_manifest: Path) -> list[TaskItem]:
+    return read_manifest(synthetic_manifest)
+
+
+@pytest.fixture(scope="session")
+def tiny_thinker() -> Any:
+    return build_tiny_thinker()
 
 
 def build_tiny_thinker() -> Any:
     """The tiny thinker from DESIGN.md's field notes, random weights, eval mode."""
-    import torch
     from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
 
     v = TINY_VOCAB

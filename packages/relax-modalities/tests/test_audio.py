@@ -1,0 +1,189 @@
+"""Audio path: streaming reads, soxr resampling, Whisper log-mel parity, chunks and the live buffer."""
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from relax_modalities import (
+    AudioSettings,
+    MediaError,
+    StreamingLogMel,
+    audio_token_count,
+    chunk_features,
+    iter_audio_blocks,
+    load_audio,
+    log_mel,
+    mel_filter_bank,
+    resample,
+)
+
+WHISPER_TOL = 1e-4  # stated tolerance against WhisperFeatureExtractor (float32 STFT)
+
+
+def _tone(freq: float, seconds: float, rate: int, amp: float = 0.5) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (amp * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def _peak_hz(x: np.ndarray, rate: int) -> float:
+    spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.argmax(spec) * rate / len(x))
+
+
+def test_mel_filters_match_transformers() -> None:
+    from transformers.audio_utils import mel_filter_bank as ref
+
+    expected = ref(201, 128, 0.0, 8000.0, 16000, norm="slaney", mel_scale="slaney")
+    np.testing.assert_allclose(mel_filter_bank(201, 128, 16000, 8000.0), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [16000, 12345, 48000, 801])
+def test_log_mel_matches_whisper_feature_extractor(n: int) -> None:
+    from transformers import WhisperFeatureExtractor
+
+    rng = np.random.default_rng(n)
+    x = (0.1 * rng.standard_normal(n) + np.sin(np.arange(n) * 0.05)).astype(np.float32)
+    ref = WhisperFeatureExtractor(feature_size=128)(
+        x, sampling_rate=16000, padding="longest", return_attention_mask=True, return_tensors="pt"
+    )
+    ours = log_mel(x)
+    assert ours.shape == (128, n // 160) == ref["input_features"].shape[1:]
+    assert int(ref["attention_mask"].sum()) == n // 160
+    torch.testing.assert_close(ours, ref["input_features"][0], atol=WHISPER_TOL, rtol=0)
+
+
+def test_audio_token_count_formula() -> None:
+    # ((L - 1)//2 + 1 - 2)//2 + 1 by hand: 100 frames (1 s) -> 25 tokens, 3000 frames (30 s) -> 750.
+    assert audio_token_count(100) == 25
+    assert audio_token_count(3000) == 750
+    assert audio_token_count(7) == 2
+
+
+def test_stereo_file_is_mixed_to_mono_and_resampled(tmp_path: Path) -> None:
+    rate = 44100
+    left, right = _tone(1000, 1.0, rate, 0.4), _tone(1000, 1.0, rate, 0.2)
+    path = tmp_path / "s.wav"
+    sf.write(path, np.stack([left, right], axis=1), rate, subtype="FLOAT")
+    x = load_audio(path)
+    assert abs(len(x) - 16000) <= 1
+    assert abs(_peak_hz(x, 16000) - 1000) < 2
+    assert np.isclose(np.abs(x[2000:14000]).max(), 0.3, atol=0.01)  # mean of the two channels
+
+
+def test_resampling_rejects_aliases() -> None:
+    # A 12 kHz tone at 48 kHz is above the 16 kHz output's Nyquist (8 kHz): soxr must remove it,
+    # where naive decimation (every 3rd sample) folds it to 4 kHz at full strength.
+    x = _tone(12000, 1.0, 48000)
+    y = resample(x, 48000, 16000)
+    assert abs(_peak_hz(x[::3], 16000) - 4000) < 2 and np.abs(x[::3]).max() > 0.4
+    assert np.abs(y[1000:-1000]).max() < 1e-3
+
+
+def test_blocked_reads_equal_whole_file_resampling(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    x = (0.3 * rng.standard_normal(22050 * 3)).astype(np.float32)
+    path = tmp_path / "n.flac"
+    sf.write(path, x, 22050, subtype="PCM_24")
+    settings = AudioSettings(block_frames=1000)
+    blocks = list(iter_audio_blocks(path, settings))
+    assert max(len(b) for b in blocks) <= 2 * 1000  # one block plus the filter delay flushed at the end
+    streamed = np.concatenate(blocks)
+    whole = resample(sf.read(path, dtype="float32")[0], 22050, 16000)
+    assert len(streamed) == len(whole)
+    np.testing.assert_allclose(streamed, whole, atol=1e-5)
+
+
+def _peak_bytes(path: Path, settings: AudioSettings) -> tuple[int, int]:
+    tracemalloc.start()
+    stream = StreamingLogMel(settings)
+    n = 0
+    for block in iter_audio_blocks(path, settings):
+        n += sum(c.features.shape[1] for c in stream.push(block))
+    n += sum(c.features.shape[1] for c in stream.finish())
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, n
+
+
+def test_streaming_memory_is_bounded_independently_of_length(tmp_path: Path) -> None:
+    settings = AudioSettings(block_frames=8192)
+    peaks = {}
+    for seconds in (10, 60):
+        path = tmp_path / f"{seconds}.wav"
+        sf.write(path, _tone(440, seconds, 16000), 16000, subtype="PCM_16")
+        peaks[seconds], frames = _peak_bytes(path, settings)
+        assert frames == seconds * 100
+    # 6x the audio, not 6x the memory (a whole 60 s clip in float32 alone would be 3.8 MB).
+    assert peaks[60] < 1.3 * peaks[10]
+    assert peaks[60] < 2_000_000
+
+
+# 3.3 s = 330 frames; the last chunk starts where the previous one stops short of frame 330.
+@pytest.mark.parametrize(("chunk", "overlap", "last_start"), [(200, 0, 200), (50, 10, 280), (64, 63, 266)])
+def test_streaming_buffer_equals_offline_chunks(chunk: int, overlap: int, last_start: int) -> None:
+    settings = AudioSettings(chunk_frames=chunk, chunk_overlap_frames=overlap)
+    rng = np.random.default_rng(chunk)
+    x = _tone(440, 3.3, 16000)  # steady level: the running floor equals the whole-clip floor
+    offline = chunk_features(log_mel(x, settings), settings)
+    stream = StreamingLogMel(settings)
+    live = []
+    i = 0
+    while i < len(x):
+        k = int(rng.integers(1, 4000))
+        live += stream.push(x[i : i + k])
+        i += k
+    live += stream.finish()
+    assert [c.start_frame for c in live] == [c.start_frame for c in offline]
+    assert [c.start_frame for c in offline] == list(range(0, last_start + 1, chunk - overlap))
+    assert offline[-1].start_frame + offline[-1].features.shape[1] == 330
+    for a, b in zip(live, offline, strict=True):
+        torch.testing.assert_close(a.features, b.features, atol=1e-5, rtol=0)
+
+
+def test_streaming_buffer_emits_as_soon_as_a_chunk_is_complete() -> None:
+    settings = AudioSettings(chunk_frames=100, chunk_overlap_frames=0)
+    stream = StreamingLogMel(settings)
+    x = _tone(300, 2.0, 16000)
+    # Frame 99 (the last of chunk 0) spans samples up to 99*160 + 200 = 16040.
+    assert stream.push(x[:16039]) == []
+    chunks = stream.push(x[16039:16040])
+    assert [c.index for c in chunks] == [0] and chunks[0].features.shape == (128, 100)
+
+
+def _wav_bytes(seconds: float) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, _tone(440, seconds, 16000), 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def _flac_bytes(seconds: float) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, _tone(440, seconds, 16000), 16000, format="FLAC", subtype="PCM_16")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("empty.wav", b"", "empty file"),
+        ("trunc.wav", _wav_bytes(1.0)[:20000], "truncated"),
+        ("trunc.flac", _flac_bytes(2.0)[:3000], "truncated|corrupt"),
+        ("garbage.wav", b"RIFF" + bytes(200), "cannot decode"),
+        ("picture.wav", b"\x89PNG\r\n\x1a\n" + bytes(100), "cannot decode"),
+        ("long.wav", _wav_bytes(3.0), "too long"),
+    ],
+)
+def test_bad_audio_raises_media_error(tmp_path: Path, name: str, content: bytes, reason: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(MediaError, match=reason) as info:
+        load_audio(path, AudioSettings(max_duration_s=2.5))
+    assert info.value.modality == "audio" and str(path) in str(info.value)

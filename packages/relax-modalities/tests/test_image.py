@@ -1,0 +1,110 @@
+"""Image path against transformers' Qwen2VLImageProcessor (PIL backend) and hand-made bad files."""
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from relax_modalities import (
+    ImageSettings,
+    MediaError,
+    image_token_count,
+    load_image,
+    preprocess_image,
+    probe_image_size,
+    smart_resize,
+)
+
+
+def _reference(**kwargs: int):  # type: ignore[no-untyped-def]
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "min_pixels", "max_pixels"),
+    [(56, 56, 3136, 1003520), (100, 230, 3136, 1003520), (480, 640, 3136, 200_000), (37, 1000, 3136, 1003520),
+     (20, 20, 100_000, 1003520), (333, 517, 3136, 50_000)],
+)  # fmt: skip
+def test_matches_qwen2vl_image_processor(height: int, width: int, min_pixels: int, max_pixels: int) -> None:
+    rng = np.random.default_rng(height * width)
+    img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    ref = _reference(min_pixels=min_pixels, max_pixels=max_pixels)(images=[img], return_tensors="pt")
+    ours = preprocess_image(img, ImageSettings(min_pixels=min_pixels, max_pixels=max_pixels))
+    assert ours.pixel_values.shape == ref["pixel_values"].shape
+    torch.testing.assert_close(ours.pixel_values, ref["pixel_values"].float(), atol=1e-5, rtol=0)
+    assert ours.grid_thw.tolist() == ref["image_grid_thw"][0].tolist()
+    assert ours.num_tokens == int(ref["image_grid_thw"].prod()) // 4
+
+
+def test_token_count_is_known_before_decoding(tmp_path: Path) -> None:
+    s = ImageSettings()
+    # hand-derived: 56x56 -> 4x4 patches -> 2x2 tokens; 100x230 rounds to 112x224 -> 4x8 tokens.
+    assert image_token_count(56, 56, s) == 4
+    assert image_token_count(100, 230, s) == 32
+    assert smart_resize(100, 230, 28, 3136, 1003520) == (112, 224)
+    path = tmp_path / "x.png"
+    Image.new("RGB", (230, 100), (1, 2, 3)).save(path)
+    assert image_token_count(*probe_image_size(path), s) == preprocess_image(load_image(path)).num_tokens == 32
+
+
+def test_exif_orientation_is_applied(tmp_path: Path) -> None:
+    arr = np.zeros((40, 80, 3), dtype=np.uint8)
+    arr[:, :40] = (255, 0, 0)  # left half red, right half blue
+    arr[:, 40:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90° clockwise to display"
+    path = tmp_path / "rot.jpg"
+    Image.fromarray(arr).save(path, exif=exif, quality=95)
+    img = load_image(path)
+    assert img.size == (40, 80)  # width, height swapped
+    top, bottom = np.asarray(img)[5, 20], np.asarray(img)[75, 20]
+    assert top[0] > 200 and top[2] < 60  # red ends up on top after a clockwise turn
+    assert bottom[2] > 200 and bottom[0] < 60
+    assert probe_image_size(path) == (80, 40)
+
+
+def test_modes_convert_to_rgb(tmp_path: Path) -> None:
+    rgba = Image.new("RGBA", (56, 56), (255, 0, 0, 0))  # fully transparent -> white
+    path = tmp_path / "a.png"
+    rgba.save(path)
+    assert np.asarray(load_image(path))[0, 0].tolist() == [255, 255, 255]
+    grey = tmp_path / "g.png"
+    Image.new("L", (56, 56), 77).save(grey)
+    assert np.asarray(load_image(grey))[3, 3].tolist() == [77, 77, 77]
+
+
+def _png_bytes(size: tuple[int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("L", size, 0).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("empty.png", b"", "empty file"),
+        ("trunc.png", _png_bytes((64, 64))[:60], "decode failed"),
+        ("garbage.png", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "cannot open|not a recognised|decode failed"),
+        ("sound.png", b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(40), "not a recognised image format"),
+        ("bomb.png", _png_bytes((3000, 3000)), "decompression bomb"),
+    ],
+)
+def test_bad_images_raise_media_error(tmp_path: Path, name: str, content: bytes, reason: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(MediaError, match=reason) as info:
+        load_image(path, ImageSettings(max_decoded_pixels=4_000_000))
+    assert info.value.modality == "image" and info.value.path == str(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_and_settings_validation(tmp_path: Path) -> None:
+    with pytest.raises(MediaError, match="does not exist"):
+        load_image(tmp_path / "nope.png")
+    with pytest.raises(ValueError, match="max_pixels"):
+        ImageSettings(min_pixels=10_000, max_pixels=5_000)
