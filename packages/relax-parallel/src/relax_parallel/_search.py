@@ -102,11 +102,7 @@ class _Evaluation:
     cfg: ParallelConfig
     memory: MemoryBreakdown
     modality: str
-    time: TimeBreakdown | None = None
-
-    @property
-    def step_s(self) -> float:
-        return self.time.total if self.time is not None else float("inf")
+    time: TimeBreakdown
 
 
 def _evaluate_memory(
@@ -120,10 +116,13 @@ def _evaluate_memory(
 
 
 def _infeasible(
-    model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec, configs: list[ParallelConfig], forward_only: bool
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    cluster: ClusterSpec,
+    evals: list[tuple[ParallelConfig, MemoryBreakdown, str]],
 ) -> InfeasiblePlanError:
     limit = cluster.usable_bytes
-    if not configs:
+    if not evals:
         return InfeasiblePlanError(
             f"no valid layout of {model.name} on {cluster.num_gpus} GPUs: heads {model.num_heads}/"
             f"{model.num_kv_heads} KV, {model.num_layers} layers and {workload.samples_per_step} samples per step "
@@ -132,13 +131,12 @@ def _infeasible(
             limit,
             None,
         )
-    evals = [(cfg, *_evaluate_memory(model, workload, cfg, forward_only)) for cfg in configs]
     cfg, memory, modality = min(evals, key=lambda e: e[1].total)
     term, size = memory.largest()
     seq = workload.sequence_tokens(model, modality)[1]
     return InfeasiblePlanError(
         f"{model.name} does not fit on {cluster.num_gpus} × {cluster.gpu_memory_gib:g} GiB GPUs: the smallest "
-        f"per-GPU footprint of {len(configs)} valid layouts ({cfg.short()}) needs {gib(memory.total)} for "
+        f"per-GPU footprint of {len(evals)} valid layouts ({cfg.short()}) needs {gib(memory.total)} for "
         f"{modality} samples of {seq:,} tokens, {gib(memory.total - limit)} over the {gib(limit)} usable; "
         f"largest term: {term} {gib(size)}",
         memory.total,
@@ -167,7 +165,6 @@ def _explain(
     limit = cluster.usable_bytes
     lines: list[str] = []
     memory_reasons: list[str] = []
-    assert best.time is not None
     for knob, relaxed in _relaxations(best.cfg):
         if config_violations(model, workload, cluster, relaxed, best.cfg.world_size):
             relaxed = replace(relaxed, micro_batch=1)
@@ -238,19 +235,24 @@ def plan_training(
     """
     world = world_size or cluster.num_gpus
     configs = enumerate_configs(model, workload, cluster, world, forward_only=forward_only)
-    evals = []
-    for cfg in configs:
-        memory, modality = _evaluate_memory(model, workload, cfg, forward_only)
-        if memory.total <= cluster.usable_bytes:
-            time = training_step_time(model, workload, cluster, cfg, memory.gradients, train=not forward_only)
-            evals.append(_Evaluation(cfg, memory, modality, time))
+    sized = [(cfg, *_evaluate_memory(model, workload, cfg, forward_only)) for cfg in configs]
+    evals = [
+        _Evaluation(
+            cfg,
+            memory,
+            modality,
+            training_step_time(model, workload, cluster, cfg, memory.gradients, train=not forward_only),
+        )
+        for cfg, memory, modality in sized
+        if memory.total <= cluster.usable_bytes
+    ]
     if not evals:
-        raise _infeasible(model, workload, cluster, configs, forward_only)
-    fastest = min(e.step_s for e in evals)
+        raise _infeasible(model, workload, cluster, sized)
+    fastest = min(e.time.total for e in evals)
     # Predictions closer than SIMPLICITY_TOLERANCE are within the model's error: among those, take the layout
     # with the least model parallelism and no recomputation, then the fastest.
-    near = [e for e in evals if e.step_s <= fastest * (1 + SIMPLICITY_TOLERANCE)]
-    best = min(near, key=lambda e: (e.cfg.tp * e.cfg.pp * e.cfg.cp, e.cfg.recompute == "full", e.cfg.ep, e.step_s))
+    near = [e for e in evals if e.time.total <= fastest * (1 + SIMPLICITY_TOLERANCE)]
+    best = min(near, key=lambda e: (e.cfg.tp * e.cfg.pp * e.cfg.cp, e.cfg.recompute == "full", e.cfg.ep, e.time.total))
     binding, lines = _explain(model, workload, cluster, best, forward_only)
     return ParallelPlan(
         service=service,

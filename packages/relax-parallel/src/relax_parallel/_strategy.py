@@ -74,6 +74,8 @@ def modality_strategies(
 ) -> tuple[ModalityStrategy, ...]:
     """Describe each active modality's treatment under the chosen layout."""
     out: list[ModalityStrategy] = []
+    vision_params = model.vision.num_params() if model.vision else 0
+    chunk_s = model.audio.chunk_seconds if model.audio else 0.0
     for modality in workload.active_modalities():
         seq = workload.sequence_tokens(model, modality)[1]
         b = _largest_micro_batch(model, workload, cluster, cfg, modality)
@@ -87,9 +89,8 @@ def modality_strategies(
                 reason = f"{seq:,}-token sequences are short; packing keeps GPUs busy without splitting sequences"
         elif modality == "image":
             approach = "vision encoder " + ("tensor-parallel" if cfg.vision_tp else "replicated") + f", {sp}"
-            reason = (
-                f"{model.vision.num_params() / 1e6:.0f} M-parameter encoder "  # type: ignore[union-attr]
-                + ("is large enough to shard" if cfg.vision_tp else "is small; replication avoids its all-reduces")
+            reason = f"{vision_params / 1e6:.0f} M-parameter encoder " + (
+                "is large enough to shard" if cfg.vision_tp else "is small; replication avoids its all-reduces"
             )
         elif modality == "video":
             pipe = f"pipeline pp={cfg.pp}" if cfg.pp > 1 else "no pipeline (layers fit on one stage)"
@@ -106,7 +107,7 @@ def modality_strategies(
             approach = "chunked encoder, data parallel over chunks"
             reason = (
                 f"{workload.audio_seconds:g} s clips encode in independent "
-                f"{model.audio.chunk_seconds:g} s windows, so memory stays linear in clip length"  # type: ignore[union-attr]
+                f"{chunk_s:g} s windows, so memory stays linear in clip length"
             )
         out.append(ModalityStrategy(modality, approach, b, seq, reason))
     return tuple(out)
