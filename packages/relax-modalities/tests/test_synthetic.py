@@ -54,7 +54,7 @@ def test_items_are_well_formed(synthetic_items: list[TaskItem]) -> None:
 def test_rewards_are_exact_match_on_stripped_response(synthetic_items: list[TaskItem]) -> None:
     it = synthetic_items[0]
     wrong = next(o for o in it.options if o != it.answer)
-    assert reward(f" {it.answer}\n", it) == 1.0 == exact_match_reward(it.answer, it)
+    assert reward(f" {it.answer}\n", it) == 1.0 == exact_match_reward(it.answer, it) == exact_match_reward("7 ", "7")
     assert reward(wrong, it) == 0.0 and reward(it.answer + it.answer, it) == 0.0
     with pytest.raises(KeyError, match="no reward function"):
         reward("x", TaskItem(id="z", task="nope", prompt="?"))

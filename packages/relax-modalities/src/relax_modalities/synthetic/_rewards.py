@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any, Protocol
 
 from relax_modalities.synthetic._manifest import TaskItem
 
-RewardFn = Callable[[str, TaskItem], float]
-"""``(response, item) -> reward`` in [0, 1]."""
+
+class RewardFn(Protocol):
+    """``(response, ground_truth) -> reward``; the shape of relax-core's scalar ``RewardFn``."""
+
+    def __call__(self, response: str, ground_truth: Any, /, **kwargs: Any) -> float: ...
 
 
-def exact_match_reward(response: str, item: TaskItem) -> float:
-    """1.0 when the stripped response equals the item's answer, else 0.0."""
-    return 1.0 if response.strip() == item.answer else 0.0
+def exact_match_reward(response: str, ground_truth: TaskItem | str, /, **kwargs: Any) -> float:
+    """1.0 when the stripped response equals the answer (a `TaskItem`'s, or the string itself), else 0.0."""
+    answer = ground_truth.answer if isinstance(ground_truth, TaskItem) else str(ground_truth)
+    return 1.0 if response.strip() == answer else 0.0
 
 
 REWARD_FNS: dict[str, RewardFn] = {
