@@ -120,3 +120,36 @@ def test_loader_argument_errors(synthetic_manifest: Path, tmp_path: Path) -> Non
         f.write("{not json\n")
     with pytest.raises(MediaError, match="line 21"):
         read_manifest(bad)
+
+
+class _CountingTokenizer(TinyTokenizer):
+    """Counts prompt encodes: one per processed item once the chat builder is set up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def encode(self, text: str) -> list[int]:
+        self.calls += 1
+        return super().encode(text)
+
+
+def test_prefetch_is_bounded(tmp_path: Path) -> None:
+    import time
+
+    from relax_modalities.synthetic import write_synthetic_tasks
+
+    manifest = write_synthetic_tasks(tmp_path, tasks=("text",), n_per_task=200)
+    tok = _CountingTokenizer()
+    loader = build_loader(manifest, tok, num_workers=2, prefetch=2)
+    base = tok.calls  # the chat builder's own encodes
+    it = iter(loader)
+    ahead, consumed = [], 0
+    for target in (1, 21):
+        while consumed < target:
+            next(it)
+            consumed += 1
+        time.sleep(0.3)  # give the workers time to run as far ahead as they may
+        ahead.append(tok.calls - base - consumed)
+    # Decoded-but-unconsumed samples stay a small constant, far below the 200 available.
+    assert 0 < max(ahead) <= 12, ahead  # measured 6 with prefetch=2, num_workers=2

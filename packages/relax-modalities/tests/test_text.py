@@ -97,3 +97,47 @@ def test_template_tokens_must_be_single_tokens() -> None:
         ChatBuilder(TinyTokenizer(), ChatTemplate.qwen())
     with pytest.raises(ValueError, match="num_tokens"):
         MediaSlot("image", 0)
+
+
+class _QwenLikeTokenizer:
+    """Character tokenizer carrying Qwen2.5-Omni's special token strings (built locally, no hub)."""
+
+    SPECIALS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|IMAGE|>", "<|VIDEO|>",
+                "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>")  # fmt: skip
+
+    def __init__(self) -> None:
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        chars = sorted(set("abcdefghijklmnopqrstuvwxyz \n?"))
+        vocab = {t: i for i, t in enumerate([*self.SPECIALS, *chars])}
+        self._tok = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        self._tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        self._tok.decoder = decoders.Fuse()
+        self._tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in self.SPECIALS])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def convert_tokens_to_ids(self, tokens: str) -> int:
+        return int(self._tok.token_to_id(tokens))
+
+
+def test_qwen_template_renders_the_qwen_layout() -> None:
+    tok = _QwenLikeTokenizer()
+    assert isinstance(tok, Tokenizer)
+    prompt = build_chat(
+        tok, "why?", [MediaSlot("image", 2), MediaSlot("audio", 3)], system="be brief", template=ChatTemplate.qwen()
+    )
+    assert tok.decode(prompt.input_ids) == (
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n<|vision_start|><|IMAGE|><|IMAGE|><|vision_end|>"
+        "<|audio_bos|><|AUDIO|><|AUDIO|><|AUDIO|><|audio_eos|>why?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert [(s.modality, s.length) for s in prompt.spans] == [("image", 2), ("audio", 3)]
