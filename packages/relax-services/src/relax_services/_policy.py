@@ -1,0 +1,48 @@
+"""The policy model every service builds: the tiny omni thinker, or a local transformers checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from relax_services.config import ModelConfig, RunConfig
+from relax_services.engines import TorchTrainConfig, TorchTrainEngine
+from relax_services.models import OmniModel, build_tiny_omni, load_model
+
+__all__ = ["build_policy", "build_train_engine"]
+
+
+def build_policy(cfg: ModelConfig) -> OmniModel:
+    """Same weights in every process for the same config: built from ``cfg.seed`` or loaded from disk."""
+    if cfg.source == "tiny-omni":
+        return build_tiny_omni(seed=cfg.seed)
+    path = Path(cfg.source)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model.source={cfg.source!r} is neither 'tiny-omni' nor a local checkpoint directory")
+    return load_model(path)
+
+
+def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchTrainEngine:
+    """The training engine of a run: the run's optimizer settings, micro-batches of whole groups, and a
+    loss weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
+    opt = cfg.optimizer
+    weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
+    if opt.schedule == "linear":
+        raise ValueError("optimizer.schedule='linear' is not supported by the torch engine; use constant or cosine")
+    schedule: Literal["constant", "cosine"] = "constant" if opt.schedule == "constant" else "cosine"
+    train_cfg = TorchTrainConfig(
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        grad_clip=opt.grad_clip or 0.0,
+        micro_batch_size=cfg.trainer.micro_batch_groups * cfg.algorithm.group_size,
+        loss_weighting=weighting,
+        warmup_steps=opt.warmup_steps,
+        schedule=schedule,
+        total_steps=opt.total_steps or cfg.trainer.total_steps,
+        min_lr_ratio=opt.min_lr_ratio,
+        temperature=cfg.rollout.temperature,
+        seed=cfg.trainer.seed,
+    )
+    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_cfg)

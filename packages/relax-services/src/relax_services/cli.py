@@ -1,0 +1,100 @@
+"""The ``relax`` command line: ``relax train``, ``relax bench pipeline``, ``relax plan``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _train(args: argparse.Namespace) -> int:
+    from relax_core import ConfigError
+    from relax_services.config import load_run_config
+    from relax_services.controller import Controller, init_ray, make_run_dir
+    from relax_services.summary import format_summary
+
+    overrides = list(args.overrides)
+    if args.ray_address is not None:
+        overrides.append(f"run.ray_address={args.ray_address}")
+    try:
+        cfg = load_run_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"relax train: {exc}", file=sys.stderr)
+        return 2
+    run_dir = make_run_dir(cfg)
+    print(f"relax train: run folder {run_dir}", flush=True)
+    try:
+        started = init_ray(cfg.run.ray_address)
+    except ConnectionError as exc:
+        print(f"relax train: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = Controller(cfg, run_dir, resume=args.resume).run()
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    text = format_summary(result)
+    (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    print(text, flush=True)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from relax_services.bench import run_pipeline_bench
+
+    return run_pipeline_bench(args.taus, args.overrides, args.config)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from relax_parallel.cli import main as plan_main
+
+    return int(plan_main(args.rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relax", description="Asynchronous RL post-training for omni-modal models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="train a policy (no arguments: async GRPO, τ = 2, tiny omni model, synthetic omni tasks)",
+        description="Run RL training. CONFIG is a YAML run config; overrides look like staleness.tau=1.",
+    )
+    train.add_argument("config", nargs="?", type=Path, default=None, help="YAML run config (default: embedded)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=50")
+    train.add_argument("--ray-address", default=None, help="join an existing Ray cluster instead of starting one")
+    train.add_argument("--resume", action="store_true", help="resume from the run folder's last checkpoint")
+    train.set_defaults(func=_train)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    pipe = bench_sub.add_parser("pipeline", help="the same task and seeds at τ = 0 and τ > 0, side by side")
+    pipe.add_argument("config", nargs="?", type=Path, default=None)
+    pipe.add_argument("overrides", nargs="*")
+    pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
+    pipe.set_defaults(func=_bench)
+    plan = sub.add_parser("plan", help="parallelism plan (same as relax-plan)", add_help=False)
+    plan.add_argument("rest", nargs=argparse.REMAINDER)
+    plan.set_defaults(func=_plan)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Workers must run in this very environment. Ray's `uv run` hook would instead rebuild an environment per
+    # worker from the working directory (slow, and it breaks in a workspace); it is read when ray is imported.
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A config path given first is told apart from an override by the '=' sign.
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None) is not None and "=" in str(args.config):
+        args.overrides = [str(args.config), *args.overrides]
+        args.config = None
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The run config of ``relax train``: relax-core's component configs plus one small config per service.
+
+A run is one YAML file plus dotted overrides (``staleness.tau=1``); with no file, the defaults below are the
+embedded default run (async GRPO, τ = 2, tiny omni model, synthetic omni task mix).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+
+from relax_core import (
+    AlgorithmConfig,
+    ConfigModel,
+    OptimizerConfig,
+    RewardConfig,
+    StalenessConfig,
+    load_config,
+)
+
+__all__ = [
+    "DataConfig",
+    "EvalConfig",
+    "FaultSpec",
+    "HealthConfig",
+    "ModelConfig",
+    "QueueSettings",
+    "RolloutConfig",
+    "RunConfig",
+    "RunSettings",
+    "TrainerConfig",
+    "load_run_config",
+]
+
+TaskName = Literal["image", "audio", "video", "text", "audio_video"]
+DEFAULT_TASKS: tuple[TaskName, ...] = ("image", "audio", "video", "text")
+
+
+class ModelConfig(ConfigModel):
+    """Which policy model to train."""
+
+    source: str = "tiny-omni"
+    """'tiny-omni' builds the ≈0.4 M-parameter Qwen2.5-Omni thinker from a config in code; any other value is
+    a local transformers checkpoint directory."""
+
+    seed: int = 0
+    """Seed of the initial weights (tiny-omni only)."""
+
+
+class DataConfig(ConfigModel):
+    """The synthetic omni task mix (written as real media files plus a JSONL manifest)."""
+
+    tasks: list[TaskName] = pydantic.Field(default_factory=lambda: list(DEFAULT_TASKS))
+    """Tasks to train on; each is one modality path (audio_video combines two)."""
+
+    train_per_task: int = pydantic.Field(default=256, ge=1)
+    """Training prompts written per task."""
+
+    eval_per_task: int = pydantic.Field(default=32, ge=1)
+    """Held-out prompts per task, never trained on."""
+
+    difficulty: int = pydantic.Field(default=0, ge=0)
+    """Task difficulty level passed to the synthetic task generator."""
+
+    seed: int = 0
+    """Seed of the synthetic data and of the prompt order."""
+
+    adaptive_weights: bool = True
+    """Sample each task with probability ∝ (1 − its running reward + 0.1), so lagging tasks get more prompts."""
+
+    data_dir: Path | None = None
+    """Where to write (or reuse) the synthetic data; default: ``<run dir>/data``."""
+
+
+class RolloutConfig(ConfigModel):
+    """The Rollout service: generation engine and sampling parameters."""
+
+    num_workers: int = pydantic.Field(default=1, ge=1)
+    """Rollout actors (each its own process)."""
+
+    groups_per_call: int = pydantic.Field(default=4, ge=1)
+    """Prompt groups generated together in one batched engine call."""
+
+    temperature: float = pydantic.Field(default=1.0, gt=0.0)
+    """Sampling temperature."""
+
+    top_p: float = pydantic.Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1.0 samples the full vocabulary)."""
+
+    max_new_tokens: int = pydantic.Field(default=4, ge=1)
+    """Longest response in tokens (answers are 1–3 characters plus end-of-answer)."""
+
+    partial_rollout: Literal["finish_old", "switch", "abort_resume"] = "switch"
+    """What generation in flight does when new weights arrive: finish on the old weights, switch weights
+    between decode steps (per-token versions recorded), or abort and restart on the new weights."""
+
+
+class TrainerConfig(ConfigModel):
+    """The Trainer service: what one update consumes and how long the run lasts."""
+
+    groups_per_step: int = pydantic.Field(default=32, ge=1)
+    """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
+
+    micro_batch_groups: int = pydantic.Field(default=32, ge=1)
+    """Groups per forward/backward micro-batch (gradient accumulation when smaller than groups_per_step)."""
+
+    total_steps: int = pydantic.Field(default=400, ge=1)
+    """Stop after this many updates."""
+
+    max_minutes: float | None = pydantic.Field(default=9.0, gt=0.0)
+    """Stop after this much wall-clock time (None: no limit)."""
+
+    target_reward: float | None = pydantic.Field(default=0.9, gt=0.0, le=1.0)
+    """Stop early once the held-out reward of every task reaches this (None: never stop early)."""
+
+    checkpoint_every: int = pydantic.Field(default=50, ge=1)
+    """Write a checkpoint every this many updates (and at the end)."""
+
+    keep_checkpoints: int = pydantic.Field(default=2, ge=1)
+    """How many most recent checkpoints to keep."""
+
+    warmup_format_steps: int = pydantic.Field(default=0, ge=0)
+    """Supervised steps that teach the answer format only (an option of the task, never the answer)."""
+
+    seed: int = 0
+    """Seed of the trainer RNG (sampling seeds derive from it and the prompt key)."""
+
+
+class QueueSettings(ConfigModel):
+    """The TransferQueue between services."""
+
+    max_rows: int = pydantic.Field(default=4096, ge=1)
+    """Capacity in rows; producers block when it is reached."""
+
+    max_bytes: int = pydantic.Field(default=512 * 1024 * 1024, ge=1)
+    """Capacity in bytes of payload."""
+
+    lease_timeout_s: float = pydantic.Field(default=60.0, gt=0.0)
+    """A leased batch not acked within this time is redelivered."""
+
+
+class EvalConfig(ConfigModel):
+    """Held-out evaluation (greedy decoding, its own process)."""
+
+    every_steps: int = pydantic.Field(default=10, ge=1)
+    """Evaluate the newest weights after every this many updates."""
+
+
+class HealthConfig(ConfigModel):
+    """Heartbeats and restarts."""
+
+    heartbeat_timeout_s: float = pydantic.Field(default=30.0, gt=0.0)
+    """A service whose progress counter has not moved for this long is declared hung."""
+
+    max_restarts: int = pydantic.Field(default=3, ge=0)
+    """In-place restarts per service before a global restart from the last checkpoint."""
+
+    restart_backoff_s: float = pydantic.Field(default=1.0, ge=0.0)
+    """First restart delay; doubles with every restart of the same service."""
+
+
+class FaultSpec(ConfigModel):
+    """One injected fault (for tests and ``relax chaos``)."""
+
+    service: Literal["rollout", "reward", "reference", "critic", "trainer"]
+    """Which service to hit."""
+
+    kind: Literal["kill", "raise", "hang"] = "kill"
+    """SIGKILL its process, raise inside its work loop, or hang its work loop."""
+
+    at_step: int = pydantic.Field(default=5, ge=0)
+    """Inject once the trainer has reached this version."""
+
+
+class RunSettings(ConfigModel):
+    """Where the run writes and how it shows progress."""
+
+    output_dir: Path = Path("runs")
+    """Parent folder of run folders."""
+
+    name: str | None = None
+    """Run folder name (default: a timestamp)."""
+
+    ray_address: str | None = None
+    """Join an existing Ray cluster at this address instead of starting a local one."""
+
+    progress: Literal["auto", "live", "lines", "none"] = "auto"
+    """'live' redraws a table (TTY), 'lines' prints one line per report, 'auto' picks by TTY."""
+
+    report_every_s: float = pydantic.Field(default=5.0, gt=0.0)
+    """Seconds between progress reports."""
+
+
+def _default_algorithm() -> AlgorithmConfig:
+    return AlgorithmConfig.model_validate({"preset": "grpo", "entropy_coef": 0.01, "decoupled": True, "tis_cap": 2.0})
+
+
+def _default_optimizer() -> OptimizerConfig:
+    return OptimizerConfig(lr=3e-4, weight_decay=0.0, grad_clip=1.0)
+
+
+class RunConfig(ConfigModel):
+    """A whole ``relax train`` run."""
+
+    algorithm: AlgorithmConfig = pydantic.Field(default_factory=_default_algorithm)
+    """The RL algorithm (preset plus overrides); see relax-core's presets."""
+
+    optimizer: OptimizerConfig = pydantic.Field(default_factory=_default_optimizer)
+    """Policy optimizer."""
+
+    staleness: StalenessConfig = pydantic.Field(default_factory=lambda: StalenessConfig(tau=2, on_stale="requeue"))
+    """The τ knob: 0 is strictly on-policy (equal to a synchronous trainer), null is fully asynchronous."""
+
+    reward: RewardConfig = pydantic.Field(default_factory=RewardConfig)
+    """Reward function scoring responses against each task's answer."""
+
+    model: ModelConfig = pydantic.Field(default_factory=ModelConfig)
+    data: DataConfig = pydantic.Field(default_factory=DataConfig)
+    rollout: RolloutConfig = pydantic.Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = pydantic.Field(default_factory=TrainerConfig)
+    queue: QueueSettings = pydantic.Field(default_factory=QueueSettings)
+    eval: EvalConfig = pydantic.Field(default_factory=EvalConfig)
+    health: HealthConfig = pydantic.Field(default_factory=HealthConfig)
+    faults: list[FaultSpec] = pydantic.Field(default_factory=list)
+    """Faults to inject (empty in normal runs)."""
+    run: RunSettings = pydantic.Field(default_factory=RunSettings)
+
+    @pydantic.model_validator(mode="after")
+    def _check_consistency(self) -> RunConfig:
+        if self.trainer.micro_batch_groups > self.trainer.groups_per_step:
+            raise ValueError(
+                f"trainer.micro_batch_groups={self.trainer.micro_batch_groups} must be <= "
+                f"trainer.groups_per_step={self.trainer.groups_per_step}"
+            )
+        if self.trainer.groups_per_step % self.trainer.micro_batch_groups:
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
+                f"trainer.micro_batch_groups={self.trainer.micro_batch_groups}"
+            )
+        return self
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one update consumes: groups × group size."""
+        return self.trainer.groups_per_step * self.algorithm.group_size
+
+
+def load_run_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a run config from YAML (or nothing: the embedded default) plus dotted overrides."""
+    return load_config(RunConfig, source, overrides or [])

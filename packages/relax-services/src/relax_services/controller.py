@@ -1,0 +1,274 @@
+"""The controller of one run: starts Ray (or joins a cluster), builds the pipeline, feeds prompts, watches
+health and restarts failed services, writes metrics, shows progress, and ends with plots and a summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relax_core import dump_config
+from relax_services._data import prepare_data
+from relax_services._metrics import MetricsWriter
+from relax_services.config import RunConfig
+from relax_services.feeder import PromptFeeder
+from relax_services.health import HealthManager
+from relax_services.pipeline import Pipeline, build_pipeline
+from relax_services.plots import plot_run
+from relax_services.progress import Progress
+
+__all__ = ["Controller", "RunResult", "init_ray", "make_run_dir"]
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports."""
+
+    run_dir: Path
+    steps: int
+    wall_s: float
+    stop_reason: str
+    final_eval: dict[str, float]
+    chance: dict[str, float]
+    ledger: dict[str, int]
+    health_events: list[dict[str, Any]] = field(default_factory=list)
+    samples: int = 0
+    trainer_wait_s: float = 0.0
+    train_s: float = 0.0
+    rollout_s: float = 0.0
+    staleness_hist: dict[int, int] = field(default_factory=dict)
+    first_step_reaching: dict[str, float] = field(default_factory=dict)
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    name = cfg.run.name or time.strftime("%Y%m%d-%H%M%S")
+    run_dir = (cfg.run.output_dir / name).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def init_ray(address: str | None) -> bool:
+    """Start a local Ray instance, or join the cluster at ``address``; True when this call started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    if address is None:
+        ray.init(include_dashboard=False, log_to_driver=False, runtime_env=env, configure_logging=False)
+        return True
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, runtime_env=env)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
+    return True
+
+
+class Controller:
+    """Drives one run to its end (steps, time limit, target reward, or a signal)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.resume = resume
+        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self._stop_reason: str | None = None
+        self.latest_eval: dict[str, float] = {}
+        self.eval_version = -1
+        self.step = 0
+        self.samples = 0
+        self.wait_s = 0.0
+        self.train_s = 0.0
+        self.rollout_s = 0.0
+        self.staleness: dict[int, int] = {}
+        self.reached: dict[str, float] = {}
+        self._last_train: dict[str, Any] = {}
+        self._faults_pending = list(cfg.faults)
+
+    def request_stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+
+    # ------------------------------------------------------------------ records
+    def _ingest(self, record: dict[str, Any]) -> None:
+        kind = record.pop("kind")
+        if kind == "train":
+            keys = record.pop("keys")
+            self.feeder.mark_consumed(sorted({k.split("/")[0] for k in keys}))
+            self.feeder.observe(record["reward_by_task"])
+            self.step = max(self.step, int(record["step"]))
+            self.samples += int(record["samples"])
+            self.wait_s += float(record["wait_s"])
+            self.train_s += float(record["train_s"])
+            for k, v in record["staleness_hist"].items():
+                self.staleness[int(k)] = self.staleness.get(int(k), 0) + int(v)
+            self._last_train = record
+        elif kind == "eval":
+            if int(record["version"]) >= self.eval_version:
+                self.eval_version = int(record["version"])
+                self.latest_eval = dict(record["reward"])
+            record["chance"] = self.data.chance
+        elif kind == "rollout":
+            self.rollout_s += float(record["seconds"])
+        self.metrics.write(kind, record)
+
+    def _poll_services(self) -> None:
+        for spec, records in self.health.collect_reports(self.pipeline).items():
+            for record in records:
+                self._ingest(record)
+            del spec
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        self.data = prepare_data(cfg, self.run_dir)
+        self.pipeline: Pipeline = build_pipeline(cfg, self.run_dir, self.data.heldout, self.resume)
+        self.feeder = PromptFeeder(
+            self.data.streams,
+            _to_prompt,
+            self.pipeline.prompt_queue,
+            self.pipeline.sample_queue,
+            cfg.algorithm.group_size,
+            seed=cfg.data.seed,
+            adaptive=cfg.data.adaptive_weights,
+        )
+        self.health = HealthManager(cfg.health, self.metrics)
+        start = time.monotonic()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, lambda signum, _frame: self.request_stop(f"signal {signal.Signals(signum).name}"))
+        try:
+            self.pipeline.start()
+            self.feeder.start()
+            with Progress(cfg.run.progress) as progress:
+                self._loop(start, progress)
+            final = self._final_eval()
+        finally:
+            self.feeder.stop()
+            self.pipeline.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        wall = time.monotonic() - start
+        ledger = self.feeder.ledger.check()
+        self.metrics.write("summary", {"final_eval": final, "ledger": ledger, "stop_reason": self._stop_reason})
+        self.metrics.close()
+        plot_run(self.run_dir)
+        return RunResult(
+            run_dir=self.run_dir,
+            steps=self.step,
+            wall_s=wall,
+            stop_reason=self._stop_reason or "finished",
+            final_eval=final,
+            chance=self.data.chance,
+            ledger=ledger,
+            health_events=self.health.events,
+            samples=self.samples,
+            trainer_wait_s=self.wait_s,
+            train_s=self.train_s,
+            rollout_s=self.rollout_s,
+            staleness_hist=dict(sorted(self.staleness.items())),
+            first_step_reaching=self.reached,
+        )
+
+    def _loop(self, start: float, progress: Progress) -> None:
+        cfg = self.cfg
+        last_report = 0.0
+        while self._stop_reason is None:
+            time.sleep(0.25)
+            self._poll_services()
+            self.health.check(self.pipeline)
+            self._inject_faults()
+            now = time.monotonic() - start
+            if self.feeder.error:
+                raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")
+            if self.step >= cfg.trainer.total_steps:
+                self.request_stop("total_steps reached")
+            elif cfg.trainer.max_minutes is not None and now > 60 * cfg.trainer.max_minutes:
+                self.request_stop("time limit reached")
+            elif self._target_reached():
+                self.request_stop(f"held-out reward >= {cfg.trainer.target_reward} on every task")
+            if now - last_report >= cfg.run.report_every_s or self._stop_reason is not None:
+                last_report = now
+                progress.update(self._progress_state(now))
+
+    def _target_reached(self) -> bool:
+        target = self.cfg.trainer.target_reward
+        if target is None or not self.latest_eval:
+            return False
+        for task, value in self.latest_eval.items():
+            if value >= 0.8 and task not in self.reached:
+                self.reached[task] = self.metrics_wall()
+        return set(self.latest_eval) >= set(self.data.chance) and min(self.latest_eval.values()) >= target
+
+    def metrics_wall(self) -> float:
+        return round(time.monotonic() - self.metrics.start, 2)
+
+    def _progress_state(self, now: float) -> dict[str, Any]:
+        qm = self.pipeline.sample_queue.metrics()
+        self.metrics.write(
+            "queue",
+            {
+                "depth_rows": qm["depth_rows"],
+                "depth_bytes": qm["depth_bytes"],
+                "version": qm["version"],
+                "admission": qm["admission"],
+                "drops": qm.get("drops", 0),
+                "requeues": qm.get("requeues", 0),
+                "redeliveries": qm.get("redeliveries", 0),
+            },
+        )
+        rate = self.samples / now if now > 0 else 0.0
+        remaining = self.cfg.trainer.total_steps - self.step
+        eta = remaining * now / self.step if self.step else None
+        if self.cfg.trainer.max_minutes is not None:
+            limit = 60 * self.cfg.trainer.max_minutes - now
+            eta = limit if eta is None else min(eta, limit)
+        return {
+            "wall": now,
+            "step": self.step,
+            "total_steps": self.cfg.trainer.total_steps,
+            "reward": float(self._last_train.get("reward", 0.0)),
+            "eval": self.latest_eval,
+            "chance": self.data.chance,
+            "max_staleness": self._last_train.get("max_staleness", 0),
+            "depth_rows": qm["depth_rows"],
+            "samples_per_s": rate,
+            "eta_s": eta,
+            "restarts": sum(s.restarts for s in self.pipeline.services.values()),
+        }
+
+    def _inject_faults(self) -> None:
+        for fault in list(self._faults_pending):
+            if self.step < fault.at_step:
+                continue
+            self._faults_pending.remove(fault)
+            targets = [s for s in self.pipeline.services.values() if s.role == fault.service]
+            if not targets:
+                raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
+            spec = targets[0]
+            self.health.record_event("injected", spec.name, kind=fault.kind, step=self.step)
+            if fault.kind == "kill":
+                os.kill(int(spec.pid or 0), signal.SIGKILL)
+            else:
+                spec.handle.inject.remote(fault.kind)
+
+    def _final_eval(self) -> dict[str, float]:
+        import ray
+
+        spec = self.pipeline.services["eval"]
+        try:
+            version, rewards = ray.get(spec.handle.evaluate_latest.remote(), timeout=300)
+        except Exception:  # the evaluator is down: report the last evaluation it made
+            return dict(self.latest_eval)
+        self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
+        return dict(rewards)
+
+
+def _to_prompt(item: Any) -> Any:
+    from relax_services._data import to_prompt
+
+    return to_prompt(item)

@@ -1,0 +1,237 @@
+"""The prompt feeder: asks the sample queue for admission (the staleness bound paces it), then puts one prompt
+row per admitted group into the prompt queue. It keeps the exact ledger of prompt keys.
+
+It runs on a thread of the controller; its position (task cursors, RNG, next key) is part of the run state, so
+a resumed run continues with exactly the prompts it would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_queue import QueueClosedError, QueueFullError
+
+__all__ = ["Ledger", "PromptFeeder", "TaskStream"]
+
+
+@dataclass
+class Ledger:
+    """Exact accounting of prompt keys: every generated key is consumed, requeued (regenerated under a new key)
+    or still in flight; none is consumed twice."""
+
+    generated: dict[str, str] = field(default_factory=dict)  # prompt key -> item id
+    consumed: dict[str, int] = field(default_factory=dict)  # prompt key -> times consumed
+    requeued: dict[str, str] = field(default_factory=dict)  # prompt key -> key it was regenerated as
+
+    def check(self) -> dict[str, int]:
+        """Counts, and the violations that must be zero: lost (neither consumed, requeued nor in flight is
+        decided by the caller), duplicated (consumed more than once), unknown (consumed but never generated)."""
+        duplicated = sum(1 for n in self.consumed.values() if n > 1)
+        unknown = sum(1 for k in self.consumed if k not in self.generated)
+        pending = [k for k in self.generated if k not in self.consumed and k not in self.requeued]
+        return {
+            "generated": len(self.generated),
+            "consumed": len(self.consumed),
+            "requeued": len(self.requeued),
+            "in_flight": len(pending),
+            "duplicated": duplicated,
+            "unknown": unknown,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generated": dict(self.generated), "consumed": dict(self.consumed), "requeued": dict(self.requeued)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.generated = dict(state["generated"])
+        self.consumed = dict(state["consumed"])
+        self.requeued = dict(state["requeued"])
+
+
+class TaskStream:
+    """Endless, seeded, reshuffled-per-epoch stream over one task's items; its position is checkpointable."""
+
+    def __init__(self, items: Sequence[Mapping[str, Any]], seed: int) -> None:
+        if not items:
+            raise ValueError("a task stream needs at least one item")
+        self.items = list(items)
+        self.seed = seed
+        self.epoch = 0
+        self.cursor = 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        order = list(range(len(self.items)))
+        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self) -> Mapping[str, Any]:
+        if self.cursor == len(self._order):
+            self.epoch += 1
+            self.cursor = 0
+            self._order = self._shuffle()
+        item = self.items[self._order[self.cursor]]
+        self.cursor += 1
+        return item
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])
+        self._order = self._shuffle()
+
+
+class PromptFeeder:
+    """Admission-paced producer of prompt rows.
+
+    Args:
+        streams: One :class:`TaskStream` per task.
+        to_prompt: Turns an item into the model-ready prompt (the modality data path).
+        prompt_queue: Queue whose ``rollout`` task the Rollout workers read.
+        sample_queue: Queue whose staleness policy grants admissions.
+        group_size: Samples per prompt (admissions are taken in whole groups).
+        seed: Seed of the task choice.
+        adaptive: Choose a task with probability ∝ (1 − its running reward + 0.1) instead of uniformly.
+    """
+
+    def __init__(
+        self,
+        streams: Mapping[str, TaskStream],
+        to_prompt: Callable[[Mapping[str, Any]], Any],
+        prompt_queue: Any,
+        sample_queue: Any,
+        group_size: int,
+        seed: int,
+        adaptive: bool,
+    ) -> None:
+        self.streams = dict(streams)
+        self.tasks = sorted(self.streams)
+        self.to_prompt = to_prompt
+        self.prompt_queue = prompt_queue
+        self.sample_queue = sample_queue
+        self.group_size = group_size
+        self.adaptive = adaptive
+        self.rng = random.Random(seed)
+        self.next_index = 0
+        self.running_reward = {t: 0.0 for t in self.tasks}
+        self.ledger = Ledger()
+        self._items: dict[str, Mapping[str, Any]] = {}  # prompt key -> item, until consumed (for requeues)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    # ------------------------------------------------------------------ task choice
+    def observe(self, reward_by_task: Mapping[str, float], momentum: float = 0.8) -> None:
+        """Update the running training reward per task (drives adaptive task weights)."""
+        with self._lock:
+            for task, value in reward_by_task.items():
+                if task in self.running_reward:
+                    self.running_reward[task] = momentum * self.running_reward[task] + (1 - momentum) * value
+
+    def _choose_task(self) -> str:
+        if not self.adaptive:
+            return self.rng.choice(self.tasks)
+        weights = [1.0 - self.running_reward[t] + 0.1 for t in self.tasks]
+        return self.rng.choices(self.tasks, weights=weights)[0]
+
+    # ------------------------------------------------------------------ producing
+    def _put_group(self, item: Mapping[str, Any], key: str) -> None:
+        meta = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
+        fields = {"item": meta, "prompt": self.to_prompt(item)}
+        while True:  # the prompt queue is bounded: wait for room, but stay stoppable
+            try:
+                self.prompt_queue.put(key, fields, timeout=1.0)
+                return
+            except QueueFullError:
+                if self._stop.is_set():
+                    raise
+
+    def pump(self, max_groups: int = 64, timeout: float = 0.2) -> int:
+        """Admit and put up to ``max_groups`` prompt groups; returns how many were put."""
+        self._regenerate_requeued()
+        granted: int = self.sample_queue.admit(self.group_size * max_groups, timeout=timeout)
+        groups, spare = divmod(granted, self.group_size)
+        if spare:
+            self.sample_queue.release_admission(spare)
+        for _ in range(groups):
+            with self._lock:
+                task = self._choose_task()
+                item = self.streams[task].next()
+                key = f"p{self.next_index:07d}"
+                self.next_index += 1
+                self.ledger.generated[key] = str(item["id"])
+                self._items[key] = item
+            self._put_group(item, key)
+        return groups
+
+    def _regenerate_requeued(self) -> None:
+        for row in self.sample_queue.take_requeued():
+            old = str(row.group_id)
+            if old in self.ledger.requeued or old not in self._items:
+                continue  # a group is requeued once per stale sample row; regenerate it once
+            granted: int = self.sample_queue.admit(self.group_size, timeout=5.0)
+            if granted < self.group_size:
+                self.sample_queue.release_admission(granted)
+                return
+            with self._lock:
+                key = f"p{self.next_index:07d}"
+                self.next_index += 1
+                self.ledger.requeued[old] = key
+                self.ledger.generated[key] = self.ledger.generated[old]
+                self._items[key] = self._items[old]
+            self._put_group(self._items[key], key)
+
+    def mark_consumed(self, prompt_keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in prompt_keys:
+                self.ledger.consumed[key] = self.ledger.consumed.get(key, 0) + 1
+                self._items.pop(key, None)
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="prompt-feeder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.pump() == 0:
+                    self._stop.wait(0.05)
+        except (QueueClosedError, QueueFullError) as exc:
+            if not self._stop.is_set():
+                self.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # surfaced by the controller, which stops the run with this reason
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "next_index": self.next_index,
+                "rng": self.rng.getstate(),
+                "streams": {t: s.state_dict() for t, s in self.streams.items()},
+                "running_reward": dict(self.running_reward),
+                "ledger": self.ledger.state_dict(),
+                "items": dict(self._items),
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.next_index = int(state["next_index"])
+            self.rng.setstate(state["rng"])
+            for task, s in state["streams"].items():
+                self.streams[task].load_state_dict(s)
+            self.running_reward = dict(state["running_reward"])
+            self.ledger.load_state_dict(state["ledger"])
+            self._items = dict(state["items"])

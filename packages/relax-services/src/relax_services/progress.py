@@ -1,0 +1,78 @@
+"""Live progress of a run: a redrawn table on a terminal, one line per report otherwise."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["Progress"]
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+class Progress:
+    """Shows step, reward per task, staleness, queue depth, samples/s and ETA.
+
+    Args:
+        mode: ``live`` (rich table, redrawn), ``lines`` (plain lines), ``none``, or ``auto`` (live on a TTY).
+    """
+
+    def __init__(self, mode: str = "auto") -> None:
+        if mode == "auto":
+            mode = "live" if sys.stdout.isatty() else "lines"
+        self.mode = mode
+        self._live: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.mode == "live":
+            from rich.live import Live
+
+            self._live = Live(refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+    def update(self, state: dict[str, Any]) -> None:
+        if self.mode == "none":
+            return
+        if self.mode == "lines":
+            print(self._line(state), flush=True)
+            return
+        self._live.update(self._table(state))
+
+    @staticmethod
+    def _line(s: dict[str, Any]) -> str:
+        evals = " ".join(f"{t}={v:.2f}" for t, v in sorted(s.get("eval", {}).items()))
+        return (
+            f"[{s['wall']:6.0f}s] step {s['step']}/{s['total_steps']}  train reward {s['reward']:.3f}  "
+            f"held-out {evals or '-'}  staleness max {s['max_staleness']}  queue {s['depth_rows']} rows  "
+            f"{s['samples_per_s']:.0f} samples/s  ETA {_fmt_eta(s.get('eta_s'))}"
+        )
+
+    @staticmethod
+    def _table(s: dict[str, Any]) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"relax train — step {s['step']}/{s['total_steps']}  ({s['wall']:.0f}s)")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        table.add_row("train reward (last step)", f"{s['reward']:.3f}")
+        for task, value in sorted(s.get("eval", {}).items()):
+            chance = s.get("chance", {}).get(task)
+            suffix = f" (chance {chance:.2f})" if chance is not None else ""
+            table.add_row(f"held-out reward: {task}", f"{value:.3f}{suffix}")
+        table.add_row("max staleness (last step)", str(s["max_staleness"]))
+        table.add_row("queue depth (rows)", str(s["depth_rows"]))
+        table.add_row("samples/s", f"{s['samples_per_s']:.0f}")
+        table.add_row("service restarts", str(s.get("restarts", 0)))
+        table.add_row("ETA", _fmt_eta(s.get("eta_s")))
+        return table

@@ -1,0 +1,142 @@
+"""What every service shares: a work loop on a thread the service owns, progress heartbeats sent from
+inside that loop, metric records drained by the controller, and fault injection hooks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+__all__ = ["HealthMonitor", "ServiceBase", "configure_process"]
+
+
+def configure_process() -> None:
+    """Per-process settings every service applies first: one torch thread (robust under CPU contention)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class HealthMonitor:
+    """Collects heartbeats (a Ray actor with ``num_cpus=0``; plain object in unit tests).
+
+    A beat carries the service's progress counter (work-loop iterations), so a hung loop is told apart from a
+    live process: its counter stops moving.
+    """
+
+    def __init__(self) -> None:
+        self._beats: dict[str, dict[str, Any]] = {}
+
+    def beat(self, name: str, progress: int, pid: int, error: str | None = None) -> None:
+        now = time.time()
+        entry = self._beats.get(name)
+        if entry is None or entry["pid"] != pid or entry["progress"] != progress:
+            self._beats[name] = {"progress": progress, "pid": pid, "changed": now, "beat": now, "error": error}
+        else:
+            entry["beat"] = now
+            entry["error"] = error or entry["error"]
+
+    def forget(self, name: str) -> None:
+        """Drop a service's record (before it is restarted, so the new instance starts fresh)."""
+        self._beats.pop(name, None)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {name: dict(entry) for name, entry in self._beats.items()}
+
+
+class ServiceBase:
+    """Base of the service actors: owns the work-loop thread and the shared control surface.
+
+    Subclasses implement :meth:`step` (one bounded unit of work, e.g. one queue ``get`` with a timeout and what
+    follows); the loop calls it until stopped and beats after each call.
+    """
+
+    beat_interval_s = 0.25
+
+    def __init__(self, name: str, health: Any | None) -> None:
+        configure_process()
+        self.name = name
+        self._health = health
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._progress = 0
+        self._error: str | None = None
+        self._fault: str | None = None
+        self._records: list[dict[str, Any]] = []
+        self._records_lock = threading.Lock()
+        self._last_beat = 0.0
+
+    # ------------------------------------------------------------------ control surface (actor methods)
+    def start(self) -> int:
+        """Start the work loop; returns the service's process id."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"{self.name}-loop", daemon=True)
+            self._thread.start()
+        return os.getpid()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Ask the loop to finish its current unit of work and exit; True when it did within ``timeout``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": os.getpid(), "progress": self._progress, "error": self._error}
+
+    def report(self) -> list[dict[str, Any]]:
+        """Metric records produced since the last call (the controller writes them to metrics.jsonl)."""
+        with self._records_lock:
+            out, self._records = self._records, []
+        return out
+
+    def inject(self, kind: str) -> None:
+        """Fault injection: ``"raise"`` makes the next loop iteration raise, ``"hang"`` blocks the loop forever."""
+        if kind not in ("raise", "hang"):
+            raise ValueError(f"inject kind must be 'raise' or 'hang', got {kind!r}")
+        self._fault = kind
+
+    # ------------------------------------------------------------------ for subclasses
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def record(self, kind: str, **values: Any) -> None:
+        with self._records_lock:
+            self._records.append({"kind": kind, "service": self.name, **values})
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._maybe_fault()
+                self.step()
+                self._progress += 1
+                self._beat()
+        except Exception as exc:  # reported to the health manager, which restarts the service
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.record("error", error=self._error, traceback=traceback.format_exc())
+            self._beat(force=True)
+
+    def _maybe_fault(self) -> None:
+        fault, self._fault = self._fault, None
+        if fault == "raise":
+            raise RuntimeError(f"injected fault in {self.name}")
+        if fault == "hang":
+            self._stop.wait()  # alive, but no progress: only the heartbeat timeout can tell
+
+    def _beat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._health is None or (not force and now - self._last_beat < self.beat_interval_s):
+            return
+        self._last_beat = now
+        self._health.beat.remote(self.name, self._progress, os.getpid(), self._error)

@@ -1,0 +1,70 @@
+"""Evaluator service: greedy decoding of held-out prompts with the newest published weights, reward per task.
+
+It runs in its own process and reads weights from the weight store, so evaluation never stalls training.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from relax_core import build_reward
+from relax_services._policy import build_policy
+from relax_services.config import RunConfig
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.services._base import ServiceBase
+from relax_services.services.reward import decode_response
+
+__all__ = ["EvalService"]
+
+
+class EvalService(ServiceBase):
+    """Evaluates every ``eval.every_steps`` versions (and version 0) on a fixed held-out set.
+
+    Args:
+        heldout: ``(task, prompt, answer)`` triples, never trained on.
+    """
+
+    def __init__(
+        self, name: str, cfg: RunConfig, heldout: list[tuple[str, Any, str]], weights: Any, *, health: Any = None
+    ) -> None:
+        super().__init__(name, health)
+        self.cfg = cfg
+        self.heldout = heldout
+        self.weights = weights
+        self.engine = HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig())
+        self.scorer = build_reward(cfg.reward)
+        self.params = SamplingParams(n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
+        self._next_version = 0
+        self.batch = 64
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean greedy reward per task with the weights currently loaded."""
+        by_task: dict[str, list[float]] = defaultdict(list)
+        for start in range(0, len(self.heldout), self.batch):
+            chunk = self.heldout[start : start + self.batch]
+            outs = self.engine.generate([p for _, p, _ in chunk], self.params)
+            responses = [decode_response(group[0].token_ids) for group in outs]
+            results = self.scorer.score(responses, [a for _, _, a in chunk])
+            for (task, _, _), result in zip(chunk, results, strict=True):
+                by_task[task].append(result.reward)
+        return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
+
+    def step(self) -> None:
+        latest = self.weights.latest_version()
+        newer = None if latest is None or latest < self._next_version else self.weights.fetch(None)
+        if newer is None:
+            self._stop.wait(0.2)
+            return
+        self.engine.load_weights(newer.state_dict, newer.version)
+        rewards = self.evaluate()
+        self.record("eval", version=newer.version, reward=rewards)
+        self._next_version = newer.version + self.cfg.eval.every_steps
+
+    def evaluate_latest(self) -> tuple[int, dict[str, float]]:
+        """Stop the periodic loop, load the newest weights and evaluate them (the run's final figure)."""
+        self.stop()
+        newer = self.weights.fetch(None)
+        if newer is not None:
+            self.engine.load_weights(newer.state_dict, newer.version)
+        return self.engine.version, self.evaluate()

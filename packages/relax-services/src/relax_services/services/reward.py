@@ -1,0 +1,53 @@
+"""Reward service: scores responses in batches and adds a ``reward`` field to each sample row.
+
+A reward function that raises marks that sample as failed (reward = ``failure_reward``, the reason kept in
+``reward_error``); it never stops the batch or the service.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_core import build_reward
+from relax_modalities.text import TinyTokenizer
+from relax_queue import FixedSizeBatcher, QueueTimeoutError
+from relax_services.config import RunConfig
+from relax_services.services._base import ServiceBase
+
+__all__ = ["RewardService", "decode_response"]
+
+_TOKENIZER = TinyTokenizer()
+
+
+def decode_response(token_ids: list[int]) -> str:
+    """Response text as the reward sees it: special tokens (the end-of-answer among them) removed."""
+    return _TOKENIZER.decode(token_ids, skip_special_tokens=True)
+
+
+class RewardService(ServiceBase):
+    """Reads ``response`` + ``meta`` of new samples, writes ``reward`` (float) and ``reward_error`` (str|None)."""
+
+    def __init__(
+        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 64, *, health: Any = None
+    ) -> None:
+        super().__init__(name, health)
+        self.scorer = build_reward(cfg.reward)
+        self.queue = sample_queue
+        self.reader = sample_queue.reader(
+            "reward", fields=["response", "meta"], batcher=FixedSizeBatcher(batch_rows, partial=True)
+        )
+
+    def step(self) -> None:
+        try:
+            batch = self.reader.get(timeout=0.5)
+        except QueueTimeoutError:
+            return
+        responses = [decode_response(ids) for ids in batch.column("response")]
+        answers = [meta["answer"] for meta in batch.column("meta")]
+        results = self.scorer.score(responses, answers)
+        self.queue.add_fields_many(
+            {key: {"reward": r.reward, "reward_error": r.error} for key, r in zip(batch.keys, results, strict=True)}
+        )
+        self.reader.ack(batch)
+        failed = sum(not r.ok for r in results)
+        self.record("reward", scored=len(results), failed=failed)

@@ -1,0 +1,100 @@
+"""Rollout service: reads prompt rows, generates a group of completions per prompt with the newest weights,
+and writes one sample row per completion into the sample queue."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from relax_queue import FixedSizeBatcher, QueueTimeoutError, RowInput
+from relax_services._policy import build_policy
+from relax_services.config import RunConfig
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.services._base import ServiceBase
+from relax_services.weights import WeightPoller
+
+__all__ = ["RolloutService", "sampling_seed"]
+
+
+def sampling_seed(run_seed: int, prompt_keys: list[str]) -> int:
+    """Seed of one generate call, derived from the run seed and its prompt keys (not from process state), so
+    a restarted rollout, or the synchronous reference loop, draws exactly the same samples for the same prompts."""
+    digest = hashlib.sha256(f"{run_seed}|{'|'.join(prompt_keys)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class RolloutService(ServiceBase):
+    """One Rollout worker (its own process). Prompt leases are acked only after the samples are stored, so a
+    worker that dies mid-generation loses nothing: its prompts are redelivered and regenerated."""
+
+    def __init__(
+        self, name: str, cfg: RunConfig, prompt_queue: Any, sample_queue: Any, weights: Any, *, health: Any = None
+    ) -> None:
+        super().__init__(name, health)
+        self.cfg = cfg
+        self.prompt_queue = prompt_queue
+        self.sample_queue = sample_queue
+        self.weights = weights
+        model = build_policy(cfg.model)
+        self.engine = HFRolloutEngine(model, HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
+        self.params = SamplingParams(
+            n=cfg.algorithm.group_size,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+        )
+        self.reader = prompt_queue.reader(
+            "rollout", fields=["item", "prompt"], batcher=FixedSizeBatcher(cfg.rollout.groups_per_call)
+        )
+        self._poll = WeightPoller(weights, lambda: self.engine.version)
+        self._sync_weights()  # a (re)started worker begins from the newest published weights
+
+    def _sync_weights(self) -> None:
+        newer = self._poll()
+        if newer is not None:
+            self.engine.load_weights(newer[1], newer[0])
+
+    def step(self) -> None:
+        try:
+            batch = self.reader.get(timeout=0.5)
+        except QueueTimeoutError:
+            self._sync_weights()
+            return
+        self._sync_weights()
+        keys = [str(k) for k in batch.keys]
+        self.engine.generator.manual_seed(sampling_seed(self.cfg.trainer.seed, keys))
+        start = time.perf_counter()
+        groups = self.engine.generate(batch.column("prompt"), self.params, poll_weights=self._poll)
+        elapsed = time.perf_counter() - start
+        rows = []
+        for row, completions in zip(batch.rows, groups, strict=True):
+            item = row.fields["item"]
+            for j, completion in enumerate(completions):
+                rows.append(
+                    RowInput(
+                        key=f"{row.key}/{j}",
+                        fields={
+                            "prompt": row.fields["prompt"],
+                            "meta": {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)},
+                            "response": completion.token_ids,
+                            "logprobs": completion.logprobs,
+                            "token_versions": completion.versions,
+                        },
+                        versions=completion.version_range,
+                        group_id=str(row.key),
+                        group_size=len(completions),
+                        tags={"num_tokens": len(completion.token_ids), "task": item["task"]},
+                    )
+                )
+        self.sample_queue.put_many(rows, admitted=True, timeout=None)
+        self.reader.ack(batch)
+        self.record(
+            "rollout",
+            prompts=len(batch),
+            samples=len(rows),
+            seconds=elapsed,
+            version=self.engine.version,
+            weight_sync_s=dict(self._poll.sync_seconds),
+        )
+        self._poll.sync_seconds.clear()

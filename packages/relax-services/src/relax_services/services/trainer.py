@@ -1,0 +1,181 @@
+"""Trainer service: consumes whole groups whose fields are all present, computes advantages and the policy
+loss (relax-core), applies one optimizer update, publishes the new weights and version, then acks."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax_core import compute_advantages, compute_policy_loss
+from relax_queue import Batch, GroupBatcher, QueueTimeoutError
+from relax_services._policy import build_train_engine
+from relax_services.checkpoint import CheckpointManager
+from relax_services.config import RunConfig
+from relax_services.engines import LossInputs, TrainSample
+from relax_services.services._base import ServiceBase
+
+__all__ = ["TrainerService", "build_train_samples", "make_loss_fn", "trainer_fields"]
+
+
+def trainer_fields(cfg: RunConfig) -> list[str]:
+    """The sample fields one update needs; a row reaches the trainer only when all of them exist."""
+    fields = ["prompt", "meta", "response", "logprobs", "token_versions", "reward", "reward_error"]
+    if cfg.algorithm.uses_reference:
+        fields.append("ref_logprobs")
+    return fields
+
+
+def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), length)
+    for i, values in enumerate(rows):
+        out[i, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
+    return out
+
+
+def build_train_samples(cfg: RunConfig, batch_rows: list[dict[str, Any]]) -> list[TrainSample]:
+    """Turn consumed rows (plain field dicts) into training samples with advantages attached.
+
+    Shared by the Trainer service and by the synchronous reference loop in the tests, so both compute the
+    same update from the same rows.
+    """
+    lengths = [len(r["response"]) for r in batch_rows]
+    t_max = max(lengths)
+    mask = torch.zeros(len(batch_rows), t_max)  # [B, T]
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1.0
+    scores = torch.tensor([float(r["reward"]) for r in batch_rows])  # [B]
+    old_logprobs = _pad([r["logprobs"] for r in batch_rows], t_max)  # [B, T]
+    ref = _pad([r["ref_logprobs"] for r in batch_rows], t_max) if "ref_logprobs" in batch_rows[0] else None
+    adv = compute_advantages(
+        cfg.algorithm,
+        scores,
+        mask,
+        group_ids=[r["meta"]["prompt_key"] for r in batch_rows],
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref,
+    ).advantages  # [B, T]
+    samples = []
+    for i, row in enumerate(batch_rows):
+        n = lengths[i]
+        fields = {"old_logprobs": old_logprobs[i, :n], "advantages": adv[i, :n]}
+        if ref is not None:
+            fields["ref_logprobs"] = ref[i, :n]
+        samples.append(TrainSample(prompt=row["prompt"], response_ids=torch.tensor(row["response"]), fields=fields))
+    return samples
+
+
+def make_loss_fn(cfg: RunConfig) -> Any:
+    """The loss the training engine calls per micro-batch: relax-core's policy objective for the algorithm.
+
+    With ``decoupled`` (decoupled PPO, for stale data) the proximal policy is the trainer's current policy
+    before this update — exactly the detached log-probs of this forward, since one update is applied per batch.
+    """
+    algo = cfg.algorithm
+
+    def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        return compute_policy_loss(
+            algo,
+            inputs.logprobs,
+            inputs.fields["old_logprobs"],
+            inputs.fields["advantages"],
+            inputs.mask,
+            proximal_logprobs=inputs.logprobs.detach() if algo.decoupled else None,
+            ref_logprobs=inputs.fields.get("ref_logprobs"),
+            entropy=inputs.entropy,
+        )
+
+    return loss_fn
+
+
+class TrainerService(ServiceBase):
+    """The policy update loop (its own process)."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: RunConfig,
+        sample_queue: Any,
+        weights: Any,
+        run_dir: str,
+        resume: bool = False,
+        *,
+        health: Any = None,
+    ) -> None:
+        super().__init__(name, health)
+        self.cfg = cfg
+        self.queue = sample_queue
+        self.weights = weights
+        self.engine = build_train_engine(cfg)
+        self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", keep=cfg.trainer.keep_checkpoints)
+        if resume:
+            restored = self.checkpoints.load_latest()
+            if restored is not None:
+                self.engine.load_state_dict(restored["engine"])
+        self.loss_fn = make_loss_fn(cfg)
+        self.reader = sample_queue.reader(
+            "trainer", fields=trainer_fields(cfg), batcher=GroupBatcher(cfg.trainer.groups_per_step)
+        )
+        self._publish()
+        self._wait_s = 0.0
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    def _publish(self) -> None:
+        stats = self.weights.publish(self.version, self.engine.policy_state())
+        self.queue.publish_version(self.version)
+        self._sync_s = stats.seconds
+
+    def checkpoint(self) -> str:
+        """Write a checkpoint now (model, optimizer, RNG, version) and return its path."""
+        return str(self.checkpoints.save(self.version, {"engine": self.engine.state_dict(), "version": self.version}))
+
+    def step(self) -> None:
+        if self.version >= self.cfg.trainer.total_steps:
+            self._stop.wait(0.2)
+            return
+        start = time.perf_counter()
+        try:
+            batch = self.reader.get(timeout=0.5)
+        except QueueTimeoutError:
+            self._wait_s += time.perf_counter() - start
+            return
+        self._wait_s += time.perf_counter() - start
+        self._train_on(batch)
+
+    def _train_on(self, batch: Batch) -> None:
+        start = time.perf_counter()
+        rows = [row.fields for row in batch.rows]
+        samples = build_train_samples(self.cfg, rows)
+        metrics = self.engine.step(samples, self.loss_fn)
+        train_s = time.perf_counter() - start
+        self._publish()
+        self.reader.ack(batch)
+        by_task: dict[str, list[float]] = defaultdict(list)
+        for r in rows:
+            by_task[r["meta"]["task"]].append(float(r["reward"]))
+        staleness = Counter(row.staleness for row in batch.rows)
+        self.record(
+            "train",
+            step=self.version,
+            samples=len(rows),
+            reward=sum(float(r["reward"]) for r in rows) / len(rows),
+            reward_by_task={t: sum(v) / len(v) for t, v in by_task.items()},
+            staleness_hist={str(k): v for k, v in sorted(staleness.items())},
+            max_staleness=max(staleness),
+            stale_flagged=sum(row.stale for row in batch.rows),
+            reward_failures=sum(r["reward_error"] is not None for r in rows),
+            wait_s=self._wait_s,
+            train_s=train_s,
+            weight_sync_s=self._sync_s,
+            keys=[str(k) for k in batch.keys],
+            **{k: float(v) for k, v in metrics.items()},
+        )
+        self._wait_s = 0.0
+        if self.version % self.cfg.trainer.checkpoint_every == 0 or self.version >= self.cfg.trainer.total_steps:
+            self.checkpoint()

@@ -1,0 +1,34 @@
+"""The end-of-run summary: reward reached per task against its chance level, the ledger, faults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_summary"]
+
+
+def format_summary(result: Any) -> str:
+    lines = [
+        f"relax train finished: {result.stop_reason} after {result.steps} updates in {result.wall_s:.0f}s "
+        f"({result.samples} samples, {result.samples / max(result.wall_s, 1e-9):.0f} samples/s)",
+        "",
+        f"{'task':<12} {'held-out reward':>16} {'chance':>8} {'reached 0.8 at':>15}",
+    ]
+    for task in sorted(result.chance):
+        value = result.final_eval.get(task, float("nan"))
+        reached = result.first_step_reaching.get(task)
+        reached_text = f"{reached:.0f}s" if reached is not None else "-"
+        lines.append(f"{task:<12} {value:>16.3f} {result.chance[task]:>8.3f} {reached_text:>15}")
+    hist = " ".join(f"{k}:{v}" for k, v in result.staleness_hist.items()) or "-"
+    lines += [
+        "",
+        f"staleness of consumed samples (V − v_min: count): {hist}",
+        f"trainer idle fraction: {result.trainer_wait_s / max(result.trainer_wait_s + result.train_s, 1e-9):.2f}",
+        "prompt ledger: " + ", ".join(f"{k} {v}" for k, v in result.ledger.items()),
+        "no supervised warm-up was used: the policy learned the answer format from reward alone",
+    ]
+    restarts = [e for e in result.health_events if e["event"] == "restarted"]
+    if result.health_events:
+        lines.append(f"health events: {len(result.health_events)} ({len(restarts)} restarts)")
+    lines.append(f"run folder: {result.run_dir}")
+    return "\n".join(lines)
