@@ -1,0 +1,336 @@
+"""Versioned weight store: the trainer publishes each policy version once; rollout and critic pull the newest.
+
+Two implementations of one :class:`WeightStore` protocol:
+
+- :class:`InProcessWeightStore`: a locked dict, for tests and single-process runs.
+- :class:`RayWeightStore`: a handle on a named Ray actor (``num_cpus=0``) that keeps the object-store
+  references of the newest ``keep`` versions. The publisher ``ray.put``s the CPU state dict once (so the
+  publishing process owns the object); readers ask the actor for the newest reference and fetch the
+  tensors straight from the object store. If the publisher dies, its objects are lost: readers get
+  ``None`` until the restarted trainer publishes again (after :meth:`~RayWeightStore.rollback` to the
+  version of the checkpoint it resumed from).
+
+A GPU backend (NCCL broadcast from trainer to rollout ranks) implements the same protocol later:
+``publish`` broadcasts, ``fetch`` receives into a preallocated buffer. Every publish and fetch measures
+its own wall time and returns it, so the services can log sync time per version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # torch is not imported at runtime: the store actor's process never needs it
+    import torch
+
+StateDict = dict[str, "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class PublishStats:
+    """One publication.
+
+    Attributes:
+        version: Policy version published.
+        num_bytes: Bytes of tensor data.
+        seconds: Wall time from the call to the version being visible to readers.
+    """
+
+    version: int
+    num_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """Weights handed to a reader.
+
+    Attributes:
+        version: Policy version of ``state_dict``.
+        state_dict: CPU tensors; treat as read-only (they may be shared with other readers).
+        seconds: Wall time of the fetch (the reader's sync time for this version).
+    """
+
+    version: int
+    state_dict: StateDict
+    seconds: float
+
+
+@runtime_checkable
+class WeightStore(Protocol):
+    """Versioned weights: one writer publishes increasing versions, any number of readers fetch the newest."""
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
+        """Makes ``version`` the newest; versions must strictly increase.
+
+        Raises:
+            ValueError: If ``version`` is not newer than the newest published one.
+        """
+        ...
+
+    def latest_version(self) -> int | None:
+        """Newest published version, ``None`` before the first publish."""
+        ...
+
+    def fetch(self, have_version: int | None = None) -> WeightUpdate | None:
+        """The newest weights, or ``None`` if nothing newer than ``have_version`` exists."""
+        ...
+
+
+def state_dict_bytes(state_dict: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of tensor data in ``state_dict``."""
+    return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+
+def cpu_copy(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """Detached CPU copies (never views of the live parameters)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+
+
+class _Versions:
+    """Newest-``keep`` bookkeeping shared by both stores."""
+
+    def __init__(self, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.keep = keep
+        self.items: OrderedDict[int, Any] = OrderedDict()
+
+    def add(self, version: int, item: Any) -> None:
+        newest = next(reversed(self.items), None)
+        if newest is not None and version <= newest:
+            raise ValueError(f"weight version {version} is not newer than the published version {newest}")
+        self.items[version] = item
+        while len(self.items) > self.keep:
+            self.items.popitem(last=False)
+
+    def rollback(self, version: int) -> list[int]:
+        dropped = [v for v in self.items if v > version]
+        for v in dropped:
+            del self.items[v]
+        return dropped
+
+    def newest(self, have_version: int | None) -> tuple[int, Any] | None:
+        if not self.items:
+            return None
+        version = next(reversed(self.items))
+        if have_version is not None and have_version >= version:
+            return None
+        return version, self.items[version]
+
+
+class InProcessWeightStore:
+    """:class:`WeightStore` in one process; thread-safe.
+
+    Args:
+        keep: Versions retained (older ones are dropped as new ones arrive).
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self._versions = _Versions(keep)
+        self._lock = threading.Lock()
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
+        """Stores a CPU copy of ``state_dict`` as ``version``."""
+        start = time.perf_counter()
+        copy = cpu_copy(state_dict)
+        with self._lock:
+            self._versions.add(version, copy)
+        return PublishStats(version, state_dict_bytes(copy), time.perf_counter() - start)
+
+    def latest_version(self) -> int | None:
+        """Newest published version."""
+        with self._lock:
+            newest = self._versions.newest(None)
+        return None if newest is None else newest[0]
+
+    def fetch(self, have_version: int | None = None) -> WeightUpdate | None:
+        """Newest weights if newer than ``have_version``."""
+        start = time.perf_counter()
+        with self._lock:
+            newest = self._versions.newest(have_version)
+        if newest is None:
+            return None
+        return WeightUpdate(newest[0], newest[1], time.perf_counter() - start)
+
+    def versions(self) -> list[int]:
+        """Retained versions, oldest first."""
+        with self._lock:
+            return list(self._versions.items)
+
+    def rollback(self, version: int) -> list[int]:
+        """Drops versions newer than ``version`` (a trainer resumed from an older checkpoint); returns them."""
+        with self._lock:
+            return self._versions.rollback(version)
+
+
+class WeightStoreActor:
+    """Body of the Ray actor behind :class:`RayWeightStore`: keeps object refs of the newest versions.
+
+    References arrive wrapped in a list so that Ray passes the reference itself, not the resolved weights.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self._versions = _Versions(keep)
+        self._history: list[dict[str, float]] = []
+
+    def register(self, version: int, boxed_ref: list[Any], num_bytes: int, put_seconds: float) -> None:
+        """Makes the object ``boxed_ref[0]`` the newest version."""
+        self._versions.add(version, boxed_ref)
+        self._history.append({"version": float(version), "num_bytes": float(num_bytes), "put_s": put_seconds})
+
+    def newest(self, have_version: int | None) -> tuple[int, list[Any]] | None:
+        """``(version, [ref])`` of the newest version if newer than ``have_version``."""
+        newest: tuple[int, list[Any]] | None = self._versions.newest(have_version)
+        return newest
+
+    def latest_version(self) -> int | None:
+        """Newest registered version."""
+        newest = self._versions.newest(None)
+        return None if newest is None else int(newest[0])
+
+    def versions(self) -> list[int]:
+        """Retained versions, oldest first."""
+        return list(self._versions.items)
+
+    def rollback(self, version: int) -> list[int]:
+        """Drops versions newer than ``version``; returns them."""
+        return self._versions.rollback(version)
+
+    def history(self) -> list[dict[str, float]]:
+        """One record per publication: version, bytes, publisher-side put time."""
+        return list(self._history)
+
+
+class RayWeightStore:
+    """:class:`WeightStore` over a named Ray actor; the handle pickles, so services pass it around.
+
+    Build it with :meth:`create` (driver or controller) or :meth:`connect` (any process of the cluster).
+
+    Args:
+        actor: Handle of a :class:`WeightStoreActor` actor.
+    """
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    @classmethod
+    def create(
+        cls, name: str = "relax-weights", keep: int = 2, namespace: str | None = None, detached: bool = False
+    ) -> RayWeightStore:
+        """Starts the named store actor (``num_cpus=0``), or returns a handle on it if it already runs.
+
+        Args:
+            name: Actor name readers connect by.
+            keep: Versions whose objects stay referenced.
+            namespace: Ray namespace (default: the job's).
+            detached: Outlive the creating driver.
+        """
+        import ray
+
+        options: dict[str, Any] = {"name": name, "get_if_exists": True, "num_cpus": 0}
+        if namespace is not None:
+            options["namespace"] = namespace
+        if detached:
+            options["lifetime"] = "detached"
+        actor = ray.remote(WeightStoreActor).options(**options).remote(keep)
+        return cls(actor)
+
+    @classmethod
+    def connect(cls, name: str = "relax-weights", namespace: str | None = None) -> RayWeightStore:
+        """Handle on a running store actor.
+
+        Raises:
+            ValueError: If no actor of that name exists.
+        """
+        import ray
+
+        return cls(ray.get_actor(name, namespace=namespace))
+
+    @property
+    def actor(self) -> Any:
+        """The store actor's handle."""
+        return self._actor
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
+        """Puts a CPU copy in the object store (owned by this process) and registers it as ``version``."""
+        import ray
+
+        start = time.perf_counter()
+        copy = cpu_copy(state_dict)
+        num_bytes = state_dict_bytes(copy)
+        ref = ray.put(copy)
+        put_seconds = time.perf_counter() - start
+        ray.get(self._actor.register.remote(version, [ref], num_bytes, put_seconds))
+        return PublishStats(version, num_bytes, time.perf_counter() - start)
+
+    def latest_version(self) -> int | None:
+        """Newest published version."""
+        import ray
+
+        version: int | None = ray.get(self._actor.latest_version.remote())
+        return version
+
+    def fetch(self, have_version: int | None = None) -> WeightUpdate | None:
+        """Newest weights from the object store if newer than ``have_version``."""
+        import ray
+
+        start = time.perf_counter()
+        newest = ray.get(self._actor.newest.remote(have_version))
+        if newest is None:
+            return None
+        version, (ref,) = newest
+        try:
+            state_dict: StateDict = ray.get(ref)
+        except ray.exceptions.ObjectLostError:
+            return None  # the publisher died; its successor publishes again
+        return WeightUpdate(version, state_dict, time.perf_counter() - start)
+
+    def versions(self) -> list[int]:
+        """Retained versions, oldest first."""
+        import ray
+
+        versions: list[int] = ray.get(self._actor.versions.remote())
+        return versions
+
+    def rollback(self, version: int) -> list[int]:
+        """Drops versions newer than ``version`` (a trainer resumed from an older checkpoint); returns them."""
+        import ray
+
+        dropped: list[int] = ray.get(self._actor.rollback.remote(version))
+        return dropped
+
+    def history(self) -> list[dict[str, float]]:
+        """Publication records kept by the actor."""
+        import ray
+
+        history: list[dict[str, float]] = ray.get(self._actor.history.remote())
+        return history
+
+
+class WeightPoller:
+    """A :data:`~relax_services.engines.WeightPoll` over a store: fetches only versions newer than the engine's.
+
+    Args:
+        store: Where weights come from.
+        current_version: Returns the version the reader holds (e.g. ``lambda: engine.version``).
+
+    Attributes:
+        sync_seconds: ``{version: fetch seconds}`` of every version handed out.
+    """
+
+    def __init__(self, store: WeightStore, current_version: Callable[[], int | None]) -> None:
+        self.store = store
+        self.current_version = current_version
+        self.sync_seconds: dict[int, float] = {}
+
+    def __call__(self) -> tuple[int, StateDict] | None:
+        update = self.store.fetch(self.current_version())
+        if update is None:
+            return None
+        self.sync_seconds[update.version] = update.seconds
+        return update.version, update.state_dict

@@ -1,0 +1,102 @@
+"""Tests of the versioned weight stores (in-process and Ray actor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.models import build_tiny_omni, text_prompt
+from relax_services.weights import (
+    InProcessWeightStore,
+    RayWeightStore,
+    WeightPoller,
+    WeightStore,
+    state_dict_bytes,
+)
+
+
+def _weights(value: float) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((3, 4), value), "b": torch.arange(5, dtype=torch.int64)}
+
+
+def _check_store_semantics(store: Any) -> None:
+    assert isinstance(store, WeightStore)
+    assert store.latest_version() is None and store.fetch(None) is None
+    source = _weights(1.0)
+    stats = store.publish(1, source)
+    assert stats.version == 1 and stats.num_bytes == 12 * 4 + 5 * 8 and stats.seconds >= 0
+    source["w"].add_(100.0)  # the trainer keeps training: the published copy must not move
+    update = store.fetch(None)
+    assert update is not None and update.version == 1 and update.seconds >= 0
+    assert torch.equal(update.state_dict["w"], torch.full((3, 4), 1.0))
+    assert store.fetch(1) is None  # already have it
+    for v in (2, 3, 4):
+        store.publish(v, _weights(float(v)))
+    assert store.versions() == [3, 4]  # keep=2
+    newest = store.fetch(2)
+    assert newest is not None and newest.version == 4 and float(newest.state_dict["w"][0, 0]) == 4.0
+    with pytest.raises(ValueError, match="not newer"):
+        store.publish(4, _weights(0.0))
+    # A trainer resumed from the version-3 checkpoint drops the newer version and publishes again.
+    assert store.rollback(3) == [4]
+    store.publish(4, _weights(-4.0))
+    again = store.fetch(3)
+    assert again is not None and float(again.state_dict["w"][0, 0]) == -4.0
+
+
+def test_in_process_store_semantics() -> None:
+    _check_store_semantics(InProcessWeightStore(keep=2))
+    with pytest.raises(ValueError, match="keep"):
+        InProcessWeightStore(keep=0)
+
+
+def test_state_dict_bytes_counts_tensor_data() -> None:
+    assert state_dict_bytes({"a": torch.zeros(2, 3), "b": torch.zeros(4, dtype=torch.bfloat16)}) == 24 + 8
+
+
+def test_poller_drives_a_rollout_engine_switch() -> None:
+    store = InProcessWeightStore()
+    model = build_tiny_omni(0)
+    engine = HFRolloutEngine(model, HFRolloutConfig(partial_rollout="switch"))
+    poller = WeightPoller(store, lambda: engine.version)
+    assert poller() is None
+    new = build_tiny_omni(1).state_dict()
+    store.publish(7, new)
+    groups = engine.generate([text_prompt([1, 3, 20, 4])], SamplingParams(n=2, max_new_tokens=4), poller)
+    # Published before the call: picked up at its start.
+    assert engine.version == 7 and {v for c in groups[0] for v in c.versions} == {7}
+    assert set(poller.sync_seconds) == {7}
+    assert torch.equal(engine.model.lm_head.weight, new["lm_head.weight"])
+    assert poller() is None
+
+
+def test_ray_store_semantics(ray_session: Any) -> None:
+    _check_store_semantics(RayWeightStore.create("weights-semantics", keep=2))
+
+
+def test_ray_store_is_shared_by_name_across_processes(ray_session: Any) -> None:
+    ray = ray_session
+    store = RayWeightStore.create("weights-shared", keep=3)
+    assert RayWeightStore.create("weights-shared").versions() == []  # get-if-exists: same actor
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def publish(self, version: int) -> float:
+            stats = RayWeightStore.connect("weights-shared").publish(version, _weights(float(version)))
+            return stats.seconds
+
+    trainer = Trainer.remote()  # type: ignore[attr-defined]
+    for v in (1, 2):
+        assert ray.get(trainer.publish.remote(v)) >= 0
+    reader = RayWeightStore.connect("weights-shared")  # the driver reads what the trainer process put
+    update = reader.fetch(None)
+    assert update is not None and update.version == 2 and float(update.state_dict["w"][0, 0]) == 2.0
+    assert reader.fetch(2) is None
+    local = store.fetch(0)
+    assert local is not None and local.version == 2
+    assert [h["version"] for h in store.history()] == [1.0, 2.0]
+    with pytest.raises(ValueError):
+        RayWeightStore.connect("no-such-store")
