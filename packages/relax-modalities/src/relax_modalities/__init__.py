@@ -39,6 +39,7 @@ from relax_modalities._mel import (
     mel_filter_bank,
     num_feature_frames,
 )
+from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
 from relax_modalities._sample import ProcessorSettings, SampleProcessor, process_sample
 from relax_modalities._video import (
     VideoFeatures,
@@ -103,5 +104,8 @@ __all__ += [  # loading
     "LoaderStats",
     "OmniLoader",
     "ProcessedSample",
+    "TaskMixLoader",
+    "TaskMixSource",
     "build_loader",
+    "build_task_mix_loader",
 ]

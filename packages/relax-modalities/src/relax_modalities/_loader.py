@@ -180,6 +180,37 @@ class OmniLoader:
         self._skip.stats = _SkipBad.stats_from_state(state["root"]["snapshot"])
 
 
+def assemble_graph(
+    source: BaseNode[TaskItem],
+    tokenizer: Tokenizer,
+    settings: ProcessorSettings | None,
+    num_workers: int,
+    prefetch: int,
+) -> tuple[BaseNode[ProcessedSample], _SkipBad]:
+    """Wire ``source`` → parallel decode → skip bad → prefetch; return the root and the skip node."""
+    if num_workers < 1 or prefetch < 1:
+        raise ValueError(f"num_workers and prefetch must be >= 1, got {num_workers}, {prefetch}")
+    processor = SampleProcessor(tokenizer, settings)
+
+    def work(item: TaskItem) -> ProcessedSample | _Bad:
+        try:
+            inputs = processor(item)
+        except MediaError as exc:
+            return _Bad(item.id, exc)
+        return ProcessedSample(item, inputs, estimate_cost(inputs))
+
+    decoded: BaseNode[ProcessedSample | _Bad] = ParallelMapper(
+        source, work, num_workers=num_workers, in_order=True, method="thread"
+    )
+    skip = _SkipBad(decoded)
+    return Prefetcher(skip, prefetch_factor=prefetch), skip
+
+
+def load_items(manifest: str | os.PathLike[str] | Sequence[TaskItem]) -> list[TaskItem]:
+    """Items of a manifest path, or the given items as a list."""
+    return read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
+
+
 def build_loader(
     manifest: str | os.PathLike[str] | Sequence[TaskItem],
     tokenizer: Tokenizer,
@@ -203,21 +234,5 @@ def build_loader(
         seed: shuffle seed.
         num_epochs: passes before stopping; ``None`` repeats forever.
     """
-    items = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
-    if num_workers < 1 or prefetch < 1:
-        raise ValueError(f"num_workers and prefetch must be >= 1, got {num_workers}, {prefetch}")
-    processor = SampleProcessor(tokenizer, settings)
-
-    def work(item: TaskItem) -> ProcessedSample | _Bad:
-        try:
-            inputs = processor(item)
-        except MediaError as exc:
-            return _Bad(item.id, exc)
-        return ProcessedSample(item, inputs, estimate_cost(inputs))
-
-    source = _ItemSource(items, shuffle, seed, num_epochs)
-    decoded: BaseNode[ProcessedSample | _Bad] = ParallelMapper(
-        source, work, num_workers=num_workers, in_order=True, method="thread"
-    )
-    skip = _SkipBad(decoded)
-    return OmniLoader(Prefetcher(skip, prefetch_factor=prefetch), skip)
+    source = _ItemSource(load_items(manifest), shuffle, seed, num_epochs)
+    return OmniLoader(*assemble_graph(source, tokenizer, settings, num_workers, prefetch))
