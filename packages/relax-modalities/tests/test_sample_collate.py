@@ -1,5 +1,7 @@
 """process_sample / collate output runs through a real tiny Qwen2.5-Omni thinker."""
 
+import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 from relax_modalities import (
     ProcessorSettings,
     SampleProcessor,
+    VideoSettings,
     collate,
     cost_aware_batches,
     estimate_cost,
@@ -107,3 +110,44 @@ def test_estimate_cost_counts_media(synthetic_items: list[TaskItem]) -> None:
     image = by_task["image"]
     assert estimate_cost(image) == image["input_ids"].shape[1] + 16
     assert estimate_cost(by_task["audio"]) == by_task["audio"]["input_ids"].shape[1] + 50
+
+
+def test_audio_in_video_chunks_by_hand() -> None:
+    from relax_modalities._sample import audio_in_video_chunks
+
+    # 6 temporal patches of 4 tokens, 1 s each -> time indices 0, 25, ..., 125; chunks of 50 indices.
+    # 120 audio tokens -> indices 0..119 -> 50, 50, 20.
+    assert audio_in_video_chunks((6, 4, 4), 1.0, 120, 2) == ((8, 50), (8, 50), (8, 20))
+    # A short clip: everything in the first chunk; more audio than video chunks is allowed.
+    assert audio_in_video_chunks((2, 4, 4), 0.5, 25, 2) == ((8, 25),)
+    assert audio_in_video_chunks((2, 4, 4), 0.5, 75, 2) == ((8, 50), (0, 25))
+
+
+def test_audio_in_video_layout_runs_through_the_thinker(tmp_path: Path, tiny_thinker: Any) -> None:
+    import numpy as np
+
+    from relax_modalities.synthetic import MediaRef, write_mp4
+
+    # 4 s at 4 fps with a 4 s tone: several 2-second chunks of interleaved video and audio tokens.
+    frames = np.zeros((16, 56, 56, 3), dtype=np.uint8)
+    for k in range(16):
+        frames[k, :28, k * 2 : k * 2 + 28] = 255
+    tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(64000) / 16000)).astype(np.float32)
+    path = tmp_path / "av.mp4"
+    write_mp4(path, frames, fps=4, audio=tone)
+    item = TaskItem("av", "audio_video", "move and pitch?", (MediaRef("video", str(path), audio_track=True),))
+    settings = ProcessorSettings(video=VideoSettings(fps=4.0), use_audio_in_video=True)
+    inputs = process_sample(item, TinyTokenizer(), settings)
+    ids = inputs["input_ids"][0].tolist()
+    start = ids.index(V.vision_start_id)
+    assert ids[start + 1] == V.audio_start_id  # vision_start audio_start … audio_end vision_end
+    pads = [t for t in ids if t in (V.video_pad_id, V.audio_pad_id)]
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(pads)]
+    # 8 temporal patches 0.5 s apart -> 4 video tokens each at indices 0, 12, 25, …: 16 video tokens
+    # per 2-second chunk; audio 25 tokens per second -> 50 per chunk.
+    assert [n for k, n in runs if k == V.video_pad_id] == [16, 16]
+    assert next(n for k, n in runs if k == V.audio_pad_id) == 50
+    assert runs[0][0] == V.video_pad_id and runs[1][0] == V.audio_pad_id
+    with torch.no_grad():
+        out = tiny_thinker(**inputs, use_audio_in_video=True)
+    assert torch.isfinite(out.logits).all()

@@ -40,7 +40,7 @@ from relax_modalities._mel import (
     num_feature_frames,
 )
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
-from relax_modalities._sample import ProcessorSettings, SampleProcessor, process_sample
+from relax_modalities._sample import ProcessorSettings, SampleProcessor, audio_in_video_chunks, process_sample
 from relax_modalities._video import (
     VideoFeatures,
     VideoPlan,
@@ -94,6 +94,7 @@ __all__ += [  # samples and batches
     "PackedBatch",
     "ProcessorSettings",
     "SampleProcessor",
+    "audio_in_video_chunks",
     "collate",
     "cost_aware_batches",
     "estimate_cost",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from relax_modalities._audio_io import AudioSettings, extract_audio_track, load_audio
@@ -27,6 +28,12 @@ class ProcessorSettings:
         video: video path settings.
         template: chat strings (tiny vocabulary by default, `ChatTemplate.qwen()` for the real model).
         system: optional system message (only for templates with a system turn).
+        use_audio_in_video: render a video's sound track (``audio_track=True``) interleaved with its
+            frames in time chunks, as Qwen2.5-Omni's ``use_audio_in_video``; pass the same flag to
+            the thinker's forward. Otherwise the track is a separate audio span after the video.
+        position_id_per_seconds: the thinker config's ``position_id_per_seconds`` (temporal
+            rope positions per second).
+        seconds_per_chunk: the thinker config's ``seconds_per_chunk`` (interleaving chunk length).
     """
 
     image: ImageSettings = field(default_factory=ImageSettings)
@@ -34,6 +41,46 @@ class ProcessorSettings:
     video: VideoSettings = field(default_factory=VideoSettings)
     template: ChatTemplate = TINY_TEMPLATE
     system: str | None = None
+    use_audio_in_video: bool = False
+    position_id_per_seconds: int = 25
+    seconds_per_chunk: float = 2.0
+
+
+def audio_in_video_chunks(
+    video_grid_thw: Sequence[int],
+    second_per_grid: float,
+    audio_tokens: int,
+    merge_size: int,
+    position_id_per_seconds: int = 25,
+    seconds_per_chunk: float = 2.0,
+) -> tuple[tuple[int, int], ...]:
+    """``(video_tokens, audio_tokens)`` per time chunk of an interleaved audio-in-video span.
+
+    A video token's time index is ``t * second_per_grid * position_id_per_seconds`` (``t`` its
+    temporal patch) and audio token ``i`` has index ``i`` (25 audio tokens per second); chunk ``j``
+    holds the tokens whose index lies in ``[j, j + 1) * position_id_per_seconds * seconds_per_chunk``,
+    cut exactly as Qwen2.5-Omni's processor and rope index cut them.
+    """
+    t, h, w = (int(x) for x in video_grid_thw)
+    per_frame = (h // merge_size) * (w // merge_size)
+    video_index = np.repeat(np.arange(t) * second_per_grid * position_id_per_seconds, per_frame).astype(np.int64)
+    audio_index = np.arange(audio_tokens)
+    per_chunk = int(position_id_per_seconds * seconds_per_chunk)
+    v, a = _chunk_bounds(video_index, per_chunk), _chunk_bounds(audio_index, per_chunk)
+    n = max(len(v), len(a))
+    return tuple((v[j] if j < len(v) else 0, a[j] if j < len(a) else 0) for j in range(n))
+
+
+def _chunk_bounds(index: np.ndarray, per_chunk: int) -> list[int]:
+    # Same walk as transformers' get_chunked_index: a new chunk starts at the first token whose
+    # index reaches the next multiple of `per_chunk` (one boundary per token at most).
+    sizes, start, chunk = [], 0, 1
+    for i, value in enumerate(index.tolist()):
+        if value >= chunk * per_chunk:
+            sizes.append(i - start)
+            start, chunk = i, chunk + 1
+    sizes.append(len(index) - start)
+    return sizes
 
 
 def _as_item(item: TaskItem | Mapping[str, Any]) -> TaskItem:
@@ -83,13 +130,26 @@ class SampleProcessor:
             elif ref.modality == "video":
                 vfeats = load_video(ref.path, s.video)
                 videos.append(vfeats)
-                slots.append(MediaSlot("video", vfeats.num_tokens))
-                if ref.audio_track:
-                    track = extract_audio_track(ref.path, s.audio)
-                    if track is None:
-                        raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
-                    afeats = audio_features_from_waveform(track, s.audio, ref.path)
-                    audios.append(afeats)
+                if not ref.audio_track:
+                    slots.append(MediaSlot("video", vfeats.num_tokens))
+                    continue
+                track = extract_audio_track(ref.path, s.audio)
+                if track is None:
+                    raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
+                afeats = audio_features_from_waveform(track, s.audio, ref.path)
+                audios.append(afeats)
+                if s.use_audio_in_video:
+                    chunks = audio_in_video_chunks(
+                        vfeats.grid_thw.tolist(),
+                        vfeats.second_per_grid,
+                        afeats.num_tokens,
+                        s.video.vision.merge_size,
+                        s.position_id_per_seconds,
+                        s.seconds_per_chunk,
+                    )
+                    slots.append(MediaSlot("video", vfeats.num_tokens, interleave=chunks))
+                else:
+                    slots.append(MediaSlot("video", vfeats.num_tokens))
                     slots.append(MediaSlot("audio", afeats.num_tokens))
             elif ref.modality == "audio":
                 afeats = audio_features_from_waveform(load_audio(ref.path, s.audio), s.audio, ref.path)

@@ -75,16 +75,28 @@ class MediaSlot:
         modality: ``"image"``, ``"video"`` or ``"audio"``.
         num_tokens: placeholder count (image/video: ``prod(grid_thw) // merge**2``;
             audio: the encoder's output length).
+        interleave: only for a video with its sound track (Qwen2.5-Omni's ``use_audio_in_video``):
+            ``(video_tokens, audio_tokens)`` per time chunk, rendered as
+            ``vision_start audio_start [video × v_j, audio × a_j]… audio_end vision_end``.
     """
 
     modality: Modality
     num_tokens: int
+    interleave: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.modality not in MODALITIES:
             raise ValueError(f"MediaSlot.modality must be one of {MODALITIES}, got {self.modality!r}")
         if self.num_tokens < 1:
             raise ValueError(f"MediaSlot.num_tokens must be >= 1, got {self.num_tokens}")
+        if self.interleave is not None:
+            if self.modality != "video":
+                raise ValueError("MediaSlot.interleave is only for video slots")
+            if sum(v for v, _ in self.interleave) != self.num_tokens:
+                raise ValueError(
+                    f"MediaSlot.interleave video tokens sum to {sum(v for v, _ in self.interleave)}, "
+                    f"not num_tokens {self.num_tokens}"
+                )
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,9 @@ class ChatBuilder:
         ids += self._user_ids
         spans: list[PlaceholderSpan] = []
         for slot in media:
+            if slot.interleave is not None:
+                self._interleaved(slot.interleave, ids, spans)
+                continue
             start_id, pad_id, end_id = self._span_ids[slot.modality]
             ids.append(start_id)
             spans.append(PlaceholderSpan(slot.modality, len(ids), slot.num_tokens))
@@ -178,6 +193,21 @@ class ChatBuilder:
         if add_generation_prompt:
             ids += self._assistant_ids
         return ChatPrompt(input_ids=ids, spans=spans)
+
+    def _interleaved(self, chunks: Sequence[tuple[int, int]], ids: list[int], spans: list[PlaceholderSpan]) -> None:
+        vision_start, video_pad, vision_end = self._span_ids["video"]
+        audio_start, audio_pad, audio_end = self._span_ids["audio"]
+        ids += [vision_start, audio_start]
+        for n_video, n_audio in chunks:
+            pieces: tuple[tuple[Modality, int, int], ...] = (
+                ("video", video_pad, n_video),
+                ("audio", audio_pad, n_audio),
+            )
+            for modality, pad, n in pieces:
+                if n > 0:
+                    spans.append(PlaceholderSpan(modality, len(ids), n))
+                    ids += [pad] * n
+        ids += [audio_end, vision_end]
 
     def response_ids(self, response: str) -> list[int]:
         """Ids of an assistant response followed by the response end (eos)."""
