@@ -98,11 +98,13 @@ def test_blocked_reads_equal_whole_file_resampling(tmp_path: Path) -> None:
 
 
 def _peak_bytes(path: Path, settings: AudioSettings) -> tuple[int, int]:
-    tracemalloc.start()
+    tracemalloc.start()  # numpy buffers are traced; torch's are not, so the buffer sizes are checked too
     stream = StreamingLogMel(settings)
     n = 0
     for block in iter_audio_blocks(path, settings):
         n += sum(c.features.shape[1] for c in stream.push(block))
+        assert stream.pending_samples <= settings.n_fft + settings.block_frames
+        assert stream.pending_frames <= settings.chunk_frames + settings.block_frames // settings.hop_length + 1
     n += sum(c.features.shape[1] for c in stream.finish())
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()

@@ -178,6 +178,16 @@ class StreamingLogMel:
         self._ceiling = -np.inf
         self._finished = False
 
+    @property
+    def pending_samples(self) -> int:
+        """Samples held (at most one window plus the last push): the buffer's sample memory."""
+        return len(self._buf) + sum(len(h) for h in self._head)
+
+    @property
+    def pending_frames(self) -> int:
+        """Feature frames held for chunks not yet emitted (at most ``chunk_frames`` plus the last push)."""
+        return sum(f.shape[1] for f in self._frames)
+
     def push(self, pcm: np.ndarray) -> list[FeatureChunk]:
         """Add mono float samples (any length, may be empty); return the chunks completed by them."""
         if self._finished:
