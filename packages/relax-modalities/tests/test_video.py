@@ -138,5 +138,6 @@ def test_bad_videos_raise_media_error(tmp_path: Path, name: str, kind: str, reas
 def test_over_budget_video_is_a_media_error(tmp_path: Path) -> None:
     path = tmp_path / "big.mp4"
     path.write_bytes(_mp4_bytes(tmp_path))
-    with pytest.raises(MediaError, match="max_tokens"):
-        load_video(path, VideoSettings(max_tokens=3))
+    for fn in (load_video, probe_video):
+        with pytest.raises(MediaError, match="max_tokens"):
+            fn(path, VideoSettings(max_tokens=3))

@@ -156,10 +156,14 @@ def _resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def probe_video(path: str | os.PathLike[str], settings: VideoSettings | None = None) -> VideoPlan:
-    """Plan a video from its header only: frames to sample, resized size and token count."""
+    """Plan a video without decoding frames: frames to sample, resized size and token count.
+
+    Raises:
+        MediaError: for a file `load_video` would reject before decoding (including over budget).
+    """
     settings = settings or VideoSettings()
     with _VideoFile(path, settings) as vf:
-        return plan_video(vf.num_frames, vf.avg_fps, vf.height, vf.width, settings)
+        return vf.plan(settings)
 
 
 def _probe_size(path: os.PathLike[str]) -> tuple[int, int]:
@@ -206,6 +210,12 @@ class _VideoFile:
         if self.num_frames / self.avg_fps > settings.max_duration_s:
             raise MediaError(self.path, "video", f"too long: exceeds max_duration_s {settings.max_duration_s}")
 
+    def plan(self, settings: VideoSettings) -> VideoPlan:
+        try:
+            return plan_video(self.num_frames, self.avg_fps, self.height, self.width, settings)
+        except ValueError as exc:
+            raise MediaError(self.path, "video", str(exc)) from exc
+
     def __enter__(self) -> _VideoFile:
         return self
 
@@ -221,10 +231,7 @@ def load_video(path: str | os.PathLike[str], settings: VideoSettings | None = No
     """
     settings = settings or VideoSettings()
     with _VideoFile(path, settings) as vf:
-        try:
-            plan = plan_video(vf.num_frames, vf.avg_fps, vf.height, vf.width, settings)
-        except ValueError as exc:
-            raise MediaError(vf.path, "video", str(exc)) from exc
+        plan = vf.plan(settings)
         try:
             frames = vf.reader.get_batch(plan.frame_indices.tolist()).asnumpy()  # [T, H, W, 3] uint8
         except Exception as exc:
