@@ -16,6 +16,7 @@ from relax_services.models import (
     num_parameters,
     pad_sequences,
     rope_positions,
+    sequence_positions,
 )
 from relax_services.models import _vocab as vocab
 from relax_services.models.synthetic import synthetic_prompt
@@ -118,6 +119,25 @@ def test_left_padded_batch_matches_each_prompt_alone(model: torch.nn.Module) -> 
     for i, prompt in enumerate(prompts):
         alone = _plain_logits(model, prompt)
         torch.testing.assert_close(batched[i, -prompt.num_tokens :], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_cached_sequence_positions_equal_the_models_rope_index(model: torch.nn.Module, side: str) -> None:
+    gen = torch.Generator().manual_seed(4)
+    kinds = ["image", "text", "video", "audio", "image", "video"]
+    prompts = [synthetic_prompt(kind, [20 + i] * (1 + i % 3), gen) for i, kind in enumerate(kinds)]
+    suffixes = [0, 3, 5, 1, 2, 4]
+    seqs = [
+        torch.cat([p.input_ids, torch.randint(12, 48, (k,), generator=gen)])
+        for p, k in zip(prompts, suffixes, strict=True)
+    ]
+    ids, mask = pad_sequences(seqs, vocab.PAD_ID, side=side)
+    expected = rope_positions(model, ids, mask, collate_media(prompts))
+    for _ in range(2):  # cold and cached
+        positions, next_positions = sequence_positions(model, prompts, suffixes, side=side)
+        assert torch.equal(positions, expected)
+    real = expected.masked_fill(mask[None] == 0, -1)
+    assert torch.equal(next_positions, real.amax(dim=(0, 2)) + 1)
 
 
 def test_save_pretrained_round_trip(model: torch.nn.Module, tmp_path: object) -> None:

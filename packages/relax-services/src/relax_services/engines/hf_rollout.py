@@ -22,7 +22,8 @@ from relax_services.engines.protocols import (
 )
 from relax_services.engines.sampling import SamplingParams, sample_tokens
 from relax_services.models import _vocab
-from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences, rope_positions
+from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
+from relax_services.models.positions import sequence_positions
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ class HFRolloutEngine:
         input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], _vocab.PAD_ID, side="left")
         media = {k: v.to(self.device) for k, v in collate_media(batch).items()}
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        positions = rope_positions(self.model, input_ids, attention_mask, media)  # [3, U, T]
+        positions, next_pos = sequence_positions(self.model, batch, [0] * len(batch), side="left")  # [3, U, T], [U]
+        positions, next_pos = positions.to(self.device), next_pos.to(self.device)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -232,7 +234,7 @@ class HFRolloutEngine:
             slots=slots.clone(),
             cache=cache,
             attention_mask=attention_mask[index],
-            next_pos=(positions.amax(dim=(0, 2)) + 1)[index],  # [R]
+            next_pos=next_pos[index],  # [R]
             logits=out.logits[index, -1],  # [R, V]
         )
 

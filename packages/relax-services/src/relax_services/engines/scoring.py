@@ -13,7 +13,8 @@ import torch
 
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models import _vocab
-from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences, rope_positions
+from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
+from relax_services.models.positions import sequence_positions
 
 
 @dataclass
@@ -67,11 +68,13 @@ def score_responses(
     input_ids, attention_mask = pad_sequences(seqs, _vocab.PAD_ID, side="right")  # [B, T]
     media = {k: v.to(device) for k, v in collate_media(prompts).items()}
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    positions = rope_positions(model, input_ids, attention_mask, media)  # [3, B, T]
+    lengths = [int(r.numel()) for r in responses]
+    positions, _ = sequence_positions(model, prompts, lengths, side="right")  # [3, B, T]
+    positions = positions.to(device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, **media).logits
 
     starts = torch.tensor([p.num_tokens for p in prompts], device=device)  # [B]
-    steps = torch.arange(max(int(r.numel()) for r in responses), device=device)  # [L]
+    steps = torch.arange(max(lengths), device=device)  # [L]
     kept_padded, _ = pad_sequences([k.long() for k in kept], 0, side="right")  # [B, L]
     valid = kept_padded.to(device).bool()
     # Logits at column t predict the token at t + 1: response token j of row b sits at starts[b] + j.

@@ -6,9 +6,9 @@ from relax_services.models.inputs import (
     audio_token_count,
     collate_media,
     pad_sequences,
-    rope_positions,
     text_prompt,
 )
+from relax_services.models.positions import prompt_positions, rope_positions, sequence_positions
 from relax_services.models.tiny_omni import OmniModel, TinyOmniConfig, build_tiny_omni, load_model, num_parameters
 
 # tiny omni model
@@ -26,7 +26,9 @@ __all__ += [
     "audio_token_count",
     "collate_media",
     "pad_sequences",
+    "prompt_positions",
     "rope_positions",
+    "sequence_positions",
     "text_prompt",
 ]
 

@@ -1,4 +1,4 @@
-"""Model inputs: one prompt's token ids and media tensors, batch collation, and 3-D rope positions.
+"""Model inputs: one prompt's token ids and media tensors, and batch collation.
 
 The tensors are what the Qwen2.5-Omni thinker's forward takes (``pixel_values``, ``image_grid_thw``, ...),
 so a prompt built by relax-modalities or by a transformers processor passes through unchanged.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -158,34 +157,3 @@ def pad_sequences(sequences: Sequence[torch.Tensor], pad_id: int, side: str) -> 
         ids[i, cols] = seq
         mask[i, cols] = 1
     return ids, mask
-
-
-def rope_positions(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, Any]
-) -> torch.Tensor:
-    """3-D (time, height, width) rope positions of a padded batch, as the model itself computes them.
-
-    Text after the last media block continues at ``max(previous) + 1``, so a decoded token at step ``k``
-    after a prompt has position ``max(prompt positions) + 1 + k`` in all three components.
-
-    Args:
-        model: A Qwen2.5-Omni thinker (its ``get_rope_index``).
-        input_ids: ``[B, T]``.
-        attention_mask: ``[B, T]`` 1 on real tokens; pads get a dummy position.
-        media: The batch's media kwargs from :func:`collate_media`.
-
-    Returns:
-        ``[3, B, T]`` int64 positions.
-    """
-    mask = media.get("feature_attention_mask")
-    positions: torch.Tensor
-    positions, _ = model.get_rope_index(
-        input_ids,
-        image_grid_thw=media.get("image_grid_thw"),
-        video_grid_thw=media.get("video_grid_thw"),
-        attention_mask=attention_mask,
-        use_audio_in_video=False,
-        audio_seqlens=mask.sum(-1) if mask is not None else None,
-        second_per_grids=media.get("video_second_per_grid"),
-    )
-    return positions
