@@ -11,9 +11,9 @@ import torch
 
 from relax_modalities._audio_io import AudioSettings, extract_audio_track, load_audio
 from relax_modalities._errors import MediaError
-from relax_modalities._image import ImageSettings, load_image, preprocess_image
+from relax_modalities._image import ImageFeatures, ImageSettings, load_image, preprocess_image
 from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
-from relax_modalities._video import VideoSettings, load_video
+from relax_modalities._video import VideoFeatures, VideoSettings, load_video
 from relax_modalities.synthetic._manifest import MediaRef, TaskItem
 from relax_modalities.text import TINY_TEMPLATE, ChatBuilder, ChatTemplate, MediaSlot, Tokenizer
 
@@ -119,57 +119,75 @@ class SampleProcessor:
             MediaError: for any media file that cannot be processed.
         """
         it = _as_item(item)
-        s = self.settings
-        slots: list[MediaSlot] = []
-        images, videos, audios = [], [], []
+        media = _Media()
         for ref in it.media:
             if ref.modality == "image":
-                feats = preprocess_image(load_image(ref.path, s.image), s.image)
-                images.append(feats)
-                slots.append(MediaSlot("image", feats.num_tokens))
+                feats = preprocess_image(load_image(ref.path, self.settings.image), self.settings.image)
+                media.images.append(feats)
+                media.slots.append(MediaSlot("image", feats.num_tokens))
             elif ref.modality == "video":
-                vfeats = load_video(ref.path, s.video)
-                videos.append(vfeats)
-                if not ref.audio_track:
-                    slots.append(MediaSlot("video", vfeats.num_tokens))
-                    continue
-                track = extract_audio_track(ref.path, s.audio)
-                if track is None:
-                    raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
-                afeats = audio_features_from_waveform(track, s.audio, ref.path)
-                audios.append(afeats)
-                if s.use_audio_in_video:
-                    chunks = audio_in_video_chunks(
-                        vfeats.grid_thw.tolist(),
-                        vfeats.second_per_grid,
-                        afeats.num_tokens,
-                        s.video.vision.merge_size,
-                        s.position_id_per_seconds,
-                        s.seconds_per_chunk,
-                    )
-                    slots.append(MediaSlot("video", vfeats.num_tokens, interleave=chunks))
-                else:
-                    slots.append(MediaSlot("video", vfeats.num_tokens))
-                    slots.append(MediaSlot("audio", afeats.num_tokens))
+                self._add_video(ref, media)
             elif ref.modality == "audio":
-                afeats = audio_features_from_waveform(load_audio(ref.path, s.audio), s.audio, ref.path)
-                audios.append(afeats)
-                slots.append(MediaSlot("audio", afeats.num_tokens))
+                wave = load_audio(ref.path, self.settings.audio)
+                afeats = audio_features_from_waveform(wave, self.settings.audio, ref.path)
+                media.audios.append(afeats)
+                media.slots.append(MediaSlot("audio", afeats.num_tokens))
             else:
                 raise MediaError(ref.path, "manifest", f"unknown media modality {ref.modality!r} in item {it.id!r}")
-        prompt = self.builder.build(it.prompt, slots, system=s.system)
-        ids = torch.tensor([prompt.input_ids], dtype=torch.long)  # [1, T]
+        prompt = self.builder.build(it.prompt, media.slots, system=self.settings.system)
+        return media.model_inputs(prompt.input_ids)
+
+    def _add_video(self, ref: MediaRef, media: _Media) -> None:
+        s = self.settings
+        vfeats = load_video(ref.path, s.video)
+        media.videos.append(vfeats)
+        if not ref.audio_track:
+            media.slots.append(MediaSlot("video", vfeats.num_tokens))
+            return
+        track = extract_audio_track(ref.path, s.audio)
+        if track is None:
+            raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
+        afeats = audio_features_from_waveform(track, s.audio, ref.path)
+        media.audios.append(afeats)
+        if not s.use_audio_in_video:  # the track is its own audio span after the video
+            media.slots += [MediaSlot("video", vfeats.num_tokens), MediaSlot("audio", afeats.num_tokens)]
+            return
+        chunks = audio_in_video_chunks(
+            vfeats.grid_thw.tolist(),
+            vfeats.second_per_grid,
+            afeats.num_tokens,
+            s.video.vision.merge_size,
+            s.position_id_per_seconds,
+            s.seconds_per_chunk,
+        )
+        media.slots.append(MediaSlot("video", vfeats.num_tokens, interleave=chunks))
+
+
+@dataclass
+class _Media:
+    """Processed media of one prompt, in order, and their chat slots."""
+
+    slots: list[MediaSlot] = field(default_factory=list)
+    images: list[ImageFeatures] = field(default_factory=list)
+    videos: list[VideoFeatures] = field(default_factory=list)
+    audios: list[AudioFeatures] = field(default_factory=list)
+
+    def model_inputs(self, input_ids: list[int]) -> dict[str, torch.Tensor]:
+        ids = torch.tensor([input_ids], dtype=torch.long)  # [1, T]
         out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if images:
-            out["pixel_values"] = torch.cat([f.pixel_values for f in images])  # [sum patches, D]
-            out["image_grid_thw"] = torch.stack([f.grid_thw for f in images])  # [n_img, 3]
-        if videos:
-            out["pixel_values_videos"] = torch.cat([f.pixel_values_videos for f in videos])
-            out["video_grid_thw"] = torch.stack([f.grid_thw for f in videos])  # [n_vid, 3]
-            out["video_second_per_grid"] = torch.tensor([f.second_per_grid for f in videos], dtype=torch.float32)
-        if audios:
-            feats_list = [a.input_features for a in audios]
-            out["input_features"], out["feature_attention_mask"] = pad_audio_features(feats_list)
+        if self.images:
+            out["pixel_values"] = torch.cat([f.pixel_values for f in self.images])  # [sum patches, D]
+            out["image_grid_thw"] = torch.stack([f.grid_thw for f in self.images])  # [n_img, 3]
+        if self.videos:
+            out["pixel_values_videos"] = torch.cat([f.pixel_values_videos for f in self.videos])
+            out["video_grid_thw"] = torch.stack([f.grid_thw for f in self.videos])  # [n_vid, 3]
+            seconds = [f.second_per_grid for f in self.videos]
+            out["video_second_per_grid"] = torch.tensor(seconds, dtype=torch.float32)  # [n_vid]
+        if self.audios:
+            # [n_aud, M, L_max] and [n_aud, L_max]
+            out["input_features"], out["feature_attention_mask"] = pad_audio_features(
+                [a.input_features for a in self.audios]
+            )
         return out
 
 
