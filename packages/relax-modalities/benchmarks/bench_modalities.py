@@ -52,6 +52,15 @@ def _best_of(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def _compare(ours: Callable[[], object], ref: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Best time of each side over ``repeats`` alternating runs (load on a shared box hits both alike)."""
+    t_ours, t_ref = float("inf"), float("inf")
+    for _ in range(repeats):
+        t_ref = min(t_ref, _best_of(ref, 1))
+        t_ours = min(t_ours, _best_of(ours, 1))
+    return t_ours, t_ref
+
+
 def _photo_like(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     # Smooth gradients plus noise: compresses like a photo, unlike pure noise.
     yy, xx = np.mgrid[0:h, 0:w]
@@ -78,13 +87,22 @@ def bench_image(tmp: Path, n: int, repeats: int) -> list[tuple[str, str, str, st
               .abs().max())
         for im in images[:4]
     )  # fmt: skip
-    t_ref = _best_of(lambda: [ref(images=[im], return_tensors="pt") for im in images], repeats)
-    t_ours = _best_of(lambda: [preprocess_image(im, settings) for im in images], repeats)
-    t_ref_f = _best_of(lambda: [ref(images=[Image.open(p)], return_tensors="pt") for p in paths], repeats)
-    t_ours_f = _best_of(lambda: [preprocess_image(load_image(p), settings) for p in paths], repeats)
+    t_ours, t_ref = _compare(
+        lambda: [preprocess_image(im, settings) for im in images],
+        lambda: [ref(images=[im], return_tensors="pt") for im in images],
+        repeats,
+    )
+    t_ours_f, t_ref_f = _compare(
+        lambda: [preprocess_image(load_image(p), settings) for p in paths],
+        lambda: [ref(images=[Image.open(p)], return_tensors="pt") for p in paths],
+        repeats,
+    )
     tiny = [Image.fromarray(_photo_like(rng, 56, 56)) for _ in range(4 * n)]
-    t_ref_t = _best_of(lambda: [ref(images=[im], return_tensors="pt") for im in tiny], repeats)
-    t_ours_t = _best_of(lambda: [preprocess_image(im, settings) for im in tiny], repeats)
+    t_ours_t, t_ref_t = _compare(
+        lambda: [preprocess_image(im, settings) for im in tiny],
+        lambda: [ref(images=[im], return_tensors="pt") for im in tiny],
+        repeats,
+    )
     return [
         ("image 56x56, synthetic-task size (images/s)", f"{len(tiny) / t_ours_t:.0f}", f"{len(tiny) / t_ref_t:.0f}",
          f"{t_ref_t / t_ours_t:.2f}x"),
@@ -169,11 +187,7 @@ def bench_video(tmp: Path, n_videos: int, repeats: int) -> list[tuple[str, str, 
         for p in paths:
             load_video(p, settings)
 
-    # Interleaved, best of `repeats` per side, so load on the shared machine hits both alike.
-    t_raw, t_ours = float("inf"), float("inf")
-    for _ in range(repeats):
-        t_raw = min(t_raw, _best_of(raw, 1))
-        t_ours = min(t_ours, _best_of(ours, 1))
+    t_ours, t_raw = _compare(ours, raw, repeats)
     return [("video 224x224, frames/s (decode+patchify vs raw get_batch)", f"{total / t_ours:.0f}",
              f"{total / t_raw:.0f}", f"{t_raw / t_ours:.2f}x")]  # fmt: skip
 
@@ -187,9 +201,9 @@ def main() -> None:
     rows: list[tuple[str, str, str, str]] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        rows += bench_image(tmp, n=16 if args.quick else 64, repeats=3)
+        rows += bench_image(tmp, n=16 if args.quick else 64, repeats=5)
         rows += bench_audio(tmp, minutes=1.0 if args.quick else 10.0)
-        rows += bench_video(tmp, n_videos=4 if args.quick else 12, repeats=3)
+        rows += bench_video(tmp, n_videos=4 if args.quick else 12, repeats=5)
     print("| measure | relax-modalities | reference | ratio |")
     print("| --- | --- | --- | --- |")
     for r in rows:
