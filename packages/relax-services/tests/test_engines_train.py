@@ -17,7 +17,7 @@ from relax_services.engines import (
     TrainEngine,
     TrainSample,
 )
-from relax_services.models import SUPPRESSED_IDS, build_tiny_omni
+from relax_services.models import SUPPRESSED_IDS, OmniPrompt, build_tiny_omni
 from relax_services.models.synthetic import synthetic_prompt
 
 
@@ -155,6 +155,12 @@ def test_state_dict_round_trip_continues_identically() -> None:
 def test_steps_equal_a_plain_torch_loop() -> None:
     """Independent reference: per-sample unpadded forwards, hand-written log-probs, torch AdamW + clipping."""
     batch = _samples(3)
+    # A group: more completions of the first prompt, one sharing the object, one a content-equal copy.
+    first = batch[0].prompt
+    twin = OmniPrompt(**{k: v.clone() for k, v in {"input_ids": first.input_ids, **first.media()}.items()})
+    for prompt, response in ((first, [30, 31, 2]), (twin, [40, 2])):
+        fields = {"advantages": torch.tensor([0.5] * len(response)), "reward": torch.tensor(1.0)}
+        batch.append(TrainSample(prompt, torch.tensor(response), fields))
     cfg = TorchTrainConfig(lr=1e-3, eps=1e-3, grad_clip=0.5, micro_batch_size=2, temperature=0.9)
     engine = TorchTrainEngine(build_tiny_omni(0), cfg)
     ref = build_tiny_omni(0).train()
@@ -169,7 +175,7 @@ def test_steps_equal_a_plain_torch_loop() -> None:
             logits = ref(input_ids=ids, attention_mask=torch.ones_like(ids), **s.prompt.media()).logits[0]
             logits = logits[s.prompt.num_tokens - 1 : -1] / 0.9
             logp = torch.log_softmax(logits.masked_fill(~allowed, -math.inf), -1)
-            tok = logp.gather(-1, s.response_ids[:, None])[:, 0]
+            tok = logp.gather(-1, s.response_ids[:, None])[:, 0]  # [L]
             total = total - (tok * s.fields["advantages"]).sum()
             count += len(tok)
         (total / count).backward()

@@ -19,6 +19,7 @@ from relax_services.models import (
     sequence_positions,
 )
 from relax_services.models import _vocab as vocab
+from relax_services.models.embeddings import embed_inputs
 from relax_services.models.synthetic import synthetic_prompt
 
 
@@ -152,3 +153,30 @@ def test_save_pretrained_round_trip(model: torch.nn.Module, tmp_path: object) ->
 def test_load_model_rejects_a_non_checkpoint(tmp_path: object) -> None:
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(tmp_path)  # type: ignore[arg-type]
+
+
+def test_deduplicated_media_embeddings_match_the_models_own_merge(model: torch.nn.Module) -> None:
+    gen = torch.Generator().manual_seed(6)
+    base = [synthetic_prompt(kind, [30, 31], gen) for kind in ("image", "audio", "video", "text")]
+    # Rows of a group: the same object, a content-equal copy, and the other prompts interleaved.
+    copy = OmniPrompt(**{k: v.clone() for k, v in {"input_ids": base[0].input_ids, **base[0].media()}.items()})
+    prompts = [base[0], base[1], copy, base[2], base[0], base[3], base[1]]
+    ids, mask = pad_sequences([p.input_ids for p in prompts], vocab.PAD_ID, side="right")
+    media = collate_media(prompts)
+    positions = rope_positions(model, ids, mask, media)
+    encoded: list[int] = []
+    hooks = [
+        model.visual.register_forward_hook(lambda _m, args, _out: encoded.append(args[0].shape[0])),
+        model.audio_tower.register_forward_hook(lambda _m, args, _out: encoded.append(args[0].shape[-1])),
+    ]
+    try:
+        with torch.no_grad():
+            embeds = embed_inputs(model, prompts, ids, "cpu")
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert sorted(encoded) == [16, 32, 100]  # one image (16 patches), one video (32), one clip (100 frames)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, **media).logits
+        got = model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

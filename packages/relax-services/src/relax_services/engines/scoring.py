@@ -13,7 +13,8 @@ import torch
 
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models import _vocab
-from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
+from relax_services.models.embeddings import embed_inputs
+from relax_services.models.inputs import OmniPrompt, pad_sequences
 from relax_services.models.positions import sequence_positions
 
 
@@ -66,12 +67,12 @@ def score_responses(
     clean = [torch.where(k, r.long().cpu(), _vocab.PAD_ID) for r, k in zip(responses, kept, strict=True)]
     seqs = [torch.cat([p.input_ids, r]) for p, r in zip(prompts, clean, strict=True)]
     input_ids, attention_mask = pad_sequences(seqs, _vocab.PAD_ID, side="right")  # [B, T]
-    media = {k: v.to(device) for k, v in collate_media(prompts).items()}
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     lengths = [int(r.numel()) for r in responses]
     positions, _ = sequence_positions(model, prompts, lengths, side="right")  # [3, B, T]
-    positions = positions.to(device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, **media).logits
+    # Media encoded once per distinct item (a group's rows share their prompt's media).
+    embeds = embed_inputs(model, prompts, input_ids, device)  # [B, T, H]
+    logits = model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=positions.to(device)).logits
 
     starts = torch.tensor([p.num_tokens for p in prompts], device=device)  # [B]
     steps = torch.arange(max(lengths), device=device)  # [L]
