@@ -72,7 +72,7 @@ def embed_inputs(
         ``[B, T, H]`` embeddings to pass as ``inputs_embeds`` (without the media kwargs).
     """
     device = torch.device(device)
-    embeds = model.get_input_embeddings()(input_ids)  # [B, T, H]
+    embeds: torch.Tensor = model.get_input_embeddings()(input_ids)  # [B, T, H]
     for kind, (fields, token_attr) in _KINDS.items():
         rows = [(i, key) for i, p in enumerate(prompts) if (key := _fingerprint(p, fields)) is not None]
         if not rows:
