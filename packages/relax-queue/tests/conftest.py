@@ -43,8 +43,11 @@ def make_queue() -> MakeQueue:
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
     """One local Ray instance for the whole test session, shut down at the end."""
+    # Under `uv run`, Ray would start every worker through `uv run` with a packaged working
+    # directory (slow enough on a busy machine that workers miss their registration timeout).
+    # Read when ray is imported, so set it first.
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray.init(
         num_cpus=2,
         include_dashboard=False,

@@ -2,9 +2,15 @@
 
 The actor (``num_cpus=0``) holds a :class:`TransferQueue` and serves blocking calls with the
 asyncio face, so a waiting ``get`` never stalls other callers. Field values at or above
-``object_store_threshold`` bytes (tensors, arrays, media) are ``ray.put`` by the producer with the
-queue actor as owner (they outlive the producer) and only their references go through the actor;
-consumers fetch all references of a batch in one ``ray.get``. Every call moves many rows.
+``object_store_threshold`` bytes (tensors, arrays, media) are ``ray.put`` by the producer and only
+their references go through the actor; consumers fetch all references of a batch in one ``ray.get``.
+Every call moves many rows.
+
+Ray objects die with the process that owns them, and Ray >= 2.56 no longer lets a producer hand
+ownership to another actor. With ``durable_payloads=True`` (default) the queue actor therefore
+adopts each large value (``ray.put`` of it on the actor: one extra copy inside the object store),
+so rows survive the death of their producer; ``False`` skips that copy and a dead producer's
+large values become unreadable.
 
 ``ray`` is imported only inside this module's functions.
 """
@@ -48,6 +54,8 @@ class StoreRef:
 
 @functools.cache
 def _actor_class() -> Any:
+    import asyncio
+
     ray = _ray()
     from relax_queue._async import AsyncTransferQueue
     from relax_queue._queue import TransferQueue
@@ -56,12 +64,28 @@ def _actor_class() -> Any:
     class QueueActor:
         """Holds the queue; every method is one round trip for many rows."""
 
-        def __init__(self, config: QueueConfig) -> None:
+        def __init__(self, config: QueueConfig, durable_payloads: bool) -> None:
             self.queue = TransferQueue(config)
             self.aqueue = AsyncTransferQueue(self.queue)
+            self.durable = durable_payloads
+
+        async def adopt(self, fields_list: list[Mapping[str, Any]]) -> None:
+            """Re-own object-store values (one ``ray.put`` here) so they outlive their producer."""
+            if not self.durable:
+                return
+            refs = [v for fields in fields_list for v in fields.values() if isinstance(v, StoreRef)]
+            if refs:
+                values = await asyncio.gather(*(r.ref for r in refs))
+                for r, value in zip(refs, values, strict=True):
+                    r.ref = ray.put(value)
 
         async def put_many(self, rows: list[RowInput], admitted: bool, timeout: float | None) -> None:
+            await self.adopt([r.fields for r in rows])
             await self.aqueue.put_many(rows, admitted=admitted, timeout=timeout)
+
+        async def add_fields_many(self, updates: dict[Key, Mapping[str, Any]]) -> int:
+            await self.adopt(list(updates.values()))
+            return self.queue.add_fields_many(updates)
 
         async def get(self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any) -> Batch:
             return await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
@@ -104,6 +128,7 @@ def create_ray_queue(
     namespace: str | None = None,
     detached: bool = False,
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
+    durable_payloads: bool = True,
 ) -> RayQueueClient:
     """Start the named queue actor (once per cluster) and return a client.
 
@@ -113,6 +138,8 @@ def create_ray_queue(
         namespace: Ray namespace of the actor (default: the job's).
         detached: keep the actor alive after the creating job exits.
         object_store_threshold: field values of at least this many bytes go through the object store.
+        durable_payloads: the actor adopts object-store values so they outlive their producer
+            (one extra copy in the object store); ``False`` trades that safety for speed.
 
     Raises:
         ValueError: an actor of that name already exists.
@@ -123,7 +150,7 @@ def create_ray_queue(
         options["namespace"] = namespace
     if detached:
         options["lifetime"] = "detached"
-    actor = _actor_class().options(**options).remote(config)
+    actor = _actor_class().options(**options).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
     return RayQueueClient(actor, name, namespace, object_store_threshold)
 
@@ -158,7 +185,7 @@ class RayQueueClient:
             if size >= self.object_store_threshold:
                 if out is None:
                     out = dict(fields)
-                out[name] = StoreRef(_ray().put(value, _owner=self.actor), size)
+                out[name] = StoreRef(_ray().put(value), size)
         return fields if out is None else out
 
     # ------------------------------------------------------------------ producers
@@ -186,11 +213,11 @@ class RayQueueClient:
 
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
         """See :meth:`TransferQueue.add_fields`."""
-        return bool(self._call("add_fields", key, self._offload(fields)))
+        return self.add_fields_many({key: fields}) == 1
 
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """See :meth:`TransferQueue.add_fields_many`."""
-        return int(self._call("add_fields_many", {k: self._offload(f) for k, f in updates.items()}))
+        return int(_unwrap(self.actor.add_fields_many.remote({k: self._offload(f) for k, f in updates.items()})))
 
     # ------------------------------------------------------------------ consumers
     def reader(

@@ -1,0 +1,190 @@
+"""Ray transport: named actor, picklable clients, object-store payloads, a consumer killed mid-lease."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from relax_queue import (
+    Capacity,
+    FixedSizeBatcher,
+    GroupBatcher,
+    QueueConfig,
+    QueueTimeoutError,
+    RayQueueClient,
+    RowInput,
+    TaskSpec,
+    UnknownTaskError,
+    connect,
+    create_ray_queue,
+)
+from relax_queue._ray import StoreRef
+
+pytestmark = pytest.mark.integration
+np = pytest.importorskip("numpy")
+
+
+@pytest.fixture
+def ray(ray_session: Any) -> Any:
+    # Test-module actors travel by value (the module is not importable by name in workers).
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray_session
+
+
+def _config(lease_timeout_s: float = 30.0, **capacity: Any) -> QueueConfig:
+    return QueueConfig(
+        tasks=(TaskSpec("reward"), TaskSpec("trainer", check_staleness=True)),
+        capacity=Capacity(**capacity) if capacity else Capacity(),
+        lease_timeout_s=lease_timeout_s,
+    )
+
+
+def test_round_trip_large_payloads_via_object_store_and_errors(ray: Any) -> None:
+    client = create_ray_queue("rt", _config(), object_store_threshold=1024)
+    try:
+        big = np.arange(100_000, dtype=np.float32)  # 400 kB -> object store
+        client.put_many([RowInput("big", {"x": big, "meta": "small"}), RowInput("s", {"x": 1.5, "meta": "m"})])
+        stored = client._call("state_dict")["rows"]
+        kinds = {row["key"]: type(row["fields"]["x"]) for row in stored}
+        assert kinds["big"] is StoreRef and kinds["s"] is float  # the actor only holds a reference
+        assert client.metrics()["depth_bytes"] == big.nbytes + 8 + len("small") + len("m")
+        batch = client.reader("reward", ["x"], FixedSizeBatcher(2)).get(timeout=10)
+        assert batch.keys == ["big", "s"]
+        np.testing.assert_array_equal(batch.rows[0].fields["x"], big)
+        client.ack(batch)
+        with pytest.raises(UnknownTaskError, match="nope"):
+            client.reader("nope").get(timeout=0)
+        with pytest.raises(QueueTimeoutError):
+            client.reader("reward").get(1, timeout=0.05)
+        with pytest.raises(ValueError):
+            create_ray_queue("rt", _config())  # one actor per name
+    finally:
+        client.shutdown()
+
+
+def test_save_load_inlines_object_store_values(ray: Any, tmp_path: Any) -> None:
+    client = create_ray_queue("snap", _config(), object_store_threshold=1024)
+    try:
+        big = np.ones(10_000, dtype=np.float64)
+        client.put("k", {"x": big})
+        leased = client.reader("reward", ["x"]).get(1, timeout=10)
+        client.save(str(tmp_path / "q.pkl"))
+        client.load(str(tmp_path / "q.pkl"))
+        again = client.reader("reward", ["x"]).get(1, timeout=10)
+        assert again.keys == leased.keys and again.rows[0].deliveries == 2
+        np.testing.assert_array_equal(again.rows[0].fields["x"], big)
+    finally:
+        client.shutdown()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_large_values_outlive_their_producer_only_when_durable(ray: Any, durable: bool) -> None:
+    client = create_ray_queue(f"durable-{durable}", _config(), object_store_threshold=1024, durable_payloads=durable)
+    try:
+
+        @ray.remote(num_cpus=0)
+        class OneShot:
+            def produce(self, c: RayQueueClient) -> None:
+                c.put("k", {"x": np.full(50_000, 7, dtype=np.int64)})
+
+        producer = OneShot.remote()
+        ray.get(producer.produce.remote(client), timeout=60)  # the producer owns its ray.put object
+        ray.kill(producer)
+        time.sleep(0.5)
+        reader = client.reader("reward", ["x"])
+        if durable:
+            assert int(reader.get(1, timeout=10).rows[0].fields["x"].sum()) == 7 * 50_000
+        else:
+            with pytest.raises((ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError)):
+                reader.get(1, timeout=10)
+    finally:
+        client.shutdown()
+
+
+def _producer_cls(ray: Any) -> Any:
+    @ray.remote(num_cpus=0)
+    class Producer:
+        def __init__(self, client: RayQueueClient) -> None:
+            self.client = client  # a pickled client handle
+
+        def run(self, pid: int, groups: int, group_size: int) -> int:
+            for g in range(groups):
+                rows = [
+                    RowInput(
+                        f"p{pid}g{g}r{i}",
+                        {"tokens": np.full(20_000, i, dtype=np.int32), "pid": pid},
+                        group_id=f"p{pid}g{g}",
+                        group_size=group_size,
+                    )
+                    for i in range(group_size)
+                ]
+                self.client.put_many(rows, timeout=60)
+            return groups * group_size
+
+    return Producer
+
+
+def _consumer_cls(ray: Any) -> Any:
+    @ray.remote(num_cpus=0)
+    class Consumer:
+        def __init__(self, name: str, task: str) -> None:
+            self.client = connect(name, object_store_threshold=1024)  # reconnect by name
+            self.task = task
+
+        def hold_one(self) -> list[str]:
+            """Lease a batch and never ack it (the test then kills this actor)."""
+            batch = self.client.reader(self.task, ["tokens"], GroupBatcher(1)).get(timeout=30)
+            return [str(k) for k in batch.keys]
+
+        def drain(self, idle_s: float) -> list[tuple[str, int]]:
+            reader = self.client.reader(self.task, ["tokens", "pid"], GroupBatcher(2, partial=True))
+            seen: list[tuple[str, int]] = []
+            while True:
+                try:
+                    batch = reader.get(timeout=idle_s)
+                except QueueTimeoutError:
+                    return seen
+                for row in batch.rows:
+                    assert int(row.fields["tokens"][0]) == int(str(row.key).rsplit("r", 1)[1])
+                    seen.append((str(row.key), row.deliveries))
+                if self.task == "reward":
+                    self.client.add_fields_many({k: {"reward": 1.0} for k in batch.keys})
+                reader.ack(batch)
+
+    return Consumer
+
+
+def test_multi_process_producers_two_tasks_killed_consumer_exact_accounting(ray: Any) -> None:
+    name = "mp"
+    client = create_ray_queue(name, _config(lease_timeout_s=1.5, max_rows=24), object_store_threshold=1024)
+    try:
+        producer_cls, consumer_cls = _producer_cls(ray), _consumer_cls(ray)
+        producers = [producer_cls.remote(client) for _ in range(3)]
+        victim = consumer_cls.remote(name, "trainer")
+        reward = consumer_cls.remote(name, "reward")
+        trainer = consumer_cls.remote(name, "trainer")
+        runs = [p.run.remote(pid, 5, 4) for pid, p in enumerate(producers)]  # 60 rows, capacity 24: backpressure
+        held = ray.get(victim.hold_one.remote(), timeout=60)
+        assert len(held) == 4
+        ray.kill(victim)  # dies holding a lease
+        t0 = time.monotonic()
+        drained = [reward.drain.remote(5.0), trainer.drain.remote(5.0)]
+        assert sum(ray.get(runs, timeout=120)) == 60
+        reward_seen, trainer_seen = ray.get(drained, timeout=120)
+        expected = sorted(f"p{p}g{g}r{i}" for p in range(3) for g in range(5) for i in range(4))
+        assert sorted(k for k, _ in reward_seen) == expected  # every key exactly once per task
+        assert sorted(k for k, _ in trainer_seen) == expected
+        redelivered = sorted(k for k, d in trainer_seen if d == 2)
+        assert redelivered == sorted(held)  # exactly the dead consumer's rows came again
+        assert time.monotonic() - t0 >= 1.0  # only after the lease expired
+        m = client.metrics()
+        assert m["depth_rows"] == 0 and m["depth_bytes"] == 0
+        assert m["expired_leases"] == 1 and m["redeliveries"] == 4
+        assert m["tasks"]["trainer"]["acked"] == 60 and m["tasks"]["reward"]["acked"] == 60
+        for actor in (*producers, reward, trainer):
+            ray.kill(actor)
+    finally:
+        client.shutdown()
