@@ -130,6 +130,11 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     assert lrs == pytest.approx([0.5, 1.0, *cos])
 
 
+def test_linear_schedule_without_warmup() -> None:
+    cfg = TorchTrainConfig(lr=2.0, schedule="linear", total_steps=4, min_lr_ratio=0.5)
+    assert [cfg.lr_factor(k) for k in range(6)] == pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5, 0.5])
+
+
 def test_state_dict_round_trip_continues_identically() -> None:
     batch = _samples(3)
     cfg = TorchTrainConfig(lr=1e-3, warmup_steps=3)

@@ -34,9 +34,10 @@ class TorchTrainConfig:
             tokens, exact for a loss that is a token mean over its micro-batch; ``"samples"``: weight by
             samples, exact for a mean over samples. Either way accumulation equals one big batch.
         warmup_steps: Linear warm-up from ``lr / warmup_steps`` to ``lr`` over this many steps.
-        schedule: After warm-up, ``"constant"`` or ``"cosine"`` decay to ``min_lr_ratio * lr`` at ``total_steps``.
-        total_steps: Steps of the cosine schedule (required for ``"cosine"``).
-        min_lr_ratio: Floor of the cosine schedule as a fraction of ``lr``.
+        schedule: After warm-up, ``"constant"``, or ``"cosine"`` / ``"linear"`` decay to ``min_lr_ratio * lr``
+            at ``total_steps`` (held there afterwards).
+        total_steps: Steps of the decaying schedules (required for ``"cosine"`` and ``"linear"``).
+        min_lr_ratio: Floor of the decaying schedules as a fraction of ``lr``.
         temperature: Sampling temperature of the responses; log-probs use ``logits / temperature``.
         suppressed_ids: Ids outside the policy's support (never sampled); masked out of the loss.
         autocast: ``"auto"`` uses bf16 autocast on a CUDA device that supports it, never on CPU;
@@ -54,7 +55,7 @@ class TorchTrainConfig:
     micro_batch_size: int = 64
     loss_weighting: LossWeighting = "tokens"
     warmup_steps: int = 0
-    schedule: Literal["constant", "cosine"] = "constant"
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
     total_steps: int = 0
     min_lr_ratio: float = 0.0
     temperature: float = 1.0
@@ -72,10 +73,12 @@ class TorchTrainConfig:
             raise ValueError(
                 f"TorchTrainConfig.loss_weighting must be 'tokens' or 'samples', got {self.loss_weighting!r}"
             )
-        if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"TorchTrainConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
-            raise ValueError("TorchTrainConfig.total_steps must exceed warmup_steps for the cosine schedule")
+        if self.schedule not in ("constant", "cosine", "linear"):
+            raise ValueError(
+                f"TorchTrainConfig.schedule must be 'constant', 'cosine' or 'linear', got {self.schedule!r}"
+            )
+        if self.schedule != "constant" and self.total_steps <= self.warmup_steps:
+            raise ValueError(f"TorchTrainConfig.total_steps must exceed warmup_steps for the {self.schedule} schedule")
         if self.autocast not in ("auto", "bf16", "off"):
             raise ValueError(f"TorchTrainConfig.autocast must be 'auto', 'bf16' or 'off', got {self.autocast!r}")
         if self.grad_clip < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -88,7 +91,8 @@ class TorchTrainConfig:
         if self.schedule == "constant":
             return 1.0
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        decay = 1 - progress if self.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * decay
 
 
 class TorchTrainEngine:
