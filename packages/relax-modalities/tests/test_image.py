@@ -108,3 +108,29 @@ def test_missing_file_and_settings_validation(tmp_path: Path) -> None:
         load_image(tmp_path / "nope.png")
     with pytest.raises(ValueError, match="max_pixels"):
         ImageSettings(min_pixels=10_000, max_pixels=5_000)
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG declaring ``width × height`` with one empty data chunk: a bomb as far as the header goes."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("side", [10_000, 20_000])  # above Pillow's warning limit, and above its error limit
+def test_pillow_sized_bombs_are_media_errors(tmp_path: Path, side: int) -> None:
+    import warnings
+
+    path = tmp_path / "huge.png"
+    path.write_bytes(_png_header_only(side, side))
+    with pytest.raises(MediaError, match="decompression bomb"):
+        load_image(path)  # warnings are errors under pytest: Pillow's warning becomes the error
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # as in production: our own limit
+        with pytest.raises(MediaError, match="decompression bomb"):
+            probe_image_size(path)

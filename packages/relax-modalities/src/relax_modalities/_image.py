@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,11 +115,11 @@ def image_token_count(height: int, width: int, settings: ImageSettings) -> int:
 def _open_checked(path: str | os.PathLike[str], settings: ImageSettings) -> Image.Image:
     p = check_readable(path, "image")
     try:
-        with warnings.catch_warnings():
-            # Our own pixel limit below is the policy; Pillow's warning would only duplicate it.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(p)
-    except Image.DecompressionBombError as exc:
+        # Pillow warns above its own limit (Image.MAX_IMAGE_PIXELS) and raises at twice it; our
+        # max_decoded_pixels check below is the policy. No warnings.catch_warnings here: it is not
+        # thread-safe and the loader decodes in threads; where warnings are errors we catch it.
+        img = Image.open(p)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise MediaError(p, "image", f"decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
         raise MediaError(p, "image", "not a recognised image format") from exc
