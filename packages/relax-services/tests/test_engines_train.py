@@ -201,3 +201,15 @@ def test_config_validation_and_errors() -> None:
         engine.step(_samples(1), lambda inputs: inputs.logprobs)
     with pytest.raises(ValueError, match="one value per response token"):
         TrainSample(_samples(1)[0].prompt, torch.tensor([20, 2]), {"advantages": torch.ones(3)})
+
+
+def test_forced_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
+    batch = _samples(2)
+    fp32, _ = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(autocast="off")).compute_logprobs(batch)
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(autocast="bf16"))
+    assert engine.autocast_enabled
+    bf16, mask = engine.compute_logprobs(batch)
+    assert bf16.dtype == torch.float32  # log-softmax is taken in float32 whatever the forward dtype
+    torch.testing.assert_close(bf16 * mask, fp32 * mask, atol=0.1, rtol=0)
+    metrics = engine.step(batch, pg_token_mean)
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
