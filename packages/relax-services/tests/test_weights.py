@@ -73,6 +73,25 @@ def test_poller_drives_a_rollout_engine_switch() -> None:
     assert poller() is None
 
 
+def test_poller_throttles_store_calls() -> None:
+    store = InProcessWeightStore()
+    calls: list[int | None] = []
+
+    def have() -> int | None:
+        calls.append(None)
+        return None
+
+    poller = WeightPoller(store, have, min_interval_s=3600.0)
+    store.publish(1, _weights(1.0))
+    first = poller()
+    assert first is not None and first[0] == 1
+    store.publish(2, _weights(2.0))
+    assert poller() is None and len(calls) == 1  # within the interval: no store call
+    poller.min_interval_s = 0.0
+    second = poller()
+    assert second is not None and second[0] == 2
+
+
 def test_ray_store_semantics(ray_session: Any) -> None:
     _check_store_semantics(RayWeightStore.create("weights-semantics", keep=2))
 

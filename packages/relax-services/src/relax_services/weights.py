@@ -17,6 +17,7 @@ its own wall time and returns it, so the services can log sync time per version.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -318,17 +319,30 @@ class WeightPoller:
     Args:
         store: Where weights come from.
         current_version: Returns the version the reader holds (e.g. ``lambda: engine.version``).
+        min_interval_s: Ask the store at most this often; calls in between return ``None`` without a
+            round trip. A rollout engine polls between decode steps, and against a Ray store every ask is an
+            actor call, so a few tens of milliseconds keep polling off the decode path.
 
     Attributes:
         sync_seconds: ``{version: fetch seconds}`` of every version handed out.
     """
 
-    def __init__(self, store: WeightStore, current_version: Callable[[], int | None]) -> None:
+    def __init__(
+        self, store: WeightStore, current_version: Callable[[], int | None], min_interval_s: float = 0.0
+    ) -> None:
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s}")
         self.store = store
         self.current_version = current_version
+        self.min_interval_s = min_interval_s
         self.sync_seconds: dict[int, float] = {}
+        self._last_ask = -math.inf
 
     def __call__(self) -> tuple[int, StateDict] | None:
+        now = time.monotonic()
+        if now - self._last_ask < self.min_interval_s:
+            return None
+        self._last_ask = now
         update = self.store.fetch(self.current_version())
         if update is None:
             return None
