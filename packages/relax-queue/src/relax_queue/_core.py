@@ -393,6 +393,7 @@ class QueueCore:
         if lease is None:
             raise LeaseError(f"cannot renew lease {lease_id}: it is unknown, already settled, or expired")
         lease.deadline = now + (timeout_s if timeout_s is not None else self.config.lease_timeout_s)
+        heapq.heappush(self.lease_heap, (lease.deadline, lease_id))
         return lease.deadline
 
     def _redeliver(self, lease: Lease) -> None:
@@ -408,12 +409,9 @@ class QueueCore:
         heap = self.lease_heap
         expired = False
         while heap and heap[0][0] <= now:
-            _, lease_id = heapq.heappop(heap)
+            deadline, lease_id = heapq.heappop(heap)
             lease = self.leases.get(lease_id)
-            if lease is None:
-                continue
-            if lease.deadline > now:  # renewed: look again at its new deadline
-                heapq.heappush(heap, (lease.deadline, lease_id))
+            if lease is None or lease.deadline != deadline:  # settled, or renewed (a newer entry exists)
                 continue
             self._pop_lease(lease_id, "expire")
             self.counters.expired_leases += 1

@@ -257,6 +257,7 @@ class TransferQueue:
         """
         lease_id = _lease_id(batch)
         with self._core.cond:
+            self._core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
             if rank is not None and not self._replicas.ack(lease_id, rank):
                 return
             self._core.ack(lease_id)
@@ -265,12 +266,14 @@ class TransferQueue:
     def nack(self, batch: Batch | int) -> None:
         """Give a leased batch back: its rows are redelivered to the task first."""
         with self._core.cond:
+            self._core.expire(time.monotonic())
             self._core.nack(_lease_id(batch))
             self._core.notify()
 
     def renew(self, batch: Batch | int, timeout_s: float | None = None) -> None:
-        """Extend a lease by ``timeout_s`` from now (default: the configured lease timeout)."""
+        """Set a lease to end ``timeout_s`` from now (default: the lease timeout; <= 0 expires it now)."""
         with self._core.cond:
+            self._core.expire(time.monotonic())
             self._core.renew(_lease_id(batch), time.monotonic(), timeout_s)
 
     # ------------------------------------------------------------------ staleness
