@@ -27,9 +27,6 @@ def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchT
     loss weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
     opt = cfg.optimizer
     weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
-    if opt.schedule == "linear":
-        raise ValueError("optimizer.schedule='linear' is not supported by the torch engine; use constant or cosine")
-    schedule: Literal["constant", "cosine"] = "constant" if opt.schedule == "constant" else "cosine"
     train_cfg = TorchTrainConfig(
         lr=opt.lr,
         betas=opt.betas,
@@ -39,7 +36,7 @@ def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchT
         micro_batch_size=cfg.trainer.micro_batch_groups * cfg.algorithm.group_size,
         loss_weighting=weighting,
         warmup_steps=opt.warmup_steps,
-        schedule=schedule,
+        schedule=opt.schedule,
         total_steps=opt.total_steps or cfg.trainer.total_steps,
         min_lr_ratio=opt.min_lr_ratio,
         temperature=cfg.rollout.temperature,

@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
+import yaml
 
 from relax_core import (
     AlgorithmConfig,
+    ConfigError,
+    ConfigIssue,
     ConfigModel,
     OptimizerConfig,
     RewardConfig,
     StalenessConfig,
+    apply_overrides,
     load_config,
 )
 
@@ -68,7 +72,8 @@ class DataConfig(ConfigModel):
     """Seed of the synthetic data and of the prompt order."""
 
     adaptive_weights: bool = True
-    """Sample each task with probability ∝ (1 − its running reward + 0.1), so lagging tasks get more prompts."""
+    """Sample each task with probability ∝ (1 − its latest held-out reward + 0.1), so lagging tasks get more
+    prompts (uniform when off)."""
 
     data_dir: Path | None = None
     """Where to write (or reuse) the synthetic data; default: ``<run dir>/data``."""
@@ -121,8 +126,11 @@ class TrainerConfig(ConfigModel):
     keep_checkpoints: int = pydantic.Field(default=2, ge=1)
     """How many most recent checkpoints to keep."""
 
-    warmup_format_steps: int = pydantic.Field(default=0, ge=0)
+    warmup_format_steps: int = pydantic.Field(default=30, ge=0)
     """Supervised steps that teach the answer format only (an option of the task, never the answer)."""
+
+    warmup_lr: float = pydantic.Field(default=1e-3, gt=0.0)
+    """Learning rate of the format warm-up."""
 
     seed: int = 0
     """Seed of the trainer RNG (sampling seeds derive from it and the prompt key)."""
@@ -192,13 +200,26 @@ class RunSettings(ConfigModel):
     report_every_s: float = pydantic.Field(default=5.0, gt=0.0)
     """Seconds between progress reports."""
 
+    placement: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Pin roles to nodes: role (trainer, rollout, reward, reference, eval) → a Ray custom resource that only the
+    chosen nodes have (each actor of the role requires 0.01 of it). Empty: Ray places actors freely."""
+
+
+RUN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "algorithm": {"preset": "grpo", "entropy_coef": 0.01, "decoupled": True, "tis_cap": 2.0},
+    "optimizer": {"lr": 3e-4, "weight_decay": 0.0, "grad_clip": 1.0},
+    "staleness": {"tau": 2, "on_stale": "requeue"},
+}
+"""Where the embedded default run departs from relax-core's component defaults. A run config's own values are
+merged over these key by key; an ``algorithm.preset`` of its own replaces the default algorithm block whole."""
+
 
 def _default_algorithm() -> AlgorithmConfig:
-    return AlgorithmConfig.model_validate({"preset": "grpo", "entropy_coef": 0.01, "decoupled": True, "tis_cap": 2.0})
+    return AlgorithmConfig.model_validate(RUN_DEFAULTS["algorithm"])
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=3e-4, weight_decay=0.0, grad_clip=1.0)
+    return OptimizerConfig.model_validate(RUN_DEFAULTS["optimizer"])
 
 
 class RunConfig(ConfigModel):
@@ -210,7 +231,9 @@ class RunConfig(ConfigModel):
     optimizer: OptimizerConfig = pydantic.Field(default_factory=_default_optimizer)
     """Policy optimizer."""
 
-    staleness: StalenessConfig = pydantic.Field(default_factory=lambda: StalenessConfig(tau=2, on_stale="requeue"))
+    staleness: StalenessConfig = pydantic.Field(
+        default_factory=lambda: StalenessConfig.model_validate(RUN_DEFAULTS["staleness"])
+    )
     """The τ knob: 0 is strictly on-policy (equal to a synchronous trainer), null is fully asynchronous."""
 
     reward: RewardConfig = pydantic.Field(default_factory=RewardConfig)
@@ -247,6 +270,42 @@ class RunConfig(ConfigModel):
         return self.trainer.groups_per_step * self.algorithm.group_size
 
 
+def _read_source(source: str | Path | dict[str, Any] | None) -> dict[str, Any]:
+    if source is None:
+        return {}
+    if isinstance(source, dict):
+        return dict(source)
+    try:
+        data = yaml.safe_load(Path(source).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(
+            [ConfigIssue("", str(source), f"cannot read config file: {exc.strerror}")], str(source)
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigIssue("", str(source), f"invalid YAML: {exc}")], str(source)) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigIssue("", type(data).__name__, "top level must be a mapping")], str(source))
+    return data
+
+
 def load_run_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a run config from YAML (or nothing: the embedded default) plus dotted overrides."""
-    return load_config(RunConfig, source, overrides or [])
+    """Load a run config from YAML (or nothing: the embedded default) plus dotted overrides.
+
+    The embedded defaults (:data:`RUN_DEFAULTS`) stay in force for every key the file and overrides leave unset.
+
+    Raises:
+        ConfigError: naming each offending dotted field, its value and what is allowed.
+    """
+    data = apply_overrides(_read_source(source), overrides or [])
+    for section, defaults in RUN_DEFAULTS.items():
+        given = data.get(section)
+        if given is None:
+            data[section] = dict(defaults)
+        elif isinstance(given, dict) and not (section == "algorithm" and "preset" in given):
+            data[section] = {**defaults, **given}
+    try:
+        return load_config(RunConfig, data)
+    except ConfigError as exc:  # name the file the bad value came from
+        raise ConfigError(exc.issues, str(source) if isinstance(source, str | Path) else None) from None

@@ -41,6 +41,9 @@ class RunResult:
     rollout_s: float = 0.0
     staleness_hist: dict[int, int] = field(default_factory=dict)
     first_step_reaching: dict[str, float] = field(default_factory=dict)
+    warmup_steps: int = 0
+    service_pids: dict[str, int] = field(default_factory=dict)
+    service_nodes: dict[str, str] = field(default_factory=dict)
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -87,6 +90,7 @@ class Controller:
         self.reached: dict[str, float] = {}
         self._last_train: dict[str, Any] = {}
         self._faults_pending = list(cfg.faults)
+        self.nodes: dict[str, str] = {}
 
     def request_stop(self, reason: str) -> None:
         if self._stop_reason is None:
@@ -98,7 +102,6 @@ class Controller:
         if kind == "train":
             keys = record.pop("keys")
             self.feeder.mark_consumed(sorted({k.split("/")[0] for k in keys}))
-            self.feeder.observe(record["reward_by_task"])
             self.step = max(self.step, int(record["step"]))
             self.samples += int(record["samples"])
             self.wait_s += float(record["wait_s"])
@@ -110,6 +113,7 @@ class Controller:
             if int(record["version"]) >= self.eval_version:
                 self.eval_version = int(record["version"])
                 self.latest_eval = dict(record["reward"])
+                self.feeder.observe(self.latest_eval, momentum=0.0)
             record["chance"] = self.data.chance
         elif kind == "rollout":
             self.rollout_s += float(record["seconds"])
@@ -126,6 +130,7 @@ class Controller:
         cfg = self.cfg
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.data = prepare_data(cfg, self.run_dir)
+        cfg = self.cfg = self._warmup(cfg)
         self.pipeline: Pipeline = build_pipeline(cfg, self.run_dir, self.data.heldout, self.resume)
         self.feeder = PromptFeeder(
             self.data.streams,
@@ -143,6 +148,7 @@ class Controller:
             signal.signal(sig, lambda signum, _frame: self.request_stop(f"signal {signal.Signals(signum).name}"))
         try:
             self.pipeline.start()
+            self.nodes = self.pipeline.node_ids()
             self.feeder.start()
             with Progress(cfg.run.progress) as progress:
                 self._loop(start, progress)
@@ -172,7 +178,26 @@ class Controller:
             rollout_s=self.rollout_s,
             staleness_hist=dict(sorted(self.staleness.items())),
             first_step_reaching=self.reached,
+            warmup_steps=cfg.trainer.warmup_format_steps,
+            service_nodes=self.nodes,
+            service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
         )
+
+    def _warmup(self, cfg: RunConfig) -> RunConfig:
+        """Run the format warm-up (in its own process) and point every service at the warmed-up checkpoint."""
+        if cfg.trainer.warmup_format_steps == 0:
+            return cfg
+        import ray
+
+        from relax_services.warmup import format_warmup
+
+        out = self.run_dir / "warmup_model"
+        if not (out / "config.json").is_file():
+            items = [entry["item"] for stream in self.data.streams.values() for entry in stream.items]
+            task = ray.remote(num_cpus=0)(format_warmup)
+            info = ray.get(task.remote(cfg, items, _to_prompt, str(out), cfg.trainer.seed))
+            self.metrics.write("warmup", info)
+        return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
 
     def _loop(self, start: float, progress: Progress) -> None:
         cfg = self.cfg

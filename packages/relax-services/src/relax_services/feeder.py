@@ -128,7 +128,8 @@ class PromptFeeder:
 
     # ------------------------------------------------------------------ task choice
     def observe(self, reward_by_task: Mapping[str, float], momentum: float = 0.8) -> None:
-        """Update the running training reward per task (drives adaptive task weights)."""
+        """Update the running reward per task (the controller feeds held-out greedy rewards; they drive the
+        adaptive task weights, so tasks already solved get fewer prompts)."""
         with self._lock:
             for task, value in reward_by_task.items():
                 if task in self.running_reward:

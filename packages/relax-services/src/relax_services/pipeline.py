@@ -35,15 +35,22 @@ class ServiceSpec:
     handle: Any = None
     pid: int | None = None
     restarts: int = 0
+    resource: str | None = None
 
     def launch(self, namespace: str) -> Any:
         """Create the actor and ask it to start; returns the start call's reference (its process id)."""
         import ray
 
         actor_cls: Any = ray.remote(self.cls)
-        self.handle = actor_cls.options(
-            name=f"{namespace}-{self.name}-{self.restarts}", num_cpus=0, max_concurrency=4, max_restarts=0
-        ).remote(self.name, *self.args, **self.kwargs)
+        options: dict[str, Any] = {
+            "name": f"{namespace}-{self.name}-{self.restarts}",
+            "num_cpus": 0,
+            "max_concurrency": 4,
+            "max_restarts": 0,
+        }
+        if self.resource is not None:
+            options["resources"] = {self.resource: 0.01}
+        self.handle = actor_cls.options(**options).remote(self.name, *self.args, **self.kwargs)
         return self.handle.start.remote()
 
     def create(self, namespace: str, timeout: float = 300.0) -> Any:
@@ -74,6 +81,14 @@ class Pipeline:
         pids = ray.get([spec.launch(self.namespace) for spec in specs], timeout=600)
         for spec, pid in zip(specs, pids, strict=True):
             spec.pid = pid
+
+    def node_ids(self) -> dict[str, str]:
+        """The Ray node each service runs on."""
+        import ray
+
+        return dict(
+            zip(self.services, ray.get([s.handle.node_id.remote() for s in self.services.values()]), strict=True)
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop every service loop, then end their processes and the queue and store actors."""
@@ -123,7 +138,8 @@ def build_grpo(cfg: RunConfig, run_dir: Path, heldout: list[tuple[str, Any, str]
     services: dict[str, ServiceSpec] = {}
 
     def add(name: str, role: str, cls: type, *args: Any, **kwargs: Any) -> None:
-        services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health})
+        resource = cfg.run.placement.get(role)
+        services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
 
     add("trainer", "trainer", TrainerService, cfg, sample_queue, weights, str(run_dir), resume=resume)
     for i in range(cfg.rollout.num_workers):

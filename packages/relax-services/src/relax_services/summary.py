@@ -25,7 +25,12 @@ def format_summary(result: Any) -> str:
         f"staleness of consumed samples (V − v_min: count): {hist}",
         f"trainer idle fraction: {result.trainer_wait_s / max(result.trainer_wait_s + result.train_s, 1e-9):.2f}",
         "prompt ledger: " + ", ".join(f"{k} {v}" for k, v in result.ledger.items()),
-        "no supervised warm-up was used: the policy learned the answer format from reward alone",
+        (
+            f"opened with {result.warmup_steps} supervised format warm-up steps (a random valid option, then "
+            "end-of-answer; never the correct answer), so rewards start near chance"
+            if result.warmup_steps
+            else "no supervised warm-up: the policy learned the answer format from reward alone"
+        ),
     ]
     restarts = [e for e in result.health_events if e["event"] == "restarted"]
     if result.health_events:

@@ -87,6 +87,12 @@ class ServiceBase:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        """Id of the Ray node this service runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "pid": os.getpid(), "progress": self._progress, "error": self._error}
 

@@ -18,7 +18,13 @@ from relax_services.config import RunConfig
 from relax_services.engines import LossInputs, TrainSample
 from relax_services.services._base import ServiceBase
 
-__all__ = ["TrainerService", "build_train_samples", "make_loss_fn", "trainer_fields"]
+__all__ = ["TrainerService", "build_train_samples", "make_loss_fn", "sample_order", "trainer_fields"]
+
+
+def sample_order(key: str) -> tuple[str, int]:
+    """Sort key of a sample row key ``"<prompt key>/<index in group>"``: by prompt, then index."""
+    prompt, _, index = key.rpartition("/")
+    return prompt, int(index)
 
 
 def trainer_fields(cfg: RunConfig) -> list[str]:
@@ -150,7 +156,9 @@ class TrainerService(ServiceBase):
 
     def _train_on(self, batch: Batch) -> None:
         start = time.perf_counter()
-        rows = [row.fields for row in batch.rows]
+        delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
+        rows = [row.fields for row in delivered]
+        version_before = self.version
         samples = build_train_samples(self.cfg, rows)
         metrics = self.engine.step(samples, self.loss_fn)
         train_s = time.perf_counter() - start
@@ -160,6 +168,8 @@ class TrainerService(ServiceBase):
         for r in rows:
             by_task[r["meta"]["task"]].append(float(r["reward"]))
         staleness = Counter(row.staleness for row in batch.rows)
+        # Recomputed from the per-token versions the rollout recorded (independent of the queue's bookkeeping).
+        token_staleness = Counter(version_before - min(r["token_versions"]) for r in rows)
         self.record(
             "train",
             step=self.version,
@@ -168,6 +178,7 @@ class TrainerService(ServiceBase):
             reward_by_task={t: sum(v) / len(v) for t, v in by_task.items()},
             staleness_hist={str(k): v for k, v in sorted(staleness.items())},
             max_staleness=max(staleness),
+            token_staleness_hist={str(k): v for k, v in sorted(token_staleness.items())},
             stale_flagged=sum(row.stale for row in batch.rows),
             reward_failures=sum(r["reward_error"] is not None for r in rows),
             wait_s=self._wait_s,

@@ -1,0 +1,38 @@
+"""Test-session fixtures shared by every package and the integration tests.
+
+Ray starts once per test session, only when a test asks for it (``ray_session``), and is shut down at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# Under `uv run`, Ray's uv hook would start every worker through `uv run` in a copied working directory, which
+# fails offline; workers must use this environment's interpreter. Ray reads this when it is imported.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """One local Ray instance for the whole test session (light actors use ``num_cpus=0``)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # pragma: no cover - a package-level fixture started it
+        yield ray
+        return
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        object_store_memory=512 * 1024 * 1024,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,0 +1,103 @@
+"""`relax train` from the command line, and the same run on a two-node Ray cluster.
+
+Both start their own Ray instance in a subprocess (the CLI's own, and a `ray.cluster_utils.Cluster`), so they do
+not share this session's Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "OMP_NUM_THREADS": "1"}
+FAST = [
+    "data.train_per_task=8",
+    "data.eval_per_task=4",
+    "data.tasks=[image, audio, video, text]",
+    "trainer.groups_per_step=4",
+    "trainer.micro_batch_groups=4",
+    "trainer.total_steps=4",
+    "trainer.warmup_format_steps=2",
+    "trainer.checkpoint_every=2",
+    "algorithm.group_size=4",
+    "eval.every_steps=2",
+    "run.report_every_s=1",
+]
+
+
+@pytest.mark.integration
+def test_relax_train_cli_writes_run_folder(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", *FAST, f"run.output_dir={tmp_path}", "run.name=cli"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "cli"
+    assert "step 4/4" in proc.stdout  # progress lines (no TTY here)
+    assert "held-out reward" in proc.stdout and "chance" in proc.stdout  # the closing summary
+    for name in ("config.yaml", "metrics.jsonl", "summary.txt", "reward.png", "staleness.png", "queue_depth.png"):
+        assert (run_dir / name).is_file(), name
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002.pt", "step_00000004.pt"]
+    kinds = {json.loads(line)["kind"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
+    assert {"train", "eval", "queue", "rollout", "summary", "warmup"} <= kinds
+
+
+@pytest.mark.integration
+def test_bad_config_fails_before_anything_starts(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", "staleness.tau=-1", f"run.output_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 2
+    assert "staleness.tau" in proc.stderr and ">= 0" in proc.stderr
+    assert not any(tmp_path.iterdir())  # no run folder, no Ray
+
+
+_TWO_NODE = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import ray
+    from ray.cluster_utils import Cluster
+    from relax_services.config import load_run_config
+    from relax_services.controller import Controller
+
+    out = Path(sys.argv[1])
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"trainer_node": 1}})
+    cluster.add_node(num_cpus=1, resources={"rollout_node": 1})
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = load_run_config(None, sys.argv[2:] + [
+            f"run.output_dir={out}", "run.name=two-node", "run.progress=none",
+            "run.placement={trainer: trainer_node, rollout: rollout_node}",
+        ])
+        run_dir = out / "two-node"
+        run_dir.mkdir(parents=True)
+        result = Controller(cfg, run_dir).run()
+        print(json.dumps({"steps": result.steps, "nodes": result.service_nodes}))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    """
+)
+
+
+@pytest.mark.integration
+def test_rollout_and_trainer_on_different_nodes(tmp_path: Path) -> None:
+    args = [a for a in FAST if not a.startswith("run.report")]
+    proc = subprocess.run(
+        [sys.executable, "-c", _TWO_NODE, str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["steps"] == 4
+    nodes = report["nodes"]
+    assert nodes["trainer"] != nodes["rollout-0"], nodes

@@ -1,0 +1,63 @@
+"""Format warm-up: a few supervised steps that teach the answer *format* only — one of the task's valid options
+followed by the end-of-answer token — with the option drawn uniformly at random, never the correct answer.
+
+After it, a greedy policy answers with a valid option at about the task's chance level, so the RL reward starts
+from chance instead of from the near-zero rate of hitting "option, then end" by sampling a 64-token vocabulary.
+The warmed-up model is saved as a local transformers checkpoint that every service then loads.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax_services._policy import build_policy, build_train_engine
+from relax_services.config import RunConfig
+from relax_services.engines import LossInputs, TrainSample
+from relax_services.models import EOS_ID
+
+__all__ = ["format_warmup"]
+
+
+def _nll(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    loss = -(inputs.logprobs * inputs.mask).sum() / inputs.mask.sum().clamp(min=1)  # token-mean NLL
+    return loss, {"nll": float(loss.detach())}
+
+
+def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir: str, seed: int = 0) -> dict[str, Any]:
+    """Train ``cfg.trainer.warmup_format_steps`` supervised steps on random valid options; save to ``out_dir``.
+
+    Args:
+        items: Training task items (with ``options``); their answers are not used.
+        to_prompt: Item → model prompt (the modality data path).
+        out_dir: Where the warmed-up checkpoint is written.
+
+    Returns:
+        ``{"path", "steps", "nll"}`` (the last step's loss).
+    """
+    from relax_modalities.text import TinyTokenizer
+
+    torch.set_num_threads(1)
+    tokenizer = TinyTokenizer()
+    rng = random.Random(seed)
+    warm_cfg = cfg.model_copy(
+        update={"optimizer": cfg.optimizer.model_copy(update={"lr": cfg.trainer.warmup_lr, "warmup_steps": 0})}
+    )
+    engine = build_train_engine(warm_cfg, build_policy(cfg.model))
+    batch_size = cfg.trainer.micro_batch_groups * cfg.algorithm.group_size
+    prompts = [(to_prompt(item), item.options) for item in items]
+    metrics: dict[str, float] = {}
+    for _ in range(cfg.trainer.warmup_format_steps):
+        batch = []
+        for prompt, options in rng.sample(prompts, min(batch_size, len(prompts))):
+            target = [*tokenizer.encode(rng.choice(options)), EOS_ID]
+            batch.append(TrainSample(prompt=prompt, response_ids=torch.tensor(target)))
+        metrics = engine.step(batch, _nll)
+    path = Path(out_dir)
+    model: Any = engine.model
+    model.save_pretrained(path)
+    return {"path": str(path), "steps": cfg.trainer.warmup_format_steps, "nll": metrics.get("nll", float("nan"))}
