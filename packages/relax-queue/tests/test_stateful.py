@@ -75,7 +75,7 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             rows = [RowInput(k, {"x": 1}, versions=v, group_id=gid, group_size=size) for k in keys[: min(now, size)]]
         self._put(rows, gid, size, v)
-        self.missing[gid] = keys[len(rows) :] if all(r.key in self.rows for r in rows) else []
+        self.missing[gid] = [k for k in keys if k not in self.rows] if any(k in self.rows for k in keys) else []
 
     @precondition(lambda self: any(self.missing.values()))
     @rule(data=st.data())
@@ -93,8 +93,7 @@ class QueueMachine(RuleBasedStateMachine):
             RowInput(k, {"x": 1}, versions=first.v_min, group_id=gid, group_size=first.size) for k in self.missing[gid]
         ]
         self._put(rows, gid, first.size, first.v_min)
-        if all(r.key in self.rows for r in rows):
-            self.missing[gid] = []
+        self.missing[gid] = [k for k in self.missing[gid] if k not in self.rows]
 
     def _put(self, rows: list[RowInput], gid: str, size: int, v: int) -> None:
         if len(self.rows) + len(rows) > MAX_ROWS:
@@ -108,7 +107,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.q.put_many(rows, timeout=0)
             stored = [r.key for r in rows]
         for key in stored:
-            self.rows[str(key)] = ModelRow(gid, size, v)
+            self.rows.setdefault(str(key), ModelRow(gid, size, v))
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data())
