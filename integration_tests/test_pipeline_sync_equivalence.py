@@ -88,9 +88,11 @@ def test_tau0_pipeline_equals_sequential_trainer(small_config, run_pipeline, tmp
     result = run_pipeline(cfg)
     assert result.steps == STEPS
     assert result.staleness_hist == {0: STEPS * cfg.samples_per_step}  # strictly on-policy
-    state = CheckpointManager(result.run_dir / "checkpoints").load_latest()
-    assert state is not None and state["version"] == STEPS
-    pipeline_weights = state["engine"]["model"]
+    latest = CheckpointManager(result.run_dir / "checkpoints").latest()
+    assert latest is not None
+    state = CheckpointManager.load_engine(latest)
+    assert state["version"] == STEPS
+    pipeline_weights = state["model"]
 
     expected = _sequential_weights(cfg, tmp_path / "sequential")
     initial = build_policy(cfg.model).state_dict()

@@ -1,22 +1,48 @@
-"""Crash-consistent checkpoints: each is written to a temporary file, flushed to disk, then renamed into place,
-so a crash mid-write leaves the previous checkpoint intact; only the newest ``keep`` are kept."""
+"""Crash-consistent run checkpoints.
+
+A checkpoint is a folder ``step_XXXXXXXX/`` holding the trainer's engine state (model, optimizer, RNG, version),
+snapshots of both queues (rows, leases, versions; leased work is redelivered on restore) and the controller's
+state (prompt feeder position, ledger). Everything is written into a temporary folder first and renamed into
+place in one step, so a crash mid-write leaves the previous checkpoint intact; only the newest ``keep`` are kept.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["CheckpointManager"]
+__all__ = [
+    "CONTROLLER_FILE",
+    "ENGINE_FILE",
+    "PROMPTS_FILE",
+    "SAMPLES_FILE",
+    "CheckpointManager",
+    "queued_prompt_keys",
+]
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
+ENGINE_FILE = "engine.pt"
+CONTROLLER_FILE = "controller.pt"
+PROMPTS_FILE = "prompts.queue"
+SAMPLES_FILE = "samples.queue"
+_REQUIRED = (ENGINE_FILE, CONTROLLER_FILE, PROMPTS_FILE, SAMPLES_FILE)
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class CheckpointManager:
-    """Saves and finds checkpoints ``step_XXXXXXXX.pt`` in one folder."""
+    """Writes, lists and loads the checkpoints of one run folder."""
 
     def __init__(self, folder: Path, keep: int = 2) -> None:
         if keep < 1:
@@ -24,42 +50,79 @@ class CheckpointManager:
         self.folder = Path(folder)
         self.keep = keep
 
+    def path(self, step: int) -> Path:
+        return self.folder / f"step_{step:08d}"
+
     def steps(self) -> list[int]:
-        """Steps of the complete checkpoints present, oldest first."""
+        """Steps of the complete checkpoints present (all files there), oldest first."""
         if not self.folder.is_dir():
             return []
-        found = (_NAME.match(p.name) for p in self.folder.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        found = []
+        for p in self.folder.iterdir():
+            m = _NAME.match(p.name)
+            if m and p.is_dir() and all((p / f).is_file() for f in _REQUIRED):
+                found.append(int(m.group(1)))
+        return sorted(found)
 
-    def path(self, step: int) -> Path:
-        return self.folder / f"step_{step:08d}.pt"
-
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as the checkpoint of ``step`` atomically; prune old ones; return its path."""
+    def begin(self, step: int) -> Path:
+        """A fresh temporary folder to write the checkpoint of ``step`` into (then :meth:`commit` it)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".tmp-step_{step:08d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, step: int, tmp: Path) -> Path:
+        """Flush ``tmp``'s files, rename it into place as the checkpoint of ``step``, prune old ones."""
+        missing = [f for f in _REQUIRED if not (tmp / f).is_file()]
+        if missing:
+            raise RuntimeError(f"checkpoint of step {step} is incomplete: missing {missing}")
+        for f in tmp.iterdir():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
         final = self.path(step)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        with tmp.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        if final.exists():  # re-checkpointing the same step (e.g. at shutdown): replace it
+            shutil.rmtree(final)
         os.replace(tmp, final)
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(self.folder)
         for old in self.steps()[: -self.keep]:
-            self.path(old).unlink(missing_ok=True)
+            shutil.rmtree(self.path(old), ignore_errors=True)
         return final
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The newest checkpoint that loads; an unreadable one (e.g. truncated by a crash) is skipped."""
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint whose files load; a damaged one (e.g. truncated) is skipped."""
         for step in reversed(self.steps()):
+            path = self.path(step)
             try:
-                state: dict[str, Any] = torch.load(self.path(step), map_location="cpu", weights_only=False)
-            except Exception:  # a damaged file: fall back to the previous checkpoint
+                torch.load(path / ENGINE_FILE, map_location="cpu", weights_only=False)
+                torch.load(path / CONTROLLER_FILE, map_location="cpu", weights_only=False)
+            except Exception:  # unreadable: fall back to the previous checkpoint
                 continue
-            state.setdefault("step", step)
-            return state
+            return path
         return None
+
+    @staticmethod
+    def load_engine(path: Path) -> dict[str, Any]:
+        """The trainer engine state of checkpoint folder ``path``."""
+        state: dict[str, Any] = torch.load(path / ENGINE_FILE, map_location="cpu", weights_only=False)
+        return state
+
+    @staticmethod
+    def load_controller(path: Path) -> dict[str, Any]:
+        state: dict[str, Any] = torch.load(path / CONTROLLER_FILE, map_location="cpu", weights_only=False)
+        return state
+
+
+def queued_prompt_keys(path: Path) -> set[str]:
+    """Prompt keys still held by the queue snapshots of checkpoint ``path``: prompt rows waiting for a Rollout
+    worker, and groups of samples (keyed ``<prompt key>/<i>``) not yet consumed by the trainer."""
+    from relax_queue import QueueConfig, TaskSpec, TransferQueue
+
+    keys: set[str] = set()
+    for name in (PROMPTS_FILE, SAMPLES_FILE):
+        tasks = tuple(TaskSpec(name) for name in ("rollout", "reward", "reference", "trainer"))
+        queue = TransferQueue(QueueConfig(tasks=tasks))
+        queue.load(path / name)
+        keys.update(str(row["key"]).split("/")[0] for row in queue.state_dict()["rows"])
+    return keys

@@ -168,6 +168,10 @@ class HealthConfig(ConfigModel):
     restart_backoff_s: float = pydantic.Field(default=1.0, ge=0.0)
     """First restart delay; doubles with every restart of the same service."""
 
+    max_global_restarts: int = pydantic.Field(default=2, ge=0)
+    """Restarts of the whole run from its last checkpoint (after a Trainer failure, or a service that kept
+    failing) before the run stops with an error."""
+
 
 class FaultSpec(ConfigModel):
     """One injected fault (for tests and ``relax chaos``)."""

@@ -10,13 +10,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from relax_core import dump_config
 from relax_services._data import prepare_data
 from relax_services._metrics import MetricsWriter
+from relax_services.checkpoint import (
+    CONTROLLER_FILE,
+    ENGINE_FILE,
+    PROMPTS_FILE,
+    SAMPLES_FILE,
+    CheckpointManager,
+    queued_prompt_keys,
+)
 from relax_services.config import RunConfig
 from relax_services.feeder import PromptFeeder
-from relax_services.health import HealthManager
-from relax_services.pipeline import Pipeline, build_pipeline
+from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
+from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
 from relax_services.progress import Progress
 
@@ -91,6 +101,8 @@ class Controller:
         self._last_train: dict[str, Any] = {}
         self._faults_pending = list(cfg.faults)
         self.nodes: dict[str, str] = {}
+        self._checkpoint_step = 0
+        self.global_restarts = 0
 
     def request_stop(self, reason: str) -> None:
         if self._stop_reason is None:
@@ -131,35 +143,33 @@ class Controller:
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.data = prepare_data(cfg, self.run_dir)
         cfg = self.cfg = self._warmup(cfg)
-        self.pipeline: Pipeline = build_pipeline(cfg, self.run_dir, self.data.heldout, self.resume)
-        self.feeder = PromptFeeder(
-            self.data.streams,
-            _to_prompt,
-            self.pipeline.prompt_queue,
-            self.pipeline.sample_queue,
-            cfg.algorithm.group_size,
-            seed=cfg.data.seed,
-            adaptive=cfg.data.adaptive_weights,
-        )
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
         self.health = HealthManager(cfg.health, self.metrics)
+        restore = self.checkpoints.latest() if self.resume else None
+        if self.resume and restore is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint under {self.checkpoints.folder}")
         start = time.monotonic()
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         for sig in previous:
             signal.signal(sig, lambda signum, _frame: self.request_stop(f"signal {signal.Signals(signum).name}"))
         try:
-            self.pipeline.start()
-            self.nodes = self.pipeline.node_ids()
-            self.feeder.start()
+            self._start_pipeline(restore)
             with Progress(cfg.run.progress) as progress:
-                self._loop(start, progress)
+                while True:
+                    try:
+                        self._loop(start, progress)
+                        break
+                    except GlobalRestartNeeded as exc:
+                        self._global_restart(str(exc))
             final = self._final_eval()
+            self._checkpoint()  # graceful end (and SIGINT/SIGTERM): the run can be resumed from here
         finally:
             self.feeder.stop()
             self.pipeline.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         wall = time.monotonic() - start
-        ledger = self.feeder.ledger.check()
+        ledger = self._final_ledger()
         self.metrics.write("summary", {"final_eval": final, "ledger": ledger, "stop_reason": self._stop_reason})
         self.metrics.close()
         plot_run(self.run_dir)
@@ -182,6 +192,79 @@ class Controller:
             service_nodes=self.nodes,
             service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
         )
+
+    def _start_pipeline(self, restore: Path | None) -> None:
+        """Build and start the services, from a checkpoint folder when given (else from step 0)."""
+        cfg = self.cfg
+        self.pipeline = build_pipeline(cfg, self.data.heldout, restore)
+        self.feeder = PromptFeeder(
+            self.data.streams,
+            _to_prompt,
+            self.pipeline.prompt_queue,
+            self.pipeline.sample_queue,
+            cfg.algorithm.group_size,
+            seed=cfg.data.seed,
+            adaptive=cfg.data.adaptive_weights,
+        )
+        if restore is not None:
+            state = self.checkpoints.load_controller(restore)
+            self.feeder.load_state_dict(state["feeder"])
+            self.step = self._checkpoint_step = int(state["step"])
+            self.metrics.write("health", {"event": "restored", "service": "run", "step": self.step})
+        self.pipeline.start()
+        self.nodes = self.pipeline.node_ids()
+        self.feeder.start()
+        if restore is None:
+            self._checkpoint()  # step 0: a global restart always has somewhere to go back to
+
+    def _checkpoint(self) -> Path:
+        """A consistent checkpoint: trainer held between updates, feeder held, then engine state, prompt queue,
+        sample queue (in that order: a prompt acked meanwhile has its samples in the later snapshot) and the
+        feeder position with its ledger, renamed into place together."""
+        import ray
+
+        trainer = self.pipeline.services["trainer"].handle
+        version = int(ray.get(trainer.pause.remote(), timeout=600))
+        self.feeder.pause()
+        try:
+            self._poll_services()  # the ledger must include every update up to this version
+            tmp = self.checkpoints.begin(version)
+            ray.get(trainer.save_engine.remote(str(tmp / ENGINE_FILE)), timeout=600)
+            self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
+            self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
+            torch.save({"step": version, "feeder": self.feeder.state_dict()}, tmp / CONTROLLER_FILE)
+            path = self.checkpoints.commit(version, tmp)
+        finally:
+            self.feeder.resume()
+            trainer.resume.remote()
+        self._checkpoint_step = version
+        self.metrics.write("checkpoint", {"step": version, "path": str(path)})
+        return path
+
+    def _global_restart(self, reason: str) -> None:
+        """Tear every service down and bring the run back from its last checkpoint."""
+        self.global_restarts += 1
+        self.health.record_event("global_restart", "run", reason=reason, step=self.step)
+        if self.global_restarts > self.cfg.health.max_global_restarts:
+            raise ServiceGaveUpError(f"gave up after {self.global_restarts - 1} global restarts; last: {reason}")
+        t0 = time.monotonic()
+        self.feeder.stop()
+        self.pipeline.stop()
+        restore = self.checkpoints.latest()
+        self._start_pipeline(restore)
+        self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
+
+    def _final_ledger(self) -> dict[str, int]:
+        """The ledger, with ``lost``: prompts neither consumed, regenerated, nor still held by a queue."""
+        counts = self.feeder.ledger.check()
+        path = self.checkpoints.latest()
+        if path is None:
+            return counts
+        held = queued_prompt_keys(path)
+        ledger = self.feeder.ledger
+        pending = [k for k in ledger.generated if k not in ledger.consumed and k not in ledger.requeued]
+        counts["lost"] = sum(1 for k in pending if k not in held)
+        return counts
 
     def _warmup(self, cfg: RunConfig) -> RunConfig:
         """Run the format warm-up (in its own process) and point every service at the warmed-up checkpoint."""
@@ -207,6 +290,8 @@ class Controller:
             self._poll_services()
             self.health.check(self.pipeline)
             self._inject_faults()
+            if self.step >= self._checkpoint_step + cfg.trainer.checkpoint_every:
+                self._checkpoint()
             now = time.monotonic() - start
             if self.feeder.error:
                 raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")

@@ -122,6 +122,7 @@ class PromptFeeder:
         self.ledger = Ledger()
         self._items: dict[str, Mapping[str, Any]] = {}  # prompt key -> item, until consumed (for requeues)
         self._lock = threading.Lock()
+        self._pump_lock = threading.Lock()  # held by a pump in progress, or by pause()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
@@ -202,13 +203,22 @@ class PromptFeeder:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.pump() == 0:
+                with self._pump_lock:
+                    put = self.pump()
+                if put == 0:
                     self._stop.wait(0.05)
         except (QueueClosedError, QueueFullError) as exc:
             if not self._stop.is_set():
                 self.error = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # surfaced by the controller, which stops the run with this reason
             self.error = f"{type(exc).__name__}: {exc}"
+
+    def pause(self) -> None:
+        """Wait for the pump in progress to finish and hold the feeder (for a consistent checkpoint)."""
+        self._pump_lock.acquire()
+
+    def resume(self) -> None:
+        self._pump_lock.release()
 
     def stop(self) -> None:
         self._stop.set()

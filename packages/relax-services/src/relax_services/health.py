@@ -13,11 +13,16 @@ from typing import Any
 from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
 
-__all__ = ["HealthManager", "ServiceGaveUpError"]
+__all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError"]
 
 
 class ServiceGaveUpError(RuntimeError):
-    """A service failed more often than ``health.max_restarts`` allows."""
+    """The run failed more often than ``health.max_global_restarts`` allows."""
+
+
+class GlobalRestartNeeded(RuntimeError):
+    """The Trainer failed, or a service exceeded its in-place restarts: restart everything from the last
+    checkpoint."""
 
 
 class HealthManager:
@@ -80,9 +85,13 @@ class HealthManager:
         import ray
 
         self.record_event("detected", spec.name, reason=reason)
+        if spec.role == "trainer":  # its state lives in the last checkpoint: restart the whole run from there
+            self._down_since.clear()
+            raise GlobalRestartNeeded(f"trainer failed: {reason}")
         if spec.restarts >= self.cfg.max_restarts:
             self.record_event("gave_up", spec.name, restarts=spec.restarts)
-            raise ServiceGaveUpError(f"service {spec.name} failed {spec.restarts + 1} times; last: {reason}")
+            self._down_since.clear()
+            raise GlobalRestartNeeded(f"service {spec.name} failed {spec.restarts + 1} times; last: {reason}")
         t0 = time.monotonic()
         with contextlib.suppress(Exception):  # already gone
             ray.kill(spec.handle, no_restart=True)

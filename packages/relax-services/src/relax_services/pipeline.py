@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_queue import BoundedStaleness, Capacity, QueueConfig, TaskSpec, create_ray_queue
+from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.services import EvalService, ReferenceService, RewardService, RolloutService, TrainerService
 from relax_services.services._base import HealthMonitor
@@ -126,13 +127,16 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[Any, Any]:
     return create_ray_queue(f"{namespace}-prompts", prompts), create_ray_queue(f"{namespace}-samples", samples)
 
 
-def build_grpo(cfg: RunConfig, run_dir: Path, heldout: list[tuple[str, Any, str]], resume: bool = False) -> Pipeline:
+def build_grpo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
     """Critic-free group algorithms (GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++): Rollout workers, Reward,
     Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator."""
     import ray
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
     prompt_queue, sample_queue = _queues(cfg, namespace)
+    if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
+        prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
+        sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
     weights = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
     health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
     services: dict[str, ServiceSpec] = {}
@@ -141,7 +145,8 @@ def build_grpo(cfg: RunConfig, run_dir: Path, heldout: list[tuple[str, Any, str]
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
 
-    add("trainer", "trainer", TrainerService, cfg, sample_queue, weights, str(run_dir), resume=resume)
+    engine_state = None if restore is None else str(restore / ENGINE_FILE)
+    add("trainer", "trainer", TrainerService, cfg, sample_queue, weights, engine_state)
     for i in range(cfg.rollout.num_workers):
         add(f"rollout-{i}", "rollout", RolloutService, cfg, prompt_queue, sample_queue, weights)
     add("reward", "reward", RewardService, cfg, sample_queue)
@@ -151,16 +156,14 @@ def build_grpo(cfg: RunConfig, run_dir: Path, heldout: list[tuple[str, Any, str]
     return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services)
 
 
-def _ppo_not_built(
-    cfg: RunConfig, run_dir: Path, heldout: list[tuple[str, Any, str]], resume: bool = False
-) -> Pipeline:
+def _ppo_not_built(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
     raise NotImplementedError(
         "advantage_estimator gae/vtrace (PPO with a critic) has no Critic service yet; "
         "use a critic-free preset: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp"
     )
 
 
-PipelineBuilder = Callable[[RunConfig, Path, list[tuple[str, Any, str]], bool], Pipeline]
+PipelineBuilder = Callable[[RunConfig, list[tuple[str, Any, str]], "Path | None"], Pipeline]
 
 ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {
     "grpo": build_grpo,
@@ -173,8 +176,6 @@ ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {
 """Advantage estimator → pipeline builder."""
 
 
-def build_pipeline(
-    cfg: RunConfig, run_dir: Path, heldout: list[tuple[str, Any, str]], resume: bool = False
-) -> Pipeline:
+def build_pipeline(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
     """The pipeline for ``cfg.algorithm``'s estimator."""
-    return ALGORITHM_BUILDERS[cfg.algorithm.advantage_estimator](cfg, run_dir, heldout, resume)
+    return ALGORITHM_BUILDERS[cfg.algorithm.advantage_estimator](cfg, heldout, restore)

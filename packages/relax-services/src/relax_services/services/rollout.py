@@ -47,7 +47,7 @@ class RolloutService(ServiceBase):
         self.reader = prompt_queue.reader(
             "rollout", fields=["item", "prompt"], batcher=FixedSizeBatcher(cfg.rollout.groups_per_call)
         )
-        self._poll = WeightPoller(weights, lambda: self.engine.version)
+        self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=0.05)
         self._sync_weights()  # a (re)started worker begins from the newest published weights
 
     def _sync_weights(self) -> None:

@@ -3,9 +3,9 @@ loss (relax-core), applies one optimizer update, publishes the new weights and v
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,7 +13,6 @@ import torch
 from relax_core import compute_advantages, compute_policy_loss
 from relax_queue import Batch, GroupBatcher, QueueTimeoutError
 from relax_services._policy import build_train_engine
-from relax_services.checkpoint import CheckpointManager
 from relax_services.config import RunConfig
 from relax_services.engines import LossInputs, TrainSample
 from relax_services.services._base import ServiceBase
@@ -106,8 +105,7 @@ class TrainerService(ServiceBase):
         cfg: RunConfig,
         sample_queue: Any,
         weights: Any,
-        run_dir: str,
-        resume: bool = False,
+        restore_from: str | None = None,
         *,
         health: Any = None,
     ) -> None:
@@ -116,11 +114,10 @@ class TrainerService(ServiceBase):
         self.queue = sample_queue
         self.weights = weights
         self.engine = build_train_engine(cfg)
-        self.checkpoints = CheckpointManager(Path(run_dir) / "checkpoints", keep=cfg.trainer.keep_checkpoints)
-        if resume:
-            restored = self.checkpoints.load_latest()
-            if restored is not None:
-                self.engine.load_state_dict(restored["engine"])
+        if restore_from is not None:  # a resumed run or a global restart: continue exactly where it stopped
+            self.engine.load_state_dict(torch.load(restore_from, map_location="cpu", weights_only=False))
+        self._pause_requested = threading.Event()
+        self._paused = threading.Event()
         self.loss_fn = make_loss_fn(cfg)
         self.reader = sample_queue.reader(
             "trainer", fields=trainer_fields(cfg), batcher=GroupBatcher(cfg.trainer.groups_per_step)
@@ -137,11 +134,27 @@ class TrainerService(ServiceBase):
         self.queue.publish_version(self.version)
         self._sync_s = stats.seconds
 
-    def checkpoint(self) -> str:
-        """Write a checkpoint now (model, optimizer, RNG, version) and return its path."""
-        return str(self.checkpoints.save(self.version, {"engine": self.engine.state_dict(), "version": self.version}))
+    def pause(self, timeout: float = 300.0) -> int:
+        """Hold the loop between updates (for a consistent checkpoint); returns the version it holds at."""
+        self._pause_requested.set()
+        if not self._paused.wait(timeout):
+            raise TimeoutError(f"trainer did not reach a step boundary within {timeout}s")
+        return self.version
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self._pause_requested.clear()
+
+    def save_engine(self, path: str) -> int:
+        """Write model, optimizer, scheduler, RNG and version to ``path`` (call while paused)."""
+        torch.save(self.engine.state_dict(), path)
+        return self.version
 
     def step(self) -> None:
+        if self._pause_requested.is_set():
+            self._paused.set()
+            self._stop.wait(0.05)  # the loop keeps beating while held, so it is not taken for hung
+            return
         if self.version >= self.cfg.trainer.total_steps:
             self._stop.wait(0.2)
             return
@@ -188,5 +201,3 @@ class TrainerService(ServiceBase):
             **{k: float(v) for k, v in metrics.items()},
         )
         self._wait_s = 0.0
-        if self.version % self.cfg.trainer.checkpoint_every == 0 or self.version >= self.cfg.trainer.total_steps:
-            self.checkpoint()
