@@ -119,7 +119,7 @@ def _producer_cls(ray: Any) -> Any:
                     )
                     for i in range(group_size)
                 ]
-                self.client.put_many(rows, timeout=60)
+                self.client.put_many(rows, timeout=240)
             return groups * group_size
 
     return Producer
@@ -137,24 +137,23 @@ def _consumer_cls(ray: Any) -> Any:
             batch = self.client.reader(self.task, ["tokens"], GroupBatcher(1)).get(timeout=30)
             return [str(k) for k in batch.keys]
 
-        def drain(self, idle_s: float) -> list[tuple[str, int]]:
+        def drain(self, expected: int) -> list[tuple[str, int]]:
             reader = self.client.reader(self.task, ["tokens", "pid"], GroupBatcher(2, partial=True))
             seen: list[tuple[str, int]] = []
-            while True:
-                try:
-                    batch = reader.get(timeout=idle_s)
-                except QueueTimeoutError:
-                    return seen
+            while len(seen) < expected:
+                batch = reader.get(timeout=90)
                 for row in batch.rows:
                     assert int(row.fields["tokens"][0]) == int(str(row.key).rsplit("r", 1)[1])
                     seen.append((str(row.key), row.deliveries))
                 if self.task == "reward":
                     self.client.add_fields_many({k: {"reward": 1.0} for k in batch.keys})
                 reader.ack(batch)
+            return seen
 
     return Consumer
 
 
+@pytest.mark.timeout(600)
 def test_multi_process_producers_two_tasks_killed_consumer_exact_accounting(ray: Any) -> None:
     name = "mp"
     client = create_ray_queue(name, _config(lease_timeout_s=1.5, max_rows=24), object_store_threshold=1024)
@@ -169,15 +168,17 @@ def test_multi_process_producers_two_tasks_killed_consumer_exact_accounting(ray:
         assert len(held) == 4
         ray.kill(victim)  # dies holding a lease
         t0 = time.monotonic()
-        drained = [reward.drain.remote(5.0), trainer.drain.remote(5.0)]
-        assert sum(ray.get(runs, timeout=120)) == 60
-        reward_seen, trainer_seen = ray.get(drained, timeout=120)
+        drained = [reward.drain.remote(60), trainer.drain.remote(60)]
+        assert sum(ray.get(runs, timeout=240)) == 60
+        reward_seen, trainer_seen = ray.get(drained, timeout=240)
         expected = sorted(f"p{p}g{g}r{i}" for p in range(3) for g in range(5) for i in range(4))
         assert sorted(k for k, _ in reward_seen) == expected  # every key exactly once per task
         assert sorted(k for k, _ in trainer_seen) == expected
         redelivered = sorted(k for k, d in trainer_seen if d == 2)
         assert redelivered == sorted(held)  # exactly the dead consumer's rows came again
         assert time.monotonic() - t0 >= 1.0  # only after the lease expired
+        with pytest.raises(QueueTimeoutError):  # nothing is left over
+            client.reader("trainer").get(1, timeout=0.5)
         m = client.metrics()
         assert m["depth_rows"] == 0 and m["depth_bytes"] == 0
         assert m["expired_leases"] == 1 and m["redeliveries"] == 4

@@ -68,7 +68,7 @@ class StoredRow:
         self.tags = tags
         self.nbytes = nbytes
         self.pending_tasks = pending_tasks
-        self.deliveries: dict[str, int] = {}
+        self.deliveries: dict[str, int] | None = None  # created on first delivery
 
 
 class TaskState:
@@ -181,16 +181,25 @@ class QueueCore:
         if key in self.retired:
             self.counters.duplicate_puts += 1
             return None
-        fields = check_fields(key, fields)
-        v_min, v_max = parse_versions(key, versions)
-        if tags is None:
+        if type(fields) is dict:  # fast path of check_fields
+            for name in fields:
+                if type(name) is not str:
+                    raise FieldTypeError(f"row {key!r}: field names must be str, got {name!r}")
+        else:
+            fields = check_fields(key, fields)
+        if type(versions) is int and versions >= 0:
+            v_min = v_max = versions
+        else:
+            v_min, v_max = parse_versions(key, versions)
+        if not tags:
             tags = {}
         elif not isinstance(tags, Mapping):
             raise FieldTypeError(f"row {key!r}: tags must be a mapping, got {type(tags).__name__}")
-        members = self._check_group(key, group_id, group_size)
+        members = None if group_id is None and group_size is None else self._check_group(key, group_id, group_size)
         nbytes = 0
         for value in fields.values():
-            nbytes += estimate_nbytes(value)
+            kind = type(value)
+            nbytes += 8 if kind is int or kind is float else estimate_nbytes(value)
         cap = self.config.capacity
         if cap.max_bytes is not None:
             if nbytes > cap.max_bytes:
@@ -315,6 +324,7 @@ class QueueCore:
         check = ts.spec.check_staleness
         policy = self.policy
         hist = ts.staleness_hist
+        name = ts.spec.name
         leased: list[StoredRow] = []
         out: list[Row] = []
         for unit in chosen:
@@ -330,8 +340,11 @@ class QueueCore:
                 stale = check and policy.is_stale(version, row.v_min)
                 if stale:
                     self.counters.flagged += 1
-                count = row.deliveries.get(ts.spec.name, 0) + 1
-                row.deliveries[ts.spec.name] = count
+                deliveries = row.deliveries
+                if deliveries is None:
+                    deliveries = row.deliveries = {}
+                count = deliveries.get(name, 0) + 1
+                deliveries[name] = count
                 if fields is None:
                     values = dict(row.fields)
                 else:

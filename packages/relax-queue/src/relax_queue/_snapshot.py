@@ -54,7 +54,7 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
                 "nbytes": row.nbytes,
                 "pending": todo,
                 "redeliver": redeliver,
-                "deliveries": dict(row.deliveries),
+                "deliveries": dict(row.deliveries or {}),
             }
         )
     return {

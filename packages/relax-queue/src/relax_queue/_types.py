@@ -37,7 +37,7 @@ class RowInput:
     tags: Tags = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Row:
     """A delivered row.
 

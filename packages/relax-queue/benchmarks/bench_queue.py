@@ -1,0 +1,254 @@
+"""Side-by-side throughput and latency of relax-queue against other queues, in one run.
+
+Rows/s and p50/p99 latency for small rows; GB/s for 1 MB and 16 MB array rows. Producer and
+consumer are the same (driver) process for every contender, so all pay the same costs:
+
+- in-process: ``TransferQueue`` vs ``queue.Queue``;
+- Ray: the relax Ray transport vs ``ray.util.queue.Queue`` (single and batched) and raw
+  ``ray.put``/``ray.get``;
+- the anchor, ``transferqueue`` from PyPI, measured by ``_tq_bench.py`` in its own virtual
+  environment when ``--tq-python`` points at one (never a project dependency).
+
+One "row" op = put + get (+ ack for relax). Latency is per op for single rows and per batch of
+1000 for batched rows. Run: ``uv run --no-sync python packages/relax-queue/benchmarks/bench_queue.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers start with this python, not `uv run`
+
+import numpy as np
+
+from relax_queue import Capacity, QueueConfig, RowInput, TaskSpec, TransferQueue, create_ray_queue
+
+BATCH = 1000
+Result = dict[str, Any]
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
+
+
+def measure(
+    name: str, workload: str, op: Callable[[int], None], ops: int, rows_per_op: int, row_bytes: int = 0
+) -> Result:
+    """Run ``op(i)`` ``ops`` times; return rows/s, GB/s and latency percentiles per op."""
+    op(-1)  # warm-up
+    lat: list[float] = []
+    start = time.perf_counter()
+    for i in range(ops):
+        t0 = time.perf_counter()
+        op(i)
+        lat.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - start
+    rows = ops * rows_per_op
+    return {
+        "transport": name,
+        "workload": workload,
+        "rows_per_s": rows / elapsed,
+        "p50_ms": _pct(lat, 0.5),
+        "p99_ms": _pct(lat, 0.99),
+        "gb_per_s": rows * row_bytes / elapsed / 1e9 if row_bytes else None,
+    }
+
+
+def _relax_queue() -> TransferQueue:
+    return TransferQueue(QueueConfig(tasks=(TaskSpec("c"),), capacity=Capacity(max_rows=None)))
+
+
+def bench_in_process(scale: float) -> list[Result]:
+    out: list[Result] = []
+    n_single, n_batched = int(50_000 * scale), max(1, int(200 * scale))
+
+    qq: queue.Queue[Any] = queue.Queue()
+
+    def qq_single(i: int) -> None:
+        qq.put({"x": i})
+        qq.get()
+
+    def qq_batched(i: int) -> None:
+        for j in range(BATCH):
+            qq.put({"x": j})
+        for _ in range(BATCH):
+            qq.get()
+
+    out.append(measure("queue.Queue", "small, single", qq_single, n_single, 1))
+    out.append(measure("queue.Queue", f"small, loop of {BATCH}", qq_batched, n_batched, BATCH))
+
+    tq = _relax_queue()
+    reader = tq.reader("c", ["x"])
+    key = [0]
+
+    def relax_single(i: int) -> None:
+        key[0] += 1
+        tq.put(key[0], {"x": i})
+        reader.ack(reader.get(1, timeout=0))
+
+    def relax_batched(i: int) -> None:
+        base = key[0]
+        key[0] += BATCH
+        tq.put_many([RowInput(base + 1 + j, {"x": j}) for j in range(BATCH)])
+        reader.ack(reader.get(BATCH, timeout=0))
+
+    out.append(measure("relax in-process", "small, single", relax_single, n_single, 1))
+    out.append(measure("relax in-process", f"small, batch {BATCH}", relax_batched, n_batched, BATCH))
+
+    for mb, count in ((1, int(200 * scale)), (16, int(40 * scale))):
+        arr = np.ones(mb * 2**20 // 8)
+
+        def qq_tensor(i: int, arr: Any = arr) -> None:
+            qq.put(arr)
+            qq.get()
+
+        def relax_tensor(i: int, arr: Any = arr) -> None:
+            key[0] += 1
+            tq.put(key[0], {"x": arr})
+            reader.ack(reader.get(1, timeout=0))
+
+        out.append(measure("queue.Queue", f"{mb} MB array", qq_tensor, max(count, 1), 1, arr.nbytes))
+        out.append(measure("relax in-process", f"{mb} MB array", relax_tensor, max(count, 1), 1, arr.nbytes))
+    return out
+
+
+def bench_ray(scale: float) -> list[Result]:
+    import ray
+    from ray.util.queue import Queue as RayUtilQueue
+
+    out: list[Result] = []
+    n_single, n_batched = max(1, int(300 * scale)), max(1, int(20 * scale))
+
+    rq = RayUtilQueue(actor_options={"num_cpus": 0})
+
+    def rq_single(i: int) -> None:
+        rq.put({"x": i})
+        rq.get()
+
+    def rq_batched(i: int) -> None:
+        rq.put_nowait_batch([{"x": j} for j in range(BATCH)])
+        rq.get_nowait_batch(BATCH)
+
+    out.append(measure("ray.util.queue", "small, single", rq_single, n_single, 1))
+    out.append(measure("ray.util.queue", f"small, batch {BATCH}", rq_batched, n_batched, BATCH))
+
+    clients = {
+        durable: create_ray_queue(
+            f"bench-{durable}",
+            QueueConfig(tasks=(TaskSpec("c"),), capacity=Capacity(max_rows=None)),
+            durable_payloads=durable,
+        )
+        for durable in (True, False)
+    }
+    client = clients[True]
+    reader = client.reader("c", ["x"])
+    key = [0]
+
+    def relax_single(i: int) -> None:
+        key[0] += 1
+        client.put(key[0], {"x": i})
+        reader.ack(reader.get(1, timeout=10))
+
+    def relax_batched(i: int) -> None:
+        base = key[0]
+        key[0] += BATCH
+        client.put_many([RowInput(base + 1 + j, {"x": j}) for j in range(BATCH)])
+        reader.ack(reader.get(BATCH, timeout=10))
+
+    out.append(measure("relax Ray", "small, single", relax_single, n_single, 1))
+    out.append(measure("relax Ray", f"small, batch {BATCH}", relax_batched, n_batched, BATCH))
+
+    for mb, count in ((1, max(1, int(100 * scale))), (16, max(1, int(20 * scale)))):
+        arr = np.ones(mb * 2**20 // 8)
+
+        def raw(i: int, arr: Any = arr) -> None:
+            ray.get(ray.put(arr))
+
+        def rq_tensor(i: int, arr: Any = arr) -> None:
+            rq.put(arr)
+            rq.get()
+
+        out.append(measure("raw ray.put/get", f"{mb} MB array", raw, count, 1, arr.nbytes))
+        out.append(measure("ray.util.queue", f"{mb} MB array", rq_tensor, count, 1, arr.nbytes))
+        for durable, c in clients.items():
+            r = c.reader("c", ["x"])
+
+            def relax_tensor(i: int, arr: Any = arr, c: Any = c, r: Any = r) -> None:
+                key[0] += 1
+                c.put(key[0], {"x": arr})
+                r.ack(r.get(1, timeout=30))
+
+            label = "relax Ray" + ("" if durable else " (durable_payloads=False)")
+            out.append(measure(label, f"{mb} MB array", relax_tensor, count, 1, arr.nbytes))
+    for c in clients.values():
+        c.shutdown()
+    ray.kill(rq.actor)
+    return out
+
+
+def bench_transferqueue(python: str, scale: float) -> list[Result]:
+    script = Path(__file__).with_name("_tq_bench.py")
+    proc = subprocess.run([python, str(script), str(scale)], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        print(f"transferqueue benchmark failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return []
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def table(results: list[Result]) -> str:
+    lines = [
+        "| transport | workload | rows/s | p50 ms/op | p99 ms/op | GB/s |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        gbs = f"{r['gb_per_s']:.2f}" if r["gb_per_s"] is not None else ""
+        cells = [
+            r["transport"],
+            r["workload"],
+            f"{r['rows_per_s']:,.0f}",
+            f"{r['p50_ms']:.3f}",
+            f"{r['p99_ms']:.3f}",
+            gbs,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every op count (0.1 for a smoke run)")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray contenders")
+    parser.add_argument("--tq-python", default=None, help="python of a venv with transferqueue installed")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.time()
+    results = bench_in_process(args.scale)
+    if not args.no_ray:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30)
+        try:
+            results += bench_ray(args.scale)
+        finally:
+            ray.shutdown()
+    if args.tq_python:
+        tq = bench_transferqueue(args.tq_python, args.scale)
+        results += tq
+        if not tq:
+            print("transferqueue: could not run here (see the error above)", file=sys.stderr)
+    print(table(results))
+    print(f"\n(total {time.time() - t0:.0f} s, {os.cpu_count()} CPUs, scale {args.scale})")
+
+
+if __name__ == "__main__":
+    main()
