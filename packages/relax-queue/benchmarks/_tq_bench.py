@@ -13,7 +13,10 @@ import sys
 import time
 from collections.abc import Callable
 
+# Ray workers start with this python rather than through `uv run`, and a busy 2-core box can
+# take more than Ray's default 30 s to start a node.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
 
 import ray
 import torch
