@@ -107,18 +107,12 @@ class AsyncTransferQueue:
     ) -> Batch:
         """Awaitable :meth:`TransferQueue.get`."""
         start = time.perf_counter()
-        chosen = batcher or FixedSizeBatcher()
-        core, replicas = self._core, self.sync._replicas
-
-        def attempt(now: float) -> Batch | None:
-            if replica is None:
-                return core.try_get(task, fields, n, chosen, now)
-            return replicas.try_get(core, task, fields, n, chosen, now, replica)
-
         batch = await self._wait(
-            attempt, timeout, lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s")
+            self.sync.get_attempt(task, fields, n, batcher, replica),
+            timeout,
+            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s"),
         )
-        core.counters.get_latency_s.append(time.perf_counter() - start)
+        self._core.counters.get_latency_s.append(time.perf_counter() - start)
         return batch
 
     async def admit(self, n: int, timeout: float = 0.0) -> int:

@@ -144,9 +144,7 @@ class QueueCore:
         self.lease_heap: list[tuple[float, int]] = []
         self.retired: OrderedDict[Key, None] = OrderedDict()
         self.requeued: list[RequeuedRow] = []
-        self.counters = Counters()
-        self.counters.put_latency_s = type(self.counters.put_latency_s)(maxlen=config.latency_window)
-        self.counters.get_latency_s = type(self.counters.get_latency_s)(maxlen=config.latency_window)
+        self.counters = Counters.with_window(config.latency_window)
 
     # ------------------------------------------------------------------ notification
     def notify(self) -> None:

@@ -34,6 +34,11 @@ class Counters:
     put_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     get_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
+    @classmethod
+    def with_window(cls, latency_window: int) -> Counters:
+        """Zeroed counters whose latency windows keep the last ``latency_window`` samples."""
+        return cls(put_latency_s=deque(maxlen=latency_window), get_latency_s=deque(maxlen=latency_window))
+
     def scalars(self) -> dict[str, Any]:
         """The integer/float counters as a plain dict."""
         return {k: v for k, v in vars(self).items() if not isinstance(v, deque)}

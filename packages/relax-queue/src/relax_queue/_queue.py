@@ -229,21 +229,32 @@ class TransferQueue:
             UnknownTaskError: ``task`` is not registered.
         """
         start = time.perf_counter()
+        batch = self._wait(
+            self.get_attempt(task, fields, n, batcher, replica),
+            timeout,
+            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
+        )
+        self._core.counters.get_latency_s.append(time.perf_counter() - start)
+        return batch
+
+    def get_attempt(
+        self,
+        task: str,
+        fields: tuple[str, ...] | None,
+        n: int | None,
+        batcher: Batcher | None,
+        replica: ReplicaSet | None,
+    ) -> Callable[[float], Batch | None]:
+        """A non-blocking get (caller holds the lock), retried by the sync and asyncio waits."""
         chosen = batcher or FixedSizeBatcher()
-        core = self._core
+        core, replicas = self._core, self._replicas
 
         def attempt(now: float) -> Batch | None:
             if replica is None:
                 return core.try_get(task, fields, n, chosen, now)
-            return self._replicas.try_get(core, task, fields, n, chosen, now, replica)
+            return replicas.try_get(core, task, fields, n, chosen, now, replica)
 
-        batch = self._wait(
-            attempt,
-            timeout,
-            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
-        )
-        core.counters.get_latency_s.append(time.perf_counter() - start)
-        return batch
+        return attempt
 
     def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
         """Consume a leased batch: its rows are never delivered to that task again.

@@ -91,10 +91,10 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
         ts.pending.clear()
         ts.retry.clear()
     redeliveries = 0
+    # Tasks this queue registers that the snapshot did not know must still consume every row.
+    extra = [t for t in core.tasks if t not in state["tasks"]]
     for item in state["rows"]:
         todo, redeliver = item["pending"], item["redeliver"]
-        # Tasks this queue registers that the snapshot did not know must still consume the row.
-        extra = [t for t in core.tasks if t not in state["tasks"]]
         v_min, v_max = item["versions"]
         row = StoredRow(
             item["key"],
