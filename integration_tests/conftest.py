@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
+from relax_core import broadcast_to_tokens, compute_policy_loss, exact_match_reward, grpo_advantages
+from relax_services._data import prepare_data, to_prompt
+from relax_services._policy import build_policy, build_train_engine
 from relax_services.config import RunConfig, load_run_config
 from relax_services.controller import Controller, RunResult
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, LossInputs, SamplingParams, TrainSample
+from relax_services.feeder import TaskStream
+from relax_services.services import decode_response, sampling_seed
 
 FAST = [
     "data.train_per_task=16",
@@ -45,3 +53,60 @@ def run_pipeline(ray_session: object) -> Callable[[RunConfig], RunResult]:
         return Controller(cfg, run_dir).run()
 
     return run
+
+
+def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str, torch.Tensor]:
+    """A plain synchronous GRPO loop written from relax-core functions and the engines (no queue, no services)."""
+    data = prepare_data(cfg, data_dir)
+    streams = {task: TaskStream(s.items, seed=cfg.data.seed) for task, s in data.streams.items()}
+    tasks = sorted(streams)
+    choose = random.Random(cfg.data.seed)
+    policy = build_train_engine(cfg)
+    rollout = HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
+    params = SamplingParams(
+        n=cfg.algorithm.group_size, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature
+    )
+    index = 0
+    for step in range(steps):
+        groups = []
+        for _ in range(cfg.trainer.groups_per_step):
+            item = streams[choose.choice(tasks)].next()
+            groups.append((f"p{index:07d}", item))
+            index += 1
+        rollout.load_weights(policy.policy_state(), step)
+        samples, scores, group_ids, behaviour = [], [], [], []
+        per_call = cfg.rollout.groups_per_call
+        for start in range(0, len(groups), per_call):
+            chunk = groups[start : start + per_call]
+            rollout.generator.manual_seed(sampling_seed(cfg.trainer.seed, [k for k, _ in chunk]))
+            prompts = [to_prompt(item) for _, item in chunk]
+            for (key, item), prompt, completions in zip(chunk, prompts, rollout.generate(prompts, params), strict=True):
+                for c in completions:
+                    samples.append(TrainSample(prompt=prompt, response_ids=torch.tensor(c.token_ids)))
+                    scores.append(exact_match_reward(decode_response(c.token_ids), item["answer"]))
+                    group_ids.append(key)
+                    behaviour.append(torch.tensor(c.logprobs))
+        adv = grpo_advantages(torch.tensor(scores), group_ids, norm_by_std=cfg.algorithm.norm_adv_by_std)  # [B]
+        for sample, a, lp in zip(samples, adv, behaviour, strict=True):
+            sample.fields["old_logprobs"] = lp
+            sample.fields["advantages"] = broadcast_to_tokens(a.reshape(1), torch.ones(1, len(lp)))[0]
+
+        def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+            return compute_policy_loss(
+                cfg.algorithm,
+                inputs.logprobs,
+                inputs.fields["old_logprobs"],
+                inputs.fields["advantages"],
+                inputs.mask,
+                proximal_logprobs=inputs.logprobs.detach(),
+                entropy=inputs.entropy,
+            )
+
+        policy.step(samples, loss_fn)
+    return policy.policy_state()
+
+
+@pytest.fixture
+def sequential_weights() -> Callable[[RunConfig, Path, int], dict[str, torch.Tensor]]:
+    """The synchronous reference trainer: ``(cfg, data_dir, steps) -> weights after that many updates``."""
+    return _sequential_weights

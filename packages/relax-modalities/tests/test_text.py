@@ -1,4 +1,4 @@
-"""Tiny tokenizer, vocabulary constants and chat builder (ids from TOKENIZER_SPEC.md)."""
+"""Tiny tokenizer, vocabulary constants and chat builder (fixed ids)."""
 
 import pytest
 

@@ -1,10 +1,8 @@
-"""Shared fixtures. Ray starts once per session, only when a Ray test asks for it."""
+"""Shared fixtures. Ray tests use the repository-wide ``ray_session`` fixture (root conftest.py)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -38,25 +36,3 @@ MakeQueue = Callable[..., TransferQueue]
 def make_queue() -> MakeQueue:
     """Factory of queues built from the given parts (see ``_make_queue``)."""
     return _make_queue
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[Any]:
-    """One local Ray instance for the whole test session, shut down at the end."""
-    # Under `uv run`, Ray would start every worker through `uv run` with a packaged working
-    # directory (slow enough on a busy machine that workers miss their registration timeout).
-    # Read when ray is imported, so set it first.
-    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
-    ray = pytest.importorskip("ray")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        object_store_memory=300 * 1024 * 1024,
-        namespace="relax-queue-tests",
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()

@@ -118,3 +118,21 @@ def test_version_and_policy_errors(make_queue: MakeQueue) -> None:
         BoundedStaleness(tau=1, on_stale="explode")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="tau"):
         BoundedStaleness(tau=-1)
+
+
+def test_regenerated_duplicate_put_releases_its_admission(make_queue: MakeQueue) -> None:
+    # A producer that dies after putting its rows but before reporting success is restarted and puts the same
+    # keys again. That second put stores nothing, but its admission is spent all the same: running must not
+    # stay inflated (at τ = 0 it would block the next batch forever).
+    q = make_queue(tasks=("t",), tau=0, batch_size=2)
+    assert q.admit(2) == 2
+    q.put("a", {"x": 1}, admitted=True)
+    q.put("b", {"x": 2}, admitted=True)
+    assert q.admit(1) == 0  # (0 + 0 + 1)·2 − (2 accepted + 0 running)
+    assert q.admit(0) == 0
+    q.publish_version(1)
+    assert q.admit(2) == 2  # (0 + 1 + 1)·2 − 2 = 2
+    q.put("a", {"x": 1}, admitted=True)  # duplicate of a stored row
+    q.put("c", {"x": 3}, admitted=True)
+    assert q.metrics()["admission"]["running"] == 0
+    assert q.metrics()["admission"]["accepted"] == 3

@@ -175,9 +175,13 @@ class QueueCore:
         row = self.rows.get(key)
         if row is not None:
             self._add_missing(row, check_fields(key, fields))
+            if admitted:  # a regenerated duplicate (e.g. after a producer restart): its admission is spent
+                self._release_running()
             return None
         if key in self.retired:
             self.counters.duplicate_puts += 1
+            if admitted:
+                self._release_running()
             return None
         if type(fields) is dict:  # fast path of check_fields
             for name in fields:
@@ -216,11 +220,15 @@ class QueueCore:
         self.counters.puts += 1
         self.accepted += 1
         if admitted:
-            if self.running > 0:
-                self.running -= 1
-            else:
-                self.counters.admission_unmatched += 1
+            self._release_running()
         return None
+
+    def _release_running(self) -> None:
+        """One admitted sample arrived: it no longer counts as running."""
+        if self.running > 0:
+            self.running -= 1
+        else:
+            self.counters.admission_unmatched += 1
 
     def _check_group(self, key: Key, group_id: Hashable | None, group_size: int | None) -> dict[Key, StoredRow] | None:
         if group_id is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_modalities import SampleProcessor
+from relax_modalities import MediaError, SampleProcessor
 from relax_modalities.synthetic import TaskItem, read_manifest, write_synthetic_tasks
 from relax_modalities.text import TinyTokenizer
 from relax_services.config import RunConfig
@@ -28,6 +28,7 @@ class RunData:
     streams: dict[str, TaskStream]
     heldout: list[tuple[str, OmniPrompt, str]]
     chance: dict[str, float]
+    skipped_heldout: dict[str, int]
 
 
 @functools.cache
@@ -51,19 +52,33 @@ def _as_entry(item: TaskItem) -> dict[str, Any]:
 def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
     """Write (or reuse) the synthetic task files and build the training streams and held-out prompts."""
     root = cfg.data.data_dir or run_dir / "data"
-    tasks = list(cfg.data.tasks)
-    train = read_manifest(
-        write_synthetic_tasks(root / "train", tasks, cfg.data.train_per_task, cfg.data.seed, cfg.data.difficulty)
-    )
-    heldout_items = read_manifest(
-        write_synthetic_tasks(
-            root / "heldout", tasks, cfg.data.eval_per_task, cfg.data.seed + _HELDOUT_SEED_OFFSET, cfg.data.difficulty
-        )
+    tasks: list[str] = list(cfg.data.tasks)
+    train = _manifest(root / "train", tasks, cfg.data.train_per_task, cfg.data.seed, cfg.data.difficulty)
+    heldout_items = _manifest(
+        root / "heldout", tasks, cfg.data.eval_per_task, cfg.data.seed + _HELDOUT_SEED_OFFSET, cfg.data.difficulty
     )
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for item in train:
         by_task[item.task].append(_as_entry(item))
     streams = {task: TaskStream(items, seed=cfg.data.seed) for task, items in by_task.items()}
-    heldout = [(item.task, to_prompt(item), item.answer) for item in heldout_items]
+    heldout = []
+    skipped: dict[str, int] = {}
+    for item in heldout_items:
+        try:
+            heldout.append((item.task, to_prompt(item), item.answer))
+        except MediaError as exc:  # a bad held-out file is skipped and counted, like a bad training file
+            skipped[exc.modality] = skipped.get(exc.modality, 0) + 1
     chance = {item.task: item.chance for item in heldout_items}
-    return RunData(streams, heldout, chance)
+    return RunData(streams, heldout, chance, skipped)
+
+
+def _manifest(folder: Path, tasks: list[str], n: int, seed: int, difficulty: int) -> list[TaskItem]:
+    """The items of ``folder``'s manifest; written first unless a manifest is already there (then reused)."""
+    manifest = folder / "manifest.jsonl"
+    if not manifest.is_file():
+        manifest = write_synthetic_tasks(folder, tasks, n, seed, difficulty)
+    items = [item for item in read_manifest(manifest) if item.task in tasks]
+    missing = sorted(set(tasks) - {item.task for item in items})
+    if missing:
+        raise ValueError(f"data: the manifest {manifest} has no items of task(s) {missing}")
+    return items

@@ -50,6 +50,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_pipeline_bench(args.taus, args.overrides, args.config)
 
 
+def _chaos(args: argparse.Namespace) -> int:
+    from relax_services.chaos import run_chaos
+
+    return run_chaos(args.config, args.overrides, args.faults, args.seed)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from relax_parallel.cli import main as plan_main
 
@@ -76,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("overrides", nargs="*")
     pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
     pipe.set_defaults(func=_bench)
+    chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
+    chaos.add_argument("config", nargs="?", type=Path, default=None)
+    chaos.add_argument("overrides", nargs="*")
+    chaos.add_argument("--faults", type=int, default=3, help="how many faults to inject (default 3)")
+    chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
+    chaos.set_defaults(func=_chaos)
     plan = sub.add_parser("plan", help="parallelism plan (same as relax-plan)", add_help=False)
     plan.add_argument("rest", nargs=argparse.REMAINDER)
     plan.set_defaults(func=_plan)

@@ -76,7 +76,8 @@ class DataConfig(ConfigModel):
     prompts (uniform when off)."""
 
     data_dir: Path | None = None
-    """Where to write (or reuse) the synthetic data; default: ``<run dir>/data``."""
+    """Where the data lives: ``train/manifest.jsonl`` and ``heldout/manifest.jsonl`` there are used as they are
+    (any items in the manifest format); missing ones are written as synthetic tasks. Default: ``<run dir>/data``."""
 
 
 class RolloutConfig(ConfigModel):
@@ -111,7 +112,7 @@ class TrainerConfig(ConfigModel):
     micro_batch_groups: int = pydantic.Field(default=32, ge=1)
     """Groups per forward/backward micro-batch (gradient accumulation when smaller than groups_per_step)."""
 
-    total_steps: int = pydantic.Field(default=400, ge=1)
+    total_steps: int = pydantic.Field(default=1000, ge=1)
     """Stop after this many updates."""
 
     max_minutes: float | None = pydantic.Field(default=9.0, gt=0.0)
@@ -126,10 +127,10 @@ class TrainerConfig(ConfigModel):
     keep_checkpoints: int = pydantic.Field(default=2, ge=1)
     """How many most recent checkpoints to keep."""
 
-    warmup_format_steps: int = pydantic.Field(default=30, ge=0)
+    warmup_format_steps: int = pydantic.Field(default=50, ge=0)
     """Supervised steps that teach the answer format only (an option of the task, never the answer)."""
 
-    warmup_lr: float = pydantic.Field(default=1e-3, gt=0.0)
+    warmup_lr: float = pydantic.Field(default=2e-3, gt=0.0)
     """Learning rate of the format warm-up."""
 
     seed: int = 0

@@ -54,6 +54,7 @@ class RunResult:
     warmup_steps: int = 0
     service_pids: dict[str, int] = field(default_factory=dict)
     service_nodes: dict[str, str] = field(default_factory=dict)
+    skipped_media: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -162,7 +163,10 @@ class Controller:
                     except GlobalRestartNeeded as exc:
                         self._global_restart(str(exc))
             final = self._final_eval()
-            self._checkpoint()  # graceful end (and SIGINT/SIGTERM): the run can be resumed from here
+            try:
+                self._checkpoint()  # graceful end (and SIGINT/SIGTERM): the run can be resumed from here
+            except GlobalRestartNeeded as exc:
+                self.health.record_event("final_checkpoint_skipped", "trainer", reason=str(exc))
         finally:
             self.feeder.stop()
             self.pipeline.stop()
@@ -170,7 +174,11 @@ class Controller:
                 signal.signal(sig, handler)
         wall = time.monotonic() - start
         ledger = self._final_ledger()
-        self.metrics.write("summary", {"final_eval": final, "ledger": ledger, "stop_reason": self._stop_reason})
+        skipped = {"train": dict(self.feeder.skipped), "heldout": dict(self.data.skipped_heldout)}
+        self.metrics.write(
+            "summary",
+            {"final_eval": final, "ledger": ledger, "stop_reason": self._stop_reason, "skipped_media": skipped},
+        )
         self.metrics.close()
         plot_run(self.run_dir)
         return RunResult(
@@ -190,6 +198,7 @@ class Controller:
             first_step_reaching=self.reached,
             warmup_steps=cfg.trainer.warmup_format_steps,
             service_nodes=self.nodes,
+            skipped_media=skipped,
             service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
         )
 
@@ -224,12 +233,19 @@ class Controller:
         import ray
 
         trainer = self.pipeline.services["trainer"].handle
-        version = int(ray.get(trainer.pause.remote(), timeout=600))
+        try:
+            # A healthy trainer reaches a step boundary within seconds; a hung one is restarted instead.
+            version = int(ray.get(trainer.pause.remote(), timeout=30 + 2 * self.cfg.health.heartbeat_timeout_s))
+        except ray.exceptions.RayError as exc:
+            raise GlobalRestartNeeded(f"trainer unavailable for a checkpoint: {type(exc).__name__}") from exc
         self.feeder.pause()
         try:
             self._poll_services()  # the ledger must include every update up to this version
             tmp = self.checkpoints.begin(version)
-            ray.get(trainer.save_engine.remote(str(tmp / ENGINE_FILE)), timeout=600)
+            try:
+                ray.get(trainer.save_engine.remote(str(tmp / ENGINE_FILE)), timeout=600)
+            except ray.exceptions.RayError as exc:
+                raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
             self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
             self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
             torch.save({"step": version, "feeder": self.feeder.state_dict()}, tmp / CONTROLLER_FILE)
@@ -289,9 +305,9 @@ class Controller:
             time.sleep(0.25)
             self._poll_services()
             self.health.check(self.pipeline)
-            self._inject_faults()
             if self.step >= self._checkpoint_step + cfg.trainer.checkpoint_every:
                 self._checkpoint()
+            self._inject_faults()
             now = time.monotonic() - start
             if self.feeder.error:
                 raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax_modalities import MediaError
 from relax_queue import QueueClosedError, QueueFullError
 
 __all__ = ["Ledger", "PromptFeeder", "TaskStream"]
@@ -120,6 +121,8 @@ class PromptFeeder:
         self.next_index = 0
         self.running_reward = {t: 0.0 for t in self.tasks}
         self.ledger = Ledger()
+        self.skipped: dict[str, int] = {}  # reason -> items skipped because their media could not be read
+        self.skipped_items: set[str] = set()
         self._items: dict[str, Mapping[str, Any]] = {}  # prompt key -> item, until consumed (for requeues)
         self._lock = threading.Lock()
         self._pump_lock = threading.Lock()  # held by a pump in progress, or by pause()
@@ -143,9 +146,9 @@ class PromptFeeder:
         return self.rng.choices(self.tasks, weights=weights)[0]
 
     # ------------------------------------------------------------------ producing
-    def _put_group(self, item: Mapping[str, Any], key: str) -> None:
+    def _put_group(self, item: Mapping[str, Any], key: str, prompt: Any) -> None:
         meta = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
-        fields = {"item": meta, "prompt": self.to_prompt(item)}
+        fields = {"item": meta, "prompt": prompt}
         while True:  # the prompt queue is bounded: wait for room, but stay stoppable
             try:
                 self.prompt_queue.put(key, fields, timeout=1.0)
@@ -162,15 +165,34 @@ class PromptFeeder:
         if spare:
             self.sample_queue.release_admission(spare)
         for _ in range(groups):
+            prompt = None
+            for _attempt in range(10_000):
+                with self._lock:
+                    task = self._choose_task()
+                    item = self.streams[task].next()
+                prompt = self._process(item)
+                if prompt is not None:
+                    break
+            else:
+                raise RuntimeError(f"no readable training item left: skipped {self.skipped}")
             with self._lock:
-                task = self._choose_task()
-                item = self.streams[task].next()
                 key = f"p{self.next_index:07d}"
                 self.next_index += 1
                 self.ledger.generated[key] = str(item["id"])
                 self._items[key] = item
-            self._put_group(item, key)
+            self._put_group(item, key, prompt)
         return groups
+
+    def _process(self, item: Mapping[str, Any]) -> Any | None:
+        """The item's prompt, or None (skipped and counted) when its media cannot be read."""
+        try:
+            return self.to_prompt(item)
+        except MediaError as exc:
+            with self._lock:
+                reason = f"{exc.modality}: {exc.reason}"
+                self.skipped[reason] = self.skipped.get(reason, 0) + 1
+                self.skipped_items.add(str(item["id"]))
+            return None
 
     def _regenerate_requeued(self) -> None:
         for row in self.sample_queue.take_requeued():
@@ -187,7 +209,9 @@ class PromptFeeder:
                 self.ledger.requeued[old] = key
                 self.ledger.generated[key] = self.ledger.generated[old]
                 self._items[key] = self._items[old]
-            self._put_group(self._items[key], key)
+            prompt = self._process(self._items[key])
+            if prompt is not None:  # media that read before but fail now: skipped and counted, like any bad file
+                self._put_group(self._items[key], key, prompt)
 
     def mark_consumed(self, prompt_keys: Sequence[str]) -> None:
         with self._lock:

@@ -25,6 +25,11 @@ def format_summary(result: Any) -> str:
         f"staleness of consumed samples (V − v_min: count): {hist}",
         f"trainer idle fraction: {result.trainer_wait_s / max(result.trainer_wait_s + result.train_s, 1e-9):.2f}",
         "prompt ledger: " + ", ".join(f"{k} {v}" for k, v in result.ledger.items()),
+        "unreadable media skipped: "
+        + (
+            ", ".join(f"{split} {reason}: {n}" for split, r in result.skipped_media.items() for reason, n in r.items())
+            or "none"
+        ),
         (
             f"opened with {result.warmup_steps} supervised format warm-up steps (a random valid option, then "
             "end-of-answer; never the correct answer), so rewards start near chance"

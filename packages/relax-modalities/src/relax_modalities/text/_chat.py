@@ -16,7 +16,7 @@ MODALITIES: tuple[Modality, ...] = ("image", "video", "audio")
 class ChatTemplate:
     """Strings a chat is rendered with; defaults are the tiny vocabulary's, `qwen()` the real model's.
 
-    The tiny layout (TOKENIZER_SPEC.md) is ``<|bos|><|user|>[media blocks]prompt<|assistant|>``, then
+    The tiny layout is ``<|bos|><|user|>[media blocks]prompt<|assistant|>``, then
     the response ended by ``<|eos|>``.
 
     Attributes:

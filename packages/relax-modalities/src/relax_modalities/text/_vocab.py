@@ -1,4 +1,4 @@
-"""The tiny 64-token character vocabulary used by the CPU-scale omni model (TOKENIZER_SPEC.md, fixed).
+"""The tiny 64-token character vocabulary used by the CPU-scale omni model (ids fixed).
 
 =====  ========================  ==========================================
  id    token                     role
