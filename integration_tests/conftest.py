@@ -30,6 +30,7 @@ FAST = [
     "eval.every_steps=1000",
     "run.progress=none",
     "algorithm.group_size=4",
+    "algorithm.kl_coef=0.0",
 ]
 
 

@@ -42,7 +42,8 @@ def test_relax_train_cli_writes_run_folder(tmp_path: Path) -> None:
     assert "held-out reward" in proc.stdout and "chance" in proc.stdout  # the closing summary
     for name in ("config.yaml", "metrics.jsonl", "summary.txt", "reward.png", "staleness.png", "queue_depth.png"):
         assert (run_dir / name).is_file(), name
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002.pt", "step_00000004.pt"]
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert len(kept) <= 2 and kept[-1] == "step_00000004", kept  # keep_checkpoints=2, the last at the end
     kinds = {json.loads(line)["kind"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()}
     assert {"train", "eval", "queue", "rollout", "summary", "warmup"} <= kinds
 

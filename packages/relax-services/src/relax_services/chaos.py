@@ -61,7 +61,7 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
         recovered_all &= done is not None
         det = f"{detected['time'] - event['time']:.1f}s" if detected else "no"
         rec = f"{done['time'] - event['time']:.1f}s" if done else "no"
-        lines.append(f"{event['service']:<10} {event['kind']:<6} {event['step']:>5} {det:>9} {rec:>10}  {how}")
+        lines.append(f"{event['service']:<10} {event['fault']:<6} {event['step']:>5} {det:>9} {rec:>10}  {how}")
     injected = sum(e["event"] == "injected" for e in events)
     lines.append(
         f"faults injected {injected}, all recovered: {'yes' if recovered_all else 'NO'}; "

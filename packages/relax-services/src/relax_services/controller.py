@@ -376,7 +376,7 @@ class Controller:
             if not targets:
                 raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
             spec = targets[0]
-            self.health.record_event("injected", spec.name, kind=fault.kind, step=self.step)
+            self.health.record_event("injected", spec.name, fault=fault.kind, step=self.step)
             if fault.kind == "kill":
                 os.kill(int(spec.pid or 0), signal.SIGKILL)
             else:

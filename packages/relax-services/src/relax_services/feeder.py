@@ -158,9 +158,16 @@ class PromptFeeder:
                     raise
 
     def pump(self, max_groups: int = 64, timeout: float = 0.2) -> int:
-        """Admit and put up to ``max_groups`` prompt groups; returns how many were put."""
+        """Admit and put up to ``max_groups`` prompt groups; returns how many were put.
+
+        Only as many groups are admitted as the prompt queue has room for (this feeder is its only producer), so a
+        pump never blocks on a full queue and a checkpoint never waits long for the feeder to pause.
+        """
         self._regenerate_requeued()
-        granted: int = self.sample_queue.admit(self.group_size * max_groups, timeout=timeout)
+        room = self._prompt_room()
+        if room <= 0:
+            return 0
+        granted: int = self.sample_queue.admit(self.group_size * min(max_groups, room), timeout=timeout)
         groups, spare = divmod(granted, self.group_size)
         if spare:
             self.sample_queue.release_admission(spare)
@@ -193,6 +200,11 @@ class PromptFeeder:
                 self.skipped[reason] = self.skipped.get(reason, 0) + 1
                 self.skipped_items.add(str(item["id"]))
             return None
+
+    def _prompt_room(self) -> int:
+        metrics = self.prompt_queue.metrics()
+        capacity = metrics["max_rows"]
+        return 1 << 30 if capacity is None else int(capacity) - int(metrics["depth_rows"])
 
     def _regenerate_requeued(self) -> None:
         for row in self.sample_queue.take_requeued():

@@ -112,6 +112,18 @@ class ServiceBase:
     def step(self) -> None:
         raise NotImplementedError
 
+    def ack(self, reader: Any, batch: Any) -> bool:
+        """Ack ``batch``; False when its lease had already expired (the rows were redelivered and will be redone:
+        every write here is idempotent by key, so the late work is harmless)."""
+        from relax_queue import LeaseError
+
+        try:
+            reader.ack(batch)
+        except LeaseError:
+            self.record("late_ack", rows=len(batch))
+            return False
+        return True
+
     def record(self, kind: str, **values: Any) -> None:
         with self._records_lock:
             self._records.append({"kind": kind, "service": self.name, **values})

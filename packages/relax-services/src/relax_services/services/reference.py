@@ -41,5 +41,5 @@ class ReferenceService(ServiceBase):
             for i, (key, resp) in enumerate(zip(batch.keys, batch.column("response"), strict=True))
         }
         self.queue.add_fields_many(updates)
-        self.reader.ack(batch)
+        self.ack(self.reader, batch)
         self.record("reference", scored=len(samples))

@@ -48,6 +48,6 @@ class RewardService(ServiceBase):
         self.queue.add_fields_many(
             {key: {"reward": r.reward, "reward_error": r.error} for key, r in zip(batch.keys, results, strict=True)}
         )
-        self.reader.ack(batch)
+        self.ack(self.reader, batch)
         failed = sum(not r.ok for r in results)
         self.record("reward", scored=len(results), failed=failed)

@@ -55,13 +55,24 @@ class RolloutService(ServiceBase):
         if newer is not None:
             self.engine.load_weights(newer[1], newer[0])
 
+    def _catch_up(self, batch: Any) -> None:
+        """Load weights at least as new as the trainer's published version before generating: samples drawn
+        with older weights would only be stale (e.g. right after a restart, before the trainer republishes)."""
+        target = self.sample_queue.version
+        while True:
+            self._sync_weights()
+            if self.engine.version >= target or self.stopping:
+                return
+            self.reader.renew(batch)  # keep the prompts while waiting
+            self._stop.wait(0.05)
+
     def step(self) -> None:
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
             self._sync_weights()
             return
-        self._sync_weights()
+        self._catch_up(batch)
         keys = [str(k) for k in batch.keys]
         self.engine.generator.manual_seed(sampling_seed(self.cfg.trainer.seed, keys))
         start = time.perf_counter()
@@ -88,7 +99,7 @@ class RolloutService(ServiceBase):
                     )
                 )
         self.sample_queue.put_many(rows, admitted=True, timeout=None)
-        self.reader.ack(batch)
+        self.ack(self.reader, batch)
         self.record(
             "rollout",
             prompts=len(batch),

@@ -11,13 +11,16 @@ from typing import Any
 import torch
 
 from relax_core import compute_advantages, compute_policy_loss
-from relax_queue import Batch, GroupBatcher, QueueTimeoutError
+from relax_queue import Batch, GroupBatcher, LeaseError, QueueTimeoutError
 from relax_services._policy import build_train_engine
 from relax_services.config import RunConfig
 from relax_services.engines import LossInputs, TrainSample
 from relax_services.services._base import ServiceBase
 
 __all__ = ["TrainerService", "build_train_samples", "make_loss_fn", "sample_order", "trainer_fields"]
+
+
+_TRAIN_LEASE_S = 3600.0  # one update never takes this long; the trainer acks right after it
 
 
 def sample_order(key: str) -> tuple[str, int]:
@@ -168,6 +171,11 @@ class TrainerService(ServiceBase):
         self._train_on(batch)
 
     def _train_on(self, batch: Batch) -> None:
+        try:  # hold the lease for the whole update: an expired lease would hand the batch out twice
+            self.reader.renew(batch, timeout_s=_TRAIN_LEASE_S)
+        except LeaseError:
+            self.record("late_ack", rows=len(batch))  # already redelivered: train on it when it comes back
+            return
         start = time.perf_counter()
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
         rows = [row.fields for row in delivered]
@@ -175,8 +183,8 @@ class TrainerService(ServiceBase):
         samples = build_train_samples(self.cfg, rows)
         metrics = self.engine.step(samples, self.loss_fn)
         train_s = time.perf_counter() - start
+        self.reader.ack(batch)  # consumed before the new version is visible, so it never counts as stale
         self._publish()
-        self.reader.ack(batch)
         by_task: dict[str, list[float]] = defaultdict(list)
         for r in rows:
             by_task[r["meta"]["task"]].append(float(r["reward"]))
