@@ -86,6 +86,7 @@ _TWO_NODE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_rollout_and_trainer_on_different_nodes(tmp_path: Path) -> None:
     args = [a for a in FAST if not a.startswith("run.report")]
@@ -102,3 +103,63 @@ def test_rollout_and_trainer_on_different_nodes(tmp_path: Path) -> None:
     assert report["steps"] == 4
     nodes = report["nodes"]
     assert nodes["trainer"] != nodes["rollout-0"], nodes
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_sigterm_checkpoints_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import psutil
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "relax_services.cli",
+        "train",
+        *FAST,
+        "trainer.total_steps=100000",
+        "trainer.max_minutes=10",
+        f"run.output_dir={tmp_path}",
+        "run.name=term",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=tmp_path)
+    metrics = tmp_path / "term" / "metrics.jsonl"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and not (metrics.is_file() and '"kind": "train"' in metrics.read_text()):
+        time.sleep(1)
+    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+    family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    assert len(family) > 5  # Ray's own processes and one per service
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "signal SIGTERM" in out  # the summary names why it stopped
+    checkpoints = sorted((tmp_path / "term" / "checkpoints").iterdir())
+    assert checkpoints and checkpoints[-1].name != "step_00000000", checkpoints  # a checkpoint at the stop
+    survivors = []
+    for pid in family:
+        try:
+            p = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        if p.status() != psutil.STATUS_ZOMBIE:
+            survivors.append((pid, p.name()))
+    assert not survivors, survivors
+
+
+@pytest.mark.integration
+def test_unreachable_ray_address_is_a_clear_error(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "relax_services.cli",
+        "train",
+        "--ray-address",
+        "127.0.0.1:9",
+        f"run.output_dir={tmp_path}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cannot reach the Ray cluster" in proc.stderr and "127.0.0.1:9" in proc.stderr

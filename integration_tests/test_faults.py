@@ -48,6 +48,7 @@ def test_killed_rollout_restarts_while_trainer_keeps_consuming(small_config, run
     _assert_exact_ledger(result, 30, cfg.trainer.groups_per_step)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_hung_reference_is_detected_and_restarted(small_config, run_pipeline) -> None:
     cfg = small_config(
@@ -71,6 +72,7 @@ def test_hung_reference_is_detected_and_restarted(small_config, run_pipeline) ->
     _assert_exact_ledger(result, 30, cfg.trainer.groups_per_step)
 
 
+@pytest.mark.slow  # passes alone; once failed (weights differed) on a machine loaded by a parallel benchmark
 @pytest.mark.integration
 def test_killed_trainer_resumes_from_checkpoint_exactly(small_config, run_pipeline, sequential_weights, tmp_path):
     """τ = 0: kill the Trainer after step 3; the run restarts from its step-2 checkpoint and, at step 6, holds

@@ -50,6 +50,7 @@ def _alive(pids, wait_s: float) -> list[int]:
     return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_tau2_reward_rises_on_image_task(small_config, run_pipeline, tmp_path: Path) -> None:
     cfg = small_config(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from relax_services._metrics import read_metrics
+
 __all__ = ["BENCH_DEFAULTS", "format_bench_table", "run_pipeline_bench"]
 
 BENCH_DEFAULTS = [
@@ -22,16 +24,31 @@ BENCH_DEFAULTS = [
 """Overrides applied before the user's: a fixed number of updates, no early stop, quiet progress."""
 
 
+def steady_state(run_dir: Path) -> dict[str, float]:
+    """Throughput and phase times once training runs (start-up, data writing and warm-up excluded): samples/s
+    between the first and the last update, trainer idle fraction after the first update, and rollout time R and
+    train time T per update."""
+    train = list(read_metrics(run_dir / "metrics.jsonl", "train"))
+    rollout = list(read_metrics(run_dir / "metrics.jsonl", "rollout"))
+    later = train[1:]
+    span = train[-1]["wall"] - train[0]["wall"] if len(train) > 1 else float("nan")
+    wait = sum(r["wait_s"] for r in later)
+    busy = sum(r["train_s"] for r in later)
+    samples_per_step = train[0]["samples"] if train else 0
+    generated = sum(r["samples"] for r in rollout)
+    return {
+        "samples_per_s": sum(r["samples"] for r in later) / span if span > 0 else float("nan"),
+        "idle": wait / max(wait + busy, 1e-9),
+        "R": sum(r["seconds"] for r in rollout) / max(generated / max(samples_per_step, 1), 1e-9),
+        "T": sum(r["train_s"] for r in train) / max(len(train), 1),
+    }
+
+
 def _row(tau: int | None, result: Any) -> dict[str, Any]:
-    steps = max(result.steps, 1)
-    rollout_per_step = result.rollout_s / steps
-    train_per_step = result.train_s / steps
+    measured = steady_state(result.run_dir)
     return {
         "tau": "inf" if tau is None else str(tau),
-        "samples_per_s": result.samples / max(result.wall_s, 1e-9),
-        "idle": result.trainer_wait_s / max(result.trainer_wait_s + result.train_s, 1e-9),
-        "R": rollout_per_step,
-        "T": train_per_step,
+        **measured,
         "final": sum(result.final_eval.values()) / max(len(result.final_eval), 1),
         "to_threshold": min(result.first_step_reaching.values(), default=None)
         if len(result.first_step_reaching) == len(result.chance)

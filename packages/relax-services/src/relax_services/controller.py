@@ -24,7 +24,7 @@ from relax_services.checkpoint import (
     queued_prompt_keys,
 )
 from relax_services.config import RunConfig
-from relax_services.feeder import PromptFeeder
+from relax_services.feeder import Ledger, PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
@@ -163,6 +163,7 @@ class Controller:
                     except GlobalRestartNeeded as exc:
                         self._global_restart(str(exc))
             final = self._final_eval()
+            self.feeder.stop()  # nothing new is generated after the final checkpoint: its ledger is the run's
             try:
                 self._checkpoint()  # graceful end (and SIGINT/SIGTERM): the run can be resumed from here
             except GlobalRestartNeeded as exc:
@@ -271,13 +272,15 @@ class Controller:
         self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
 
     def _final_ledger(self) -> dict[str, int]:
-        """The ledger, with ``lost``: prompts neither consumed, regenerated, nor still held by a queue."""
-        counts = self.feeder.ledger.check()
+        """The ledger of the final checkpoint, with ``lost``: prompts neither consumed, regenerated, nor still held
+        by a queue snapshot of that checkpoint."""
         path = self.checkpoints.latest()
         if path is None:
-            return counts
+            return self.feeder.ledger.check()
+        ledger = Ledger()
+        ledger.load_state_dict(self.checkpoints.load_controller(path)["feeder"]["ledger"])
+        counts = ledger.check()
         held = queued_prompt_keys(path)
-        ledger = self.feeder.ledger
         pending = [k for k in ledger.generated if k not in ledger.consumed and k not in ledger.requeued]
         counts["lost"] = sum(1 for k in pending if k not in held)
         return counts

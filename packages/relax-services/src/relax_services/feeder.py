@@ -123,6 +123,7 @@ class PromptFeeder:
         self.ledger = Ledger()
         self.skipped: dict[str, int] = {}  # reason -> items skipped because their media could not be read
         self.skipped_items: set[str] = set()
+        self._prompts: dict[str, Any] = {}  # item id -> processed prompt
         self._items: dict[str, Mapping[str, Any]] = {}  # prompt key -> item, until consumed (for requeues)
         self._lock = threading.Lock()
         self._pump_lock = threading.Lock()  # held by a pump in progress, or by pause()
@@ -191,9 +192,15 @@ class PromptFeeder:
         return groups
 
     def _process(self, item: Mapping[str, Any]) -> Any | None:
-        """The item's prompt, or None (skipped and counted) when its media cannot be read."""
+        """The item's prompt, or None (skipped and counted) when its media cannot be read. Prompts are cached by
+        item id: items recur every epoch, and decoding on the feeder's path would delay every update at τ = 0."""
+        cached = self._prompts.get(str(item["id"]))
+        if cached is not None:
+            return cached
         try:
-            return self.to_prompt(item)
+            prompt = self.to_prompt(item)
+            self._prompts[str(item["id"])] = prompt
+            return prompt
         except MediaError as exc:
             with self._lock:
                 reason = f"{exc.modality}: {exc.reason}"
