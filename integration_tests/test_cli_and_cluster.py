@@ -160,6 +160,6 @@ def test_unreachable_ray_address_is_a_clear_error(tmp_path: Path) -> None:
         "127.0.0.1:9",
         f"run.output_dir={tmp_path}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "cannot reach the Ray cluster" in proc.stderr and "127.0.0.1:9" in proc.stderr

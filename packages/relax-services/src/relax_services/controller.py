@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,11 +75,23 @@ def init_ray(address: str | None) -> bool:
     if address is None:
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env=env, configure_logging=False)
         return True
+    _probe(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, runtime_env=env)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # whatever Ray raises for an unreachable or wrong address, report it as one error
         raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
     return True
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` nobody listens on (Ray itself keeps retrying for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" or another form Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
 
 
 class Controller:
