@@ -115,7 +115,7 @@ class TrainerConfig(ConfigModel):
     total_steps: int = pydantic.Field(default=1000, ge=1)
     """Stop after this many updates."""
 
-    max_minutes: float | None = pydantic.Field(default=9.0, gt=0.0)
+    max_minutes: float | None = pydantic.Field(default=8.0, gt=0.0)
     """Stop after this much wall-clock time (None: no limit)."""
 
     target_reward: float | None = pydantic.Field(default=0.9, gt=0.0, le=1.0)
