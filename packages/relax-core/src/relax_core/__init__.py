@@ -27,6 +27,7 @@ from relax_core._config_base import (
     dump_config,
     load_config,
     parse_override,
+    read_yaml_mapping,
 )
 from relax_core._configs import (
     AdvantageEstimator,
@@ -89,6 +90,7 @@ __all__ = [
     "dump_config",
     "load_config",
     "parse_override",
+    "read_yaml_mapping",
 ]
 # configs: components and presets
 __all__ += [

@@ -27,6 +27,7 @@ __all__ = [
     "dump_config",
     "load_config",
     "parse_override",
+    "read_yaml_mapping",
 ]
 
 ConfigT = TypeVar("ConfigT", bound="ConfigModel")
@@ -194,7 +195,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping ({} when empty); ConfigError naming the file when unreadable or not a mapping."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -236,7 +238,7 @@ def load_config(
         data = dict(source)
     else:
         where = str(source)
-        data = _read_yaml(Path(source))
+        data = read_yaml_mapping(Path(source))
     data = apply_overrides(data, overrides)
     try:
         return cls.model_validate(data)

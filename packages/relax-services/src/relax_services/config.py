@@ -10,18 +10,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-import yaml
 
 from relax_core import (
     AlgorithmConfig,
     ConfigError,
-    ConfigIssue,
     ConfigModel,
     OptimizerConfig,
     RewardConfig,
     StalenessConfig,
     apply_overrides,
     load_config,
+    read_yaml_mapping,
 )
 
 __all__ = [
@@ -278,21 +277,7 @@ class RunConfig(ConfigModel):
 def _read_source(source: str | Path | dict[str, Any] | None) -> dict[str, Any]:
     if source is None:
         return {}
-    if isinstance(source, dict):
-        return dict(source)
-    try:
-        data = yaml.safe_load(Path(source).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(
-            [ConfigIssue("", str(source), f"cannot read config file: {exc.strerror}")], str(source)
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError([ConfigIssue("", str(source), f"invalid YAML: {exc}")], str(source)) from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError([ConfigIssue("", type(data).__name__, "top level must be a mapping")], str(source))
-    return data
+    return dict(source) if isinstance(source, dict) else read_yaml_mapping(Path(source))
 
 
 def load_run_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:

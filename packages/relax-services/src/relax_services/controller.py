@@ -146,10 +146,9 @@ class Controller:
         self.metrics.write(kind, record)
 
     def _poll_services(self) -> None:
-        for spec, records in self.health.collect_reports(self.pipeline).items():
+        for records in self.health.collect_reports(self.pipeline).values():
             for record in records:
                 self._ingest(record)
-            del spec
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> RunResult:
