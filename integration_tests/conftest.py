@@ -9,9 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_core import broadcast_to_tokens, compute_policy_loss, exact_match_reward, grpo_advantages
+from relax_core import (
+    broadcast_to_tokens,
+    compute_policy_loss,
+    exact_match_reward,
+    gae_advantages,
+    grpo_advantages,
+    masked_whiten,
+    outcome_token_rewards,
+    value_loss,
+)
 from relax_services._data import prepare_data, to_prompt
-from relax_services._policy import build_policy, build_train_engine
+from relax_services._policy import build_policy, build_train_engine, build_value_engine
 from relax_services.config import RunConfig, load_run_config
 from relax_services.controller import Controller, RunResult
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, LossInputs, SamplingParams, TrainSample
@@ -57,7 +66,10 @@ def run_pipeline(ray_session: object) -> Callable[[RunConfig], RunResult]:
 
 
 def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str, torch.Tensor]:
-    """A plain synchronous GRPO loop written from relax-core functions and the engines (no queue, no services)."""
+    """A plain synchronous loop written from relax-core functions and the engines (no queue, no services):
+    GRPO, or on-policy PPO with a critic (GAE) when the config's estimator is ``gae``. With a critic, the
+    critic's weights are returned too, under keys prefixed ``critic.``."""
+    critic = build_value_engine(cfg) if cfg.algorithm.advantage_estimator == "gae" else None
     data = prepare_data(cfg, data_dir)
     streams = {task: TaskStream(s.items, seed=cfg.data.seed) for task, s in data.streams.items()}
     tasks = sorted(streams)
@@ -87,10 +99,23 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
                     scores.append(exact_match_reward(decode_response(c.token_ids), item["answer"]))
                     group_ids.append(key)
                     behaviour.append(torch.tensor(c.logprobs))
-        adv = grpo_advantages(torch.tensor(scores), group_ids, norm_by_std=cfg.algorithm.norm_adv_by_std)  # [B]
-        for sample, a, lp in zip(samples, adv, behaviour, strict=True):
-            sample.fields["old_logprobs"] = lp
-            sample.fields["advantages"] = broadcast_to_tokens(a.reshape(1), torch.ones(1, len(lp)))[0]
+        if critic is None:
+            adv = grpo_advantages(torch.tensor(scores), group_ids, norm_by_std=cfg.algorithm.norm_adv_by_std)  # [B]
+            for sample, a, lp in zip(samples, adv, behaviour, strict=True):
+                sample.fields["old_logprobs"] = lp
+                sample.fields["advantages"] = broadcast_to_tokens(a.reshape(1), torch.ones(1, len(lp)))[0]
+        else:
+            values, mask = critic.compute_values(samples)  # [B, T]
+            token_adv, returns = gae_advantages(
+                outcome_token_rewards(torch.tensor(scores), mask), values, mask, cfg.algorithm.gamma, cfg.algorithm.lam
+            )
+            if cfg.algorithm.whiten_advantages:
+                token_adv = masked_whiten(token_adv, mask)
+            for i, (sample, lp) in enumerate(zip(samples, behaviour, strict=True)):
+                n = len(lp)
+                sample.fields.update(
+                    old_logprobs=lp, advantages=token_adv[i, :n], old_values=values[i, :n], returns=returns[i, :n]
+                )
 
         def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
             return compute_policy_loss(
@@ -99,12 +124,25 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
                 inputs.fields["old_logprobs"],
                 inputs.fields["advantages"],
                 inputs.mask,
-                proximal_logprobs=inputs.logprobs.detach(),
+                proximal_logprobs=inputs.logprobs.detach() if cfg.algorithm.decoupled else None,
                 entropy=inputs.entropy,
             )
 
+        def critic_loss(inputs: LossInputs) -> torch.Tensor:
+            assert inputs.values is not None
+            f = inputs.fields
+            vf, _ = value_loss(
+                inputs.values, f["old_values"], f["returns"], inputs.mask, cfg.algorithm.value_clip_eps, "token-mean"
+            )
+            return cfg.algorithm.value_loss_coef * vf
+
         policy.step(samples, loss_fn)
-    return policy.policy_state()
+        if critic is not None:
+            critic.step(samples, critic_loss)
+    weights = policy.policy_state()
+    if critic is not None:
+        weights.update({f"critic.{k}": v for k, v in critic.policy_state().items()})
+    return weights
 
 
 @pytest.fixture

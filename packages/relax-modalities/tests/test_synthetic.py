@@ -2,6 +2,7 @@
 
 import hashlib
 import time
+from collections import Counter
 from pathlib import Path
 
 import decord
@@ -100,6 +101,16 @@ def test_answers_are_recoverable_from_the_files(tmp_path: Path, difficulty: int)
             assert track is not None
             got = _direction(it.media[0].path) + _pitch(track, ("l", "h"), (250.0, 2000.0))
         assert got == it.answer, it
+
+
+@pytest.mark.parametrize("difficulty", [0, 1])
+def test_text_answers_are_balanced_so_the_majority_answer_scores_chance(tmp_path: Path, difficulty: int) -> None:
+    items = read_manifest(write_synthetic_tasks(tmp_path, ("text",), n_per_task=1900, seed=3, difficulty=difficulty))
+    counts = Counter(it.answer for it in items)
+    assert set(counts) == set(items[0].options)  # every sum occurs
+    # Uniform over the options: each count is within 5 binomial standard deviations of n × chance.
+    n, p = len(items), items[0].chance
+    assert max(abs(c - n * p) for c in counts.values()) < 5 * (n * p * (1 - p)) ** 0.5
 
 
 def test_generation_is_fast(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_queue import ConfigError, LeaseError, RowInput, TaskSpec, TransferQueue
+from relax_queue import ConfigError, LeaseError, RowInput, TaskSpec, TransferQueue, snapshot_keys
 
 MakeQueue = Callable[..., TransferQueue]
 
@@ -97,3 +97,17 @@ def test_save_is_atomic_when_writing_fails(make_queue: MakeQueue, tmp_path: Path
         q.save(path)
     assert path.read_bytes() == before  # the old snapshot is intact
     assert os.listdir(tmp_path) == ["queue.pkl"]
+
+
+def test_snapshot_keys_lists_unconsumed_rows_without_building_a_queue(make_queue: MakeQueue, tmp_path: Path) -> None:
+    q = make_queue(tasks=("a", "b"))
+    q.put_many([RowInput(k, {"x": 1}) for k in ("k0", "k1", "k2")])
+    assert sorted(_drain(q, "a")) == ["k0", "k1", "k2"]  # every row consumed by a, still held for b
+    reader = q.reader("b")
+    batch = reader.get(1, timeout=0)
+    reader.ack(batch)  # consumed by both tasks: freed
+    q.save(tmp_path / "q.snap")
+    assert sorted(snapshot_keys(tmp_path / "q.snap")) == sorted({"k0", "k1", "k2"} - set(batch.keys))
+    (tmp_path / "other").write_bytes(pickle.dumps({"format": "something else", "rows": []}))
+    with pytest.raises(ConfigError, match="not a relax_queue snapshot"):
+        snapshot_keys(tmp_path / "other")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -188,6 +189,27 @@ def test_steps_equal_a_plain_torch_loop() -> None:
         opt.step()
     for (name, w), w_ref in zip(engine.policy_state().items(), ref.state_dict().values(), strict=True):
         torch.testing.assert_close(w, w_ref, atol=2e-6, rtol=0, msg=name)
+
+
+def test_minibatches_and_epochs_are_optimizer_steps_within_one_version() -> None:
+    """One update with 2 minibatches × 2 epochs equals four single-batch steps on the halves in that order,
+    with the LR schedule and the version advancing once."""
+    batch = _samples(4)
+    cfg = TorchTrainConfig(lr=1e-3, warmup_steps=4, grad_clip=0.5, micro_batch_size=1)
+    multi = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(cfg, minibatches=2, epochs=2))
+    metrics = multi.step(batch, pg_token_mean)
+    assert multi.version == 1 and metrics["version"] == 1.0
+    assert metrics["lr"] == pytest.approx(1e-3 / 4)  # the first update's warm-up LR for all four steps
+    ref = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(cfg, warmup_steps=0, lr=1e-3 / 4))
+    for half in (batch[:2], batch[2:], batch[:2], batch[2:]):
+        ref.step(half, pg_token_mean)
+    for (name, w), w_ref in zip(multi.policy_state().items(), ref.policy_state().values(), strict=True):
+        torch.testing.assert_close(w, w_ref, atol=1e-7, rtol=0, msg=name)
+    assert multi.scheduler.get_last_lr()[0] == pytest.approx(2e-3 / 4)  # one schedule step, not four
+    with pytest.raises(ValueError, match="does not split into 2 equal minibatches"):
+        multi.step(batch[:3], pg_token_mean)
+    with pytest.raises(ValueError, match="minibatches and epochs"):
+        TorchTrainConfig(minibatches=0)
 
 
 def test_config_validation_and_errors() -> None:

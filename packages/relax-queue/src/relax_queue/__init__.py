@@ -26,6 +26,7 @@ from relax_queue._queue import Reader, TransferQueue, VersionError
 from relax_queue._ray import RayQueueClient, RayReader, connect, create_ray_queue
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
+from relax_queue._snapshot import snapshot_keys
 from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
 
 __all__ = [  # noqa: RUF022 - grouped by topic
@@ -61,6 +62,7 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "create_ray_queue",
     # utilities
     "estimate_nbytes",
+    "snapshot_keys",
     # errors
     "AdmissionError",
     "ConfigError",

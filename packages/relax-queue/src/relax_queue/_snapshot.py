@@ -18,7 +18,7 @@ from relax_queue._core import QueueCore, StoredRow
 from relax_queue._errors import ConfigError
 from relax_queue._metrics import Counters
 
-__all__ = ["FORMAT", "atomic_write", "core_state", "load_core_state", "read_state"]
+__all__ = ["FORMAT", "atomic_write", "core_state", "load_core_state", "read_state", "snapshot_keys"]
 
 FORMAT = "relax_queue/1"
 
@@ -158,3 +158,17 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise ConfigError(f"{path}: not a relax_queue snapshot")
     return state
+
+
+def snapshot_keys(path: str | os.PathLike[str]) -> list[Any]:
+    """Keys of the rows a saved snapshot holds (not yet consumed by every task), in insertion order.
+
+    Reads the file only; no queue is built, so it works whatever tasks the snapshot's queue registered.
+
+    Raises:
+        ConfigError: if ``path`` is not a relax_queue snapshot.
+    """
+    state = read_state(path)
+    if state.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a relax_queue snapshot (expected format {FORMAT!r})")
+    return [row["key"] for row in state["rows"]]

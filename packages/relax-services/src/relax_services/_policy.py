@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Literal
 
 from relax_services.config import ModelConfig, RunConfig
-from relax_services.engines import TorchTrainConfig, TorchTrainEngine
-from relax_services.models import OmniModel, build_tiny_omni, load_model
+from relax_services.engines import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
+from relax_services.models import OmniModel, build_tiny_omni, build_value_model, load_model
 
-__all__ = ["build_policy", "build_train_engine"]
+__all__ = ["build_policy", "build_train_engine", "build_value_engine"]
 
 
 def build_policy(cfg: ModelConfig) -> OmniModel:
@@ -25,15 +25,26 @@ def build_policy(cfg: ModelConfig) -> OmniModel:
 def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchTrainEngine:
     """The training engine of a run: the run's optimizer settings, micro-batches of whole groups, and a
     loss weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
+    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), _train_config(cfg))
+
+
+def build_value_engine(cfg: RunConfig) -> TorchValueEngine:
+    """The critic's engine: the policy's initial weights plus a zero value head, the run's optimizer settings."""
+    return TorchValueEngine(build_value_model(build_policy(cfg.model)), _train_config(cfg))
+
+
+def _train_config(cfg: RunConfig) -> TorchTrainConfig:
     opt = cfg.optimizer
     weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
-    train_cfg = TorchTrainConfig(
+    return TorchTrainConfig(
         lr=opt.lr,
         betas=opt.betas,
         eps=opt.eps,
         weight_decay=opt.weight_decay,
         grad_clip=opt.grad_clip or 0.0,
         micro_batch_size=cfg.trainer.micro_batch_groups * cfg.algorithm.group_size,
+        minibatches=cfg.trainer.minibatches,
+        epochs=cfg.trainer.ppo_epochs,
         loss_weighting=weighting,
         warmup_steps=opt.warmup_steps,
         schedule=opt.schedule,
@@ -42,4 +53,3 @@ def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchT
         temperature=cfg.rollout.temperature,
         seed=cfg.trainer.seed,
     )
-    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_cfg)

@@ -117,12 +117,6 @@ class CheckpointManager:
 def queued_prompt_keys(path: Path) -> set[str]:
     """Prompt keys still held by the queue snapshots of checkpoint ``path``: prompt rows waiting for a Rollout
     worker, and groups of samples (keyed ``<prompt key>/<i>``) not yet consumed by the trainer."""
-    from relax_queue import QueueConfig, TaskSpec, TransferQueue
+    from relax_queue import snapshot_keys
 
-    keys: set[str] = set()
-    for name in (PROMPTS_FILE, SAMPLES_FILE):
-        tasks = tuple(TaskSpec(name) for name in ("rollout", "reward", "reference", "trainer"))
-        queue = TransferQueue(QueueConfig(tasks=tasks))
-        queue.load(path / name)
-        keys.update(str(row["key"]).split("/")[0] for row in queue.state_dict()["rows"])
-    return keys
+    return {str(key).split("/")[0] for name in (PROMPTS_FILE, SAMPLES_FILE) for key in snapshot_keys(path / name)}

@@ -111,6 +111,13 @@ class TrainerConfig(ConfigModel):
     micro_batch_groups: int = pydantic.Field(default=32, ge=1)
     """Groups per forward/backward micro-batch (gradient accumulation when smaller than groups_per_step)."""
 
+    minibatches: int = pydantic.Field(default=1, ge=1)
+    """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,
+    the proximal log-probs of decoupled PPO are computed once, before the first."""
+
+    ppo_epochs: int = pydantic.Field(default=1, ge=1)
+    """Passes over the minibatches per update."""
+
     total_steps: int = pydantic.Field(default=1000, ge=1)
     """Stop after this many updates."""
 
@@ -256,6 +263,16 @@ class RunConfig(ConfigModel):
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
+        if self.algorithm.advantage_estimator == "gae" and self.staleness.tau != 0:
+            raise ValueError(
+                f"algorithm.advantage_estimator='gae' assumes on-policy data but staleness.tau={self.staleness.tau}; "
+                "use algorithm.advantage_estimator=vtrace (off-policy corrected value targets) or staleness.tau=0"
+            )
+        if self.trainer.groups_per_step % self.trainer.minibatches:
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
+                f"trainer.minibatches={self.trainer.minibatches}"
+            )
         if self.trainer.micro_batch_groups > self.trainer.groups_per_step:
             raise ValueError(
                 f"trainer.micro_batch_groups={self.trainer.micro_batch_groups} must be <= "

@@ -1,8 +1,9 @@
 """Builders that wire a run's services together, one per algorithm family (an explicit registry dict).
 
 A pipeline is: a prompt queue (task ``rollout``), a sample queue (tasks ``reward``, ``reference`` when a KL
-term is used, and ``trainer``), a versioned weight store, a health monitor, and one Ray actor per service, each
-in its own process. Services talk only through the queues and the weight store.
+term is used, ``critic`` for PPO, and ``trainer``), versioned weight stores (policy; critic for PPO), a health
+monitor, and one Ray actor per service, each in its own process. Services talk only through the queues and the
+weight stores.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 from relax_queue import BoundedStaleness, Capacity, QueueConfig, TaskSpec, create_ray_queue
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
-from relax_services.services import EvalService, ReferenceService, RewardService, RolloutService, TrainerService
+from relax_services.services import (
+    CriticService,
+    EvalService,
+    ReferenceService,
+    RewardService,
+    RolloutService,
+    TrainerService,
+)
 from relax_services.services._base import HealthMonitor
 from relax_services.weights import RayWeightStore
 
@@ -73,6 +81,7 @@ class Pipeline:
     weights: Any
     health: Any
     services: dict[str, ServiceSpec]
+    critic_weights: Any = None
 
     def start(self) -> None:
         """Start every service at once (their processes import and build models in parallel)."""
@@ -101,7 +110,8 @@ class Pipeline:
         for spec in self.services.values():
             if spec.handle is not None:
                 ray.kill(spec.handle, no_restart=True)
-        for actor in (self.prompt_queue.actor, self.sample_queue.actor, self.weights.actor, self.health):
+        stores = [self.weights] if self.critic_weights is None else [self.weights, self.critic_weights]
+        for actor in (self.prompt_queue.actor, self.sample_queue.actor, *(w.actor for w in stores), self.health):
             ray.kill(actor, no_restart=True)
 
 
@@ -109,6 +119,8 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[Any, Any]:
     sample_tasks = [TaskSpec("reward")]
     if cfg.algorithm.uses_reference:
         sample_tasks.append(TaskSpec("reference"))
+    if cfg.algorithm.uses_critic:
+        sample_tasks.append(TaskSpec("critic"))
     sample_tasks.append(TaskSpec("trainer", check_staleness=True))
     samples = QueueConfig(
         tasks=tuple(sample_tasks),
@@ -130,6 +142,16 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[Any, Any]:
 def build_grpo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
     """Critic-free group algorithms (GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++): Rollout workers, Reward,
     Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator."""
+    return _build(cfg, heldout, restore, critic=False)
+
+
+def build_ppo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
+    """PPO with a critic (GAE on-policy, V-trace targets for stale data): the GRPO services plus a Critic that
+    writes values under the critic weights the Trainer trains and publishes."""
+    return _build(cfg, heldout, restore, critic=True)
+
+
+def _build(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None, *, critic: bool) -> Pipeline:
     import ray
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
@@ -138,6 +160,7 @@ def build_grpo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Pat
         prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
         sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
     weights = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
+    critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
     health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
     services: dict[str, ServiceSpec] = {}
 
@@ -146,21 +169,16 @@ def build_grpo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Pat
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
 
     engine_state = None if restore is None else str(restore / ENGINE_FILE)
-    add("trainer", "trainer", TrainerService, cfg, sample_queue, weights, engine_state)
+    add("trainer", "trainer", TrainerService, cfg, sample_queue, weights, engine_state, critic_weights=critic_weights)
     for i in range(cfg.rollout.num_workers):
         add(f"rollout-{i}", "rollout", RolloutService, cfg, prompt_queue, sample_queue, weights)
     add("reward", "reward", RewardService, cfg, sample_queue)
     if cfg.algorithm.uses_reference:
         add("reference", "reference", ReferenceService, cfg, sample_queue)
+    if critic_weights is not None:
+        add("critic", "critic", CriticService, cfg, sample_queue, critic_weights)
     add("eval", "eval", EvalService, cfg, heldout, weights)
-    return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services)
-
-
-def _ppo_not_built(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
-    raise NotImplementedError(
-        "advantage_estimator gae/vtrace (PPO with a critic) has no Critic service yet; "
-        "use a critic-free preset: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp"
-    )
+    return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights)
 
 
 PipelineBuilder = Callable[[RunConfig, list[tuple[str, Any, str]], "Path | None"], Pipeline]
@@ -170,8 +188,8 @@ ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {
     "rloo": build_grpo,
     "reinforce_pp": build_grpo,
     "reinforce_pp_baseline": build_grpo,
-    "gae": _ppo_not_built,
-    "vtrace": _ppo_not_built,
+    "gae": build_ppo,
+    "vtrace": build_ppo,
 }
 """Advantage estimator → pipeline builder."""
 

@@ -45,7 +45,10 @@ def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir:
     tokenizer = TinyTokenizer()
     rng = random.Random(seed)
     warm_cfg = cfg.model_copy(
-        update={"optimizer": cfg.optimizer.model_copy(update={"lr": cfg.trainer.warmup_lr, "warmup_steps": 0})}
+        update={
+            "optimizer": cfg.optimizer.model_copy(update={"lr": cfg.trainer.warmup_lr, "warmup_steps": 0}),
+            "trainer": cfg.trainer.model_copy(update={"minibatches": 1, "ppo_epochs": 1}),
+        }
     )
     engine = build_train_engine(warm_cfg, build_policy(cfg.model))
     batch_size = cfg.trainer.micro_batch_groups * cfg.algorithm.group_size

@@ -187,13 +187,12 @@ def _video_item(out: Path, seed: int, i: int, difficulty: int) -> TaskItem:
 # ---------------------------------------------------------------- text: single-digit addition
 def _text_item(out: Path, seed: int, i: int, difficulty: int) -> TaskItem:
     rng = _rng(seed, "text", i)
-    if difficulty <= 0:  # sum is a single digit
-        a = int(rng.integers(0, 10))
-        b = int(rng.integers(0, 10 - a))
-        top = 9
-    else:
-        a, b = (int(v) for v in rng.integers(0, 10, size=2))
-        top = 18
+    top = 9 if difficulty <= 0 else 18  # level 0: the sum is a single digit
+    # The sum is drawn uniformly, so no answer is more frequent than another and always giving the most
+    # common answer scores exactly the chance level; then a uniformly among the digits that reach it.
+    total = int(rng.integers(0, top + 1))
+    a = int(rng.integers(max(0, total - 9), min(9, total) + 1))
+    b = total - a
     options = tuple(str(k) for k in range(top + 1))
     return TaskItem(
         id=f"text-{i}",

@@ -14,8 +14,8 @@ from relax_services.engines.protocols import (
     WeightPoll,
 )
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, sample_tokens, truncate
-from relax_services.engines.scoring import TokenScores, score_responses
-from relax_services.engines.torch_train import TorchTrainConfig, TorchTrainEngine
+from relax_services.engines.scoring import TokenScores, score_responses, score_values
+from relax_services.engines.torch_train import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
 
 # protocols and records
 __all__ = [
@@ -46,5 +46,7 @@ __all__ += [
     "TokenScores",
     "TorchTrainConfig",
     "TorchTrainEngine",
+    "TorchValueEngine",
     "score_responses",
+    "score_values",
 ]

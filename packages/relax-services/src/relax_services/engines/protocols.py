@@ -125,12 +125,14 @@ class LossInputs:
         entropy: ``[B, L]`` entropy of the policy distribution at each response position (with grad).
         mask: ``[B, L]`` float, 1 on response tokens that count (not padding, not suppressed ids).
         fields: The samples' extra fields, ``[B, L]`` (zero-padded) or ``[B]``.
+        values: ``[B, L]`` critic values (with grad) when the engine trains a value model, else None.
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     mask: torch.Tensor
     fields: dict[str, torch.Tensor]
+    values: torch.Tensor | None = None
 
 
 LossFn = Callable[[LossInputs], "torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]"]
@@ -140,15 +142,15 @@ optionally metrics to average."""
 
 @runtime_checkable
 class TrainEngine(Protocol):
-    """Owns the policy's trainable state and applies one optimizer update per :meth:`step`."""
+    """Owns the policy's trainable state and applies one policy update (one version) per :meth:`step`."""
 
     @property
     def version(self) -> int:
-        """Optimizer updates applied so far."""
+        """Policy updates applied so far."""
         ...
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer update over ``batch`` (split into micro-batches); returns metrics."""
+        """One policy update over ``batch`` (one or more optimizer steps over micro-batches); returns metrics."""
         ...
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,8 +13,9 @@ from typing import Any, Literal
 import torch
 
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
-from relax_services.engines.scoring import TokenScores, score_responses
+from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.models import _vocab
+from relax_services.models.value import ValueModel
 
 LossWeighting = Literal["tokens", "samples"]
 
@@ -30,6 +31,9 @@ class TorchTrainConfig:
         weight_decay: AdamW decoupled weight decay.
         grad_clip: Clip the global gradient norm to this; ``0`` disables clipping.
         micro_batch_size: Samples per forward/backward; gradients accumulate over the micro-batches of a step.
+        minibatches: Optimizer steps one :meth:`~TorchTrainEngine.step` (one policy update, one version) takes
+            over consecutive equal slices of its batch (PPO minibatches; 1: one step on the whole batch).
+        epochs: Passes over the minibatches per update (PPO epochs).
         loss_weighting: How micro-batch losses combine into the step loss. ``"tokens"``: weight by unmasked
             tokens, exact for a loss that is a token mean over its micro-batch; ``"samples"``: weight by
             samples, exact for a mean over samples. Either way accumulation equals one big batch.
@@ -53,6 +57,8 @@ class TorchTrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 64
+    minibatches: int = 1
+    epochs: int = 1
     loss_weighting: LossWeighting = "tokens"
     warmup_steps: int = 0
     schedule: Literal["constant", "cosine", "linear"] = "constant"
@@ -69,6 +75,10 @@ class TorchTrainConfig:
             raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
             raise ValueError(f"TorchTrainConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.minibatches < 1 or self.epochs < 1:
+            raise ValueError(
+                f"TorchTrainConfig.minibatches and epochs must be >= 1, got {self.minibatches} and {self.epochs}"
+            )
         if self.loss_weighting not in ("tokens", "samples"):
             raise ValueError(
                 f"TorchTrainConfig.loss_weighting must be 'tokens' or 'samples', got {self.loss_weighting!r}"
@@ -84,8 +94,13 @@ class TorchTrainConfig:
         if self.grad_clip < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("TorchTrainConfig.grad_clip, warmup_steps >= 0 and min_lr_ratio in [0, 1] required")
 
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        """Optimizer steps one policy update takes (``epochs × minibatches``)."""
+        return self.epochs * self.minibatches
+
     def lr_factor(self, step: int) -> float:
-        """Multiplier of ``lr`` at optimizer step ``step`` (0-based)."""
+        """Multiplier of ``lr`` at policy update ``step`` (0-based)."""
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.schedule == "constant":
@@ -120,7 +135,7 @@ class TorchTrainEngine:
 
     @property
     def version(self) -> int:
-        """Optimizer updates applied so far."""
+        """Policy updates (:meth:`step` calls) applied so far."""
         return self._version
 
     @property
@@ -178,7 +193,8 @@ class TorchTrainEngine:
         n_tokens = 0.0
         for micro, weight in zip(micro_batches, weights, strict=True):
             scores = self.score(micro)
-            inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, _stack_fields(micro, scores.mask))
+            fields = _stack_fields(micro, scores.mask)
+            inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values)
             result = loss_fn(inputs)
             loss: torch.Tensor
             extra: Mapping[str, float]
@@ -196,23 +212,42 @@ class TorchTrainEngine:
         return totals
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer update: accumulate over micro-batches, clip, AdamW step, LR schedule step.
+        """One policy update (one version): ``epochs × minibatches`` optimizer steps, each accumulating over
+        micro-batches, clipping and stepping AdamW; then one LR schedule step.
+
+        The batch is cut into ``minibatches`` consecutive slices of equal size (callers keep groups whole by
+        passing a batch whose size is a multiple of ``minibatches × group size``).
 
         Returns:
-            Metrics: ``loss``, ``entropy``, ``tokens``, ``grad_norm`` (before clipping), ``lr`` (used by this
-            step), ``step_s``, ``version`` (after the step), plus ``loss_fn``'s own metrics.
+            Metrics: ``loss``, ``entropy``, ``tokens``, ``grad_norm`` (before clipping) and ``loss_fn``'s own
+            metrics, averaged over the optimizer steps; ``lr`` (used by this update), ``step_s``, ``version``
+            (after the update).
         """
+        if len(batch) % self.config.minibatches:
+            raise ValueError(
+                f"a batch of {len(batch)} samples does not split into {self.config.minibatches} equal minibatches"
+            )
         start = time.perf_counter()
+        size = len(batch) // self.config.minibatches
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        totals: dict[str, float] = {}
+        for _ in range(self.config.epochs):
+            for first in range(0, len(batch), size):
+                for key, value in self._optimizer_step(batch[first : first + size], loss_fn).items():
+                    totals[key] = totals.get(key, 0.0) + value
+        metrics = {k: v / self.config.optimizer_steps_per_update for k, v in totals.items()}
+        self.scheduler.step()
+        self._version += 1
+        metrics.update(lr=lr, step_s=time.perf_counter() - start, version=float(self._version))
+        return metrics
+
+    def _optimizer_step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         metrics = self.accumulate_gradients(batch, loss_fn)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         self.optimizer.step()
-        self.scheduler.step()
-        self._version += 1
-        metrics.update(grad_norm=float(grad_norm), step_s=time.perf_counter() - start, version=float(self._version))
         return metrics
 
     def policy_state(self) -> dict[str, torch.Tensor]:
@@ -257,6 +292,37 @@ class TorchTrainEngine:
         if total == 0:
             raise ValueError("batch has no unmasked response tokens to train on")
         return [c / total for c in counts]
+
+
+class TorchValueEngine(TorchTrainEngine):
+    """Trains a critic (:class:`~relax_services.models.ValueModel`): the loss function reads ``inputs.values``.
+
+    Same optimizer, accumulation, minibatches and checkpoint state as :class:`TorchTrainEngine`.
+    """
+
+    model: ValueModel
+
+    def score(self, batch: Sequence[TrainSample]) -> TokenScores:
+        with self._autocast():
+            return score_values(
+                self.model,
+                [s.prompt for s in batch],
+                [s.response_ids for s in batch],
+                suppressed_ids=self.config.suppressed_ids,
+                device=self.device,
+            )
+
+    def compute_values(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token ``(values [B, L], mask [B, L])`` on CPU under the current critic, without grad."""
+        self.model.eval()
+        parts: list[TokenScores] = []
+        with torch.no_grad():
+            for micro in self._micro_batches(batch):
+                parts.append(self.score(micro))
+        length = max(p.mask.shape[1] for p in parts)
+        values = torch.cat([_pad_to(p.values, length) for p in parts if p.values is not None]).float().cpu()
+        mask = torch.cat([_pad_to(p.mask, length) for p in parts]).cpu()
+        return values, mask
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ from relax_services.models.inputs import (
 )
 from relax_services.models.positions import prompt_positions, rope_positions, sequence_positions
 from relax_services.models.tiny_omni import OmniModel, TinyOmniConfig, build_tiny_omni, load_model, num_parameters
+from relax_services.models.value import ValueModel, build_value_model
 
 # tiny omni model
 __all__ = [
@@ -18,6 +19,12 @@ __all__ = [
     "build_tiny_omni",
     "load_model",
     "num_parameters",
+]
+
+# critic
+__all__ += [
+    "ValueModel",
+    "build_value_model",
 ]
 
 # inputs

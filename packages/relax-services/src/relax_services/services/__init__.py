@@ -1,6 +1,7 @@
-"""The service actors: Rollout, Reward, Reference, Trainer and the held-out Evaluator."""
+"""The service actors: Rollout, Reward, Reference, Critic, Trainer and the held-out Evaluator."""
 
 from relax_services.services._base import HealthMonitor, ServiceBase
+from relax_services.services.critic import CriticService
 from relax_services.services.evaluator import EvalService
 from relax_services.services.reference import ReferenceService
 from relax_services.services.reward import RewardService, decode_response
@@ -8,6 +9,7 @@ from relax_services.services.rollout import RolloutService, sampling_seed
 from relax_services.services.trainer import TrainerService, build_train_samples, make_loss_fn, trainer_fields
 
 __all__ = [
+    "CriticService",
     "EvalService",
     "HealthMonitor",
     "ReferenceService",

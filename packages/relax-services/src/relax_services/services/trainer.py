@@ -1,5 +1,5 @@
 """Trainer service: consumes whole groups whose fields are all present, computes advantages and the policy
-loss (relax-core), applies one optimizer update, publishes the new weights and version, then acks."""
+loss (relax-core), applies one policy update, publishes the new weights and version, then acks."""
 
 from __future__ import annotations
 
@@ -10,14 +10,22 @@ from typing import Any
 
 import torch
 
-from relax_core import compute_advantages, compute_policy_loss
+from relax_core import compute_advantages, compute_policy_loss, value_loss
 from relax_queue import Batch, GroupBatcher, LeaseError, QueueTimeoutError
-from relax_services._policy import build_train_engine
+from relax_services._policy import build_train_engine, build_value_engine
 from relax_services.config import RunConfig
 from relax_services.engines import LossInputs, TrainSample
 from relax_services.services._base import ServiceBase
 
-__all__ = ["TrainerService", "build_train_samples", "make_loss_fn", "sample_order", "trainer_fields"]
+__all__ = [
+    "TrainerService",
+    "build_train_samples",
+    "make_loss_fn",
+    "make_value_loss_fn",
+    "proximal_logprobs",
+    "sample_order",
+    "trainer_fields",
+]
 
 
 _TRAIN_LEASE_S = 3600.0  # one update never takes this long; the trainer acks right after it
@@ -34,6 +42,8 @@ def trainer_fields(cfg: RunConfig) -> list[str]:
     fields = ["prompt", "meta", "response", "logprobs", "token_versions", "reward", "reward_error"]
     if cfg.algorithm.uses_reference:
         fields.append("ref_logprobs")
+    if cfg.algorithm.uses_critic:
+        fields.append("values")
     return fields
 
 
@@ -44,11 +54,18 @@ def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
     return out
 
 
-def build_train_samples(cfg: RunConfig, batch_rows: list[dict[str, Any]]) -> list[TrainSample]:
-    """Turn consumed rows (plain field dicts) into training samples with advantages attached.
+def build_train_samples(
+    cfg: RunConfig, batch_rows: list[dict[str, Any]], proximal_logprobs: torch.Tensor | None = None
+) -> list[TrainSample]:
+    """Turn consumed rows (plain field dicts) into training samples with advantages attached (and, with a
+    critic, the values the rows were scored with and the regression targets: GAE returns or V-trace targets).
 
-    Shared by the Trainer service and by the synchronous reference loop in the tests, so both compute the
+    Shared by the Trainer service and by the synchronous reference loops in the tests, so they compute the
     same update from the same rows.
+
+    Args:
+        proximal_logprobs: ``[B, T]`` the trainer's log-probs before this update (:func:`proximal_logprobs`):
+            V-trace's target policy and decoupled PPO's proximal policy.
     """
     lengths = [len(r["response"]) for r in batch_rows]
     t_max = max(lengths)
@@ -58,40 +75,83 @@ def build_train_samples(cfg: RunConfig, batch_rows: list[dict[str, Any]]) -> lis
     scores = torch.tensor([float(r["reward"]) for r in batch_rows])  # [B]
     old_logprobs = _pad([r["logprobs"] for r in batch_rows], t_max)  # [B, T]
     ref = _pad([r["ref_logprobs"] for r in batch_rows], t_max) if "ref_logprobs" in batch_rows[0] else None
-    adv = compute_advantages(
+    values = _pad([r["values"] for r in batch_rows], t_max) if "values" in batch_rows[0] else None
+    estimate = compute_advantages(
         cfg.algorithm,
         scores,
         mask,
         group_ids=[r["meta"]["prompt_key"] for r in batch_rows],
+        values=values,
         old_logprobs=old_logprobs,
+        proximal_logprobs=proximal_logprobs,
         ref_logprobs=ref,
-    ).advantages  # [B, T]
+    )
+    adv = estimate.advantages  # [B, T]
     samples = []
     for i, row in enumerate(batch_rows):
         n = lengths[i]
         fields = {"old_logprobs": old_logprobs[i, :n], "advantages": adv[i, :n]}
         if ref is not None:
             fields["ref_logprobs"] = ref[i, :n]
+        if proximal_logprobs is not None:
+            fields["proximal_logprobs"] = proximal_logprobs[i, :n]
+        if values is not None and estimate.returns is not None:
+            fields["old_values"] = values[i, :n]
+            fields["returns"] = estimate.returns[i, :n].detach()
         samples.append(TrainSample(prompt=row["prompt"], response_ids=torch.tensor(row["response"]), fields=fields))
     return samples
+
+
+def proximal_logprobs(cfg: RunConfig, engine: Any, batch_rows: list[dict[str, Any]]) -> torch.Tensor | None:
+    """``[B, T]`` log-probs of the responses under the trainer's policy before this update, when the update
+    needs them up front: V-trace (its target policy) and decoupled PPO over several optimizer steps (the
+    proximal policy must stay the one before the first step). Otherwise None: a one-step update's own forward
+    is the proximal policy."""
+    multi_step = cfg.trainer.minibatches * cfg.trainer.ppo_epochs > 1
+    if cfg.algorithm.advantage_estimator != "vtrace" and not (cfg.algorithm.decoupled and multi_step):
+        return None
+    samples = [TrainSample(prompt=r["prompt"], response_ids=torch.tensor(r["response"])) for r in batch_rows]
+    logprobs: torch.Tensor = engine.compute_logprobs(samples)[0]  # [B, T]
+    return logprobs
+
+
+def make_value_loss_fn(cfg: RunConfig) -> Any:
+    """The critic's loss per micro-batch: relax-core's clipped value loss against the rows' targets."""
+    algo = cfg.algorithm
+
+    def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        assert inputs.values is not None, "the critic's engine scores values"
+        loss, diagnostics = value_loss(
+            inputs.values,
+            inputs.fields["old_values"],
+            inputs.fields["returns"],
+            inputs.mask,
+            algo.value_clip_eps,
+            algo.loss_agg_mode,
+        )
+        return algo.value_loss_coef * loss, diagnostics
+
+    return loss_fn
 
 
 def make_loss_fn(cfg: RunConfig) -> Any:
     """The loss the training engine calls per micro-batch: relax-core's policy objective for the algorithm.
 
-    With ``decoupled`` (decoupled PPO, for stale data) the proximal policy is the trainer's current policy
-    before this update — exactly the detached log-probs of this forward, since one update is applied per batch.
+    With ``decoupled`` (decoupled PPO, for stale data) the proximal policy is the trainer's policy before this
+    update: the samples' ``proximal_logprobs`` field when the update takes several optimizer steps
+    (:func:`add_proximal_logprobs`), otherwise exactly the detached log-probs of this forward.
     """
     algo = cfg.algorithm
 
     def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        proximal = inputs.fields.get("proximal_logprobs", inputs.logprobs.detach()) if algo.decoupled else None
         return compute_policy_loss(
             algo,
             inputs.logprobs,
             inputs.fields["old_logprobs"],
             inputs.fields["advantages"],
             inputs.mask,
-            proximal_logprobs=inputs.logprobs.detach() if algo.decoupled else None,
+            proximal_logprobs=proximal,
             ref_logprobs=inputs.fields.get("ref_logprobs"),
             entropy=inputs.entropy,
         )
@@ -110,6 +170,7 @@ class TrainerService(ServiceBase):
         weights: Any,
         restore_from: str | None = None,
         *,
+        critic_weights: Any = None,
         health: Any = None,
     ) -> None:
         super().__init__(name, health)
@@ -117,11 +178,20 @@ class TrainerService(ServiceBase):
         self.queue = sample_queue
         self.weights = weights
         self.engine = build_train_engine(cfg)
+        # PPO: the critic trains here, next to the policy; the Critic service scores with its published weights.
+        self.critic = build_value_engine(cfg) if cfg.algorithm.uses_critic else None
+        self.critic_weights = critic_weights
+        if self.critic is not None and critic_weights is None:
+            raise ValueError(f"advantage_estimator={cfg.algorithm.advantage_estimator!r} needs a critic weight store")
         if restore_from is not None:  # a resumed run or a global restart: continue exactly where it stopped
-            self.engine.load_state_dict(torch.load(restore_from, map_location="cpu", weights_only=False))
+            state = torch.load(restore_from, map_location="cpu", weights_only=False)
+            self.engine.load_state_dict(state)
+            if self.critic is not None:
+                self.critic.load_state_dict(state["critic"])
         self._pause_requested = threading.Event()
         self._paused = threading.Event()
         self.loss_fn = make_loss_fn(cfg)
+        self.value_loss_fn = make_value_loss_fn(cfg)
         self.reader = sample_queue.reader(
             "trainer", fields=trainer_fields(cfg), batcher=GroupBatcher(cfg.trainer.groups_per_step)
         )
@@ -133,6 +203,8 @@ class TrainerService(ServiceBase):
         return int(self.engine.version)
 
     def _publish(self) -> None:
+        if self.critic is not None:  # before the version is visible, so a Critic that catches up to it finds it
+            self.critic_weights.publish(self.version, self.critic.policy_state())
         stats = self.weights.publish(self.version, self.engine.policy_state())
         self.queue.publish_version(self.version)
         self._sync_s = stats.seconds
@@ -150,7 +222,10 @@ class TrainerService(ServiceBase):
 
     def save_engine(self, path: str) -> int:
         """Write model, optimizer, scheduler, RNG and version to ``path`` (call while paused)."""
-        torch.save(self.engine.state_dict(), path)
+        state = self.engine.state_dict()
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        torch.save(state, path)
         return self.version
 
     def step(self) -> None:
@@ -180,8 +255,11 @@ class TrainerService(ServiceBase):
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
         rows = [row.fields for row in delivered]
         version_before = self.version
-        samples = build_train_samples(self.cfg, rows)
+        samples = build_train_samples(self.cfg, rows, proximal_logprobs(self.cfg, self.engine, rows))
         metrics = self.engine.step(samples, self.loss_fn)
+        if self.critic is not None:
+            critic_metrics = self.critic.step(samples, self.value_loss_fn)
+            metrics.update({f"critic_{k}": v for k, v in critic_metrics.items() if k not in ("lr", "version")})
         train_s = time.perf_counter() - start
         self.reader.ack(batch)  # consumed before the new version is visible, so it never counts as stale
         self._publish()

@@ -1,0 +1,78 @@
+"""Critic service: values of each response under the newest critic the Trainer published (PPO only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_queue import FixedSizeBatcher, QueueTimeoutError
+from relax_services._policy import build_value_engine
+from relax_services.config import RunConfig
+from relax_services.engines import TrainSample
+from relax_services.services._base import ServiceBase
+from relax_services.weights import WeightPoller
+
+__all__ = ["CriticService"]
+
+
+class CriticService(ServiceBase):
+    """Reads ``prompt`` + ``response``, writes ``values`` (one float per response token) and ``value_version``.
+
+    The Trainer trains the critic alongside the policy and publishes its weights with the same version; this
+    service pulls the newest at safe points (between batches). Before scoring it catches up to the version the
+    trainer has published, so at τ = 0 every value comes from the critic of the policy that drew the sample.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cfg: RunConfig,
+        sample_queue: Any,
+        critic_weights: Any,
+        batch_rows: int = 64,
+        *,
+        health: Any = None,
+    ) -> None:
+        super().__init__(name, health)
+        self.engine = build_value_engine(cfg)
+        self.queue = sample_queue
+        self.critic_version = -1
+        self._poll = WeightPoller(critic_weights, lambda: self.critic_version)
+        self.reader = sample_queue.reader(
+            "critic", fields=["prompt", "response"], batcher=FixedSizeBatcher(batch_rows, partial=True)
+        )
+        self._sync_weights()
+
+    def _sync_weights(self) -> None:
+        newer = self._poll()
+        if newer is not None:
+            self.critic_version, state = newer
+            self.engine.model.load_state_dict(state)
+
+    def _catch_up(self, batch: Any) -> None:
+        target = self.queue.version
+        while True:
+            self._sync_weights()
+            if self.critic_version >= target or self.stopping:
+                return
+            self.reader.renew(batch)  # keep the rows while the trainer's publish lands
+            self._stop.wait(0.05)
+
+    def step(self) -> None:
+        try:
+            batch = self.reader.get(timeout=0.5)
+        except QueueTimeoutError:
+            self._sync_weights()
+            return
+        self._catch_up(batch)
+        responses = batch.column("response")
+        samples = [
+            TrainSample(prompt=p, response_ids=r) for p, r in zip(batch.column("prompt"), responses, strict=True)
+        ]
+        values, _ = self.engine.compute_values(samples)  # [B, L_max]
+        updates = {
+            key: {"values": values[i, : len(resp)].tolist(), "value_version": self.critic_version}
+            for i, (key, resp) in enumerate(zip(batch.keys, responses, strict=True))
+        }
+        self.queue.add_fields_many(updates)
+        self.ack(self.reader, batch)
+        self.record("critic", scored=len(samples), version=self.critic_version)
