@@ -117,14 +117,22 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
                     old_logprobs=lp, advantages=token_adv[i, :n], old_values=values[i, :n], returns=returns[i, :n]
                 )
 
+        # Decoupled PPO's proximal policy is the one before the update: with several optimizer steps per update
+        # (minibatches, epochs) its log-probs are taken once up front, otherwise the step's own forward is it.
+        if cfg.algorithm.decoupled and cfg.trainer.minibatches * cfg.trainer.ppo_epochs > 1:
+            before, _ = policy.compute_logprobs(samples)  # [B, T]
+            for i, sample in enumerate(samples):
+                sample.fields["proximal"] = before[i, : len(sample.response_ids)]
+
         def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+            proximal = inputs.fields.get("proximal", inputs.logprobs.detach())
             return compute_policy_loss(
                 cfg.algorithm,
                 inputs.logprobs,
                 inputs.fields["old_logprobs"],
                 inputs.fields["advantages"],
                 inputs.mask,
-                proximal_logprobs=inputs.logprobs.detach() if cfg.algorithm.decoupled else None,
+                proximal_logprobs=proximal if cfg.algorithm.decoupled else None,
                 entropy=inputs.entropy,
             )
 

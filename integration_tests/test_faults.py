@@ -23,16 +23,18 @@ def _assert_exact_ledger(result, steps: int, groups_per_step: int) -> None:
     assert ledger["consumed"] == steps * groups_per_step, ledger
 
 
-@pytest.mark.slow  # timing-dependent: once the trainer had drained the queue before the kill landed
 @pytest.mark.integration
 def test_killed_rollout_restarts_while_trainer_keeps_consuming(small_config, run_pipeline) -> None:
+    # The kill lands once two updates' worth of samples wait for the trainer, so the outage overlaps queued work
+    # whatever the timing (without the condition, the trainer had sometimes drained the queue already).
     cfg = small_config(
         "staleness.tau=4",
         "trainer.total_steps=30",
         "data.tasks=[image, text]",
-        "faults=[{service: rollout, kind: kill, at_step: 3}]",
+        "faults=[{service: rollout, kind: kill, at_step: 3, min_trainer_backlog: 32}]",
         "queue.lease_timeout_s=5",
     )
+    assert cfg.samples_per_step == 16
     result = run_pipeline(cfg)
     assert result.steps == 30
     events = _events(result.run_dir)

@@ -9,16 +9,18 @@ import math
 import pytest
 import torch
 
+from relax_core import value_loss
 from relax_services.engines import (
     HFRolloutEngine,
     LossInputs,
     SamplingParams,
     TorchTrainConfig,
     TorchTrainEngine,
+    TorchValueEngine,
     TrainEngine,
     TrainSample,
 )
-from relax_services.models import SUPPRESSED_IDS, OmniPrompt, build_tiny_omni
+from relax_services.models import SUPPRESSED_IDS, OmniPrompt, build_tiny_omni, build_value_model
 from relax_services.models.synthetic import synthetic_prompt
 
 
@@ -120,6 +122,44 @@ def test_trainer_logprobs_match_rollout_behaviour_logprobs() -> None:
     for i, lp in enumerate(behaviour):
         assert mask[i].sum() == len(lp)
         torch.testing.assert_close(logprobs[i, : len(lp)], torch.tensor(lp), atol=1e-4, rtol=0)
+
+
+def test_critic_values_are_the_value_head_at_the_columns_that_predict_each_response_token() -> None:
+    """Independent reference: one unpadded forward per sample through the decoder, the head at column
+    prompt_len - 1 + j; then value regression moves every value toward its target."""
+    gen = torch.Generator().manual_seed(4)
+    batch = _samples(4)
+    critic = build_value_model(build_tiny_omni(0))
+    with torch.no_grad():  # a non-zero head, so the check is not 0 == 0
+        critic.value_head.weight.normal_(generator=gen)
+    engine = TorchValueEngine(critic, TorchTrainConfig(lr=3e-3, micro_batch_size=3))
+    values, mask = engine.compute_values(batch)
+    for i, s in enumerate(batch):
+        ids = torch.cat([s.prompt.input_ids, s.response_ids])[None]
+        with torch.no_grad():
+            seen: list[torch.Tensor] = []  # what the LM head reads in a plain forward of the thinker
+            hook = critic.thinker.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+            critic.thinker(input_ids=ids, attention_mask=torch.ones_like(ids), **s.prompt.media())
+            hook.remove()
+            hidden = seen[0][0]  # [T, H]
+            want = critic.value_head(hidden)[s.prompt.num_tokens - 1 : -1, 0]  # [L]
+        n = len(s.response_ids)
+        assert mask[i, :n].sum() == n
+        torch.testing.assert_close(values[i, :n], want, atol=1e-5, rtol=0)
+    targets = [torch.full((len(s.response_ids),), float(i % 2)) for i, s in enumerate(batch)]
+    for s, t, v in zip(batch, targets, values, strict=False):
+        s.fields.update(returns=t, old_values=v[: len(t)])
+
+    def regression(inputs: LossInputs) -> torch.Tensor:
+        assert inputs.values is not None
+        return value_loss(inputs.values, inputs.fields["old_values"], inputs.fields["returns"], inputs.mask, None)[0]
+
+    before = sum(float(((values[i, : len(t)] - t) ** 2).sum()) for i, t in enumerate(targets))
+    for _ in range(20):
+        engine.step(batch, regression)
+    after_values, _ = engine.compute_values(batch)
+    after = sum(float(((after_values[i, : len(t)] - t) ** 2).sum()) for i, t in enumerate(targets))
+    assert after < 0.1 * before
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:

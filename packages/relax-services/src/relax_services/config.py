@@ -192,6 +192,10 @@ class FaultSpec(ConfigModel):
     at_step: int = pydantic.Field(default=5, ge=0)
     """Inject once the trainer has reached this version."""
 
+    min_trainer_backlog: int = pydantic.Field(default=0, ge=0)
+    """And only once at least this many sample rows wait for the trainer (e.g. a whole update's worth, so that
+    the outage of a producer overlaps work the trainer can still consume); 0: no condition."""
+
 
 class RunSettings(ConfigModel):
     """Where the run writes and how it shows progress."""

@@ -386,6 +386,8 @@ class Controller:
         for fault in list(self._faults_pending):
             if self.step < fault.at_step:
                 continue
+            if fault.min_trainer_backlog and self._trainer_backlog() < fault.min_trainer_backlog:
+                continue
             self._faults_pending.remove(fault)
             targets = [s for s in self.pipeline.services.values() if s.role == fault.service]
             if not targets:
@@ -396,6 +398,10 @@ class Controller:
                 os.kill(int(spec.pid or 0), signal.SIGKILL)
             else:
                 spec.handle.inject.remote(fault.kind)
+
+    def _trainer_backlog(self) -> int:
+        """Sample rows the trainer has not consumed yet."""
+        return int(self.pipeline.sample_queue.metrics()["tasks"]["trainer"]["backlog"])
 
     def _final_eval(self) -> dict[str, float]:
         import ray
