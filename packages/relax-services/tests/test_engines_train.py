@@ -134,18 +134,19 @@ def test_critic_values_are_the_value_head_at_the_columns_that_predict_each_respo
         critic.value_head.weight.normal_(generator=gen)
     engine = TorchValueEngine(critic, TorchTrainConfig(lr=3e-3, micro_batch_size=3))
     values, mask = engine.compute_values(batch)
+    seen: list[torch.Tensor] = []  # what the LM head reads in a plain forward of the thinker
+    hook = critic.thinker.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
     for i, s in enumerate(batch):
         ids = torch.cat([s.prompt.input_ids, s.response_ids])[None]
         with torch.no_grad():
-            seen: list[torch.Tensor] = []  # what the LM head reads in a plain forward of the thinker
-            hook = critic.thinker.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+            seen.clear()
             critic.thinker(input_ids=ids, attention_mask=torch.ones_like(ids), **s.prompt.media())
-            hook.remove()
             hidden = seen[0][0]  # [T, H]
             want = critic.value_head(hidden)[s.prompt.num_tokens - 1 : -1, 0]  # [L]
         n = len(s.response_ids)
         assert mask[i, :n].sum() == n
         torch.testing.assert_close(values[i, :n], want, atol=1e-5, rtol=0)
+    hook.remove()
     targets = [torch.full((len(s.response_ids),), float(i % 2)) for i, s in enumerate(batch)]
     for s, t, v in zip(batch, targets, values, strict=False):
         s.fields.update(returns=t, old_values=v[: len(t)])

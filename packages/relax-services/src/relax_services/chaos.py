@@ -7,9 +7,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from relax_services.config import FaultSpec
+from relax_services.config import FaultSpec, RunConfig
 
-__all__ = ["CHAOS_DEFAULTS", "fault_table", "random_faults", "run_chaos"]
+__all__ = ["CHAOS_DEFAULTS", "chaos_targets", "fault_table", "random_faults", "run_chaos"]
 
 CHAOS_DEFAULTS = [
     "trainer.total_steps=40",
@@ -28,17 +28,29 @@ CHAOS_DEFAULTS = [
 ]
 """A short run with every service (the KL term brings in the Reference) and quick fault detection."""
 
-_SERVICES = ("rollout", "reward", "reference", "trainer")
 _KINDS = ("kill", "raise", "hang")
 
 
-def random_faults(n: int, seed: int, total_steps: int) -> list[FaultSpec]:
-    """``n`` faults on random services, of random kinds, at distinct random steps in the run's middle."""
+def chaos_targets(cfg: RunConfig) -> tuple[str, ...]:
+    """The roles a run of ``cfg`` has that faults can hit: the Reference only with a KL term, the Critic only
+    for PPO."""
+    roles = ["rollout", "reward"]
+    if cfg.algorithm.uses_reference:
+        roles.append("reference")
+    if cfg.algorithm.uses_critic:
+        roles.append("critic")
+    return (*roles, "trainer")
+
+
+def random_faults(
+    n: int, seed: int, total_steps: int, services: tuple[str, ...] = ("rollout", "reward", "reference", "trainer")
+) -> list[FaultSpec]:
+    """``n`` faults on random ``services``, of random kinds, at distinct random steps in the run's middle."""
     rng = random.Random(seed)
     lo, hi = 2, max(3, total_steps - 4)
     steps = sorted(rng.sample(range(lo, hi), min(n, hi - lo)))
     return [
-        FaultSpec.model_validate({"service": rng.choice(_SERVICES), "kind": rng.choice(_KINDS), "at_step": s})
+        FaultSpec.model_validate({"service": rng.choice(services), "kind": rng.choice(_KINDS), "at_step": s})
         for s in steps
     ]
 
@@ -80,7 +92,7 @@ def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: in
     from relax_services.summary import format_summary
 
     cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
-    faults = random_faults(n_faults, seed, cfg.trainer.total_steps)
+    faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
     cfg = cfg.model_copy(update={"faults": faults})
     run_dir = make_run_dir(cfg)
     print(f"relax chaos: {len(faults)} faults → {run_dir}", flush=True)

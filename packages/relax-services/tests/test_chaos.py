@@ -1,0 +1,34 @@
+"""The chaos helpers: which roles faults may hit, seeded fault plans, and the fault table."""
+
+from __future__ import annotations
+
+from relax_services.chaos import chaos_targets, fault_table, random_faults
+from relax_services.config import load_run_config
+
+
+def test_targets_follow_the_algorithm() -> None:
+    assert chaos_targets(load_run_config()) == ("rollout", "reward", "reference", "trainer")  # GRPO with a KL term
+    assert chaos_targets(load_run_config(None, ["algorithm.kl_coef=0"])) == ("rollout", "reward", "trainer")
+    ppo = load_run_config(None, ["algorithm.preset=ppo", "staleness.tau=0"])
+    assert chaos_targets(ppo) == ("rollout", "reward", "reference", "critic", "trainer")
+
+
+def test_random_faults_are_seeded_distinct_and_hit_only_the_given_roles() -> None:
+    a = random_faults(6, seed=3, total_steps=40, services=("critic", "reward"))
+    assert a == random_faults(6, seed=3, total_steps=40, services=("critic", "reward"))
+    assert {f.service for f in a} <= {"critic", "reward"}
+    steps = [f.at_step for f in a]
+    assert steps == sorted(set(steps)) and steps[0] >= 2 and steps[-1] < 36
+
+
+def test_fault_table_times_detection_and_recovery() -> None:
+    events = [
+        {"event": "injected", "service": "critic", "fault": "kill", "step": 4, "time": 10.0},
+        {"event": "detected", "service": "critic", "time": 11.5},
+        {"event": "restarted", "service": "critic", "time": 14.0},
+        {"event": "injected", "service": "reward", "fault": "hang", "step": 9, "time": 20.0},
+    ]
+    table = fault_table(events, {"lost": 0, "duplicated": 0}).splitlines()
+    assert table[1].split()[:5] == ["critic", "kill", "4", "1.5s", "4.0s"]
+    assert table[2].split()[3:5] == ["no", "no"]  # the reward hang was never detected
+    assert "all recovered: NO" in table[-1] and "prompts lost 0, duplicated 0" in table[-1]
