@@ -26,10 +26,12 @@ def _assert_exact_ledger(result, steps: int, groups_per_step: int) -> None:
 @pytest.mark.integration
 def test_killed_rollout_restarts_while_trainer_keeps_consuming(small_config, run_pipeline) -> None:
     # The kill lands once two updates' worth of samples wait for the trainer, so the outage overlaps queued work
-    # whatever the timing (without the condition, the trainer had sometimes drained the queue already).
+    # whatever the timing (without the condition, the trainer had sometimes drained the queue already). Four PPO
+    # epochs per update make the trainer the slower side, so such a backlog does build up within τ = 4.
     cfg = small_config(
         "staleness.tau=4",
         "trainer.total_steps=30",
+        "trainer.ppo_epochs=4",
         "data.tasks=[image, text]",
         "faults=[{service: rollout, kind: kill, at_step: 3, min_trainer_backlog: 32}]",
         "queue.lease_timeout_s=5",

@@ -1,14 +1,32 @@
 """Checkpointable loader: exact mid-epoch resume, parallel decode order, bad files skipped and counted."""
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from relax_modalities import MediaError, build_loader
+from relax_modalities import MediaError, OmniLoader
+from relax_modalities import build_loader as _build_loader
 from relax_modalities.synthetic import MediaRef, TaskItem, read_manifest, write_manifest
 from relax_modalities.text import TinyTokenizer
+
+_OPEN: list[OmniLoader] = []
+
+
+def build_loader(*args, **kwargs) -> OmniLoader:  # type: ignore[no-untyped-def]
+    """Every loader a test builds is closed after the test (its decode threads stopped)."""
+    loader = _build_loader(*args, **kwargs)
+    _OPEN.append(loader)
+    return loader
+
+
+@pytest.fixture(autouse=True)
+def _close_loaders():  # type: ignore[no-untyped-def]
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def _ids(loader, n: int | None = None) -> list[str]:  # type: ignore[no-untyped-def]
@@ -157,3 +175,13 @@ def test_prefetch_is_bounded(tmp_path: Path) -> None:
         ahead.append(tok.calls - base - consumed)
     # Decoded-but-unconsumed samples stay a small constant, far below the 200 available.
     assert 0 < max(ahead) <= 12, ahead  # measured 6 with prefetch=2, num_workers=2
+
+
+def test_close_stops_the_threads_and_a_new_pass_starts_afresh(synthetic_manifest: Path) -> None:
+    before = threading.active_count()
+    with build_loader(synthetic_manifest, TinyTokenizer(), seed=1, num_workers=2) as loader:
+        first = _ids(loader, 3)
+        assert threading.active_count() > before  # decode and prefetch threads
+    assert threading.active_count() == before
+    everything = _ids(loader)
+    assert set(first) <= set(everything) and len(everything) == len(set(everything))

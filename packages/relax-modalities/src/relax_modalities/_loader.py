@@ -157,7 +157,28 @@ class OmniLoader:
 
     def __init__(self, root: BaseNode[ProcessedSample], skip: _SkipBad) -> None:
         self._loader = Loader(root, restart_on_stop_iteration=True)
+        self._root = root
         self._skip = skip
+
+    def close(self) -> None:
+        """Stop the decode and prefetch threads now, from the calling thread.
+
+        torchdata otherwise stops them in its iterators' ``__del__``, which the garbage collector may run on one
+        of those very threads (it then fails to join itself). Iterating again after ``close`` starts afresh.
+        """
+        for node in (self._root, self._skip.source):
+            it = getattr(node, "_it", None)
+            for _ in range(3):  # torchdata nests its threaded iterators (mapper → impl → iterator)
+                shutdown = getattr(it, "_shutdown", None)
+                if callable(shutdown):
+                    shutdown()
+                it = getattr(it, "_it", None)
+
+    def __enter__(self) -> OmniLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __iter__(self) -> Iterator[ProcessedSample]:
         return iter(self._loader)
