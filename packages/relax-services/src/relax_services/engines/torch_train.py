@@ -166,17 +166,28 @@ class TorchTrainEngine:
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token ``(logprobs [B, L], mask [B, L])`` on CPU under the current weights, without grad."""
+        scores = self._score_without_grad(batch)
+        return scores.logprobs, scores.mask
+
+    def _score_without_grad(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest)."""
         was_training = self.model.training
         self.model.eval()
-        parts: list[TokenScores] = []
         with torch.no_grad():
-            for micro in self._micro_batches(batch):
-                parts.append(self.score(micro))
+            parts = [self.score(micro) for micro in self._micro_batches(batch)]
         self.model.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
-        logprobs = torch.cat([_pad_to(p.logprobs, length) for p in parts]).cpu()
-        mask = torch.cat([_pad_to(p.mask, length) for p in parts]).cpu()
-        return logprobs, mask
+
+        def join(tensors: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat([_pad_to(x, length) for x in tensors]).cpu()
+
+        values = [p.values for p in parts if p.values is not None]
+        return TokenScores(
+            logprobs=join([p.logprobs for p in parts]),
+            entropy=join([p.entropy for p in parts]),
+            mask=join([p.mask for p in parts]),
+            values=join(values).float() if values else None,
+        )
 
     def accumulate_gradients(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
         """Adds the gradient of the batch loss to ``.grad`` (no optimizer step); returns loss metrics.
@@ -314,15 +325,9 @@ class TorchValueEngine(TorchTrainEngine):
 
     def compute_values(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token ``(values [B, L], mask [B, L])`` on CPU under the current critic, without grad."""
-        self.model.eval()
-        parts: list[TokenScores] = []
-        with torch.no_grad():
-            for micro in self._micro_batches(batch):
-                parts.append(self.score(micro))
-        length = max(p.mask.shape[1] for p in parts)
-        values = torch.cat([_pad_to(p.values, length) for p in parts if p.values is not None]).float().cpu()
-        mask = torch.cat([_pad_to(p.mask, length) for p in parts]).cpu()
-        return values, mask
+        scores = self._score_without_grad(batch)
+        assert scores.values is not None, "score_values sets values"
+        return scores.values, scores.mask
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["HealthMonitor", "ServiceBase", "configure_process"]
@@ -123,6 +124,16 @@ class ServiceBase:
             self.record("late_ack", rows=len(batch))
             return False
         return True
+
+    def catch_up(self, target: int, held: Callable[[], int], sync: Callable[[], None], reader: Any, batch: Any) -> None:
+        """Pull weights (``sync``) until the version ``held`` reaches ``target`` (the trainer's published version)
+        or the service stops, renewing ``batch``'s lease so its rows stay with this service while it waits."""
+        while True:
+            sync()
+            if held() >= target or self.stopping:
+                return
+            reader.renew(batch)
+            self._stop.wait(0.05)
 
     def record(self, kind: str, **values: Any) -> None:
         with self._records_lock:

@@ -48,22 +48,13 @@ class CriticService(ServiceBase):
             self.critic_version, state = newer
             self.engine.model.load_state_dict(state)
 
-    def _catch_up(self, batch: Any) -> None:
-        target = self.queue.version
-        while True:
-            self._sync_weights()
-            if self.critic_version >= target or self.stopping:
-                return
-            self.reader.renew(batch)  # keep the rows while the trainer's publish lands
-            self._stop.wait(0.05)
-
     def step(self) -> None:
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
             self._sync_weights()
             return
-        self._catch_up(batch)
+        self.catch_up(self.queue.version, lambda: self.critic_version, self._sync_weights, self.reader, batch)
         responses = batch.column("response")
         samples = [
             TrainSample(prompt=p, response_ids=r) for p, r in zip(batch.column("prompt"), responses, strict=True)

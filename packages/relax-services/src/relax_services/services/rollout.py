@@ -58,13 +58,7 @@ class RolloutService(ServiceBase):
     def _catch_up(self, batch: Any) -> None:
         """Load weights at least as new as the trainer's published version before generating: samples drawn
         with older weights would only be stale (e.g. right after a restart, before the trainer republishes)."""
-        target = self.sample_queue.version
-        while True:
-            self._sync_weights()
-            if self.engine.version >= target or self.stopping:
-                return
-            self.reader.renew(batch)  # keep the prompts while waiting
-            self._stop.wait(0.05)
+        self.catch_up(self.sample_queue.version, lambda: self.engine.version, self._sync_weights, self.reader, batch)
 
     def step(self) -> None:
         try:
