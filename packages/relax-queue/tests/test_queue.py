@@ -35,11 +35,13 @@ def test_reader_sees_only_rows_with_all_its_fields_and_only_those_fields(
     q.put("k1", {"tokens": [1, 2]})
     q.put("k2", {"tokens": [3], "reward": 0.5})
     reader = q.reader("trainer", fields=["tokens", "reward"])
+    assert (q.ready("trainer", ["tokens", "reward"]), q.ready("trainer", ["tokens"]), q.ready("trainer")) == (1, 2, 2)
     with pytest.raises(QueueTimeoutError):
         reader.get(2, timeout=0.01)  # only k2 is ready; a fixed batch of 2 waits
     batch = reader.get(1, timeout=0)
     assert batch.keys == ["k2"]
     assert batch.rows[0].fields == {"tokens": [3], "reward": 0.5}
+    assert q.ready("trainer", ["tokens"]) == 1  # leased rows are not ready
     q.add_fields("k1", {"reward": 1.0, "extra": "x"})
     batch2 = reader.get(1, timeout=0)
     assert batch2.keys == ["k1"]

@@ -51,6 +51,7 @@ def test_round_trip_large_payloads_via_object_store_and_errors(ray: Any) -> None
         kinds = {row["key"]: type(row["fields"]["x"]) for row in stored}
         assert kinds["big"] is StoreRef and kinds["s"] is float  # the actor only holds a reference
         assert client.metrics()["depth_bytes"] == big.nbytes + 8 + len("small") + len("m")
+        assert (client.ready("reward", ["x", "meta"]), client.ready("reward", ["x", "y"])) == (2, 0)
         batch = client.reader("reward", ["x"], FixedSizeBatcher(2)).get(timeout=10)
         assert batch.keys == ["big", "s"]
         np.testing.assert_array_equal(batch.rows[0].fields["x"], big)

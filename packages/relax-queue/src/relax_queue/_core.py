@@ -272,6 +272,16 @@ class QueueCore:
         return True
 
     # ------------------------------------------------------------------ get
+    def ready(self, task: str, fields: tuple[str, ...] | None) -> int:
+        """Rows ``task`` has not leased or consumed yet that carry every one of ``fields``."""
+        ts = self.task(task)
+        rows = self.rows
+        if not fields:
+            return len(ts.pending) + len(ts.retry)
+        return sum(
+            1 for source in (ts.retry, ts.pending) for key in source if all(f in rows[key].fields for f in fields)
+        )
+
     def try_get(
         self, task: str, fields: tuple[str, ...] | None, n: int | None, batcher: Batcher, now: float
     ) -> Batch | None:

@@ -383,6 +383,17 @@ class TransferQueue:
     def __len__(self) -> int:
         return len(self._core.rows)
 
+    def ready(self, task: str, fields: Sequence[str] | None = None) -> int:
+        """How many rows ``task`` could be handed now: not leased or consumed by it, every one of ``fields`` present.
+
+        ``metrics()``'s per-task ``backlog`` counts rows still waiting for fields too.
+
+        Raises:
+            UnknownTaskError: ``task`` is not registered.
+        """
+        with self._core.cond:
+            return self._core.ready(task, None if fields is None else tuple(fields))
+
     def metrics(self) -> dict[str, Any]:
         """A plain dict of depth, backlog, admission, staleness and latency metrics."""
         core = self._core

@@ -323,6 +323,10 @@ class RayQueueClient:
         """Restore from ``path`` (on the actor's node); leased rows are redelivered."""
         self._call("load", path, reset_running=reset_running)
 
+    def ready(self, task: str, fields: Sequence[str] | None = None) -> int:
+        """See :meth:`TransferQueue.ready`."""
+        return int(self._call("ready", task, None if fields is None else tuple(fields)))
+
     def metrics(self) -> dict[str, Any]:
         """See :meth:`TransferQueue.metrics`."""
         return dict(self._call("metrics"))

@@ -193,8 +193,9 @@ class FaultSpec(ConfigModel):
     """Inject once the trainer has reached this version."""
 
     min_trainer_backlog: int = pydantic.Field(default=0, ge=0)
-    """And only once at least this many sample rows wait for the trainer (e.g. a whole update's worth, so that
-    the outage of a producer overlaps work the trainer can still consume); 0: no condition."""
+    """And only once at least this many complete sample rows (every field the trainer reads present) wait for the
+    trainer (e.g. a whole update's worth, so that the outage of a producer overlaps work the trainer can still
+    consume); 0: no condition."""
 
 
 class RunSettings(ConfigModel):

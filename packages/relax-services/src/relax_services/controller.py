@@ -400,8 +400,10 @@ class Controller:
                 spec.handle.inject.remote(fault.kind)
 
     def _trainer_backlog(self) -> int:
-        """Sample rows the trainer has not consumed yet."""
-        return int(self.pipeline.sample_queue.metrics()["tasks"]["trainer"]["backlog"])
+        """Sample rows complete for the trainer (every field it reads present) that it has not taken yet."""
+        from relax_services.services import trainer_fields
+
+        return self.pipeline.sample_queue.ready("trainer", trainer_fields(self.cfg))
 
     def _final_eval(self) -> dict[str, float]:
         import ray

@@ -137,7 +137,7 @@ class ServiceBase:
 
     def record(self, kind: str, **values: Any) -> None:
         with self._records_lock:
-            self._records.append({"kind": kind, "service": self.name, **values})
+            self._records.append({"kind": kind, "service": self.name, "time": time.time(), **values})
 
     @property
     def stopping(self) -> bool:
