@@ -403,7 +403,7 @@ class Controller:
         """Sample rows complete for the trainer (every field it reads present) that it has not taken yet."""
         from relax_services.services import trainer_fields
 
-        return self.pipeline.sample_queue.ready("trainer", trainer_fields(self.cfg))
+        return int(self.pipeline.sample_queue.ready("trainer", trainer_fields(self.cfg)))
 
     def _final_eval(self) -> dict[str, float]:
         import ray
