@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._errors import QueueClosedError, QueueTimeoutError
-from relax_queue._queue import PutMany, TransferQueue, _normalise_fields
+from relax_queue._queue import PutMany, PutOne, TransferQueue, _normalise_fields
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Batch, Key, RowInput
 
@@ -85,13 +85,14 @@ class AsyncTransferQueue:
         timeout: float | None = None,
     ) -> None:
         """Awaitable :meth:`TransferQueue.put`."""
-        row = RowInput(key, fields, versions, group_id, group_size, tags or {})
-        await self.put_many([row], admitted=admitted, timeout=timeout)
+        await self._put(PutOne(self._core, key, fields, versions, group_id, group_size, tags, admitted), timeout)
 
     async def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
         """Awaitable :meth:`TransferQueue.put_many`."""
+        await self._put(PutMany(self._core, rows, admitted), timeout)
+
+    async def _put(self, progress: PutMany | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
-        progress = PutMany(self._core, rows, admitted)
         await self._wait(progress, timeout, lambda: progress.full_error(timeout))
         self._core.counters.put_latency_s.append(time.perf_counter() - start)
 

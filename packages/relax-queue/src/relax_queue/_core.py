@@ -10,9 +10,10 @@ import heapq
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
-from relax_queue._batchers import Batcher
+from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._config import QueueConfig, TaskSpec
 from relax_queue._errors import (
     AdmissionError,
@@ -24,7 +25,7 @@ from relax_queue._errors import (
 )
 from relax_queue._metrics import Counters
 from relax_queue._sizing import estimate_nbytes
-from relax_queue._types import Batch, Key, RequeuedRow, Row
+from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
 
 __all__ = ["QueueCore", "StoredRow"]
 
@@ -111,6 +112,15 @@ def parse_versions(key: Key, versions: tuple[int, int] | int) -> tuple[int, int]
     )
 
 
+def _has_fields(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
+    """A test that a row's fields include every one of ``fields`` (non-empty)."""
+    if len(fields) == 1:
+        name = fields[0]
+        return lambda row_fields: name in row_fields
+    need = frozenset(fields)
+    return lambda row_fields: row_fields.keys() >= need
+
+
 def check_fields(key: Key, fields: Any) -> dict[str, Any]:
     """Validate a fields mapping (str names) and return it as a dict."""
     if not isinstance(fields, Mapping):
@@ -130,6 +140,7 @@ class QueueCore:
         self.config = config
         self.policy = config.staleness
         self.cond = threading.Condition(threading.Lock())
+        self.waiting = 0  # threads blocked in cond.wait (only they need cond.notify_all)
         self.listeners: set[Callable[[], None]] = set()
         self.closed = False
         self.tasks: dict[str, TaskState] = {s.name: TaskState(s) for s in config.tasks}
@@ -149,9 +160,11 @@ class QueueCore:
     # ------------------------------------------------------------------ notification
     def notify(self) -> None:
         """Wake blocked threads and asyncio waiters: the state changed."""
-        self.cond.notify_all()
-        for listener in tuple(self.listeners):
-            listener()
+        if self.waiting:  # Condition.notify_all costs a few microseconds even with nobody waiting
+            self.cond.notify_all()
+        if self.listeners:
+            for listener in tuple(self.listeners):
+                listener()
 
     def task(self, name: str) -> TaskState:
         """The state of task ``name``; unknown names raise :class:`UnknownTaskError`."""
@@ -172,23 +185,60 @@ class QueueCore:
         admitted: bool,
     ) -> object:
         """Insert a row or add its missing fields; returns ``FULL`` when a new row must wait."""
+        outcome = self._insert(key, fields, versions, group_id, group_size, tags)
+        if outcome is FULL:
+            return FULL
+        self._commit([key] if outcome else [], 1 if admitted else 0)
+        return None
+
+    def put_rows(self, rows: Sequence[RowInput], start: int, admitted: bool) -> int:
+        """:meth:`put_row` for ``rows[start:]`` in order, with the per-task bookkeeping done once.
+
+        Returns:
+            The index of the first row that must wait for capacity (``len(rows)``: all handled).
+            Rows before a row that raises stay stored.
+        """
+        new: list[Key] = []
+        handled = start
+        insert = self._insert
+        try:
+            for i in range(start, len(rows)):
+                r = rows[i]
+                if type(r) is not RowInput and not isinstance(r, RowInput):
+                    raise FieldTypeError(f"put_many expects RowInput items, got {type(r).__name__} at index {i}")
+                outcome = insert(r.key, r.fields, r.versions, r.group_id, r.group_size, r.tags)
+                if outcome is FULL:
+                    break
+                if outcome:
+                    new.append(r.key)
+                handled = i + 1
+        finally:
+            self._commit(new, handled - start if admitted else 0)
+        return handled
+
+    def _insert(
+        self,
+        key: Key,
+        fields: Mapping[str, Any],
+        versions: tuple[int, int] | int,
+        group_id: Hashable | None,
+        group_size: int | None,
+        tags: Mapping[str, int | float | str] | None,
+    ) -> object:
+        """Store a new row (``True``; the caller commits its key), add a known row's missing fields or
+        ignore a retired key (``False``), or ``FULL``."""
         row = self.rows.get(key)
         if row is not None:
             self._add_missing(row, check_fields(key, fields))
-            if admitted:  # a regenerated duplicate (e.g. after a producer restart): its admission is spent
-                self._release_running()
-            return None
+            return False
         if key in self.retired:
             self.counters.duplicate_puts += 1
-            if admitted:
-                self._release_running()
-            return None
-        if type(fields) is dict:  # fast path of check_fields
-            for name in fields:
-                if type(name) is not str:
-                    raise FieldTypeError(f"row {key!r}: field names must be str, got {name!r}")
-        else:
+            return False
+        if type(fields) is not dict:
             fields = check_fields(key, fields)
+        for name in fields:
+            if type(name) is not str:
+                raise FieldTypeError(f"row {key!r}: field names must be str, got {name!r}")
         if type(versions) is int and versions >= 0:
             v_min = v_max = versions
         else:
@@ -215,20 +265,22 @@ class QueueCore:
         if members is not None:
             members[key] = row
         self.nbytes += nbytes
-        for ts in self.tasks.values():
-            ts.pending[key] = None
-        self.counters.puts += 1
-        self.accepted += 1
-        if admitted:
-            self._release_running()
-        return None
+        return True
 
-    def _release_running(self) -> None:
-        """One admitted sample arrived: it no longer counts as running."""
-        if self.running > 0:
-            self.running -= 1
-        else:
-            self.counters.admission_unmatched += 1
+    def _commit(self, new: list[Key], arrived: int) -> None:
+        """Queue the ``new`` rows' keys for every task (in order) and settle ``arrived`` admissions."""
+        if new:
+            for ts in self.tasks.values():
+                pending = ts.pending
+                for key in new:
+                    pending[key] = None
+            self.counters.puts += len(new)
+            self.accepted += len(new)
+        if arrived:
+            # Each admitted row (new, a regenerated duplicate, or a late one) ends one running admission.
+            matched = min(arrived, self.running)
+            self.running -= matched
+            self.counters.admission_unmatched += arrived - matched
 
     def _check_group(self, key: Key, group_id: Hashable | None, group_size: int | None) -> dict[Key, StoredRow] | None:
         if group_id is None:
@@ -288,6 +340,13 @@ class QueueCore:
         """Lease the batch the batcher picks, or ``None`` when it wants to wait."""
         ts = self.task(task)
         self.expire(now)
+        if type(batcher) is FixedSizeBatcher and not self.groups and not self._drops_stale(ts):
+            # Every unit is one row and none is removed as stale: the batch is the first ready rows.
+            target = n or batcher.size
+            rows = self._ready_rows(ts, fields, target)
+            if len(rows) < target and not (batcher.partial and rows):
+                return None
+            return self._lease(ts, fields, rows, now)
         stale: list[list[StoredRow]] = []
         units = self._units(ts, fields, stale)
         try:
@@ -298,26 +357,47 @@ class QueueCore:
             self._remove_stale(stale)
         if not chosen:
             return None
-        return self._lease(ts, fields, chosen, now)
+        return self._lease(ts, fields, [row for unit in chosen for row in unit], now)
+
+    def _drops_stale(self, ts: TaskState) -> bool:
+        """Whether stale rows are removed (not only flagged) when ``ts`` consumes them."""
+        return ts.spec.check_staleness and self.policy.on_stale != "flag"
+
+    def _ready_rows(self, ts: TaskState, fields: tuple[str, ...] | None, limit: int) -> list[StoredRow]:
+        """Up to ``limit`` rows of ``ts`` in delivery order (redeliveries first) carrying all ``fields``."""
+        rows = self.rows
+        out: list[StoredRow] = []
+        for source in (ts.retry, ts.pending):
+            if len(out) == limit:
+                break
+            if not fields:
+                out.extend(map(rows.__getitem__, islice(source, limit - len(out))))
+                continue
+            has = _has_fields(fields)
+            for key in source:
+                row = rows[key]
+                if has(row.fields):
+                    out.append(row)
+                    if len(out) == limit:
+                        break
+        return out
 
     def _units(
         self, ts: TaskState, fields: tuple[str, ...] | None, stale: list[list[StoredRow]]
     ) -> Generator[list[StoredRow], None, None]:
         rows = self.rows
-        check = ts.spec.check_staleness
         policy = self.policy
         version = self.version
-        drop_stale = policy.on_stale != "flag"
+        drop_stale = self._drops_stale(ts)
+        has = _has_fields(fields) if fields else None
         buckets: dict[Hashable, list[StoredRow]] = {}
         for source in (ts.retry, ts.pending):
             for key in source:
                 row = rows[key]
-                if fields:
-                    row_fields = row.fields
-                    if not all(f in row_fields for f in fields):
-                        continue
+                if has is not None and not has(row.fields):
+                    continue
                 if row.group_id is None:
-                    if check and drop_stale and policy.is_stale(version, row.v_min):
+                    if drop_stale and policy.is_stale(version, row.v_min):
                         stale.append([row])
                         continue
                     yield [row]
@@ -327,63 +407,62 @@ class QueueCore:
                     bucket = buckets[row.group_id] = []
                 bucket.append(row)
                 if len(bucket) == row.group_size:
-                    if check and drop_stale and any(policy.is_stale(version, r.v_min) for r in bucket):
+                    if drop_stale and any(policy.is_stale(version, r.v_min) for r in bucket):
                         stale.append(bucket)
                         continue
                     yield bucket
 
-    def _lease(self, ts: TaskState, fields: tuple[str, ...] | None, chosen: Sequence[Any], now: float) -> Batch:
+    def _lease(self, ts: TaskState, fields: tuple[str, ...] | None, rows: list[StoredRow], now: float) -> Batch:
         lease_id = self.next_lease_id
         self.next_lease_id += 1
         timeout = self.config.lease_timeout_s
+        retry, pending = ts.retry, ts.pending
+        if retry:
+            for row in rows:
+                if row.key in retry:
+                    del retry[row.key]
+                else:
+                    del pending[row.key]
+        else:
+            for row in rows:
+                del pending[row.key]
         version = self.version
         check = ts.spec.check_staleness
         policy = self.policy
         hist = ts.staleness_hist
         name = ts.spec.name
-        leased: list[StoredRow] = []
+        only = fields[0] if fields is not None and len(fields) == 1 else None
+        flagged = 0
         out: list[Row] = []
-        for unit in chosen:
-            for row in unit:
-                key = row.key
-                if key in ts.retry:
-                    del ts.retry[key]
-                else:
-                    del ts.pending[key]
-                leased.append(row)
-                staleness = version - row.v_min
-                hist[staleness] = hist.get(staleness, 0) + 1
-                stale = check and policy.is_stale(version, row.v_min)
-                if stale:
-                    self.counters.flagged += 1
-                deliveries = row.deliveries
-                if deliveries is None:
-                    deliveries = row.deliveries = {}
-                count = deliveries.get(name, 0) + 1
-                deliveries[name] = count
-                if fields is None:
-                    values = dict(row.fields)
-                else:
-                    rf = row.fields
-                    values = {f: rf[f] for f in fields}
-                out.append(
-                    Row(
-                        key,
-                        values,
-                        row.v_min,
-                        row.v_max,
-                        row.group_id,
-                        row.group_size,
-                        row.tags,
-                        staleness,
-                        stale,
-                        count,
-                    )
-                )
+        append = out.append
+        for row in rows:
+            v_min = row.v_min
+            staleness = version - v_min
+            hist[staleness] = hist.get(staleness, 0) + 1
+            stale = check and policy.is_stale(version, v_min)
+            if stale:
+                flagged += 1
+            deliveries = row.deliveries
+            if deliveries is None:
+                row.deliveries = {name: 1}
+                count = 1
+            else:
+                count = deliveries[name] = deliveries.get(name, 0) + 1
+            rf = row.fields
+            if only is not None:
+                values = {only: rf[only]}
+            elif fields is None:
+                values = dict(rf)
+            else:
+                values = {f: rf[f] for f in fields}
+            append(
+                Row(row.key, values, v_min, row.v_max, row.group_id, row.group_size, row.tags, staleness, stale, count)
+            )
+        self.counters.flagged += flagged
         ts.delivered += len(out)
-        self.leases[lease_id] = Lease(lease_id, ts, leased, now + timeout)
+        self.leases[lease_id] = Lease(lease_id, ts, rows, now + timeout)
         heapq.heappush(self.lease_heap, (now + timeout, lease_id))
-        return Batch(ts.spec.name, lease_id, out, timeout, version)
+        return Batch(name, lease_id, out, timeout, version)
 
     # ------------------------------------------------------------------ leases
     def _pop_lease(self, lease_id: int, action: str) -> Lease:
@@ -397,18 +476,19 @@ class QueueCore:
     def ack(self, lease_id: int) -> int:
         """Consume the lease's rows for its task; returns how many rows were freed entirely."""
         lease = self._pop_lease(lease_id, "ack")
-        freed = 0
         rows = self.rows
+        done: list[StoredRow] = []
         for row in lease.rows:
             if rows.get(row.key) is not row:  # dropped or requeued meanwhile
                 continue
             row.pending_tasks -= 1
             if row.pending_tasks == 0:
-                self._remove(row, retire=True)
-                freed += 1
+                done.append(row)
+        if done:
+            self._remove_many(done, retire=True)
         lease.task.acked += len(lease.rows)
-        self.counters.freed += freed
-        return freed
+        self.counters.freed += len(done)
+        return len(done)
 
     def nack(self, lease_id: int) -> None:
         """Return the lease's rows to its task for redelivery (first in line)."""
@@ -456,22 +536,33 @@ class QueueCore:
 
     # ------------------------------------------------------------------ removal
     def _remove(self, row: StoredRow, retire: bool) -> None:
-        key = row.key
-        del self.rows[key]
-        self.nbytes -= row.nbytes
-        for ts in self.tasks.values():
-            ts.pending.pop(key, None)
-            ts.retry.pop(key, None)
-        if row.group_id is not None:
-            members = self.groups.get(row.group_id)
-            if members is not None:
-                members.pop(key, None)
-                if not members:
-                    del self.groups[row.group_id]
-        if retire and self.config.remember_retired:
-            self.retired[key] = None
-            if len(self.retired) > self.config.remember_retired:
-                self.retired.popitem(last=False)
+        self._remove_many([row], retire)
+
+    def _remove_many(self, removed: list[StoredRow], retire: bool) -> None:
+        """Forget stored rows (each at most once), optionally retiring their keys in order."""
+        rows = self.rows
+        # A queue empty now stays empty while rows are only removed: skip it.
+        queues = [q for ts in self.tasks.values() for q in (ts.pending, ts.retry) if q]
+        nbytes = 0
+        for row in removed:
+            key = row.key
+            del rows[key]
+            nbytes += row.nbytes
+            for q in queues:
+                q.pop(key, None)
+            if row.group_id is not None:
+                members = self.groups.get(row.group_id)
+                if members is not None:
+                    members.pop(key, None)
+                    if not members:
+                        del self.groups[row.group_id]
+        self.nbytes -= nbytes
+        keep = self.config.remember_retired
+        if retire and keep:
+            retired = self.retired
+            retired.update(dict.fromkeys([row.key for row in removed]))
+            while len(retired) > keep:
+                retired.popitem(last=False)
 
     def _remove_stale(self, units: list[list[StoredRow]]) -> None:
         action = self.policy.on_stale

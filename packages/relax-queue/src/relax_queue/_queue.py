@@ -48,24 +48,50 @@ class PutMany:
         self.core, self.rows, self.admitted, self.done = core, rows, admitted, 0
 
     def __call__(self, now: float) -> bool | None:
-        core, rows = self.core, self.rows
-        while self.done < len(rows):
-            r = rows[self.done]
-            if not isinstance(r, RowInput):
-                raise FieldTypeError(f"put_many expects RowInput items, got {type(r).__name__} at index {self.done}")
-            if core.put_row(r.key, r.fields, r.versions, r.group_id, r.group_size, r.tags, self.admitted) is FULL:
-                return None
-            self.done += 1
-        core.notify()
+        self.done = self.core.put_rows(self.rows, self.done, self.admitted)
+        if self.done < len(self.rows):
+            return None
+        self.core.notify()
         return True
 
     def full_error(self, timeout: float | None) -> QueueFullError:
-        cap = self.core.config.capacity
-        return QueueFullError(
-            f"queue full for {timeout} s (rows {len(self.core.rows)}/{cap.max_rows}, "
-            f"bytes {self.core.nbytes}/{cap.max_bytes}); {self.done} of {len(self.rows)} rows were stored",
-            inserted=[r.key for r in self.rows[: self.done]],
-        )
+        return _full_error(self.core, timeout, [r.key for r in self.rows[: self.done]], len(self.rows))
+
+
+class PutOne:
+    """A single ``put``, like :class:`PutMany` of one row without building a :class:`RowInput`."""
+
+    def __init__(
+        self,
+        core: QueueCore,
+        key: Key,
+        fields: Mapping[str, Any],
+        versions: tuple[int, int] | int,
+        group_id: Hashable | None,
+        group_size: int | None,
+        tags: Mapping[str, int | float | str] | None,
+        admitted: bool,
+    ) -> None:
+        self.core = core
+        self.row = (key, fields, versions, group_id, group_size, tags, admitted)
+
+    def __call__(self, now: float) -> bool | None:
+        if self.core.put_row(*self.row) is FULL:
+            return None
+        self.core.notify()
+        return True
+
+    def full_error(self, timeout: float | None) -> QueueFullError:
+        return _full_error(self.core, timeout, [], 1)
+
+
+def _full_error(core: QueueCore, timeout: float | None, inserted: list[Key], total: int) -> QueueFullError:
+    cap = core.config.capacity
+    return QueueFullError(
+        f"queue full for {timeout} s (rows {len(core.rows)}/{cap.max_rows}, "
+        f"bytes {core.nbytes}/{cap.max_bytes}); {len(inserted)} of {total} rows were stored",
+        inserted=inserted,
+    )
 
 
 class TransferQueue:
@@ -121,7 +147,11 @@ class TransferQueue:
                         if wait is None
                         else min(wait, lease_deadline - now + 1e-4)
                     )
-                core.cond.wait(wait)
+                core.waiting += 1
+                try:
+                    core.cond.wait(wait)
+                finally:
+                    core.waiting -= 1
 
     # ------------------------------------------------------------------ producers
     def put(
@@ -152,14 +182,14 @@ class TransferQueue:
             QueueFullError: the queue stayed full for ``timeout`` seconds.
             FieldTypeError, GroupError, RowTooLargeError: the row is malformed or can never fit.
         """
-        self.put_many(
-            [RowInput(key, fields, versions, group_id, group_size, tags or {})], admitted=admitted, timeout=timeout
-        )
+        self._put(PutOne(self._core, key, fields, versions, group_id, group_size, tags, admitted), timeout)
 
     def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
         """Store many rows in one call (see :meth:`put`); rows before a failing one stay stored."""
+        self._put(PutMany(self._core, rows, admitted), timeout)
+
+    def _put(self, progress: PutMany | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
-        progress = PutMany(self._core, rows, admitted)
         first = True
 
         def attempt(now: float) -> bool | None:
