@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._config import QueueConfig, TaskSpec
@@ -357,7 +357,9 @@ class QueueCore:
             self._remove_stale(stale)
         if not chosen:
             return None
-        return self._lease(ts, fields, [row for unit in chosen for row in unit], now)
+        # The batcher hands back units of the rows it was given.
+        rows = cast("list[StoredRow]", [row for unit in chosen for row in unit])
+        return self._lease(ts, fields, rows, now)
 
     def _drops_stale(self, ts: TaskState) -> bool:
         """Whether stale rows are removed (not only flagged) when ``ts`` consumes them."""
@@ -461,7 +463,7 @@ class QueueCore:
         self.counters.flagged += flagged
         ts.delivered += len(out)
         self.leases[lease_id] = Lease(lease_id, ts, rows, now + timeout)
-        heapq.heappush(self.lease_heap, (now + timeout, lease_id))
+        self._push_deadline(now + timeout, lease_id)
         return Batch(name, lease_id, out, timeout, version)
 
     # ------------------------------------------------------------------ leases
@@ -502,8 +504,18 @@ class QueueCore:
         if lease is None:
             raise LeaseError(f"cannot renew lease {lease_id}: it is unknown, already settled, or expired")
         lease.deadline = now + (timeout_s if timeout_s is not None else self.config.lease_timeout_s)
-        heapq.heappush(self.lease_heap, (lease.deadline, lease_id))
+        self._push_deadline(lease.deadline, lease_id)
         return lease.deadline
+
+    def _push_deadline(self, deadline: float, lease_id: int) -> None:
+        """Track a lease deadline. Settled and renewed leases leave stale entries behind until their
+        deadline passes; rebuild the heap from the live leases when those outnumber them, so that it
+        stays O(live leases) at any ack rate."""
+        heap = self.lease_heap
+        if len(heap) > 2 * len(self.leases) + 64:
+            heap[:] = [(lease.deadline, lid) for lid, lease in self.leases.items() if lid != lease_id]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, lease_id))
 
     def _redeliver(self, lease: Lease) -> None:
         rows = self.rows
