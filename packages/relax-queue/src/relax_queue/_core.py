@@ -271,9 +271,10 @@ class QueueCore:
         """Queue the ``new`` rows' keys for every task (in order) and settle ``arrived`` admissions."""
         if new:
             for ts in self.tasks.values():
-                pending = ts.pending
-                for key in new:
-                    pending[key] = None
+                if len(new) == 1:
+                    ts.pending[new[0]] = None
+                else:
+                    ts.pending.update(dict.fromkeys(new))
             self.counters.puts += len(new)
             self.accepted += len(new)
         if arrived:
@@ -338,8 +339,9 @@ class QueueCore:
         self, task: str, fields: tuple[str, ...] | None, n: int | None, batcher: Batcher, now: float
     ) -> Batch | None:
         """Lease the batch the batcher picks, or ``None`` when it wants to wait."""
-        ts = self.task(task)
-        self.expire(now)
+        ts = self.tasks.get(task) or self.task(task)
+        if self.lease_heap and self.lease_heap[0][0] <= now:
+            self.expire(now)
         if type(batcher) is FixedSizeBatcher and not self.groups and not self._drops_stale(ts):
             # Every unit is one row and none is removed as stale: the batch is the first ready rows.
             target = n or batcher.size
@@ -369,16 +371,20 @@ class QueueCore:
         """Up to ``limit`` rows of ``ts`` in delivery order (redeliveries first) carrying all ``fields``."""
         rows = self.rows
         out: list[StoredRow] = []
+        # One wanted field (the common case) is tested inline; several through a key-set comparison.
+        one = fields[0] if fields and len(fields) == 1 else None
+        need = frozenset(fields or ())
         for source in (ts.retry, ts.pending):
             if len(out) == limit:
                 break
+            if not source:
+                continue
             if not fields:
                 out.extend(map(rows.__getitem__, islice(source, limit - len(out))))
                 continue
-            has = _has_fields(fields)
             for key in source:
                 row = rows[key]
-                if has(row.fields):
+                if (one in row.fields) if one is not None else (row.fields.keys() >= need):
                     out.append(row)
                     if len(out) == limit:
                         break
@@ -554,7 +560,14 @@ class QueueCore:
         """Forget stored rows (each at most once), optionally retiring their keys in order."""
         rows = self.rows
         # A queue empty now stays empty while rows are only removed: skip it.
-        queues = [q for ts in self.tasks.values() for q in (ts.pending, ts.retry) if q]
+        queues: list[OrderedDict[Key, None]] = []
+        for ts in self.tasks.values():
+            if ts.pending:
+                queues.append(ts.pending)
+            if ts.retry:
+                queues.append(ts.retry)
+        keep = self.config.remember_retired if retire else 0
+        retired = self.retired
         nbytes = 0
         for row in removed:
             key = row.key
@@ -568,11 +581,10 @@ class QueueCore:
                     members.pop(key, None)
                     if not members:
                         del self.groups[row.group_id]
+            if keep:
+                retired[key] = None
         self.nbytes -= nbytes
-        keep = self.config.remember_retired
-        if retire and keep:
-            retired = self.retired
-            retired.update(dict.fromkeys([row.key for row in removed]))
+        if keep:
             while len(retired) > keep:
                 retired.popitem(last=False)
 
