@@ -133,8 +133,10 @@ class TrainerConfig(ConfigModel):
     keep_checkpoints: int = pydantic.Field(default=2, ge=1)
     """How many most recent checkpoints to keep."""
 
-    warmup_format_steps: int = pydantic.Field(default=50, ge=0)
-    """Supervised steps that teach the answer format only (an option of the task, never the answer)."""
+    warmup_format_steps: int = pydantic.Field(default=10, ge=0)
+    """Supervised steps that teach the answer format only (an option of the task, never the answer). Keep it short:
+    a long warm-up also teaches that the answer does not depend on the input (measured: 50 steps left a text-only
+    probe at chance for ~150 RL updates, 10 steps let it reach 0.94 held-out by update 260)."""
 
     warmup_lr: float = pydantic.Field(default=2e-3, gt=0.0)
     """Learning rate of the format warm-up."""
@@ -222,8 +224,15 @@ class RunSettings(ConfigModel):
 
 
 RUN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "algorithm": {"preset": "grpo", "entropy_coef": 0.01, "decoupled": True, "tis_cap": 2.0},
-    "optimizer": {"lr": 3e-4, "weight_decay": 0.0, "grad_clip": 1.0},
+    "algorithm": {"preset": "grpo", "entropy_coef": 0.01, "kl_coef": 0.1, "decoupled": True, "tis_cap": 2.0},
+    "optimizer": {
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "grad_clip": 1.0,
+        "schedule": "cosine",
+        "total_steps": 700,  # about the updates the 8-minute default run makes on 2 cores
+        "min_lr_ratio": 0.1,
+    },
     "staleness": {"tau": 2, "on_stale": "requeue"},
 }
 """Where the embedded default run departs from relax-core's component defaults. A run config's own values are
