@@ -74,3 +74,27 @@ def test_tau2_reward_rises_on_image_task(small_config, run_pipeline, tmp_path: P
     assert first <= 0.8  # the format warm-up teaches options, not answers: it starts near chance (0.5)
     assert result.final_eval["image"] >= 0.8, evals
     assert (result.run_dir / "reward.png").is_file() and (result.run_dir / "staleness.png").is_file()
+
+
+@pytest.mark.slow  # ~100 s on 2 cores; the filter and the admission refund have unit tests in the default suite
+@pytest.mark.integration
+def test_filter_groups_trains_only_on_groups_with_signal(small_config, run_pipeline) -> None:
+    # Before the format warm-up has taught much, most text groups score all zero: without handing their admission
+    # back, batches consumed without an update would stall the producers at τ for good.
+    cfg = small_config(
+        "algorithm.filter_groups=true",
+        "trainer.total_steps=2",
+        "trainer.warmup_format_steps=2",
+        "data.tasks=[image, text]",
+    )
+    result = run_pipeline(cfg)
+    assert result.steps == 2
+    metrics = list(read_metrics(result.run_dir / "metrics.jsonl"))
+    filtered = [r for r in metrics if r["kind"] == "filtered"]
+    train = [r for r in metrics if r["kind"] == "train"]
+    assert filtered, "no batch was filtered out whole"
+    assert all(0 <= r["filtered_rows"] < r["samples"] for r in train)
+    ledger = result.ledger
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
+    batches = len(train) + len(filtered)
+    assert ledger["consumed"] == batches * cfg.trainer.groups_per_step, ledger

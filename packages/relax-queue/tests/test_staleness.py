@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from relax_queue import BoundedStaleness, ConfigError, RowInput, TaskSpec, TransferQueue, VersionError
+from relax_queue import AdmissionError, BoundedStaleness, ConfigError, RowInput, TaskSpec, TransferQueue, VersionError
 
 MakeQueue = Callable[..., TransferQueue]
 TRAINER = TaskSpec("trainer", check_staleness=True)
@@ -29,6 +29,13 @@ def test_admission_formula_by_hand(make_queue: MakeQueue) -> None:
     assert q.admission_capacity() == 6
     m = q.metrics()["admission"]
     assert (m["accepted"], m["running"], m["granted"], m["released"], m["failed"]) == (6, 0, 8, 1, 1)
+    # A consumer took 4 rows without advancing the version (it filtered them out): (1+1+1)*4 - (6-4) = 10.
+    q.refund_admission(4)
+    assert q.admission_capacity() == 10
+    m = q.metrics()["admission"]
+    assert (m["accepted"], m["refunded"]) == (2, 4)
+    with pytest.raises(AdmissionError, match="refund_admission"):
+        q.refund_admission(-1)
 
 
 def test_tau_infinity_admits_everything(make_queue: MakeQueue) -> None:

@@ -629,6 +629,14 @@ class QueueCore:
             self.counters.admission_released += n
         self.notify()
 
+    def refund_admission(self, n: int) -> None:
+        """``n`` consumed rows did not advance the version: their admission slots are free again."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise AdmissionError(f"refund_admission(n) needs an int n >= 0, got {n!r}")
+        self.accepted = max(0, self.accepted - n)
+        self.counters.admission_refunded += n
+        self.notify()
+
     def admission_capacity(self) -> int | None:
         """Samples that may start now (``None``: unlimited)."""
         return self.policy.admission_capacity(self.version, self.accepted, self.running)

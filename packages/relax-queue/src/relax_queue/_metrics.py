@@ -30,6 +30,7 @@ class Counters:
     admission_wait_s: float = 0.0
     admission_released: int = 0
     admission_failed: int = 0
+    admission_refunded: int = 0
     admission_unmatched: int = 0
     put_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     get_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))

@@ -370,6 +370,16 @@ class TransferQueue:
         with self._core.cond:
             self._core.release_admission(n, failed)
 
+    def refund_admission(self, n: int) -> None:
+        """Give back the admission of ``n`` rows a consumer took without advancing the version (e.g. groups it
+        filtered out as carrying no signal), so that producers are not paced as if they had been trained on.
+
+        Raises:
+            AdmissionError: ``n`` is not an int >= 0.
+        """
+        with self._core.cond:
+            self._core.refund_admission(n)
+
     def admission_capacity(self) -> int | None:
         """How many samples may start now without reserving them (``None``: unlimited)."""
         with self._core.cond:
@@ -458,6 +468,7 @@ class TransferQueue:
                     "wait_s": counters.pop("admission_wait_s"),
                     "released": counters.pop("admission_released"),
                     "failed": counters.pop("admission_failed"),
+                    "refunded": counters.pop("admission_refunded"),
                     "unmatched": counters.pop("admission_unmatched"),
                 },
                 "requeued_pending": len(core.requeued),

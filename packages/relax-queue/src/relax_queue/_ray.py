@@ -305,6 +305,10 @@ class RayQueueClient:
         """See :meth:`TransferQueue.release_admission`."""
         self._call("release_admission", n, failed=failed)
 
+    def refund_admission(self, n: int) -> None:
+        """See :meth:`TransferQueue.refund_admission`."""
+        self._call("refund_admission", n)
+
     def admission_capacity(self) -> int | None:
         """See :meth:`TransferQueue.admission_capacity`."""
         result = self._call("admission_capacity")

@@ -135,6 +135,9 @@ class Controller:
             for k, v in record["staleness_hist"].items():
                 self.staleness[int(k)] = self.staleness.get(int(k), 0) + int(v)
             self._last_train = record
+        elif kind == "filtered":  # a batch of uniformly scored groups (algorithm.filter_groups): consumed, not trained
+            self.feeder.mark_consumed(sorted({k.split("/")[0] for k in record.pop("keys")}))
+            self.samples += int(record["rows"])
         elif kind == "eval":
             if int(record["version"]) >= self.eval_version:
                 self.eval_version = int(record["version"])

@@ -6,7 +6,13 @@ from relax_services.services.evaluator import EvalService
 from relax_services.services.reference import ReferenceService
 from relax_services.services.reward import RewardService, decode_response
 from relax_services.services.rollout import RolloutService, sampling_seed
-from relax_services.services.trainer import TrainerService, build_train_samples, make_loss_fn, trainer_fields
+from relax_services.services.trainer import (
+    TrainerService,
+    build_train_samples,
+    informative_rows,
+    make_loss_fn,
+    trainer_fields,
+)
 
 __all__ = [
     "CriticService",
@@ -19,6 +25,7 @@ __all__ = [
     "TrainerService",
     "build_train_samples",
     "decode_response",
+    "informative_rows",
     "make_loss_fn",
     "sampling_seed",
     "trainer_fields",

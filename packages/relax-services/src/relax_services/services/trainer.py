@@ -20,6 +20,7 @@ from relax_services.services._base import ServiceBase
 __all__ = [
     "TrainerService",
     "build_train_samples",
+    "informative_rows",
     "make_loss_fn",
     "make_value_loss_fn",
     "proximal_logprobs",
@@ -52,6 +53,15 @@ def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
     for i, values in enumerate(rows):
         out[i, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
     return out
+
+
+def informative_rows(batch_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of groups whose rewards are not all equal (DAPO's dynamic sampling, ``algorithm.filter_groups``):
+    a group where every sample scored the same has zero group-relative advantage, so it only dilutes the update."""
+    by_group: dict[str, set[float]] = defaultdict(set)
+    for r in batch_rows:
+        by_group[r["meta"]["prompt_key"]].add(float(r["reward"]))
+    return [r for r in batch_rows if len(by_group[r["meta"]["prompt_key"]]) > 1]
 
 
 def build_train_samples(
@@ -255,7 +265,13 @@ class TrainerService(ServiceBase):
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
         rows = [row.fields for row in delivered]
         version_before = self.version
-        samples = build_train_samples(self.cfg, rows, proximal_logprobs(self.cfg, self.engine, rows))
+        trained = informative_rows(rows) if self.cfg.algorithm.filter_groups else rows
+        if not trained:  # every group scored uniformly: no signal, no update; the rows are still consumed
+            self.reader.ack(batch)
+            self.queue.refund_admission(len(rows))  # the version did not advance: let producers replace them
+            self.record("filtered", rows=len(rows), keys=[str(k) for k in batch.keys])
+            return
+        samples = build_train_samples(self.cfg, trained, proximal_logprobs(self.cfg, self.engine, trained))
         metrics = self.engine.step(samples, self.loss_fn)
         if self.critic is not None:
             critic_metrics = self.critic.step(samples, self.value_loss_fn)
@@ -280,6 +296,7 @@ class TrainerService(ServiceBase):
             token_staleness_hist={str(k): v for k, v in sorted(token_staleness.items())},
             stale_flagged=sum(row.stale for row in batch.rows),
             reward_failures=sum(r["reward_error"] is not None for r in rows),
+            filtered_rows=len(rows) - len(trained),
             wait_s=self._wait_s,
             train_s=train_s,
             weight_sync_s=self._sync_s,
