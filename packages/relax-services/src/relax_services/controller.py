@@ -125,9 +125,9 @@ class Controller:
     # ------------------------------------------------------------------ records
     def _ingest(self, record: dict[str, Any]) -> None:
         kind = record.pop("kind")
+        if kind in ("train", "filtered"):  # the sample keys of a consumed batch name their prompts' keys
+            self.feeder.mark_consumed(sorted({k.split("/")[0] for k in record.pop("keys")}))
         if kind == "train":
-            keys = record.pop("keys")
-            self.feeder.mark_consumed(sorted({k.split("/")[0] for k in keys}))
             self.step = max(self.step, int(record["step"]))
             self.samples += int(record["samples"])
             self.wait_s += float(record["wait_s"])
@@ -136,7 +136,6 @@ class Controller:
                 self.staleness[int(k)] = self.staleness.get(int(k), 0) + int(v)
             self._last_train = record
         elif kind == "filtered":  # a batch of uniformly scored groups (algorithm.filter_groups): consumed, not trained
-            self.feeder.mark_consumed(sorted({k.split("/")[0] for k in record.pop("keys")}))
             self.samples += int(record["rows"])
         elif kind == "eval":
             if int(record["version"]) >= self.eval_version:
