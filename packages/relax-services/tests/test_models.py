@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax_services.engines.scoring import distinct_prompts
 from relax_services.models import (
     SUPPRESSED_IDS,
     OmniPrompt,
@@ -180,3 +181,16 @@ def test_deduplicated_media_embeddings_match_the_models_own_merge(model: torch.n
         expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, **media).logits
         got = model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_distinct_prompts_groups_rows_by_object_then_content() -> None:
+    gen = torch.Generator().manual_seed(5)
+    image = synthetic_prompt("image", [14, 15], gen)
+    copy = OmniPrompt(**{k: v.clone() for k, v in {"input_ids": image.input_ids, **image.media()}.items()})
+    other_pixels = dict(image.media(), pixel_values=image.pixel_values + 1.0)  # same ids and shapes, other image
+    other = OmniPrompt(input_ids=image.input_ids.clone(), **other_pixels)
+    text = synthetic_prompt("text", [14, 15], gen)
+    distinct, index = distinct_prompts([image, text, image, copy, other, text])
+    assert distinct == [image, text, other] and distinct[0] is image and distinct[2] is other
+    assert index.tolist() == [0, 1, 0, 0, 2, 1]
+    assert image.fingerprint() == copy.fingerprint() != other.fingerprint()

@@ -1,13 +1,20 @@
-"""Per-token log-probs and entropy of responses under a model: one padded forward per batch.
+"""Per-token log-probs, entropy and values of responses under a model.
+
+A GRPO batch holds each prompt once per completion, and prompts are far longer than the answers. So each
+distinct prompt is run once (its media encoded once), its key/value cache is shared by the rows that
+continue it, and only the response tokens run per row: the same numbers as one padded forward of every
+``prompt + response`` row (to float rounding), at a fraction of the cost. Gradients of the rows add up in
+the shared prompt computation, which is the gradient of the row-by-row forward.
 
 Used by the training engine (with grad) and by anything that rescores samples (reference model,
-proximal log-probs) without grad.
+proximal log-probs, critic values) without grad.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -37,24 +44,47 @@ class TokenScores:
     values: torch.Tensor | None = None
 
 
-@dataclass
-class _ResponseForward:
-    """The padded forward inputs of prompt + response rows, and where each response token sits in them."""
+def distinct_prompts(prompts: Sequence[OmniPrompt]) -> tuple[list[OmniPrompt], torch.Tensor]:
+    """Each distinct prompt once, and for every row the index of its prompt in that list.
 
-    model_kwargs: dict[str, torch.Tensor]
-    cols: torch.Tensor  # [B, L] column whose output predicts response token j (prompt length - 1 + j)
+    Rows of one group usually share one prompt object; copies made by a trip through the queue are matched
+    by content (:meth:`OmniPrompt.fingerprint`), computed once per object.
+
+    Returns:
+        ``(distinct prompts in first-seen order, [B] int64 index)``.
+    """
+    by_object: dict[int, int] = {}
+    by_content: dict[bytes, int] = {}
+    distinct: list[OmniPrompt] = []
+    index: list[int] = []
+    for prompt in prompts:
+        slot = by_object.get(id(prompt))
+        if slot is None:
+            slot = by_content.setdefault(prompt.fingerprint(), len(distinct))
+            if slot == len(distinct):
+                distinct.append(prompt)
+            by_object[id(prompt)] = slot
+        index.append(slot)
+    return distinct, torch.tensor(index, dtype=torch.long)
+
+
+@dataclass
+class _ResponseStates:
+    """Final decoder states at the response positions of a batch, and the tokens they predict."""
+
+    hidden: torch.Tensor  # [B, L, H] the state whose LM-head output predicts response token j
     targets: torch.Tensor  # [B, L] response token ids (padding where masked)
     valid: torch.Tensor  # [B, L] bool: real, scored response tokens
 
     @classmethod
-    def build(
+    def compute(
         cls,
-        model: torch.nn.Module,
+        thinker: Any,
         prompts: Sequence[OmniPrompt],
         responses: Sequence[torch.Tensor],
         suppressed_ids: Sequence[int],
         device: torch.device | str,
-    ) -> _ResponseForward:
+    ) -> _ResponseStates:
         if len(prompts) != len(responses) or not prompts:
             raise ValueError(f"need as many responses as prompts (> 0), got {len(prompts)} and {len(responses)}")
         # Suppressed and media ids in a response are never scored; they are fed as padding so that a stray
@@ -62,25 +92,39 @@ class _ResponseForward:
         banned = torch.tensor(sorted(set(suppressed_ids) | set(_vocab.MEDIA_IDS)), dtype=torch.long)
         kept = [~torch.isin(r.long().cpu(), banned) for r in responses]
         clean = [torch.where(k, r.long().cpu(), _vocab.PAD_ID) for r, k in zip(responses, kept, strict=True)]
-        seqs = [torch.cat([p.input_ids, r]) for p, r in zip(prompts, clean, strict=True)]
-        input_ids, attention_mask = pad_sequences(seqs, _vocab.PAD_ID, side="right")  # [B, T]
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        lengths = [int(r.numel()) for r in responses]
-        positions, _ = sequence_positions(model, prompts, lengths, side="right")  # [3, B, T]
-        # Media encoded once per distinct item (a group's rows share their prompt's media).
-        embeds = embed_inputs(model, prompts, input_ids, device)  # [B, T, H]
-        starts = torch.tensor([p.num_tokens for p in prompts], device=device)  # [B]
-        steps = torch.arange(max(lengths), device=device)  # [L]
+        targets, response_mask = pad_sequences(clean, _vocab.PAD_ID, side="right")  # [B, L]
         kept_padded, _ = pad_sequences([k.long() for k in kept], 0, side="right")  # [B, L]
-        # Outputs at column t predict the token at t + 1: response token j of row b sits at starts[b] + j.
-        cols = (starts[:, None] - 1 + steps[None, :]).clamp_max(input_ids.shape[1] - 1)  # [B, L]
-        targets = input_ids.gather(1, (cols + 1).clamp_max(input_ids.shape[1] - 1))  # [B, L]
-        kwargs = {"inputs_embeds": embeds, "attention_mask": attention_mask, "position_ids": positions.to(device)}
-        return cls(kwargs, cols, targets, kept_padded.to(device).bool())
+        targets, response_mask = targets.to(device), response_mask.to(device)
+        decoder = thinker.model  # the text decoder: final hidden states, no LM head
 
-    def pick(self, outputs: torch.Tensor) -> torch.Tensor:
-        """``[B, T, D]`` per-column outputs → ``[B, L, D]`` at the response positions."""
-        return outputs.gather(1, self.cols[..., None].expand(-1, -1, outputs.shape[-1]))
+        # Each distinct prompt once, left-padded so every prompt ends in the last column.
+        distinct, row_prompt = distinct_prompts(prompts)
+        row_prompt = row_prompt.to(device)
+        ids, prompt_mask = pad_sequences([p.input_ids for p in distinct], _vocab.PAD_ID, side="left")  # [U, P]
+        ids, prompt_mask = ids.to(device), prompt_mask.to(device)
+        positions, next_pos = sequence_positions(thinker, distinct, [0] * len(distinct), side="left")
+        prefix = decoder(
+            inputs_embeds=embed_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
+            attention_mask=prompt_mask,
+            position_ids=positions.to(device),  # [3, U, P]
+            use_cache=True,
+        )
+        hidden = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
+        length = targets.shape[1]
+        if length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
+            cache = prefix.past_key_values
+            cache.batch_select_indices(row_prompt)
+            steps = torch.arange(length - 1, device=device)
+            chunk = decoder(
+                inputs_embeds=thinker.get_input_embeddings()(targets[:, :-1]),
+                attention_mask=torch.cat([prompt_mask[row_prompt], response_mask[:, :-1]], dim=1),
+                position_ids=(next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1),  # [3, B, L-1]
+                past_key_values=cache,
+                use_cache=True,
+            )
+            hidden = torch.cat([hidden, chunk.last_hidden_state], dim=1)  # [B, L, H]
+        valid = kept_padded.to(device).bool() & response_mask.bool()
+        return cls(hidden[:, :length], targets, valid)
 
 
 def score_responses(
@@ -108,14 +152,13 @@ def score_responses(
     Returns:
         Scores with grad if grad is enabled.
     """
-    forward = _ResponseForward.build(model, prompts, responses, suppressed_ids, device)
-    logits = model(**forward.model_kwargs).logits  # [B, T, V]
-    picked = forward.pick(logits)  # [B, L, V]
-    logp_all = policy_logprobs(picked, temperature, suppressed_ids)  # [B, L, V]
-    token_logp = logp_all.gather(-1, forward.targets[..., None])[..., 0]  # [B, L]
+    states = _ResponseStates.compute(model, prompts, responses, suppressed_ids, device)
+    logits = model.lm_head(states.hidden)  # type: ignore[operator]  # [B, L, V]
+    logp_all = policy_logprobs(logits, temperature, suppressed_ids)  # [B, L, V]
+    token_logp = logp_all.gather(-1, states.targets[..., None])[..., 0]  # [B, L]
     probs = logp_all.exp()
     entropy = -(probs * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # [B, L]
-    valid = forward.valid
+    valid = states.valid
     zero = torch.zeros((), device=device)
     return TokenScores(
         logprobs=torch.where(valid, token_logp, zero),
@@ -137,9 +180,8 @@ def score_values(
     Returns:
         Scores with ``values`` set (with grad if grad is enabled); ``logprobs`` and ``entropy`` are zero.
     """
-    forward = _ResponseForward.build(model.thinker, prompts, responses, suppressed_ids, device)
-    hidden = forward.pick(model.hidden_states(**forward.model_kwargs))  # [B, L, H]
-    values = model.value_head(hidden)[..., 0]  # [B, L]
-    valid = forward.valid
+    states = _ResponseStates.compute(model.thinker, prompts, responses, suppressed_ids, device)
+    values = model.value_head(states.hidden)[..., 0]  # [B, L]
+    valid = states.valid
     zeros = torch.zeros(valid.shape, device=device)
     return TokenScores(logprobs=zeros, entropy=zeros, mask=valid.float(), values=torch.where(valid, values, 0.0))

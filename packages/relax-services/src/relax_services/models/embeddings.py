@@ -9,13 +9,12 @@ features, which is the same gradient as encoding each copy separately.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from relax_services.models.inputs import OmniPrompt, audio_token_count, collate_media
+from relax_services.models.inputs import OmniPrompt, audio_token_count, collate_media, tensors_digest
 
 _KINDS = {
     # kind: (media fields, placeholder token id attribute of the config)
@@ -26,14 +25,10 @@ _KINDS = {
 
 
 def _fingerprint(prompt: OmniPrompt, fields: Sequence[str]) -> bytes | None:
-    tensors = [getattr(prompt, f) for f in fields]
-    if any(t is None for t in tensors):
+    tensors = {f: getattr(prompt, f) for f in fields}
+    if any(t is None for t in tensors.values()):
         return None
-    digest = hashlib.blake2b(digest_size=16)
-    for t in tensors:
-        digest.update(str((t.dtype, tuple(t.shape))).encode())
-        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return digest.digest()
+    return tensors_digest(tensors)
 
 
 def _encode(model: Any, kind: str, prompts: Sequence[OmniPrompt], device: torch.device) -> list[torch.Tensor]:

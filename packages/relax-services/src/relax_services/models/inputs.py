@@ -6,6 +6,7 @@ so a prompt built by relax-modalities or by a transformers processor passes thro
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,6 +102,19 @@ class OmniPrompt:
     def media(self) -> dict[str, torch.Tensor]:
         """The media tensors that are set, keyed by forward-kwarg name."""
         return {name: getattr(self, name) for name in _MEDIA_FIELDS if getattr(self, name) is not None}
+
+    def fingerprint(self) -> bytes:
+        """A content digest: equal for prompts with equal ids and media (dtype, shape and values)."""
+        return tensors_digest({"input_ids": self.input_ids, **self.media()})
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> bytes:
+    """A 16-byte digest of named tensors' dtypes, shapes and values."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, t in tensors.items():
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.digest()
 
 
 def text_prompt(input_ids: Sequence[int]) -> OmniPrompt:
