@@ -69,18 +69,23 @@ class StoredRow:
         self.tags = tags
         self.nbytes = nbytes
         self.pending_tasks = pending_tasks
-        self.deliveries: dict[str, int] | None = None  # created on first delivery
 
 
 class TaskState:
-    """Per-task delivery state: rows waiting (FIFO), rows to redeliver first, counters."""
+    """Per-task delivery state: rows waiting (FIFO), rows to redeliver first, counters.
 
-    __slots__ = ("acked", "delivered", "pending", "retry", "spec", "staleness_hist")
+    ``returned`` counts, per stored row, the deliveries to this task that came back (nack or
+    expiry); a row's next delivery is number ``1 + returned``. Rows never returned have no entry,
+    so a first delivery writes nothing per row.
+    """
+
+    __slots__ = ("acked", "delivered", "pending", "retry", "returned", "spec", "staleness_hist")
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
         self.pending: OrderedDict[Key, None] = OrderedDict()
         self.retry: OrderedDict[Key, None] = OrderedDict()
+        self.returned: dict[Key, int] = {}
         self.delivered = 0
         self.acked = 0
         self.staleness_hist: dict[int, int] = {}
@@ -239,6 +244,7 @@ class QueueCore:
         for name in fields:
             if type(name) is not str:
                 raise FieldTypeError(f"row {key!r}: field names must be str, got {name!r}")
+        fields = fields.copy()  # the caller's dict stays theirs; add_fields must not change it
         if type(versions) is int and versions >= 0:
             v_min = v_max = versions
         else:
@@ -340,6 +346,16 @@ class QueueCore:
     ) -> Batch | None:
         """Lease the batch the batcher picks, or ``None`` when it wants to wait."""
         ts = self.tasks.get(task) or self.task(task)
+        rows = self.choose(ts, fields, n, batcher, now)
+        return None if rows is None else self._lease(ts, fields, rows, now)
+
+    def choose(
+        self, ts: TaskState, fields: tuple[str, ...] | None, n: int | None, batcher: Batcher, now: float
+    ) -> list[StoredRow] | None:
+        """The rows of the next batch of ``ts`` (whole groups, none stale unless flagged), or ``None``.
+
+        Expires due leases and removes the stale rows it meets first; leases nothing.
+        """
         if self.lease_heap and self.lease_heap[0][0] <= now:
             self.expire(now)
         if type(batcher) is FixedSizeBatcher and not self.groups and not self._drops_stale(ts):
@@ -348,7 +364,7 @@ class QueueCore:
             rows = self._ready_rows(ts, fields, target)
             if len(rows) < target and not (batcher.partial and rows):
                 return None
-            return self._lease(ts, fields, rows, now)
+            return rows
         stale: list[list[StoredRow]] = []
         units = self._units(ts, fields, stale)
         try:
@@ -360,8 +376,7 @@ class QueueCore:
         if not chosen:
             return None
         # The batcher hands back units of the rows it was given.
-        rows = cast("list[StoredRow]", [row for unit in chosen for row in unit])
-        return self._lease(ts, fields, rows, now)
+        return cast("list[StoredRow]", [row for unit in chosen for row in unit])
 
     def _drops_stale(self, ts: TaskState) -> bool:
         """Whether stale rows are removed (not only flagged) when ``ts`` consumes them."""
@@ -420,7 +435,11 @@ class QueueCore:
                         continue
                     yield bucket
 
-    def _lease(self, ts: TaskState, fields: tuple[str, ...] | None, rows: list[StoredRow], now: float) -> Batch:
+    def take(self, ts: TaskState, rows: list[StoredRow], now: float) -> tuple[int, float]:
+        """Lease ``rows`` (chosen by :meth:`choose`) to ``ts``; returns the lease id and timeout.
+
+        The caller builds the delivered batch and adds ``len(rows)`` to ``ts.delivered``.
+        """
         lease_id = self.next_lease_id
         self.next_lease_id += 1
         timeout = self.config.lease_timeout_s
@@ -431,14 +450,22 @@ class QueueCore:
                     del retry[row.key]
                 else:
                     del pending[row.key]
+        elif len(rows) == len(pending):
+            pending.clear()
         else:
             for row in rows:
                 del pending[row.key]
+        self.leases[lease_id] = Lease(lease_id, ts, rows, now + timeout)
+        self._push_deadline(now + timeout, lease_id)
+        return lease_id, timeout
+
+    def _lease(self, ts: TaskState, fields: tuple[str, ...] | None, rows: list[StoredRow], now: float) -> Batch:
+        lease_id, timeout = self.take(ts, rows, now)
         version = self.version
         check = ts.spec.check_staleness
         policy = self.policy
         hist = ts.staleness_hist
-        name = ts.spec.name
+        returned = ts.returned
         only = fields[0] if fields is not None and len(fields) == 1 else None
         flagged = 0
         out: list[Row] = []
@@ -450,12 +477,7 @@ class QueueCore:
             stale = check and policy.is_stale(version, v_min)
             if stale:
                 flagged += 1
-            deliveries = row.deliveries
-            if deliveries is None:
-                row.deliveries = {name: 1}
-                count = 1
-            else:
-                count = deliveries[name] = deliveries.get(name, 0) + 1
+            count = 1 + returned.get(row.key, 0) if returned else 1
             rf = row.fields
             if only is not None:
                 values = {only: rf[only]}
@@ -468,9 +490,7 @@ class QueueCore:
             )
         self.counters.flagged += flagged
         ts.delivered += len(out)
-        self.leases[lease_id] = Lease(lease_id, ts, rows, now + timeout)
-        self._push_deadline(now + timeout, lease_id)
-        return Batch(name, lease_id, out, timeout, version)
+        return Batch(ts.spec.name, lease_id, out, timeout, version)
 
     # ------------------------------------------------------------------ leases
     def _pop_lease(self, lease_id: int, action: str) -> Lease:
@@ -485,10 +505,13 @@ class QueueCore:
         """Consume the lease's rows for its task; returns how many rows were freed entirely."""
         lease = self._pop_lease(lease_id, "ack")
         rows = self.rows
+        returned = lease.task.returned
         done: list[StoredRow] = []
         for row in lease.rows:
             if rows.get(row.key) is not row:  # dropped or requeued meanwhile
                 continue
+            if returned:
+                returned.pop(row.key, None)
             row.pending_tasks -= 1
             if row.pending_tasks == 0:
                 done.append(row)
@@ -526,9 +549,11 @@ class QueueCore:
     def _redeliver(self, lease: Lease) -> None:
         rows = self.rows
         retry = lease.task.retry
+        returned = lease.task.returned
         for row in lease.rows:
             if rows.get(row.key) is row:
                 retry[row.key] = None
+                returned[row.key] = returned.get(row.key, 0) + 1
                 self.counters.redeliveries += 1
 
     def expire(self, now: float) -> bool:
@@ -560,12 +585,14 @@ class QueueCore:
         """Forget stored rows (each at most once), optionally retiring their keys in order."""
         rows = self.rows
         # A queue empty now stays empty while rows are only removed: skip it.
-        queues: list[OrderedDict[Key, None]] = []
+        queues: list[OrderedDict[Key, None] | dict[Key, int]] = []
         for ts in self.tasks.values():
             if ts.pending:
                 queues.append(ts.pending)
             if ts.retry:
                 queues.append(ts.retry)
+            if ts.returned:
+                queues.append(ts.returned)
         keep = self.config.remember_retired if retire else 0
         retired = self.retired
         nbytes = 0
