@@ -111,7 +111,17 @@ class AsyncTransferQueue:
 
     async def _put(self, progress: PutMany | PutColumns | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
-        await self._wait(progress, timeout, lambda: progress.full_error(timeout))
+        first = True
+
+        def attempt(now: float) -> bool | None:
+            nonlocal first
+            result = progress(now)
+            if result is None and first:  # counted once per put, as the sync face does
+                self._core.counters.put_waits += 1
+                first = False
+            return result
+
+        await self._wait(attempt, timeout, lambda: progress.full_error(timeout))
         self._core.counters.put_latency_s.append(time.perf_counter() - start)
 
     async def get(
