@@ -24,6 +24,7 @@ from relax_queue import (
     FieldTypeError,
     FixedSizeBatcher,
     GroupBatcher,
+    GroupError,
     QueueConfig,
     QueueFullError,
     QueueTimeoutError,
@@ -173,6 +174,8 @@ def _random_rows(rng: random.Random, next_key: int, known: list[Any], version: i
             RowInput(k, {f: k for f in fields}, versions=(v, v + rng.randint(0, 1)), tags=tags)
             for k in range(next_key, next_key + count)
         ]
+        if rng.random() < 0.1:  # a key twice in one call: the second adds nothing new
+            rows.append(RowInput(next_key, {f: "again" for f in fields}, tags=tags))
         return rows, next_key + count
     if kind < 0.7:
         size = rng.randint(2, 4)
@@ -290,6 +293,8 @@ def test_bad_columns_are_rejected_whole_with_the_argument_named(make_queue: Make
     for kwargs, message in cases:
         with pytest.raises(FieldTypeError, match=message):
             q.put_columns(**kwargs)
+    with pytest.raises(GroupError, match="group_size=2 given without group_id"):
+        q.put_columns([1], {"x": [1]}, group_sizes=2)
     assert len(q) == 0 and q.metrics()["puts"] == 0
     with pytest.raises(UnknownTaskError, match="unknown task 'nope'"):
         q.get_columns("nope", timeout=0)

@@ -108,11 +108,13 @@ class ColumnInput:
             ids = _as_list("group_ids", group_ids, n)
             if ids.count(None) != n:
                 self.group_ids = ids
-        self.group_sizes: int | list[int | None] | None = (
-            group_sizes
-            if group_sizes is None or isinstance(group_sizes, int)
-            else _as_list("group_sizes", group_sizes, n)
-        )
+        self.group_sizes: int | list[int | None] | None = None
+        if isinstance(group_sizes, int):
+            self.group_sizes = group_sizes
+        elif group_sizes is not None:
+            sizes = _as_list("group_sizes", group_sizes, n)
+            if sizes.count(None) != n:
+                self.group_sizes = sizes
         self.tags: list[Tags] | None = None
         if tags:
             if not isinstance(tags, Mapping):
