@@ -31,6 +31,7 @@ from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
 __all__ = ["QueueCore", "StoredRow"]
 
 FULL = object()  # sentinel: the row did not fit; wait for capacity
+_BULK = 16  # from this many rows on, a C-level pass (map/all) beats a Python loop over them
 _row_fields = attrgetter("fields")
 _row_key = attrgetter("key")
 _row_nbytes = attrgetter("nbytes")
@@ -302,7 +303,9 @@ class QueueCore:
         if new:
             for ts in self.tasks.values():
                 pending = ts.pending
-                if not pending:
+                if len(new) == 1:
+                    pending[new[0]] = None
+                elif not pending:
                     ts.pending = OrderedDict.fromkeys(new)
                 else:  # a loop: OrderedDict.update takes a slow generic path (≈ 2.5x the time)
                     for key in new:
@@ -420,10 +423,14 @@ class QueueCore:
                 break
             if not source:
                 continue
-            head = list(map(rows.__getitem__, islice(source, limit - len(out))))
-            if not fields or (one is not None and all(map(contains, map(_row_fields, head), repeat(one)))):
-                out.extend(head)  # the usual case, tested in C: every row at the head of the queue is ready
+            if not fields:
+                out.extend(map(rows.__getitem__, islice(source, limit - len(out))))
                 continue
+            if one is not None and limit - len(out) >= _BULK:
+                head = list(map(rows.__getitem__, islice(source, limit - len(out))))
+                if all(map(contains, map(_row_fields, head), repeat(one))):
+                    out.extend(head)  # the usual case, tested in C: every row at the head of the queue is ready
+                    continue
             for key in source:
                 row = rows[key]
                 if (one in row.fields) if one is not None else (row.fields.keys() >= need):
@@ -536,7 +543,7 @@ class QueueCore:
         leased = lease.rows
         done: list[StoredRow] = []
         append = done.append
-        if not returned and all(map(is_, map(rows.get, map(_row_key, leased)), leased)):
+        if len(leased) >= _BULK and not returned and all(map(is_, map(rows.get, map(_row_key, leased)), leased)):
             for row in leased:  # the usual case (none dropped or returned meanwhile), checked in C above
                 left = row.pending_tasks - 1
                 row.pending_tasks = left
@@ -631,10 +638,15 @@ class QueueCore:
                 queues.append(ts.returned)
         keep = self.config.remember_retired if retire else 0
         retired = self.retired
-        keys = list(map(_row_key, removed))
-        for key in keys:
-            del rows[key]
-        self.nbytes -= sum(map(_row_nbytes, removed))
+        if len(removed) == 1:
+            keys = [removed[0].key]
+            del rows[keys[0]]
+            self.nbytes -= removed[0].nbytes
+        else:
+            keys = list(map(_row_key, removed))
+            for key in keys:
+                del rows[key]
+            self.nbytes -= sum(map(_row_nbytes, removed))
         for q in queues:
             for key in keys:
                 q.pop(key, None)

@@ -400,12 +400,15 @@ class TransferQueue:
             LeaseError: the lease is unknown, settled, or expired (its rows were redelivered).
         """
         lease_id = _lease_id(batch)
-        with self._core.cond:
-            self._core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
+        core = self._core
+        with core.cond:
+            heap = core.lease_heap
+            if heap and heap[0][0] <= time.monotonic():
+                core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
             if rank is not None and not self._replicas.ack(lease_id, rank):
                 return
-            self._core.ack(lease_id)
-            self._core.notify()
+            core.ack(lease_id)
+            core.notify()
 
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """Give a leased batch back: its rows are redelivered to the task first."""
