@@ -10,6 +10,7 @@ import pytest
 
 from relax_queue import (
     Capacity,
+    FieldTypeError,
     FixedSizeBatcher,
     GroupBatcher,
     QueueConfig,
@@ -186,5 +187,33 @@ def test_multi_process_producers_two_tasks_killed_consumer_exact_accounting(ray:
         assert m["tasks"]["trainer"]["acked"] == 60 and m["tasks"]["reward"]["acked"] == 60
         for actor in (*producers, reward, trainer):
             ray.kill(actor)
+    finally:
+        client.shutdown()
+
+
+def test_columns_travel_in_one_call_with_large_values_through_the_object_store(ray: Any) -> None:
+    client = create_ray_queue("cols", _config(), object_store_threshold=1024)
+    try:
+        big = np.arange(50_000, dtype=np.float32)
+        client.put_columns(
+            ["a", "b", "c"], {"x": [big, 2.0, big * 2]}, v_min=[0, 1, 1], v_max=1, tags={"num_tokens": [3, 4, 5]}
+        )
+        stored = {row["key"]: type(row["fields"]["x"]) for row in client._call("state_dict")["rows"]}
+        assert stored == {"a": StoreRef, "b": float, "c": StoreRef}
+        reader = client.reader("trainer", ["x"], FixedSizeBatcher(3))
+        batch = reader.get_columns(timeout=10)
+        assert batch.keys == ["a", "b", "c"] and batch.v_min == [0, 1, 1] and batch.v_max == [1, 1, 1]
+        assert [dict(t) for t in batch.tags] == [{"num_tokens": n} for n in (3, 4, 5)]
+        np.testing.assert_array_equal(batch.column("x")[0], big)
+        np.testing.assert_array_equal(batch.column("x")[2], big * 2)
+        reader.nack(batch)
+        again = reader.get_columns(timeout=10)
+        assert again.deliveries == [2, 2, 2] and again.column("x")[1] == 2.0
+        reader.ack(again)
+        with pytest.raises(FieldTypeError, match="column 'x' has 1 values for 2 keys"):
+            client.put_columns(["d", "e"], {"x": [1]})
+        with pytest.raises(UnknownTaskError, match="nope"):
+            client.get_columns("nope", timeout=0)
+        assert client.metrics()["tasks"]["trainer"]["acked"] == 3
     finally:
         client.shutdown()

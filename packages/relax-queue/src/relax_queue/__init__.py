@@ -27,7 +27,7 @@ from relax_queue._ray import RayQueueClient, RayReader, connect, create_ray_queu
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._snapshot import snapshot_keys
-from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
+from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
 
 __all__ = [  # noqa: RUF022 - grouped by topic
     # queues and readers
@@ -44,6 +44,7 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "TaskSpec",
     # rows and batches
     "Batch",
+    "ColumnBatch",
     "Key",
     "RequeuedRow",
     "Row",

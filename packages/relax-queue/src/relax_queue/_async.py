@@ -13,10 +13,11 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
+from relax_queue._columnar import ColumnInput
 from relax_queue._errors import QueueClosedError, QueueTimeoutError
-from relax_queue._queue import PutMany, PutOne, TransferQueue, _normalise_fields
+from relax_queue._queue import PutColumns, PutMany, PutOne, TransferQueue, _normalise_fields
 from relax_queue._replica import ReplicaSet
-from relax_queue._types import Batch, Key, RowInput
+from relax_queue._types import Batch, ColumnBatch, Key, RowInput
 
 __all__ = ["AsyncReader", "AsyncTransferQueue"]
 
@@ -91,9 +92,36 @@ class AsyncTransferQueue:
         """Awaitable :meth:`TransferQueue.put_many`."""
         await self._put(PutMany(self._core, rows, admitted), timeout)
 
-    async def _put(self, progress: PutMany | PutOne, timeout: float | None) -> None:
+    async def put_columns(
+        self,
+        keys: Sequence[Key],
+        columns: Mapping[str, Sequence[Any]],
+        *,
+        v_min: int | Sequence[int] = 0,
+        v_max: int | Sequence[int] | None = None,
+        group_ids: Sequence[Hashable | None] | None = None,
+        group_sizes: int | Sequence[int | None] | None = None,
+        tags: Mapping[str, Sequence[int | float | str]] | None = None,
+        admitted: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Awaitable :meth:`TransferQueue.put_columns`."""
+        cols = ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags)
+        await self._put(PutColumns(self._core, cols, admitted), timeout)
+
+    async def _put(self, progress: PutMany | PutColumns | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
-        await self._wait(progress, timeout, lambda: progress.full_error(timeout))
+        first = True
+
+        def attempt(now: float) -> bool | None:
+            nonlocal first
+            result = progress(now)
+            if result is None and first:  # counted once per put, as the sync face does
+                self._core.counters.put_waits += 1
+                first = False
+            return result
+
+        await self._wait(attempt, timeout, lambda: progress.full_error(timeout))
         self._core.counters.put_latency_s.append(time.perf_counter() - start)
 
     async def get(
@@ -110,6 +138,26 @@ class AsyncTransferQueue:
         start = time.perf_counter()
         batch = await self._wait(
             self.sync.get_attempt(task, fields, n, batcher, replica),
+            timeout,
+            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s"),
+        )
+        self._core.counters.get_latency_s.append(time.perf_counter() - start)
+        return batch
+
+    async def get_columns(
+        self,
+        task: str,
+        *,
+        fields: tuple[str, ...] | None = None,
+        n: int | None = None,
+        batcher: Batcher | None = None,
+        timeout: float | None = None,
+        replica: ReplicaSet | None = None,
+    ) -> ColumnBatch:
+        """Awaitable :meth:`TransferQueue.get_columns`."""
+        start = time.perf_counter()
+        batch = await self._wait(
+            self.sync.get_columns_attempt(task, fields, n, batcher, replica),
             timeout,
             lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s"),
         )
@@ -148,11 +196,11 @@ class AsyncTransferQueue:
             self._core.task(task)
         return AsyncReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 
-    def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
+    def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """:meth:`TransferQueue.ack` (never blocks)."""
         self.sync.ack(batch, rank=rank)
 
-    def nack(self, batch: Batch | int) -> None:
+    def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """:meth:`TransferQueue.nack` (never blocks)."""
         self.sync.nack(batch)
 
@@ -176,10 +224,16 @@ class AsyncReader:
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )
 
-    def ack(self, batch: Batch) -> None:
+    async def get_columns(self, n: int | None = None, timeout: float | None = None) -> ColumnBatch:
+        """Lease the next batch as columns (see :meth:`Reader.get_columns`)."""
+        return await self.queue.get_columns(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch``."""
         self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
 
-    def nack(self, batch: Batch) -> None:
+    def nack(self, batch: Batch | ColumnBatch) -> None:
         """Give ``batch`` back for redelivery."""
         self.queue.nack(batch)

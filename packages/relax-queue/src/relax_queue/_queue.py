@@ -8,13 +8,14 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
+from relax_queue._columnar import ColumnInput, put_columns, try_get_columns
 from relax_queue._config import QueueConfig
 from relax_queue._core import FULL, QueueCore
 from relax_queue._errors import FieldTypeError, QueueClosedError, QueueFullError, QueueTimeoutError, RelaxQueueError
 from relax_queue._metrics import latency_summary
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
 from relax_queue._snapshot import atomic_write, core_state, load_core_state, read_state
-from relax_queue._types import Batch, Key, RequeuedRow, RowInput
+from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
 
 __all__ = ["Reader", "TransferQueue", "VersionError"]
 
@@ -25,7 +26,7 @@ class VersionError(RelaxQueueError, ValueError):
     """A published policy version is not an int or goes backwards."""
 
 
-def _lease_id(batch: Batch | int) -> int:
+def _lease_id(batch: Batch | ColumnBatch | int) -> int:
     return batch if isinstance(batch, int) else batch.lease_id
 
 
@@ -56,6 +57,23 @@ class PutMany:
 
     def full_error(self, timeout: float | None) -> QueueFullError:
         return _full_error(self.core, timeout, [r.key for r in self.rows[: self.done]], len(self.rows))
+
+
+class PutColumns:
+    """Progress of a ``put_columns``, like :class:`PutMany` (shared by sync/async)."""
+
+    def __init__(self, core: QueueCore, columns: ColumnInput, admitted: bool) -> None:
+        self.core, self.columns, self.admitted, self.done = core, columns, admitted, 0
+
+    def __call__(self, now: float) -> bool | None:
+        self.done = put_columns(self.core, self.columns, self.done, self.admitted)
+        if self.done < len(self.columns):
+            return None
+        self.core.notify()
+        return True
+
+    def full_error(self, timeout: float | None) -> QueueFullError:
+        return _full_error(self.core, timeout, self.columns.keys[: self.done], len(self.columns))
 
 
 class PutOne:
@@ -188,7 +206,47 @@ class TransferQueue:
         """Store many rows in one call (see :meth:`put`); rows before a failing one stay stored."""
         self._put(PutMany(self._core, rows, admitted), timeout)
 
-    def _put(self, progress: PutMany | PutOne, timeout: float | None) -> None:
+    def put_columns(
+        self,
+        keys: Sequence[Key],
+        columns: Mapping[str, Sequence[Any]],
+        *,
+        v_min: int | Sequence[int] = 0,
+        v_max: int | Sequence[int] | None = None,
+        group_ids: Sequence[Hashable | None] | None = None,
+        group_sizes: int | Sequence[int | None] | None = None,
+        tags: Mapping[str, Sequence[int | float | str]] | None = None,
+        admitted: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Store many rows given as columns: row ``i`` is ``keys[i]`` with ``columns[f][i]`` for each field ``f``.
+
+        The same as :meth:`put_many` of those rows (idempotent per key, fields added to known keys,
+        groups, capacity waits), without building a :class:`RowInput` per row. New ungrouped rows
+        that fit are stored in one bulk step.
+
+        Args:
+            keys: the row keys.
+            columns: field name to one value per key (lists, tuples, arrays: row ``i`` gets item ``i``).
+            v_min: the rows' oldest policy version: one int for all rows, or one per key.
+            v_max: the rows' newest policy version, likewise; ``None``: equal to ``v_min``.
+            group_ids: one group id (or ``None``) per key.
+            group_sizes: the group size: one int for all rows, or one per key.
+            tags: tag name to one scalar per key, e.g. ``{"num_tokens": [37, 12]}``.
+            admitted: every row consumes one admission granted by :meth:`admit`.
+            timeout: seconds to wait for capacity; ``None`` waits forever.
+
+        Raises:
+            FieldTypeError: a column or argument does not have one value per key, a field name is
+                not a str, or a version is not an int >= 0 (nothing is stored).
+            QueueFullError, GroupError, RowTooLargeError: as :meth:`put_many` (earlier rows stay stored).
+        """
+        self._put(
+            PutColumns(self._core, ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags), admitted),
+            timeout,
+        )
+
+    def _put(self, progress: PutMany | PutColumns | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
         first = True
 
@@ -267,6 +325,32 @@ class TransferQueue:
         self._core.counters.get_latency_s.append(time.perf_counter() - start)
         return batch
 
+    def get_columns(
+        self,
+        task: str,
+        *,
+        fields: tuple[str, ...] | None = None,
+        n: int | None = None,
+        batcher: Batcher | None = None,
+        timeout: float | None = None,
+        replica: ReplicaSet | None = None,
+    ) -> ColumnBatch:
+        """:meth:`get` delivering the batch as columns (what :meth:`Reader.get_columns` calls).
+
+        Raises:
+            QueueTimeoutError: no batch was ready within ``timeout`` seconds.
+            UnknownTaskError: ``task`` is not registered.
+            FieldTypeError: ``fields`` is ``None`` and the rows of the batch carry different fields.
+        """
+        start = time.perf_counter()
+        batch = self._wait(
+            self.get_columns_attempt(task, fields, n, batcher, replica),
+            timeout,
+            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
+        )
+        self._core.counters.get_latency_s.append(time.perf_counter() - start)
+        return batch
+
     def get_attempt(
         self,
         task: str,
@@ -286,7 +370,26 @@ class TransferQueue:
 
         return attempt
 
-    def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
+    def get_columns_attempt(
+        self,
+        task: str,
+        fields: tuple[str, ...] | None,
+        n: int | None,
+        batcher: Batcher | None,
+        replica: ReplicaSet | None,
+    ) -> Callable[[float], ColumnBatch | None]:
+        """:meth:`get_attempt` delivering columns."""
+        chosen = batcher or FixedSizeBatcher()
+        core, replicas = self._core, self._replicas
+
+        def attempt(now: float) -> ColumnBatch | None:
+            if replica is None:
+                return try_get_columns(core, task, fields, n, chosen, now)
+            return replicas.try_get_columns(core, task, fields, n, chosen, now, replica)
+
+        return attempt
+
+    def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """Consume a leased batch: its rows are never delivered to that task again.
 
         Args:
@@ -297,21 +400,24 @@ class TransferQueue:
             LeaseError: the lease is unknown, settled, or expired (its rows were redelivered).
         """
         lease_id = _lease_id(batch)
-        with self._core.cond:
-            self._core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
+        core = self._core
+        with core.cond:
+            heap = core.lease_heap
+            if heap and heap[0][0] <= time.monotonic():
+                core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
             if rank is not None and not self._replicas.ack(lease_id, rank):
                 return
-            self._core.ack(lease_id)
-            self._core.notify()
+            core.ack(lease_id)
+            core.notify()
 
-    def nack(self, batch: Batch | int) -> None:
+    def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """Give a leased batch back: its rows are redelivered to the task first."""
         with self._core.cond:
             self._core.expire(time.monotonic())
             self._core.nack(_lease_id(batch))
             self._core.notify()
 
-    def renew(self, batch: Batch | int, timeout_s: float | None = None) -> None:
+    def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """Set a lease to end ``timeout_s`` from now (default: the lease timeout; <= 0 expires it now)."""
         with self._core.cond:
             self._core.expire(time.monotonic())
@@ -507,14 +613,24 @@ class Reader:
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )
 
-    def ack(self, batch: Batch) -> None:
+    def get_columns(self, n: int | None = None, timeout: float | None = None) -> ColumnBatch:
+        """:meth:`get` delivering the batch as columns.
+
+        Raises:
+            QueueTimeoutError: nothing ready within ``timeout`` seconds.
+        """
+        return self.queue.get_columns(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch`` (for a replica set: this rank's ack)."""
         self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
 
-    def nack(self, batch: Batch) -> None:
+    def nack(self, batch: Batch | ColumnBatch) -> None:
         """Give ``batch`` back for redelivery."""
         self.queue.nack(batch)
 
-    def renew(self, batch: Batch, timeout_s: float | None = None) -> None:
+    def renew(self, batch: Batch | ColumnBatch, timeout_s: float | None = None) -> None:
         """Extend the lease of ``batch``."""
         self.queue.renew(batch, timeout_s)

@@ -23,15 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
+from relax_queue._columnar import ColumnInput
 from relax_queue._config import QueueConfig
 from relax_queue._queue import _normalise_fields
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
-from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
+from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
 
 __all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
 
 DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
+_SMALL_TYPES = frozenset((int, float, bool, str, type(None)))  # never large enough for the object store
 
 
 def _ray() -> Any:
@@ -71,9 +73,11 @@ def _actor_class() -> Any:
 
         async def adopt(self, fields_list: list[Mapping[str, Any]]) -> None:
             """Re-own object-store values (one ``ray.put`` here) so they outlive their producer."""
-            if not self.durable:
-                return
-            refs = [v for fields in fields_list for v in fields.values() if isinstance(v, StoreRef)]
+            if self.durable:
+                await self.adopt_refs([v for fields in fields_list for v in fields.values() if isinstance(v, StoreRef)])
+
+        async def adopt_refs(self, refs: list[StoreRef]) -> None:
+            """Re-own these object-store values (see :meth:`adopt`)."""
             if refs:
                 values = await asyncio.gather(*(r.ref for r in refs))
                 for r, value in zip(refs, values, strict=True):
@@ -83,6 +87,44 @@ def _actor_class() -> Any:
             rows = [RowInput(*item) for item in wire]
             await self.adopt([r.fields for r in rows])
             await self.aqueue.put_many(rows, admitted=admitted, timeout=timeout)
+
+        async def put_columns(self, keys: list[Key], columns: dict[str, list[Any]], options: dict[str, Any]) -> None:
+            """One round trip for all rows: the keys, one list per field, and put_columns' keyword arguments."""
+            if self.durable:
+                await self.adopt_refs(
+                    [
+                        v
+                        for column in columns.values()
+                        if _may_hold_refs(column)
+                        for v in column
+                        if isinstance(v, StoreRef)
+                    ]
+                )
+            await self.aqueue.put_columns(keys, columns, **options)
+
+        async def get_columns(
+            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any
+        ) -> tuple[Any, ...]:
+            b = await self.aqueue.get_columns(
+                task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica
+            )
+            # A tuple of lists pickles faster than the slotted dataclass.
+            return (
+                b.task,
+                b.lease_id,
+                b.keys,
+                b.columns,
+                b.v_min,
+                b.v_max,
+                b.group_ids,
+                b.group_sizes,
+                b.tags,
+                b.staleness,
+                b.stale,
+                b.deliveries,
+                b.lease_timeout_s,
+                b.version,
+            )
 
         async def add_fields_many(self, updates: dict[Key, Mapping[str, Any]]) -> int:
             await self.adopt(list(updates.values()))
@@ -127,6 +169,11 @@ def _actor_class() -> Any:
             return getattr(self.queue, method)(*args, **kwargs)
 
     return QueueActor
+
+
+def _may_hold_refs(column: list[Any]) -> bool:
+    """Whether a column may hold values large enough for the object store (a cheap test by type, in C)."""
+    return not set(map(type, column)) <= _SMALL_TYPES
 
 
 def _unwrap(refs: Any) -> Any:
@@ -231,6 +278,46 @@ class RayQueueClient:
         sent = [(r.key, self._offload(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
         _unwrap(self.actor.put_many.remote(sent, admitted, timeout))
 
+    def put_columns(
+        self,
+        keys: Sequence[Key],
+        columns: Mapping[str, Sequence[Any]],
+        *,
+        v_min: int | Sequence[int] = 0,
+        v_max: int | Sequence[int] | None = None,
+        group_ids: Sequence[Hashable | None] | None = None,
+        group_sizes: int | Sequence[int | None] | None = None,
+        tags: Mapping[str, Sequence[int | float | str]] | None = None,
+        admitted: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """See :meth:`TransferQueue.put_columns`; one round trip carrying the columns, large values via the
+        object store. Arguments are validated here first, so a malformed call costs no round trip."""
+        cols = ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags)
+        wire = {name: self._offload_column(column) for name, column in zip(cols.names, cols.columns, strict=True)}
+        options = {  # the validated, list-valued form of the arguments
+            "v_min": cols.v_min,
+            "v_max": cols.v_max,
+            "group_ids": cols.group_ids,
+            "group_sizes": cols.group_sizes,
+            "tags": {name: list(values) for name, values in tags.items()} if tags else None,
+            "admitted": admitted,
+            "timeout": timeout,
+        }
+        _unwrap(self.actor.put_columns.remote(cols.keys, wire, options))
+
+    def _offload_column(self, column: list[Any]) -> list[Any]:
+        if not _may_hold_refs(column):
+            return column
+        out = column
+        for i, value in enumerate(column):
+            size = estimate_nbytes(value)
+            if size >= self.object_store_threshold:
+                if out is column:
+                    out = list(column)
+                out[i] = StoreRef(_ray().put(value), size)
+        return out
+
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
         """See :meth:`TransferQueue.add_fields`."""
         return self.add_fields_many({key: fields}) == 1
@@ -275,15 +362,41 @@ class RayQueueClient:
                 row_fields[name] = value
         return batch
 
-    def ack(self, batch: Batch | int, *, rank: int | None = None) -> None:
+    def get_columns(
+        self,
+        task: str,
+        *,
+        fields: tuple[str, ...] | None = None,
+        n: int | None = None,
+        batcher: Batcher | None = None,
+        timeout: float | None = None,
+        replica: ReplicaSet | None = None,
+    ) -> ColumnBatch:
+        """See :meth:`TransferQueue.get_columns`; object-store values of the batch are fetched in one ``ray.get``."""
+        wire = _unwrap(self.actor.get_columns.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica))
+        batch = ColumnBatch(*wire)
+        slots = [
+            (column, i, value.ref)
+            for column in batch.columns.values()
+            if _may_hold_refs(column)
+            for i, value in enumerate(column)
+            if isinstance(value, StoreRef)
+        ]
+        if slots:
+            values = _ray().get([ref for _, _, ref in slots])
+            for (column, i, _), value in zip(slots, values, strict=True):
+                column[i] = value
+        return batch
+
+    def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """See :meth:`TransferQueue.ack`."""
         self._call("ack", batch if isinstance(batch, int) else batch.lease_id, rank=rank)
 
-    def nack(self, batch: Batch | int) -> None:
+    def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """See :meth:`TransferQueue.nack`."""
         self._call("nack", batch if isinstance(batch, int) else batch.lease_id)
 
-    def renew(self, batch: Batch | int, timeout_s: float | None = None) -> None:
+    def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """See :meth:`TransferQueue.renew`."""
         self._call("renew", batch if isinstance(batch, int) else batch.lease_id, timeout_s)
 
@@ -359,14 +472,20 @@ class RayReader:
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )
 
-    def ack(self, batch: Batch) -> None:
+    def get_columns(self, n: int | None = None, timeout: float | None = None) -> ColumnBatch:
+        """Lease the next batch as columns (see :meth:`Reader.get_columns`)."""
+        return self.client.get_columns(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch``."""
         self.client.ack(batch, rank=None if self.replica is None else self.replica.rank)
 
-    def nack(self, batch: Batch) -> None:
+    def nack(self, batch: Batch | ColumnBatch) -> None:
         """Give ``batch`` back for redelivery."""
         self.client.nack(batch)
 
-    def renew(self, batch: Batch, timeout_s: float | None = None) -> None:
+    def renew(self, batch: Batch | ColumnBatch, timeout_s: float | None = None) -> None:
         """Extend the lease of ``batch``."""
         self.client.renew(batch, timeout_s)

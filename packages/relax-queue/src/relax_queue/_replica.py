@@ -7,12 +7,15 @@ asking for its step ``s`` receives that same batch. The lease is acked once ever
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from relax_queue._batchers import Batcher
+from relax_queue._columnar import try_get_columns
 from relax_queue._core import QueueCore
 from relax_queue._errors import ConfigError
-from relax_queue._types import Batch
+from relax_queue._types import Batch, ColumnBatch
 
 __all__ = ["ReplicaCoordinator", "ReplicaSet"]
 
@@ -38,9 +41,20 @@ class ReplicaSet:
             raise ConfigError(f"ReplicaSet.rank must be in [0, {self.world_size}), got {self.rank!r}")
 
 
+T = TypeVar("T", Batch, ColumnBatch)
+
+
+def _as_batch(batch: Batch | ColumnBatch) -> Batch:
+    return batch if isinstance(batch, Batch) else batch.to_batch()
+
+
+def _as_columns(batch: Batch | ColumnBatch) -> ColumnBatch:
+    return batch if isinstance(batch, ColumnBatch) else ColumnBatch.from_batch(batch)
+
+
 @dataclass
 class _Step:
-    batch: Batch
+    batch: Batch | ColumnBatch  # as the first rank asked for it; others get it in their own form
     fetched: set[int] = field(default_factory=set)
     acks: set[int] = field(default_factory=set)
     settled: bool = False
@@ -71,6 +85,31 @@ class ReplicaCoordinator:
         replica: ReplicaSet,
     ) -> Batch | None:
         """This rank's next batch: the one its peers got for the same step, or a new lease."""
+        return self._step(core, task, replica, now, lambda: core.try_get(task, fields, n, batcher, now), _as_batch)
+
+    def try_get_columns(
+        self,
+        core: QueueCore,
+        task: str,
+        fields: tuple[str, ...] | None,
+        n: int | None,
+        batcher: Batcher,
+        now: float,
+        replica: ReplicaSet,
+    ) -> ColumnBatch | None:
+        """:meth:`try_get` delivering columns."""
+        lease = lambda: try_get_columns(core, task, fields, n, batcher, now)  # noqa: E731
+        return self._step(core, task, replica, now, lease, _as_columns)
+
+    def _step(
+        self,
+        core: QueueCore,
+        task: str,
+        replica: ReplicaSet,
+        now: float,
+        lease: Callable[[], Batch | ColumnBatch | None],
+        convert: Callable[[Batch | ColumnBatch], T],
+    ) -> T | None:
         state = self._sets.get((task, replica.name))
         if state is None:
             state = self._sets[(task, replica.name)] = _SetState(replica.world_size, [0] * replica.world_size)
@@ -82,7 +121,7 @@ class ReplicaCoordinator:
         step_no = state.next_step[replica.rank]
         step = state.steps.get(step_no)
         if step is None:
-            batch = core.try_get(task, fields, n, batcher, now)
+            batch = lease()
             if batch is None:
                 return None
             step = state.steps[step_no] = _Step(batch)
@@ -90,10 +129,11 @@ class ReplicaCoordinator:
             core.leases[batch.lease_id].on_settle = lambda: self._settled(batch.lease_id)
         else:
             core.expire(now)
+        batch = convert(step.batch)  # before the step counts as fetched: a failed conversion can be retried
         step.fetched.add(replica.rank)
         state.next_step[replica.rank] += 1
         self._cleanup(state, step_no)
-        return step.batch
+        return batch
 
     def ack(self, lease_id: int, rank: int) -> bool:
         """Record ``rank``'s ack; ``True`` when every rank acked and the lease must be acked."""

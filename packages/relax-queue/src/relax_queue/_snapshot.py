@@ -37,9 +37,11 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
     rows = []
     for key, row in core.rows.items():
         todo, redeliver = [], []
+        deliveries: dict[str, int] = {}
         for name, ts in core.tasks.items():
             if key in ts.retry or key in leased[name]:
                 redeliver.append(name)
+                deliveries[name] = ts.returned.get(key, 0) + (key in leased[name])
             elif key in ts.pending:
                 todo.append(name)
         fields = row.fields if resolve is None else {k: resolve(v) for k, v in row.fields.items()}
@@ -54,7 +56,7 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
                 "nbytes": row.nbytes,
                 "pending": todo,
                 "redeliver": redeliver,
-                "deliveries": dict(row.deliveries or {}),
+                "deliveries": deliveries,
             }
         )
     return {
@@ -90,6 +92,7 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
     for ts in core.tasks.values():
         ts.pending.clear()
         ts.retry.clear()
+        ts.returned.clear()
     redeliveries = 0
     # Tasks this queue registers that the snapshot did not know must still consume every row.
     extra = [t for t in core.tasks if t not in state["tasks"]]
@@ -107,13 +110,14 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
             item["nbytes"],
             len(todo) + len(redeliver) + len(extra),
         )
-        row.deliveries = dict(item["deliveries"])
         core.rows[row.key] = row
         core.nbytes += row.nbytes
         if row.group_id is not None:
             core.groups.setdefault(row.group_id, {})[row.key] = row
         for name in redeliver:
-            core.tasks[name].retry[row.key] = None
+            ts = core.tasks[name]
+            ts.retry[row.key] = None
+            ts.returned[row.key] = item["deliveries"].get(name, 0)
             redeliveries += 1
         for name in (*todo, *extra):
             core.tasks[name].pending[row.key] = None

@@ -6,7 +6,9 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Batch", "Key", "RequeuedRow", "Row", "RowInput", "Tags"]
+from relax_queue._errors import FieldTypeError
+
+__all__ = ["Batch", "ColumnBatch", "Key", "RequeuedRow", "Row", "RowInput", "Tags"]
 
 Key = Hashable
 """A row key: any hashable value (str or int recommended; it must pickle for snapshots and Ray)."""
@@ -105,6 +107,110 @@ class Batch:
             return [r.fields[name] for r in self.rows]
         except KeyError:
             raise KeyError(f"field {name!r} is not in this batch; the reader must list it in fields=") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnBatch:
+    """Rows delivered to one task under one lease, as columns (what ``get_columns`` returns).
+
+    Every list has one entry per row, in delivery order; entry ``i`` of each describes the row
+    ``keys[i]`` exactly as :class:`Row` would. ``ack`` / ``nack`` it like a :class:`Batch`.
+
+    Attributes:
+        task: the task the batch was delivered to.
+        lease_id: id of the lease; unique for the life of the queue (also across restores).
+        keys: the row keys.
+        columns: field name to the values of that field, one per row (the reader's fields; with
+            ``fields=None``, every field of the rows, which must then all carry the same fields).
+        v_min: oldest policy version of each row.
+        v_max: newest policy version of each row.
+        group_ids: group of each row or ``None``.
+        group_sizes: size of that group or ``None``.
+        tags: tags of each row.
+        staleness: ``V - v_min`` of each row at delivery.
+        stale: ``True`` where the row exceeded τ and the policy's action is ``flag``.
+        deliveries: how many times each row has been delivered to this task.
+        lease_timeout_s: seconds the lease lasts from delivery unless renewed.
+        version: the published policy version at delivery.
+    """
+
+    task: str
+    lease_id: int
+    keys: list[Key]
+    columns: dict[str, list[Any]]
+    v_min: list[int]
+    v_max: list[int]
+    group_ids: list[Hashable | None]
+    group_sizes: list[int | None]
+    tags: list[Tags]
+    staleness: list[int]
+    stale: list[bool]
+    deliveries: list[int]
+    lease_timeout_s: float
+    version: int
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def column(self, name: str) -> list[Any]:
+        """Values of field ``name``, one per row.
+
+        Raises:
+            KeyError: when the reader did not ask for ``name``.
+        """
+        try:
+            return self.columns[name]
+        except KeyError:
+            raise KeyError(f"field {name!r} is not in this batch; the reader must list it in fields=") from None
+
+    def to_batch(self) -> Batch:
+        """The same delivery as a row-wise :class:`Batch` (same lease)."""
+        names = list(self.columns)
+        rows = [
+            Row(key, dict(zip(names, values, strict=True)), *meta)
+            for key, values, *meta in zip(
+                self.keys,
+                zip(*self.columns.values(), strict=True) if names else [()] * len(self.keys),
+                self.v_min,
+                self.v_max,
+                self.group_ids,
+                self.group_sizes,
+                self.tags,
+                self.staleness,
+                self.stale,
+                self.deliveries,
+                strict=True,
+            )
+        ]
+        return Batch(self.task, self.lease_id, rows, self.lease_timeout_s, self.version)
+
+    @classmethod
+    def from_batch(cls, batch: Batch) -> ColumnBatch:
+        """The same delivery as columns; the rows must all carry the same fields."""
+        rows = batch.rows
+        names = list(rows[0].fields) if rows else []
+        for row in rows:
+            if row.fields.keys() != set(names):
+                raise FieldTypeError(
+                    f"rows of lease {batch.lease_id} carry different fields ({names} and {list(row.fields)}); "
+                    "name the fields the reader needs to get them as columns"
+                )
+        return cls(
+            batch.task,
+            batch.lease_id,
+            [r.key for r in rows],
+            {name: [r.fields[name] for r in rows] for name in names},
+            [r.v_min for r in rows],
+            [r.v_max for r in rows],
+            [r.group_id for r in rows],
+            [r.group_size for r in rows],
+            [r.tags for r in rows],
+            [r.staleness for r in rows],
+            [r.stale for r in rows],
+            [r.deliveries for r in rows],
+            batch.lease_timeout_s,
+            batch.version,
+        )
 
 
 @dataclass(frozen=True, slots=True)
