@@ -231,20 +231,27 @@ def _patch_order(frames: np.ndarray, group: int, settings: ImageSettings) -> np.
 def _normalise(u8: np.ndarray, settings: ImageSettings) -> torch.Tensor:
     """``[N, C, k, p*p]`` uint8 patches (``k`` is 1 or ``tp``) → ``[N, C * tp * p*p]`` float32, normalised.
 
-    With ``k == 1`` (a still image) each frame is written ``tp`` times. One widening copy into the
-    output, then the per-channel affine in place on it: no float temporaries. The output is
-    allocated by numpy, which asks the kernel for huge pages on large arrays (torch.empty does not:
-    about 50× more page faults on a fresh photo-sized output); the arithmetic is torch's, whose
-    uint8→float32 copy and broadcast multiply are vectorised (2-3× numpy's here). torch runs it on
-    its intra-op threads, which the benchmark pins to one.
+    ``k == 1`` is a still image: its one frame is normalised once and written ``tp`` times, in numpy,
+    whose per-call cost is lower than torch's dispatch (which dominates on small images). ``k == tp``
+    is ``tp`` distinct frames (video): one widening copy into the output and the per-channel affine
+    in place, in torch, whose uint8→float32 copy and broadcast multiply are vectorised (2-3× numpy's
+    on a video's tens of MB; torch runs them on its intra-op threads, which the benchmark pins to
+    one). Either way the output is allocated by numpy, which asks the kernel for huge pages on large
+    arrays (torch.empty does not: about 50× the page faults on a fresh photo-sized output).
     """
-    n, c, _, pp = u8.shape
+    n, c, k, pp = u8.shape
     tp = settings.temporal_patch_size
     scale, offset = normalisation_affine(settings)
-    out = torch.from_numpy(np.empty((n, c, tp, pp), dtype=np.float32))
-    out.copy_(torch.from_numpy(u8).expand(n, c, tp, pp))
-    out.mul_(torch.from_numpy(scale[:, None, None])).add_(torch.from_numpy(offset[:, None, None]))
-    return out.view(n, c * tp * pp)
+    out = np.empty((n, c, tp, pp), dtype=np.float32)
+    if k == 1:
+        frame = np.multiply(u8, scale[:, None, None], dtype=np.float32)  # [N, C, 1, p*p]
+        frame += offset[:, None, None]
+        out[...] = frame
+    else:
+        t = torch.from_numpy(out)
+        t.copy_(torch.from_numpy(u8))
+        t.mul_(torch.from_numpy(scale[:, None, None])).add_(torch.from_numpy(offset[:, None, None]))
+    return torch.from_numpy(out.reshape(n, c * tp * pp))
 
 
 def preprocess_image(image: Image.Image, settings: ImageSettings | None = None) -> ImageFeatures:
