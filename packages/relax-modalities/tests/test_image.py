@@ -78,6 +78,28 @@ def test_modes_convert_to_rgb(tmp_path: Path) -> None:
     assert np.asarray(load_image(grey))[3, 3].tolist() == [77, 77, 77]
 
 
+@pytest.mark.parametrize(
+    ("ext", "options"),
+    [("jpg", {"quality": 90}), ("png", {"save_all": True}), ("webp", {"save_all": True, "lossless": True}),
+     ("tiff", {"save_all": True}), ("gif", {"save_all": True})],
+)  # fmt: skip
+def test_decoded_image_outlives_its_file(tmp_path: Path, ext: str, options: dict[str, bool | int]) -> None:
+    # load_image decodes from a file it opens and closes itself; the image it returns must hold
+    # Pillow's own decode of the first frame (multi-frame files included) and leave no file open
+    # (an unclosed file is a ResourceWarning, an error under pytest).
+    rng = np.random.default_rng(7)
+    frames = [Image.fromarray(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8)) for _ in range(3)]
+    path = tmp_path / f"x.{ext}"
+    extra = {"append_images": frames[1:]} if options.get("save_all") else {}
+    frames[0].save(path, **options, **extra)
+    with Image.open(path) as ref:
+        expected = np.asarray(ref.convert("RGB"))
+    img = load_image(path)
+    np.testing.assert_array_equal(np.asarray(img), expected)
+    ref_feats = _reference()(images=[Image.fromarray(expected)], return_tensors="pt")
+    torch.testing.assert_close(preprocess_image(img).pixel_values, ref_feats["pixel_values"].float(), atol=1e-5, rtol=0)
+
+
 def _png_bytes(size: tuple[int, int]) -> bytes:
     buf = io.BytesIO()
     Image.new("L", size, 0).save(buf, format="PNG")

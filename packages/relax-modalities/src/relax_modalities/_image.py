@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -112,13 +116,28 @@ def image_token_count(height: int, width: int, settings: ImageSettings) -> int:
     return (h // settings.factor) * (w // settings.factor)
 
 
-def _open_checked(path: str | os.PathLike[str], settings: ImageSettings) -> Image.Image:
+@contextmanager
+def _opened(path: str | os.PathLike[str], settings: ImageSettings) -> Iterator[tuple[Path, Image.Image]]:
+    """The image at ``path``, header read, on a file this function owns and closes on exit.
+
+    Pillow reads from our file object and leaves closing it to us, so an image loaded inside the
+    block stays usable after it (no ``Image.close``, no copy to outlive it).
+    """
     p = check_readable(path, "image")
+    with ExitStack() as stack:
+        try:
+            fp = stack.enter_context(open(p, "rb"))
+        except OSError as exc:
+            raise MediaError(p, "image", f"cannot open: {exc}") from exc
+        yield p, _open_checked(p, fp, settings)
+
+
+def _open_checked(p: Path, fp: BinaryIO, settings: ImageSettings) -> Image.Image:
     try:
         # Pillow warns above its own limit (Image.MAX_IMAGE_PIXELS) and raises at twice it; our
         # max_decoded_pixels check below is the policy. No warnings.catch_warnings here: it is not
         # thread-safe and the loader decodes in threads; where warnings are errors we catch it.
-        img = Image.open(p)
+        img = Image.open(fp)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise MediaError(p, "image", f"decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
@@ -127,7 +146,6 @@ def _open_checked(path: str | os.PathLike[str], settings: ImageSettings) -> Imag
         raise MediaError(p, "image", f"cannot open: {exc}") from exc
     w, h = img.size
     if w * h > settings.max_decoded_pixels:
-        img.close()
         raise MediaError(
             p,
             "image",
@@ -139,7 +157,7 @@ def _open_checked(path: str | os.PathLike[str], settings: ImageSettings) -> Imag
 def probe_image_size(path: str | os.PathLike[str], settings: ImageSettings | None = None) -> tuple[int, int]:
     """``(height, width)`` after EXIF rotation, read from the header only (no pixel decode)."""
     settings = settings or ImageSettings()
-    with _open_checked(path, settings) as img:
+    with _opened(path, settings) as (_, img):
         w, h = img.size
         orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
     return (w, h) if orientation in _SWAPS_AXES else (h, w)
@@ -152,16 +170,15 @@ def load_image(path: str | os.PathLike[str], settings: ImageSettings | None = No
         MediaError: missing, empty, truncated, corrupt, unknown-format or oversized file.
     """
     settings = settings or ImageSettings()
-    img = _open_checked(path, settings)
-    try:
-        with img:
+    with _opened(path, settings) as (p, img):
+        try:
             img.load()
-            out = ImageOps.exif_transpose(img)
-            return to_rgb(out)
-    except MediaError:
-        raise
-    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError … for broken data
-        raise MediaError(path, "image", f"decode failed ({type(exc).__name__}: {exc})") from exc
+            # In place: without an orientation tag this is a no-op, where the copying form would
+            # duplicate the whole decoded image.
+            ImageOps.exif_transpose(img, in_place=True)
+            return to_rgb(img)
+        except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError … for broken data
+            raise MediaError(p, "image", f"decode failed ({type(exc).__name__}: {exc})") from exc
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -194,18 +211,47 @@ def patchify_frames(frames: np.ndarray, settings: ImageSettings) -> np.ndarray:
         ``[T/tp * H/p * W/p, 3 * tp * p * p]`` float32; rows ordered (t, h-block, w-block, h-in-block,
         w-in-block), columns (channel, t-in-patch, y, x).
     """
+    u8 = _patch_order(frames, settings.temporal_patch_size, settings)
+    return _normalise(u8, settings).numpy()
+
+
+def _patch_order(frames: np.ndarray, group: int, settings: ImageSettings) -> np.ndarray:
+    """Reorder uint8 pixels ``[T, H, W, C]`` into patches ``[T/group * H/p * W/p, C, group, p*p]``.
+
+    The reorder is done on 1-byte pixels, before anything is widened to float32.
+    """
     t, h, w, c = frames.shape
-    p, m, tp = settings.patch_size, settings.merge_size, settings.temporal_patch_size
-    gt, gh, gw = t // tp, h // p, w // p
-    # Reorder the uint8 pixels first (1 byte each), then normalise straight into the final layout.
-    x = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, c)
-    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # [gt, gh/m, gw/m, m, m, C, tp, p, p]
-    u8 = np.ascontiguousarray(x).reshape(gt * gh * gw, c, tp * p * p)
+    p, m = settings.patch_size, settings.merge_size
+    gh, gw = h // p, w // p
+    x = frames.reshape(t // group, group, gh // m, m, p, gw // m, m, p, c)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)  # [T/group, gh/m, gw/m, m, m, C, group, p, p]
+    return np.ascontiguousarray(x).reshape(t // group * gh * gw, c, group, p * p)
+
+
+def _normalise(u8: np.ndarray, settings: ImageSettings) -> torch.Tensor:
+    """``[N, C, k, p*p]`` uint8 patches (``k`` is 1 or ``tp``) → ``[N, C * tp * p*p]`` float32, normalised.
+
+    ``k == 1`` is a still image: its one frame is normalised once and written ``tp`` times, in numpy,
+    whose per-call cost is lower than torch's dispatch (which dominates on small images). ``k == tp``
+    is ``tp`` distinct frames (video): one widening copy into the output and the per-channel affine
+    in place, in torch, whose uint8→float32 copy and broadcast multiply are vectorised (2-3× numpy's
+    on a video's tens of MB; torch runs them on its intra-op threads, which the benchmark pins to
+    one). Either way the output is allocated by numpy, which asks the kernel for huge pages on large
+    arrays (torch.empty does not: about 50× the page faults on a fresh photo-sized output).
+    """
+    n, c, k, pp = u8.shape
+    tp = settings.temporal_patch_size
     scale, offset = normalisation_affine(settings)
-    out = u8.astype(np.float32)  # [N, C, tp*p*p]
-    out *= scale[None, :, None]
-    out += offset[None, :, None]
-    return out.reshape(gt * gh * gw, c * tp * p * p)
+    out = np.empty((n, c, tp, pp), dtype=np.float32)
+    if k == 1:
+        frame = np.multiply(u8, scale[:, None, None], dtype=np.float32)  # [N, C, 1, p*p]
+        frame += offset[:, None, None]
+        out[...] = frame
+    else:
+        t = torch.from_numpy(out)
+        t.copy_(torch.from_numpy(u8))
+        t.mul_(torch.from_numpy(scale[:, None, None])).add_(torch.from_numpy(offset[:, None, None]))
+    return torch.from_numpy(out.reshape(n, c * tp * pp))
 
 
 def preprocess_image(image: Image.Image, settings: ImageSettings | None = None) -> ImageFeatures:
@@ -224,11 +270,11 @@ def preprocess_image(image: Image.Image, settings: ImageSettings | None = None) 
     if (rh, rw) != (h, w):
         image = image.resize((rw, rh), resample=Image.Resampling.BICUBIC)
     arr = np.asarray(image)  # [H, W, 3] uint8
-    frames = np.broadcast_to(arr[None], (settings.temporal_patch_size, *arr.shape))
-    patches = patchify_frames(frames, settings)
+    # A still image is one frame repeated tp times: reorder it once, repeat it while normalising.
+    patches = _normalise(_patch_order(arr[None], 1, settings), settings)
     gh, gw = rh // settings.patch_size, rw // settings.patch_size
     return ImageFeatures(
-        pixel_values=torch.from_numpy(patches),
+        pixel_values=patches,
         grid_thw=torch.tensor([1, gh, gw], dtype=torch.long),
         num_tokens=gh * gw // settings.merge_size**2,
     )

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from relax_modalities._errors import MediaError, check_readable
-from relax_modalities._image import ImageSettings, patchify_frames, smart_resize
+from relax_modalities._image import ImageSettings, _normalise, _patch_order, smart_resize
 
 
 @dataclass(frozen=True)
@@ -229,11 +229,15 @@ def load_video(path: str | os.PathLike[str], settings: VideoSettings | None = No
     Raises:
         MediaError: missing, empty, corrupt, truncated, unknown-format, oversized or over-budget file.
     """
+    from decord.bridge.torchdl import to_torch
+
     settings = settings or VideoSettings()
     with _VideoFile(path, settings) as vf:
         plan = vf.plan(settings)
         try:
-            frames = vf.reader.get_batch(plan.frame_indices.tolist()).asnumpy()  # [T, H, W, 3] uint8
+            batch = vf.reader.get_batch(plan.frame_indices.tolist())
+            # decord's own DLPack bridge: a view of its buffer, where asnumpy() would copy every frame.
+            frames = to_torch(batch).numpy()  # [T, H, W, 3] uint8
         except Exception as exc:
             raise MediaError(vf.path, "video", f"frame decode failed: {str(exc).splitlines()[0][:200]}") from exc
         return video_features_from_frames(frames, plan, vf.avg_fps, settings)
@@ -245,15 +249,15 @@ def video_features_from_frames(
     """Resize, normalise and patchify already decoded frames ``[T, H, W, 3]`` uint8 per ``plan``."""
     v = settings.vision
     frames = _resize_frames(frames, plan.height, plan.width)
-    patches = patchify_frames(frames, v)
     tp = v.temporal_patch_size
+    patches = _normalise(_patch_order(frames, tp, v), v)
     times = plan.frame_indices.astype(np.float64) / avg_fps
     n = len(plan.frame_indices)
     # Seconds one temporal patch spans: tp sample intervals of the evenly spaced sampling.
     span = (times[-1] - times[0]) / (n - 1) if n > 1 else 1.0 / avg_fps
     grid = (n // tp, plan.height // v.patch_size, plan.width // v.patch_size)
     return VideoFeatures(
-        pixel_values_videos=torch.from_numpy(patches),
+        pixel_values_videos=patches,
         grid_thw=torch.tensor(grid, dtype=torch.long),
         second_per_grid=float(tp * span) if span > 0 else float(tp / avg_fps),
         timestamps=torch.from_numpy(times),
