@@ -87,7 +87,7 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
         (["algorithm.policy_loss=trpo"], "algorithm.policy_loss", "trpo", "'ppo', 'gspo', 'cispo' or 'sapo'"),
         (["algorithm.advantage_estimator=a2c"], "algorithm.advantage_estimator", "a2c", "'gae'"),
         (["algorithm.loss_agg_mode=sum"], "algorithm.loss_agg_mode", "sum", "'token-mean'"),
-        (["algorithm.kl_estimator=k4"], "algorithm.kl_estimator", "k4", "'k1', 'k2' or 'k3'"),
+        (["algorithm.kl_estimator=k4"], "algorithm.kl_estimator", "k4", "'k1', 'k2', 'k3' or 'full'"),
         (["algorithm.kl_placement=both"], "algorithm.kl_placement", "both", "'loss' or 'reward'"),
         (["algorithm.gamma=1.5"], "algorithm.gamma", 1.5, "<= 1"),
         (["algorithm.dual_clip_c=0.5"], "algorithm.dual_clip_c", 0.5, "> 1"),

@@ -244,6 +244,49 @@ def test_k3_is_unbiased_estimate_of_kl() -> None:
     torch.testing.assert_close((pi * per_x_k1).sum(), exact)
 
 
+def test_full_kl_hand_values_and_it_raises_an_option_the_policy_stopped_sampling() -> None:
+    # Vocabulary of 4; the last id is outside both supports (suppressed).
+    ref = torch.tensor([0.5, 0.5, 0.0, 0.0]).log()  # the reference: two options, evenly
+    pi = torch.tensor([0.98, 1e-6, 0.02 - 1e-6, 0.0]).log()  # collapsed onto option 0
+    exact = 0.5 * math.log(0.5 / 0.98) + 0.5 * math.log(0.5 / 1e-6)  # Σ ref · (log ref − log π)
+    kl = rc.kl_full(pi.view(1, 1, 4), ref.view(1, 1, 4), clamp=None)
+    assert kl.shape == (1, 1)
+    assert kl.item() == pytest.approx(exact, rel=1e-5)
+    assert rc.kl_full(pi.view(1, 1, 4), ref.view(1, 1, 4), clamp=3.0).item() == 3.0
+    # Gradient w.r.t. the logits is π − π_ref: descent raises option 1, which a sampled estimate never sees.
+    logits = pi.clone().requires_grad_()
+    rc.kl_full(torch.log_softmax(logits, -1).view(1, 1, 4), ref.view(1, 1, 4), clamp=None).sum().backward()
+    assert logits.grad is not None
+    torch.testing.assert_close(logits.grad, pi.exp() - ref.exp(), atol=1e-6, rtol=0)
+    assert logits.grad[1] < -0.49  # minus the gradient: option 1's logit goes up
+    # The sampled k3 of the only token the policy samples has no such term.
+    k3_logit = pi.clone().requires_grad_()
+    token = torch.log_softmax(k3_logit, -1)[0].view(1)
+    rc.kl_estimate(token, ref[0].view(1), "k3").sum().backward()
+    assert k3_logit.grad is not None and abs(float(k3_logit.grad[1])) < 1e-5
+    with pytest.raises(ValueError, match="kl_full"):
+        rc.kl_estimate(pi, ref, "full")
+    with pytest.raises(ValueError, match=r"\[B, T, V\]"):
+        rc.kl_full(pi, ref)
+
+
+def test_full_kl_in_the_loss() -> None:
+    logp, old, adv, mask = _batch(8, b=2, t=3)
+    gen = torch.Generator().manual_seed(8)
+    dist = torch.log_softmax(torch.randn(2, 3, 5, generator=gen), -1)
+    ref_dist = torch.log_softmax(torch.randn(2, 3, 5, generator=gen), -1)
+    cfg = rc.AlgorithmConfig(kl_coef=0.5, kl_estimator="full")
+    loss0, _ = rc.compute_policy_loss(rc.AlgorithmConfig(), logp, old, adv, mask)
+    loss1, diag = rc.compute_policy_loss(cfg, logp, old, adv, mask, logprob_dist=dist, ref_dist=ref_dist)
+    per_position = (ref_dist.exp() * (ref_dist - dist)).sum(-1)  # [2, 3]
+    torch.testing.assert_close(loss1, loss0 + 0.5 * rc.masked_mean(per_position, mask))
+    assert diag["kl"] == pytest.approx(rc.masked_mean(per_position, mask).item(), rel=1e-5)
+    with pytest.raises(ValueError, match="logprob_dist and ref_dist"):
+        rc.compute_policy_loss(cfg, logp, old, adv, mask, ref_logprobs=old)
+    with pytest.raises(ValueError, match="kl_placement"):
+        rc.AlgorithmConfig(kl_coef=0.5, kl_estimator="full", kl_placement="reward")
+
+
 def test_kl_in_loss_and_kl_penalised_rewards() -> None:
     logp, old, adv, mask = _batch(6)
     ref = old - 0.2

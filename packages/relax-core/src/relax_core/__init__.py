@@ -44,6 +44,7 @@ from relax_core._kl import (
     KLEstimator,
     entropy_from_logits,
     kl_estimate,
+    kl_full,
     kl_penalised_rewards,
     token_logprobs,
     value_loss,
@@ -146,6 +147,7 @@ __all__ += [
 __all__ += [
     "entropy_from_logits",
     "kl_estimate",
+    "kl_full",
     "kl_penalised_rewards",
     "token_logprobs",
     "value_loss",

@@ -97,7 +97,10 @@ class AlgorithmConfig(ConfigModel):
     """Weight β of the KL(π_θ ‖ π_ref) term; 0 disables the reference model."""
 
     kl_estimator: KLEstimator = "k3"
-    """KL estimator (Schulman 2020): k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low variance)."""
+    """KL estimator (Schulman 2020): k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low variance), all from
+    the sampled tokens; ``full`` = the exact KL(π_ref ‖ π_θ) over the vocabulary (the reference then supplies
+    its whole next-token distribution, and the term keeps options alive that the policy stopped sampling).
+    ``full`` needs ``kl_placement='loss'``."""
 
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: added to the loss, or subtracted from the token rewards before advantages."""
@@ -154,6 +157,16 @@ class AlgorithmConfig(ConfigModel):
         estimator = info.data.get("advantage_estimator")
         if estimator in _GROUP_ESTIMATORS and value < 2:
             raise _inconsistent(f">= 2 for advantage_estimator={estimator}")
+        return value
+
+    @pydantic.field_validator("kl_placement")
+    @classmethod
+    def _check_full_kl_in_loss(cls, value: str, info: pydantic.ValidationInfo) -> str:
+        if value != "loss" and info.data.get("kl_estimator") == "full":
+            raise ValueError(
+                f"kl_estimator='full' is a loss term over the policy's distribution; kl_placement={value!r} "
+                "must be 'loss' (or use k1/k2/k3 in the reward)"
+            )
         return value
 
     @pydantic.field_validator("tis_cap", "mis_level")

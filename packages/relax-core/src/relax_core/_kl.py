@@ -13,12 +13,15 @@ __all__ = [
     "KLEstimator",
     "entropy_from_logits",
     "kl_estimate",
+    "kl_full",
     "kl_penalised_rewards",
     "token_logprobs",
     "value_loss",
 ]
 
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "full"]
+"""``k1``/``k2``/``k3``: per-token estimates from the sampled tokens (:func:`kl_estimate`); ``full``: the exact
+KL(π_ref ‖ π_θ) over the vocabulary from both distributions (:func:`kl_full`)."""
 
 
 def kl_estimate(
@@ -40,6 +43,8 @@ def kl_estimate(
     Returns:
         KL estimate ``[B, T]``; differentiable w.r.t. ``logprobs``.
     """
+    if estimator == "full":
+        raise ValueError("the 'full' KL needs both distributions over the vocabulary: use kl_full")
     log_r = ref_logprobs - logprobs  # [B, T]
     if estimator == "k1":
         kl = -log_r
@@ -51,6 +56,35 @@ def kl_estimate(
     else:
         raise ValueError(f"unknown KL estimator {estimator!r}; allowed: k1, k2, k3")
     return torch.clamp(kl, -clamp, clamp) if clamp is not None else kl
+
+
+def kl_full(logprob_dist: Tensor, ref_dist: Tensor, clamp: float | None = 10.0) -> Tensor:
+    """Exact per-position KL(π_ref ‖ π_θ) = Σ_v π_ref(v) (log π_ref(v) − log π_θ(v)) over the vocabulary.
+
+    Its gradient is −Σ_v π_ref(v) ∇log π_θ(v): the expectation of what k3 in the loss estimates from the
+    sampled tokens alone. The sampled estimate is blind to tokens the policy no longer samples, so once an
+    option's probability has collapsed to ~0 nothing raises it again; this form raises every token the
+    reference supports, sampled or not.
+
+    Args:
+        logprob_dist: log π_θ over the vocabulary ``[B, T, V]``, with gradient (``-inf`` outside the support).
+        ref_dist: log π_ref over the vocabulary ``[B, T, V]`` (``-inf`` outside the support).
+        clamp: The per-position value is clamped to at most ``clamp``; None disables it.
+
+    Returns:
+        ``[B, T]`` KL per position; differentiable w.r.t. ``logprob_dist``.
+    """
+    if logprob_dist.shape != ref_dist.shape or logprob_dist.ndim != 3:
+        raise ValueError(
+            f"logprob_dist and ref_dist must both be [B, T, V], got {tuple(logprob_dist.shape)} and "
+            f"{tuple(ref_dist.shape)}"
+        )
+    support = torch.isfinite(ref_dist)
+    zero = torch.zeros((), dtype=logprob_dist.dtype, device=logprob_dist.device)
+    # Clamp log π_θ from below so a token the reference supports but the policy excludes gives a large finite term.
+    log_ratio = torch.where(support, ref_dist - logprob_dist.clamp_min(-100.0), zero)  # [B, T, V]
+    kl = (torch.where(support, ref_dist.exp(), zero) * log_ratio).sum(-1)  # [B, T]
+    return torch.clamp(kl, max=clamp) if clamp is not None else kl
 
 
 def kl_penalised_rewards(

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from relax_core._configs import AlgorithmConfig
-from relax_core._kl import kl_estimate
+from relax_core._kl import kl_estimate, kl_full
 from relax_core._masked import aggregate_loss, masked_mean
 from relax_core._policy_losses import cispo_loss, gspo_log_ratio, importance_weights, ppo_clip_loss, sapo_loss
 
@@ -44,6 +44,8 @@ def compute_policy_loss(
     proximal_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
+    logprob_dist: Tensor | None = None,
+    ref_dist: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The full policy objective of ``cfg``: surrogate × off-policy weights + β·KL − entropy bonus.
 
@@ -61,6 +63,9 @@ def compute_policy_loss(
         ref_logprobs: Reference log-probs ``[B, T]``; required when ``kl_coef > 0`` and
             ``kl_placement == "loss"``; when given with placement "reward" only the diagnostic is reported.
         entropy: Per-token entropy ``[B, T]`` (with gradient); required when ``entropy_coef > 0``.
+        logprob_dist: log π_θ over the vocabulary ``[B, T, V]`` (with gradient); required with
+            ``kl_estimator='full'`` (then ``ref_logprobs`` is not used).
+        ref_dist: log π_ref over the vocabulary ``[B, T, V]``; required with ``kl_estimator='full'``.
 
     Returns:
         ``(loss, diagnostics)``: the scalar to minimise and floats ``policy_loss``, ``clip_frac``,
@@ -83,7 +88,10 @@ def compute_policy_loss(
         raise ValueError("cfg.decoupled is true: proximal_logprobs (trainer log-probs before the update) are required")
     if not cfg.decoupled and proximal_logprobs is not None:
         raise ValueError("proximal_logprobs given but cfg.decoupled is false; set algorithm.decoupled=true to use them")
-    if cfg.kl_coef > 0 and cfg.kl_placement == "loss" and ref_logprobs is None:
+    full_kl = cfg.kl_coef > 0 and cfg.kl_estimator == "full"
+    if full_kl and (logprob_dist is None or ref_dist is None):
+        raise ValueError("kl_estimator='full' needs logprob_dist and ref_dist (distributions over the vocabulary)")
+    if cfg.kl_coef > 0 and cfg.kl_placement == "loss" and ref_logprobs is None and not full_kl:
         raise ValueError("kl_coef > 0 with kl_placement='loss' needs ref_logprobs")
     if cfg.entropy_coef > 0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
@@ -119,7 +127,13 @@ def compute_policy_loss(
 
     policy_loss = aggregate_loss(per_token, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
     loss = policy_loss
-    if ref_logprobs is not None:
+    if full_kl:
+        assert logprob_dist is not None and ref_dist is not None  # checked above
+        kl = torch.where(mask_b, kl_full(logprob_dist, ref_dist, cfg.kl_clamp), zero)  # padding may hold anything
+        kl_value = aggregate_loss(kl, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
+        loss = loss + cfg.kl_coef * kl_value
+        diagnostics["kl"] = float(kl_value.item())
+    elif ref_logprobs is not None:
         kl = kl_estimate(logprobs, torch.where(mask_b, ref_logprobs, zero), cfg.kl_estimator, cfg.kl_clamp)
         kl_value = aggregate_loss(kl, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
         if cfg.kl_placement == "loss" and cfg.kl_coef > 0:
