@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -22,7 +23,9 @@ def _token_staleness(run_dir: Path) -> dict[int, int]:
 
 @pytest.mark.integration
 def test_tau1_bound_holds_and_services_are_processes(small_config, run_pipeline, tmp_path: Path) -> None:
-    cfg = small_config("staleness.tau=1", "trainer.total_steps=8", "data.tasks=[text, audio]")
+    # With the KL term on (the default's full-vocabulary form), so the Reference is one of the processes.
+    cfg = small_config("staleness.tau=1", "trainer.total_steps=8", "data.tasks=[text, audio]", "algorithm.kl_coef=0.1")
+    assert cfg.algorithm.kl_estimator == "full"
     result = run_pipeline(cfg)
     assert result.steps == 8
     hist = _token_staleness(result.run_dir)
@@ -33,7 +36,9 @@ def test_tau1_bound_holds_and_services_are_processes(small_config, run_pipeline,
     assert result.ledger["consumed"] == 8 * cfg.trainer.groups_per_step
     # Every service had a process of its own, none of them the controller's, and none outlives the run.
     pids = result.service_pids
-    assert set(pids) >= {"trainer", "rollout-0", "reward", "eval"}
+    assert set(pids) >= {"trainer", "rollout-0", "reward", "reference", "eval"}
+    kls = [row["kl"] for row in read_metrics(result.run_dir / "metrics.jsonl", "train")]
+    assert len(kls) == 8 and all(math.isfinite(k) and k >= 0 for k in kls), kls  # KL(ref ‖ π) from ref_dist
     assert len(set(pids.values())) == len(pids) and os.getpid() not in pids.values()
     assert not _alive(pids.values(), wait_s=20.0)
 

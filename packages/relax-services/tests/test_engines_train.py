@@ -262,7 +262,7 @@ def test_config_validation_and_errors() -> None:
     assert not engine.autocast_enabled  # CPU
     with pytest.raises(ValueError, match="scalar"):
         engine.step(_samples(1), lambda inputs: inputs.logprobs)
-    with pytest.raises(ValueError, match="one value per response token"):
+    with pytest.raises(ValueError, match="one entry per response token"):
         TrainSample(_samples(1)[0].prompt, torch.tensor([20, 2]), {"advantages": torch.ones(3)})
 
 
@@ -276,3 +276,34 @@ def test_forced_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
     torch.testing.assert_close(bf16 * mask, fp32 * mask, atol=0.1, rtol=0)
     metrics = engine.step(batch, pg_token_mean)
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def test_scores_carry_the_whole_distribution_and_the_loss_sees_it() -> None:
+    batch = _samples(4)
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(micro_batch_size=3))
+    scores = engine.compute_scores(batch)
+    assert scores.dist is not None and scores.dist.shape == (*scores.logprobs.shape, 64)
+    for i, s in enumerate(batch):  # each position is a distribution, and the token's log-prob is read from it
+        n = len(s.response_ids)
+        torch.testing.assert_close(scores.dist[i, :n].exp().sum(-1), torch.ones(n), atol=1e-5, rtol=0)
+        picked = scores.dist[i, :n].gather(-1, s.response_ids[:, None])[:, 0]
+        torch.testing.assert_close(picked, scores.logprobs[i, :n], atol=1e-6, rtol=0)
+        assert all(torch.isinf(scores.dist[i, :n, j]).all() for j in SUPPRESSED_IDS)
+    # Per-token fields of any trailing shape are padded per sample, e.g. a reference distribution [L_i, V].
+    batch = [
+        TrainSample(s.prompt, s.response_ids, {**s.fields, "ref_dist": scores.dist[i, : len(s.response_ids)]})
+        for i, s in enumerate(batch)
+    ]
+    with pytest.raises(ValueError, match="one entry per response token"):
+        TrainSample(batch[0].prompt, batch[0].response_ids, {"ref_dist": scores.dist[0, :1]})
+    seen: dict[str, torch.Tensor] = {}
+
+    def capture(inputs: LossInputs) -> torch.Tensor:
+        assert inputs.dist is not None
+        seen["ref"], seen["dist"], seen["mask"] = inputs.fields["ref_dist"], inputs.dist, inputs.mask
+        return -(inputs.logprobs * inputs.mask).sum()
+
+    engine.accumulate_gradients(batch[:2], capture)
+    assert seen["ref"].shape == seen["dist"].shape == (2, seen["mask"].shape[1], 64)
+    valid = seen["mask"].bool()
+    torch.testing.assert_close(seen["ref"][valid], seen["dist"].detach()[valid], atol=1e-5, rtol=0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_modalities import MediaError
-from relax_queue import QueueClosedError, QueueFullError
+from relax_queue import QueueClosedError, QueueFullError, RowInput
 
 __all__ = ["Ledger", "PromptFeeder", "TaskStream"]
 
@@ -147,14 +147,19 @@ class PromptFeeder:
         return self.rng.choices(self.tasks, weights=weights)[0]
 
     # ------------------------------------------------------------------ producing
-    def _put_group(self, item: Mapping[str, Any], key: str, prompt: Any) -> None:
-        meta = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
-        fields = {"item": meta, "prompt": prompt}
-        while True:  # the prompt queue is bounded: wait for room, but stay stoppable
+    def _put_groups(self, groups: Sequence[tuple[Mapping[str, Any], str, Any]]) -> None:
+        """Puts ``(item, key, prompt)`` groups as prompt rows, in one call (one round trip on the Ray queue)."""
+        rows = [
+            RowInput(
+                key, {"item": {"id": item["id"], "task": item["task"], "answer": item["answer"]}, "prompt": prompt}
+            )
+            for item, key, prompt in groups
+        ]
+        while rows:  # the prompt queue is bounded: wait for room, but stay stoppable
             try:
-                self.prompt_queue.put(key, fields, timeout=1.0)
+                self.prompt_queue.put_many(rows, timeout=1.0)
                 return
-            except QueueFullError:
+            except QueueFullError:  # puts are idempotent per key: putting the rows again re-puts none twice
                 if self._stop.is_set():
                     raise
 
@@ -172,6 +177,7 @@ class PromptFeeder:
         groups, spare = divmod(granted, self.group_size)
         if spare:
             self.sample_queue.release_admission(spare)
+        ready: list[tuple[Mapping[str, Any], str, Any]] = []
         for _ in range(groups):
             prompt = None
             for _attempt in range(10_000):
@@ -188,7 +194,8 @@ class PromptFeeder:
                 self.next_index += 1
                 self.ledger.generated[key] = str(item["id"])
                 self._items[key] = item
-            self._put_group(item, key, prompt)
+            ready.append((item, key, prompt))
+        self._put_groups(ready)
         return groups
 
     def _process(self, item: Mapping[str, Any]) -> Any | None:
@@ -230,7 +237,7 @@ class PromptFeeder:
                 self._items[key] = self._items[old]
             prompt = self._process(self._items[key])
             if prompt is not None:  # media that read before but fail now: skipped and counted, like any bad file
-                self._put_group(self._items[key], key, prompt)
+                self._put_groups([(self._items[key], key, prompt)])
 
     def mark_consumed(self, prompt_keys: Sequence[str]) -> None:
         with self._lock:

@@ -94,8 +94,9 @@ class TrainSample:
     Attributes:
         prompt: The prompt the response was generated from (media included).
         response_ids: ``[L]`` response ids.
-        fields: Per-token ``[L]`` or per-sample scalar tensors handed to the loss (advantages,
-            behaviour log-probs, reference log-probs, ...); padded to ``[B, L_max]`` / stacked to ``[B]``.
+        fields: Per-token ``[L, ...]`` (e.g. ``[L]`` advantages, behaviour or reference log-probs; ``[L, V]`` a
+            reference distribution) or per-sample scalar tensors handed to the loss; padded to ``[B, L_max, ...]``
+            / stacked to ``[B]``.
     """
 
     prompt: OmniPrompt
@@ -108,9 +109,9 @@ class TrainSample:
             raise ValueError("TrainSample.response_ids must be a non-empty 1-D sequence")
         for name, value in self.fields.items():
             value = torch.as_tensor(value)
-            if value.ndim > 1 or (value.ndim == 1 and value.numel() != self.response_ids.numel()):
+            if value.ndim >= 1 and value.shape[0] != self.response_ids.numel():
                 raise ValueError(
-                    f"TrainSample.fields[{name!r}] must be a scalar or have one value per response token "
+                    f"TrainSample.fields[{name!r}] must be a scalar or have one entry per response token "
                     f"({self.response_ids.numel()}), got shape {tuple(value.shape)}"
                 )
             self.fields[name] = value
@@ -126,6 +127,8 @@ class LossInputs:
         mask: ``[B, L]`` float, 1 on response tokens that count (not padding, not suppressed ids).
         fields: The samples' extra fields, ``[B, L]`` (zero-padded) or ``[B]``.
         values: ``[B, L]`` critic values (with grad) when the engine trains a value model, else None.
+        dist: ``[B, L, V]`` log-probs of the policy's whole next-token distribution (with grad) when the engine
+            has it (the full-vocabulary KL uses it), else None.
     """
 
     logprobs: torch.Tensor
@@ -133,6 +136,7 @@ class LossInputs:
     mask: torch.Tensor
     fields: dict[str, torch.Tensor]
     values: torch.Tensor | None = None
+    dist: torch.Tensor | None = None
 
 
 LossFn = Callable[[LossInputs], "torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]"]

@@ -36,12 +36,15 @@ class TokenScores:
         mask: ``[B, L]`` float, 1 on real response tokens that are not suppressed ids.
         values: ``[B, L]`` critic values at each response position (value models only; their ``logprobs`` and
             ``entropy`` are zero).
+        dist: ``[B, L, V]`` log-probs of the whole policy distribution at each response position (``-inf`` at
+            suppressed ids; policy models only).
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     mask: torch.Tensor
     values: torch.Tensor | None = None
+    dist: torch.Tensor | None = None
 
 
 def distinct_prompts(prompts: Sequence[OmniPrompt]) -> tuple[list[OmniPrompt], torch.Tensor]:
@@ -164,6 +167,7 @@ def score_responses(
         logprobs=torch.where(valid, token_logp, zero),
         entropy=torch.where(valid, entropy, zero),
         mask=valid.float(),
+        dist=logp_all,
     )
 
 

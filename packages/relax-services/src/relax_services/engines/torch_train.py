@@ -169,6 +169,10 @@ class TorchTrainEngine:
         scores = self._score_without_grad(batch)
         return scores.logprobs, scores.mask
 
+    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """:class:`TokenScores` (whole distributions included) on CPU under the current weights, without grad."""
+        return self._score_without_grad(batch)
+
     def _score_without_grad(self, batch: Sequence[TrainSample]) -> TokenScores:
         """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest)."""
         was_training = self.model.training
@@ -182,11 +186,13 @@ class TorchTrainEngine:
             return torch.cat([_pad_to(x, length) for x in tensors]).cpu()
 
         values = [p.values for p in parts if p.values is not None]
+        dists = [p.dist for p in parts if p.dist is not None]
         return TokenScores(
             logprobs=join([p.logprobs for p in parts]),
             entropy=join([p.entropy for p in parts]),
             mask=join([p.mask for p in parts]),
             values=join(values).float() if values else None,
+            dist=torch.cat([_pad_to(d, length) for d in dists]).float().cpu() if dists else None,
         )
 
     def accumulate_gradients(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
@@ -205,7 +211,7 @@ class TorchTrainEngine:
         for micro, weight in zip(micro_batches, weights, strict=True):
             scores = self.score(micro)
             fields = _stack_fields(micro, scores.mask)
-            inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values)
+            inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.dist)
             result = loss_fn(inputs)
             loss: torch.Tensor
             extra: Mapping[str, float]
@@ -331,11 +337,15 @@ class TorchValueEngine(TorchTrainEngine):
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, length - x.shape[1]))
+    """``[B, L, ...]`` zero-padded along dim 1 to ``length``."""
+    out = x.new_zeros((x.shape[0], length, *x.shape[2:]))
+    out[:, : x.shape[1]] = x
+    return out
 
 
 def _stack_fields(batch: Sequence[TrainSample], mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-token fields zero-padded to ``[B, L]`` and scalar fields stacked to ``[B]``, on ``mask``'s device."""
+    """Per-token fields (``[L_i, ...]``) zero-padded to ``[B, L, ...]`` and scalar fields stacked to ``[B]``, on
+    ``mask``'s device."""
     names = set(batch[0].fields)
     for s in batch:
         if set(s.fields) != names:
@@ -345,8 +355,9 @@ def _stack_fields(batch: Sequence[TrainSample], mask: torch.Tensor) -> dict[str,
         values = [s.fields[name] for s in batch]
         if values[0].ndim == 0:
             out[name] = torch.stack(values).to(mask.device)
-        else:
-            out[name] = torch.stack([torch.nn.functional.pad(v, (0, mask.shape[1] - v.numel())) for v in values]).to(
-                mask.device
-            )
+            continue
+        padded = values[0].new_zeros((len(values), mask.shape[1], *values[0].shape[1:]))  # [B, L, ...]
+        for i, v in enumerate(values):
+            padded[i, : v.shape[0]] = v
+        out[name] = padded.to(mask.device)
     return out

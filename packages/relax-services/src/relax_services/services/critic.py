@@ -28,7 +28,7 @@ class CriticService(ServiceBase):
         cfg: RunConfig,
         sample_queue: Any,
         critic_weights: Any,
-        batch_rows: int = 64,
+        batch_rows: int = 128,
         *,
         health: Any = None,
     ) -> None:

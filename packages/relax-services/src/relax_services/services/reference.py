@@ -14,13 +14,15 @@ __all__ = ["ReferenceService"]
 
 
 class ReferenceService(ServiceBase):
-    """Reads ``prompt`` + ``response``, writes ``ref_logprobs`` (one float per response token)."""
+    """Reads ``prompt`` + ``response``, writes ``ref_logprobs`` (one float per response token) and, for the
+    full-vocabulary KL (``algorithm.kl_estimator='full'``), ``ref_dist`` (``[L, V]`` log-probs per row)."""
 
     def __init__(
-        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 64, *, health: Any = None
+        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 128, *, health: Any = None
     ) -> None:
         super().__init__(name, health)
         self.engine = build_train_engine(cfg)
+        self.full_dist = cfg.algorithm.kl_estimator == "full"
         self.queue = sample_queue
         self.reader = sample_queue.reader(
             "reference", fields=["prompt", "response"], batcher=FixedSizeBatcher(batch_rows, partial=True)
@@ -35,11 +37,14 @@ class ReferenceService(ServiceBase):
             TrainSample(prompt=p, response_ids=r)
             for p, r in zip(batch.column("prompt"), batch.column("response"), strict=True)
         ]
-        logprobs, _ = self.engine.compute_logprobs(samples)  # [B, L_max]
-        updates = {
-            key: {"ref_logprobs": logprobs[i, : len(resp)].tolist()}
-            for i, (key, resp) in enumerate(zip(batch.keys, batch.column("response"), strict=True))
-        }
+        scores = self.engine.compute_scores(samples)
+        updates: dict[Any, dict[str, Any]] = {}
+        for i, (key, resp) in enumerate(zip(batch.keys, batch.column("response"), strict=True)):
+            updates[key] = {"ref_logprobs": scores.logprobs[i, : len(resp)].tolist()}
+            if self.full_dist:
+                assert scores.dist is not None, "a policy engine scores whole distributions"
+                updates[key]["ref_dist"] = scores.dist[i, : len(resp)].clone()  # [L, V]
+
         self.queue.add_fields_many(updates)
         self.ack(self.reader, batch)
         self.record("reference", scored=len(samples))

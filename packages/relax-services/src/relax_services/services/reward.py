@@ -28,7 +28,7 @@ class RewardService(ServiceBase):
     """Reads ``response`` + ``meta`` of new samples, writes ``reward`` (float) and ``reward_error`` (str|None)."""
 
     def __init__(
-        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 64, *, health: Any = None
+        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 128, *, health: Any = None
     ) -> None:
         super().__init__(name, health)
         self.scorer = build_reward(cfg.reward)

@@ -43,6 +43,8 @@ def trainer_fields(cfg: RunConfig) -> list[str]:
     fields = ["prompt", "meta", "response", "logprobs", "token_versions", "reward", "reward_error"]
     if cfg.algorithm.uses_reference:
         fields.append("ref_logprobs")
+        if cfg.algorithm.kl_estimator == "full":
+            fields.append("ref_dist")
     if cfg.algorithm.uses_critic:
         fields.append("values")
     return fields
@@ -103,6 +105,8 @@ def build_train_samples(
         fields = {"old_logprobs": old_logprobs[i, :n], "advantages": adv[i, :n]}
         if ref is not None:
             fields["ref_logprobs"] = ref[i, :n]
+        if "ref_dist" in row:
+            fields["ref_dist"] = torch.as_tensor(row["ref_dist"], dtype=torch.float32)  # [n, V]
         if proximal_logprobs is not None:
             fields["proximal_logprobs"] = proximal_logprobs[i, :n]
         if values is not None and estimate.returns is not None:
@@ -164,6 +168,8 @@ def make_loss_fn(cfg: RunConfig) -> Any:
             proximal_logprobs=proximal,
             ref_logprobs=inputs.fields.get("ref_logprobs"),
             entropy=inputs.entropy,
+            logprob_dist=inputs.dist,
+            ref_dist=inputs.fields.get("ref_dist"),
         )
 
     return loss_fn
