@@ -88,7 +88,7 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
             index += 1
         rollout.load_weights(policy.policy_state(), step)
         samples, scores, group_ids, behaviour = [], [], [], []
-        per_call = cfg.rollout.groups_per_call
+        per_call = cfg.rollout_call_groups
         for start in range(0, len(groups), per_call):
             chunk = groups[start : start + per_call]
             rollout.generator.manual_seed(sampling_seed(cfg.trainer.seed, [k for k, _ in chunk]))

@@ -86,7 +86,7 @@ class RolloutConfig(ConfigModel):
     """Rollout actors (each its own process)."""
 
     groups_per_call: int = pydantic.Field(default=16, ge=1)
-    """Prompt groups generated together in one batched engine call."""
+    """Most prompt groups generated together in one batched engine call (see ``RunConfig.rollout_call_groups``)."""
 
     temperature: float = pydantic.Field(default=1.0, gt=0.0)
     """Sampling temperature."""
@@ -310,6 +310,14 @@ class RunConfig(ConfigModel):
     def samples_per_step(self) -> int:
         """Samples one update consumes: groups × group size."""
         return self.trainer.groups_per_step * self.algorithm.group_size
+
+    @property
+    def rollout_call_groups(self) -> int:
+        """Groups one Rollout call takes: the largest divisor of ``trainer.groups_per_step`` that is at most
+        ``rollout.groups_per_call``. Admission grants whole updates' worth of groups, so a call size that does not
+        divide an update would wait for groups that are never admitted (at τ = 0, or with a small update)."""
+        step, cap = self.trainer.groups_per_step, self.rollout.groups_per_call
+        return max(n for n in range(1, min(step, cap) + 1) if step % n == 0)
 
 
 def _read_source(source: str | Path | dict[str, Any] | None) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class RolloutService(ServiceBase):
             top_p=cfg.rollout.top_p,
         )
         self.reader = prompt_queue.reader(
-            "rollout", fields=["item", "prompt"], batcher=FixedSizeBatcher(cfg.rollout.groups_per_call)
+            "rollout", fields=["item", "prompt"], batcher=FixedSizeBatcher(cfg.rollout_call_groups)
         )
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=0.05)
         self._sync_weights()  # a (re)started worker begins from the newest published weights
