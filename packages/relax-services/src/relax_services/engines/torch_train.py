@@ -171,10 +171,11 @@ class TorchTrainEngine:
 
     def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
         """:class:`TokenScores` (whole distributions included) on CPU under the current weights, without grad."""
-        return self._score_without_grad(batch)
+        return self._score_without_grad(batch, with_dist=True)
 
-    def _score_without_grad(self, batch: Sequence[TrainSample]) -> TokenScores:
-        """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest)."""
+    def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+        """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest).
+        The ``[B, L, V]`` distributions are joined only ``with_dist`` (a real vocabulary makes them large)."""
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
@@ -186,13 +187,13 @@ class TorchTrainEngine:
             return torch.cat([_pad_to(x, length) for x in tensors]).cpu()
 
         values = [p.values for p in parts if p.values is not None]
-        dists = [p.dist for p in parts if p.dist is not None]
+        dists = [p.dist for p in parts if p.dist is not None and with_dist]
         return TokenScores(
             logprobs=join([p.logprobs for p in parts]),
             entropy=join([p.entropy for p in parts]),
             mask=join([p.mask for p in parts]),
             values=join(values).float() if values else None,
-            dist=torch.cat([_pad_to(d, length) for d in dists]).float().cpu() if dists else None,
+            dist=join(dists).float() if dists else None,
         )
 
     def accumulate_gradients(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
