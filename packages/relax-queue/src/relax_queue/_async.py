@@ -135,14 +135,7 @@ class AsyncTransferQueue:
         replica: ReplicaSet | None = None,
     ) -> Batch:
         """Awaitable :meth:`TransferQueue.get`."""
-        start = time.perf_counter()
-        batch = await self._wait(
-            self.sync.get_attempt(task, fields, n, batcher, replica),
-            timeout,
-            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s"),
-        )
-        self._core.counters.get_latency_s.append(time.perf_counter() - start)
-        return batch
+        return await self._timed_get(self.sync.get_attempt(task, fields, n, batcher, replica), task, timeout)
 
     async def get_columns(
         self,
@@ -155,11 +148,13 @@ class AsyncTransferQueue:
         replica: ReplicaSet | None = None,
     ) -> ColumnBatch:
         """Awaitable :meth:`TransferQueue.get_columns`."""
+        return await self._timed_get(self.sync.get_columns_attempt(task, fields, n, batcher, replica), task, timeout)
+
+    async def _timed_get(self, attempt: Callable[[float], T | None], task: str, timeout: float | None) -> T:
+        """Awaits ``attempt`` delivering a batch (rows or columns) and records the get latency."""
         start = time.perf_counter()
         batch = await self._wait(
-            self.sync.get_columns_attempt(task, fields, n, batcher, replica),
-            timeout,
-            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s"),
+            attempt, timeout, lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s")
         )
         self._core.counters.get_latency_s.append(time.perf_counter() - start)
         return batch

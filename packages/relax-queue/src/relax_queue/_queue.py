@@ -316,14 +316,7 @@ class TransferQueue:
             QueueTimeoutError: no batch was ready within ``timeout`` seconds.
             UnknownTaskError: ``task`` is not registered.
         """
-        start = time.perf_counter()
-        batch = self._wait(
-            self.get_attempt(task, fields, n, batcher, replica),
-            timeout,
-            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
-        )
-        self._core.counters.get_latency_s.append(time.perf_counter() - start)
-        return batch
+        return self._timed_get(self.get_attempt(task, fields, n, batcher, replica), task, fields, n, timeout)
 
     def get_columns(
         self,
@@ -342,9 +335,20 @@ class TransferQueue:
             UnknownTaskError: ``task`` is not registered.
             FieldTypeError: ``fields`` is ``None`` and the rows of the batch carry different fields.
         """
+        return self._timed_get(self.get_columns_attempt(task, fields, n, batcher, replica), task, fields, n, timeout)
+
+    def _timed_get(
+        self,
+        attempt: Callable[[float], T | None],
+        task: str,
+        fields: tuple[str, ...] | None,
+        n: int | None,
+        timeout: float | None,
+    ) -> T:
+        """Waits for ``attempt`` to deliver a batch (rows or columns) and records the get latency."""
         start = time.perf_counter()
         batch = self._wait(
-            self.get_columns_attempt(task, fields, n, batcher, replica),
+            attempt,
             timeout,
             lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
         )
