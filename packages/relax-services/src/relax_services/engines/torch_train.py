@@ -169,9 +169,10 @@ class TorchTrainEngine:
         scores = self._score_without_grad(batch)
         return scores.logprobs, scores.mask
 
-    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
-        """:class:`TokenScores` (whole distributions included) on CPU under the current weights, without grad."""
-        return self._score_without_grad(batch, with_dist=True)
+    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
+        """:class:`TokenScores` on CPU under the current weights, without grad; the whole ``[B, L, V]``
+        distributions only ``with_dist``."""
+        return self._score_without_grad(batch, with_dist)
 
     def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
         """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest).

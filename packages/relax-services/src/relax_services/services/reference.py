@@ -37,7 +37,7 @@ class ReferenceService(ServiceBase):
             TrainSample(prompt=p, response_ids=r)
             for p, r in zip(batch.column("prompt"), batch.column("response"), strict=True)
         ]
-        scores = self.engine.compute_scores(samples)
+        scores = self.engine.compute_scores(samples, with_dist=self.full_dist)
         updates: dict[Any, dict[str, Any]] = {}
         for i, (key, resp) in enumerate(zip(batch.keys, batch.column("response"), strict=True)):
             updates[key] = {"ref_logprobs": scores.logprobs[i, : len(resp)].tolist()}
