@@ -77,6 +77,26 @@ def test_ack_frees_row_only_after_every_task_and_never_redelivers(make_queue: Ma
     assert q.metrics()["duplicate_puts"] == 1
 
 
+def test_retired_keys_are_remembered_for_at_least_remember_retired_and_bounded() -> None:
+    keep = 5
+    q = TransferQueue(QueueConfig(tasks=(TaskSpec("a"),), remember_retired=keep))
+    reader = q.reader("a", ["x"])
+    consumed = 0
+    for burst in (3, 1, 7, 2, 4, 6, 1):  # acks of many sizes, some larger than keep
+        q.put_columns(range(consumed, consumed + burst), {"x": [0] * burst})
+        reader.ack(reader.get_columns(burst, timeout=0))
+        consumed += burst
+        # The last `keep` consumed keys are still refused (a late duplicate is not delivered again) ...
+        for key in range(max(0, consumed - keep), consumed):
+            q.put(key, {"x": 1})
+        assert len(q) == 0
+        # ... and memory stays bounded: at most 2 * keep keys are remembered.
+        assert len(q._core.retired) <= 2 * keep
+    # Keys older than 2 * keep are forgotten: a put of one is a new row again.
+    q.put(0, {"x": 2})
+    assert [row.fields["x"] for row in reader.get(1, timeout=0)] == [2]
+
+
 def test_put_is_idempotent_per_key_and_field(make_queue: MakeQueue) -> None:
     q = make_queue(tasks=("a",))
     q.put("k", {"x": 1}, versions=(3, 4))

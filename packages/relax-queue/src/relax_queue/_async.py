@@ -48,12 +48,12 @@ class AsyncTransferQueue:
                 loop.call_soon_threadsafe(event.set)
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        with core.cond:
+        with core.lock:
             core.listeners.add(wake)
         try:
             while True:
                 event.clear()
-                with core.cond:
+                with core.lock:
                     if core.closed:
                         raise QueueClosedError("the queue is closed")
                     now = time.monotonic()
@@ -70,7 +70,7 @@ class AsyncTransferQueue:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), wait)
         finally:
-            with core.cond:
+            with core.lock:
                 core.listeners.discard(wake)
 
     async def put(
@@ -163,7 +163,7 @@ class AsyncTransferQueue:
         """Awaitable :meth:`TransferQueue.admit` (0 on timeout)."""
         core = self._core
         start = time.monotonic()
-        with core.cond:
+        with core.lock:
             granted = core.try_admit(n)
         if granted or n == 0 or timeout <= 0:
             return granted
@@ -173,7 +173,7 @@ class AsyncTransferQueue:
             )
         except QueueTimeoutError:
             granted = 0
-        with core.cond:
+        with core.lock:
             core.counters.admission_waits += 1
             core.counters.admission_wait_s += time.monotonic() - start
         return granted
@@ -187,7 +187,7 @@ class AsyncTransferQueue:
         replica: ReplicaSet | None = None,
     ) -> AsyncReader:
         """An awaitable reader (see :meth:`TransferQueue.reader`)."""
-        with self._core.cond:
+        with self._core.lock:
             self._core.task(task)
         return AsyncReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 

@@ -195,7 +195,7 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
     cap = core.config.capacity
     if cap.max_rows is not None and len(core.rows) + n > cap.max_rows:
         return False
-    if not core.rows.keys().isdisjoint(keys) or not core.retired.keys().isdisjoint(keys) or len(set(keys)) != n:
+    if not core.rows.keys().isdisjoint(keys) or not core.retired.isdisjoint(keys) or len(set(keys)) != n:
         return False
     columns = [column[start:] for column in cols.columns] if start else cols.columns
     constant, per_row = _row_nbytes(columns)

@@ -133,7 +133,8 @@ class QueueConfig:
         capacity: row and byte bounds.
         staleness: the staleness policy (admission + consumption check).
         lease_timeout_s: seconds a delivered batch stays leased before it is redelivered.
-        remember_retired: how many freed/dropped keys are remembered so that a late duplicate put
+        remember_retired: how many freed/dropped keys are at least remembered (up to twice as many: they
+            are forgotten a generation of this many at a time) so that a late duplicate put
             of a consumed key is ignored instead of delivering the row again.
         latency_window: how many recent put/get latencies the metrics percentiles are computed over.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from operator import attrgetter, contains, is_
 from typing import Any, cast
@@ -53,6 +53,54 @@ class _NoTags(dict[str, Any]):
 
 
 NO_TAGS: Mapping[str, int | float | str] = _NoTags()
+
+
+class RetiredKeys:
+    """Keys of freed or dropped rows, remembered so a late duplicate put is ignored; bounded.
+
+    Two generations of at most ``keep`` keys each: when the newer one fills up it becomes the older
+    one and the oldest generation is forgotten whole. So at least the last ``keep`` retired keys (and
+    at most ``2 * keep``) are remembered, and retiring a batch of keys is one C-level set update
+    instead of one ordered-dict insert and eviction per key.
+    """
+
+    __slots__ = ("keep", "newer", "older")
+
+    def __init__(self, keep: int, keys: Iterable[Key] = ()) -> None:
+        self.keep = keep
+        self.newer: set[Key] = set()
+        self.older: set[Key] = set()
+        self.add_many(list(keys))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.newer or key in self.older
+
+    def __len__(self) -> int:
+        return len(self.newer) + len(self.older)
+
+    def __iter__(self) -> Iterator[Key]:
+        """Older generation first."""
+        yield from self.older
+        yield from self.newer
+
+    def isdisjoint(self, keys: Iterable[Key]) -> bool:
+        """Whether none of ``keys`` is remembered."""
+        return self.newer.isdisjoint(keys) and (not self.older or self.older.isdisjoint(keys))
+
+    def add_many(self, keys: list[Key]) -> None:
+        """Remember ``keys`` (in order: a generation turns over between two of them if it fills up)."""
+        keep = self.keep
+        if not keep:
+            return
+        newer = self.newer
+        start = 0
+        while len(keys) - start > keep - len(newer):
+            stop = start + keep - len(newer)
+            newer.update(keys[start:stop])
+            start = stop
+            self.older, newer = newer, set()
+            self.newer = newer
+        newer.update(keys[start:] if start else keys)
 
 
 class StoredRow:
@@ -162,12 +210,17 @@ def check_fields(key: Key, fields: Any) -> dict[str, Any]:
 
 
 class QueueCore:
-    """All queue state. Every method expects ``self.cond`` to be held by the caller."""
+    """All queue state. Every method expects ``self.lock`` to be held by the caller.
+
+    Callers take ``lock`` itself (``with core.lock``: a C-level enter and exit, where the
+    ``Condition`` wrapper's are Python calls) and wait on ``cond``, which is built on that lock.
+    """
 
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
         self.policy = config.staleness
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.waiting = 0  # threads blocked in cond.wait (only they need cond.notify_all)
         self.listeners: set[Callable[[], None]] = set()
         self.closed = False
@@ -181,7 +234,7 @@ class QueueCore:
         self.next_lease_id = 1
         self.leases: dict[int, Lease] = {}
         self.lease_heap: list[tuple[float, int]] = []
-        self.retired: OrderedDict[Key, None] = OrderedDict()
+        self.retired = RetiredKeys(config.remember_retired)
         self.requeued: list[RequeuedRow] = []
         self.counters = Counters.with_window(config.latency_window)
 
@@ -417,7 +470,7 @@ class QueueCore:
         out: list[StoredRow] = []
         # One wanted field (the common case) is tested inline; several through a key-set comparison.
         one = fields[0] if fields and len(fields) == 1 else None
-        need = frozenset(fields or ())
+        need = frozenset(fields) if fields and one is None else frozenset()
         for source in (ts.retry, ts.pending):
             if len(out) == limit:
                 break
@@ -544,11 +597,15 @@ class QueueCore:
         done: list[StoredRow] = []
         append = done.append
         if len(leased) >= _BULK and not returned and all(map(is_, map(rows.get, map(_row_key, leased)), leased)):
-            for row in leased:  # the usual case (none dropped or returned meanwhile), checked in C above
-                left = row.pending_tasks - 1
-                row.pending_tasks = left
-                if not left:
-                    append(row)
+            # The usual case (none dropped or returned meanwhile), checked in C above.
+            if len(self.tasks) == 1:
+                done = leased  # this task was the only one each row waited for
+            else:
+                for row in leased:
+                    left = row.pending_tasks - 1
+                    row.pending_tasks = left
+                    if not left:
+                        append(row)
         else:
             for row in leased:
                 if rows.get(row.key) is not row:  # dropped or requeued meanwhile
@@ -559,7 +616,7 @@ class QueueCore:
                 if row.pending_tasks == 0:
                     append(row)
         if done:
-            self._remove_many(done, retire=True)
+            self._remove_many(done, retire=True, consumed=True)
         lease.task.acked += len(lease.rows)
         self.counters.freed += len(done)
         return len(done)
@@ -624,28 +681,34 @@ class QueueCore:
     def _remove(self, row: StoredRow, retire: bool) -> None:
         self._remove_many([row], retire)
 
-    def _remove_many(self, removed: list[StoredRow], retire: bool) -> None:
-        """Forget stored rows (each at most once), optionally retiring their keys in order."""
+    def _remove_many(self, removed: list[StoredRow], retire: bool, consumed: bool = False) -> None:
+        """Forget stored rows (each at most once), optionally retiring their keys in order.
+
+        ``consumed``: every task acked these rows, so no task's pending or retry queue holds them.
+        """
         rows = self.rows
         # A queue empty now stays empty while rows are only removed: skip it.
         queues: list[OrderedDict[Key, None] | dict[Key, int]] = []
         for ts in self.tasks.values():
+            if ts.returned:
+                queues.append(ts.returned)
+            if consumed:
+                continue
             if ts.pending:
                 queues.append(ts.pending)
             if ts.retry:
                 queues.append(ts.retry)
-            if ts.returned:
-                queues.append(ts.returned)
-        keep = self.config.remember_retired if retire else 0
-        retired = self.retired
         if len(removed) == 1:
             keys = [removed[0].key]
             del rows[keys[0]]
             self.nbytes -= removed[0].nbytes
         else:
             keys = list(map(_row_key, removed))
-            for key in keys:
-                del rows[key]
+            if len(keys) == len(rows):  # every stored row goes (each is removed at most once)
+                rows.clear()
+            else:
+                for key in keys:
+                    del rows[key]
             self.nbytes -= sum(map(_row_nbytes, removed))
         for q in queues:
             for key in keys:
@@ -659,11 +722,8 @@ class QueueCore:
                         members.pop(row.key, None)
                         if not members:
                             del groups[row.group_id]
-        if keep:
-            for key in keys:
-                retired[key] = None
-            while len(retired) > keep:
-                retired.popitem(last=False)
+        if retire:
+            self.retired.add_many(keys)
 
     def _remove_stale(self, units: list[list[StoredRow]]) -> None:
         action = self.policy.on_stale

@@ -141,13 +141,22 @@ class TransferQueue:
         return self._core.config
 
     # ------------------------------------------------------------------ waiting
+    def _attempt_once(self, attempt: Callable[[float], T | None]) -> T | None:
+        """Run ``attempt`` once under the lock: the usual call succeeds at once and needs none of
+        :meth:`_wait`'s machinery."""
+        core = self._core
+        with core.lock:
+            if core.closed:
+                raise QueueClosedError("the queue is closed")
+            return attempt(time.monotonic())
+
     def _wait(
         self, attempt: Callable[[float], T | None], timeout: float | None, on_timeout: Callable[[], Exception]
     ) -> T:
         """Run ``attempt`` under the lock until it returns a value, waking on changes and lease deadlines."""
         core = self._core
         deadline = None if timeout is None else time.monotonic() + timeout
-        with core.cond:
+        with core.lock:
             while True:
                 if core.closed:
                     raise QueueClosedError("the queue is closed")
@@ -248,18 +257,12 @@ class TransferQueue:
 
     def _put(self, progress: PutMany | PutColumns | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
-        first = True
-
-        def attempt(now: float) -> bool | None:
-            nonlocal first
-            result = progress(now)
-            if result is None and first:
-                self._core.counters.put_waits += 1
-                first = False
-            return result
-
-        self._wait(attempt, timeout, lambda: progress.full_error(timeout))
-        self._core.counters.put_latency_s.append(time.perf_counter() - start)
+        core = self._core
+        if self._attempt_once(progress) is None:
+            with core.lock:
+                core.counters.put_waits += 1
+            self._wait(progress, timeout, lambda: progress.full_error(timeout))
+        core.counters.put_latency_s.append(time.perf_counter() - start)
 
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
         """Add fields to a stored row (fields it already has are left unchanged); never blocks.
@@ -267,14 +270,14 @@ class TransferQueue:
         Returns:
             ``False`` when ``key`` is not stored (already consumed, dropped, or never put).
         """
-        with self._core.cond:
+        with self._core.lock:
             found = self._core.add_fields(key, fields)
             self._core.notify()
         return found
 
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """:meth:`add_fields` for many rows in one call; returns how many keys were stored."""
-        with self._core.cond:
+        with self._core.lock:
             found = sum(self._core.add_fields(key, fields) for key, fields in updates.items())
             self._core.notify()
         return found
@@ -296,7 +299,7 @@ class TransferQueue:
             batcher: how batches are formed; default ``FixedSizeBatcher(1)`` (``get(n)`` sets the size).
             replica: makes every rank of a replica set receive identical batches.
         """
-        with self._core.cond:
+        with self._core.lock:
             self._core.task(task)  # fail early on an unknown task
         return Reader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 
@@ -347,11 +350,13 @@ class TransferQueue:
     ) -> T:
         """Waits for ``attempt`` to deliver a batch (rows or columns) and records the get latency."""
         start = time.perf_counter()
-        batch = self._wait(
-            attempt,
-            timeout,
-            lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
-        )
+        batch = self._attempt_once(attempt)
+        if batch is None:
+            batch = self._wait(
+                attempt,
+                timeout,
+                lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
+            )
         self._core.counters.get_latency_s.append(time.perf_counter() - start)
         return batch
 
@@ -405,7 +410,7 @@ class TransferQueue:
         """
         lease_id = _lease_id(batch)
         core = self._core
-        with core.cond:
+        with core.lock:
             heap = core.lease_heap
             if heap and heap[0][0] <= time.monotonic():
                 core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
@@ -416,14 +421,14 @@ class TransferQueue:
 
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """Give a leased batch back: its rows are redelivered to the task first."""
-        with self._core.cond:
+        with self._core.lock:
             self._core.expire(time.monotonic())
             self._core.nack(_lease_id(batch))
             self._core.notify()
 
     def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """Set a lease to end ``timeout_s`` from now (default: the lease timeout; <= 0 expires it now)."""
-        with self._core.cond:
+        with self._core.lock:
             self._core.expire(time.monotonic())
             self._core.renew(_lease_id(batch), time.monotonic(), timeout_s)
 
@@ -441,7 +446,7 @@ class TransferQueue:
         """
         if not isinstance(version, int) or isinstance(version, bool):
             raise VersionError(f"version must be an int, got {version!r}")
-        with self._core.cond:
+        with self._core.lock:
             if version < self._core.version:
                 raise VersionError(f"version must not go backwards: current {self._core.version}, got {version}")
             self._core.version = version
@@ -462,7 +467,7 @@ class TransferQueue:
         """
         core = self._core
         start = time.monotonic()
-        with core.cond:
+        with core.lock:
             granted = core.try_admit(n)
         if granted or n == 0 or timeout <= 0:
             return granted
@@ -470,14 +475,14 @@ class TransferQueue:
             granted = self._wait(lambda now: core.try_admit(n) or None, timeout, lambda: QueueTimeoutError("admit"))
         except QueueTimeoutError:
             granted = 0
-        with core.cond:
+        with core.lock:
             core.counters.admission_waits += 1
             core.counters.admission_wait_s += time.monotonic() - start
         return granted
 
     def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
         """Give back ``n`` admissions that will not become rows (unused, or ``failed`` samples)."""
-        with self._core.cond:
+        with self._core.lock:
             self._core.release_admission(n, failed)
 
     def refund_admission(self, n: int) -> None:
@@ -487,17 +492,17 @@ class TransferQueue:
         Raises:
             AdmissionError: ``n`` is not an int >= 0.
         """
-        with self._core.cond:
+        with self._core.lock:
             self._core.refund_admission(n)
 
     def admission_capacity(self) -> int | None:
         """How many samples may start now without reserving them (``None``: unlimited)."""
-        with self._core.cond:
+        with self._core.lock:
             return self._core.admission_capacity()
 
     def take_requeued(self, max_n: int | None = None) -> list[RequeuedRow]:
         """Pop rows removed as stale under ``on_stale="requeue"``: the producer regenerates them."""
-        with self._core.cond:
+        with self._core.lock:
             requeued = self._core.requeued
             count = len(requeued) if max_n is None else min(max_n, len(requeued))
             taken, self._core.requeued = requeued[:count], requeued[count:]
@@ -506,7 +511,7 @@ class TransferQueue:
     # ------------------------------------------------------------------ snapshots
     def state_dict(self, resolve: Callable[[Any], Any] | None = None) -> dict[str, Any]:
         """The full state as plain containers (leased rows are saved as to-be-redelivered)."""
-        with self._core.cond:
+        with self._core.lock:
             return core_state(self._core, resolve)
 
     def load_state_dict(self, state: dict[str, Any], *, reset_running: bool = True) -> None:
@@ -517,7 +522,7 @@ class TransferQueue:
             reset_running: forget admissions granted but not yet put (their producers are gone
                 after a restart); ``False`` keeps the saved running count.
         """
-        with self._core.cond:
+        with self._core.lock:
             load_core_state(self._core, state, reset_running)
             self._replicas.reset()
 
@@ -541,13 +546,13 @@ class TransferQueue:
         Raises:
             UnknownTaskError: ``task`` is not registered.
         """
-        with self._core.cond:
+        with self._core.lock:
             return self._core.ready(task, None if fields is None else tuple(fields))
 
     def metrics(self) -> dict[str, Any]:
         """A plain dict of depth, backlog, admission, staleness and latency metrics."""
         core = self._core
-        with core.cond:
+        with core.lock:
             core.expire(time.monotonic())
             leased: dict[str, int] = {name: 0 for name in core.tasks}
             for lease in core.leases.values():
@@ -589,7 +594,7 @@ class TransferQueue:
 
     def close(self) -> None:
         """Close the queue: blocked and later blocking calls raise :class:`QueueClosedError`."""
-        with self._core.cond:
+        with self._core.lock:
             self._core.closed = True
             self._core.notify()
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relax_queue._core import QueueCore, StoredRow
+from relax_queue._core import QueueCore, RetiredKeys, StoredRow
 from relax_queue._errors import ConfigError
 from relax_queue._metrics import Counters
 
@@ -125,7 +124,7 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
     core.accepted = state["accepted"]
     core.running = 0 if reset_running else state["running"]
     core.next_lease_id = max(core.next_lease_id, state["next_lease_id"])
-    core.retired = OrderedDict.fromkeys(state["retired"])
+    core.retired = RetiredKeys(core.config.remember_retired, state["retired"])
     core.requeued = list(state["requeued"])
     counters = Counters(**state["counters"])
     counters.put_latency_s = core.counters.put_latency_s
