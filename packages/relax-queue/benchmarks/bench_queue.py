@@ -11,7 +11,9 @@ consumer are the same (driver) process for every contender, so all pay the same 
 
 One "row" op = put + get (+ ack for relax). Latency is per op for single rows and per batch of
 1000 for batched rows. "columns" rows use the columnar bulk API (``put_columns`` + ``get_columns``
-+ ack): keys and one value list per field in, columns out, no per-row input or output object.
++ ack): keys and one value list per field in, columns out, no per-row input or output object; on
+Ray they ack each batch inside the next ``get_columns`` (``ack=previous``: two round trips an op,
+as ``ray.util.queue``'s put + get, instead of three).
 ``--repeat N`` runs every contender N times in turn and keeps each one's best run.
 Run: ``uv run --no-sync python packages/relax-queue/benchmarks/bench_queue.py``.
 """
@@ -181,12 +183,13 @@ def bench_ray(scale: float) -> list[Result]:
         reader.ack(reader.get(BATCH, timeout=10))
 
     values = list(range(BATCH))
+    held: list[Any] = [None]  # the batch leased by the previous op, acked by the next get
 
     def relax_columns(i: int) -> None:
         base = key[0]
         key[0] += BATCH
         client.put_columns(range(base + 1, base + 1 + BATCH), {"x": values})
-        reader.ack(reader.get_columns(BATCH, timeout=10))
+        held[0] = reader.get_columns(BATCH, timeout=10, ack=held[0])
 
     big = 10 * BATCH
     big_values = list(range(big))
@@ -199,7 +202,7 @@ def bench_ray(scale: float) -> list[Result]:
         base = key[0]
         key[0] += big
         client.put_columns(range(base + 1, base + 1 + big), {"x": big_values})
-        reader.ack(reader.get_columns(big, timeout=10))
+        held[0] = reader.get_columns(big, timeout=10, ack=held[0])
 
     out.append(measure("relax Ray", "small, single", relax_single, n_single, 1))
     out.append(measure("relax Ray", f"small, batch {BATCH}", relax_batched, n_batched, BATCH))
@@ -207,6 +210,8 @@ def bench_ray(scale: float) -> list[Result]:
     n_big = max(1, n_batched // 4)
     out.append(measure("ray.util.queue", f"small, batch {big}", rq_big, n_big, big))
     out.append(measure("relax Ray columns", f"small, batch {big}", relax_columns_big, n_big, big))
+    reader.ack(held[0])  # the last op's batch
+    held[0] = None
 
     for mb, count, bulk in ((1, max(1, int(100 * scale)), 16), (16, max(1, int(20 * scale)), 4)):
         arr = np.ones(mb * 2**20 // 8)
@@ -218,7 +223,13 @@ def bench_ray(scale: float) -> list[Result]:
             rq.put(arr)
             rq.get()
 
+        def raw_bulk(i: int, arr: Any = arr, bulk: int = bulk) -> None:
+            ray.get([ray.put(arr) for _ in range(bulk)])
+
         out.append(measure("raw ray.put/get", f"{mb} MB array", raw, count, 1, arr.nbytes))
+        out.append(
+            measure("raw ray.put/get", f"{mb} MB array, bulk {bulk}", raw_bulk, max(1, count // bulk), bulk, arr.nbytes)
+        )
         out.append(measure("ray.util.queue", f"{mb} MB array", rq_tensor, count, 1, arr.nbytes))
         for durable, c in clients.items():
             r = c.reader("c", ["x"])
@@ -232,7 +243,7 @@ def bench_ray(scale: float) -> list[Result]:
                 base = key[0]
                 key[0] += bulk
                 c.put_columns(range(base + 1, base + 1 + bulk), {"x": [arr] * bulk})
-                r.ack(r.get_columns(bulk, timeout=30))
+                held[0] = r.get_columns(bulk, timeout=30, ack=held[0])
 
             label = "relax Ray" + ("" if durable else " (durable_payloads=False)")
             out.append(measure(label, f"{mb} MB array", relax_tensor, count, 1, arr.nbytes))
@@ -247,6 +258,8 @@ def bench_ray(scale: float) -> list[Result]:
                     arr.nbytes,
                 )
             )
+            r.ack(held[0])
+            held[0] = None
     for c in clients.values():
         c.shutdown()
     ray.kill(rq.actor)

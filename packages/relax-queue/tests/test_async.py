@@ -59,6 +59,10 @@ def test_async_put_backpressure_and_timeouts(make_queue: MakeQueue) -> None:
         assert again.keys == leased.keys == ["k1"]
         with pytest.raises(QueueTimeoutError):
             await aq.reader("a").get(2, timeout=0.01)
+        # The get acks k1 before it waits, which frees the room the next put needs.
+        get_task = asyncio.create_task(reader.get_columns(1, timeout=1, ack=again))
+        await aq.put("k2", {"x": 2}, timeout=1)
+        assert (await get_task).keys == ["k2"] and q.metrics()["tasks"]["a"]["acked"] == 2
 
     asyncio.run(main())
 

@@ -121,6 +121,22 @@ def test_nack_redelivers_first_and_counts(make_queue: MakeQueue) -> None:
         reader.ack(first)  # the nacked lease is settled
 
 
+def test_get_can_ack_the_previous_batch_first(make_queue: MakeQueue) -> None:
+    q = make_queue(tasks=("a",))
+    q.put_many([RowInput(i, {"x": i}) for i in range(6)])
+    reader = q.reader("a", ["x"])
+    first = reader.get(2, timeout=0)
+    second = reader.get_columns(2, timeout=0, ack=first)
+    assert (second.keys, q.metrics()["tasks"]["a"]["acked"], len(q)) == ([2, 3], 2, 4)
+    reader.nack(second)
+    with pytest.raises(LeaseError, match=str(second.lease_id)):
+        reader.get(2, timeout=0, ack=second)  # a settled lease: nothing is leased
+    assert reader.get(2, timeout=0, ack=None).keys == [2, 3]
+    with pytest.raises(QueueTimeoutError):
+        reader.get(9, timeout=0, ack=reader.get(2, timeout=0))  # acked even when no batch comes
+    assert (q.metrics()["tasks"]["a"]["acked"], len(q)) == (4, 2)
+
+
 def test_lease_expiry_redelivers_and_renew_extends(make_queue: MakeQueue) -> None:
     q = make_queue(tasks=("a",), lease_timeout_s=0.05)
     q.put_many([RowInput(i, {"x": i}) for i in range(2)])

@@ -13,6 +13,7 @@ from relax_queue import (
     FieldTypeError,
     FixedSizeBatcher,
     GroupBatcher,
+    LeaseError,
     QueueConfig,
     QueueTimeoutError,
     RayQueueClient,
@@ -217,3 +218,45 @@ def test_columns_travel_in_one_call_with_large_values_through_the_object_store(r
         assert client.metrics()["tasks"]["trainer"]["acked"] == 3
     finally:
         client.shutdown()
+
+
+def test_get_acks_the_previous_batch_in_the_same_round_trip(ray: Any) -> None:
+    client = create_ray_queue("ack-get", _config(lease_timeout_s=0.5))
+    try:
+        client.put_columns(list(range(6)), {"x": list(range(6))})
+        reader = client.reader("reward", ["x"], FixedSizeBatcher(2))
+        first = reader.get_columns(timeout=10)
+        second = reader.get(timeout=10, ack=first)  # rows 0, 1 consumed, 2, 3 leased
+        assert client.metrics()["tasks"]["reward"]["acked"] == 2
+        time.sleep(0.6)  # the lease of `second` expires: its rows go back to the task
+        with pytest.raises(LeaseError, match=str(second.lease_id)):
+            reader.get_columns(timeout=10, ack=second)
+        # The failed ack leased nothing: the expired rows come back first, then the rest.
+        third = reader.get_columns(timeout=10)
+        assert third.keys == [2, 3] and third.deliveries == [2, 2]
+        last = reader.get_columns(timeout=10, ack=third)
+        reader.ack(last)
+        m = client.metrics()["tasks"]["reward"]
+        assert (m["acked"], client.ready("reward")) == (6, 0)
+    finally:
+        client.shutdown()
+
+
+def test_uniform_metadata_columns_travel_once_and_come_back_row_for_row() -> None:
+    import pickle
+
+    from relax_queue._core import NO_TAGS
+    from relax_queue._ray import _pack, _pack_tags, _unpack
+
+    def through_the_wire(column: list[Any], tags: bool = False) -> list[Any]:
+        packed = pickle.loads(pickle.dumps(_pack_tags(column) if tags else _pack(column)))
+        return _unpack(packed, len(column))
+
+    for column in ([3] * 4, [None] * 3, [False, False], [1, True], [1, 1.0], [0, 1, 1], [(1, 2)] * 2, []):
+        out = through_the_wire(column)
+        assert out == column and [type(v) for v in out] == [type(v) for v in column]
+    assert len(pickle.dumps(_pack([7] * 10_000))) < 100  # sent once, not per row
+    empty = through_the_wire([NO_TAGS, NO_TAGS], tags=True)
+    assert empty == [{}, {}] and all(t is NO_TAGS for t in empty)  # read-only, as in-process
+    tagged = through_the_wire([{"n": 1}, NO_TAGS], tags=True)
+    assert tagged == [{"n": 1}, {}]

@@ -213,14 +213,22 @@ class AsyncReader:
     ) -> None:
         self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
 
-    async def get(self, n: int | None = None, timeout: float | None = None) -> Batch:
-        """Lease the next batch (see :meth:`Reader.get`)."""
+    async def get(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> Batch:
+        """Lease the next batch, after acking ``ack`` (see :meth:`Reader.get`)."""
+        if ack is not None:
+            self.ack(ack)
         return await self.queue.get(
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )
 
-    async def get_columns(self, n: int | None = None, timeout: float | None = None) -> ColumnBatch:
-        """Lease the next batch as columns (see :meth:`Reader.get_columns`)."""
+    async def get_columns(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> ColumnBatch:
+        """Lease the next batch as columns, after acking ``ack`` (see :meth:`Reader.get_columns`)."""
+        if ack is not None:
+            self.ack(ack)
         return await self.queue.get_columns(
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )

@@ -612,22 +612,38 @@ class Reader:
     ) -> None:
         self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
 
-    def get(self, n: int | None = None, timeout: float | None = None) -> Batch:
+    def get(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> Batch:
         """Lease the next batch (``n`` in the batcher's unit; ``None``: its default size).
+
+        Args:
+            n: batch size in the batcher's unit.
+            timeout: seconds to wait for a batch; ``None`` waits forever.
+            ack: a batch this reader finished, acked first (as :meth:`ack`, even when no new
+                batch comes in time). On the Ray transport this saves the ack's round trip.
 
         Raises:
             QueueTimeoutError: nothing ready within ``timeout`` seconds.
+            LeaseError: ``ack`` could not be acked (nothing is leased then).
         """
+        if ack is not None:
+            self.ack(ack)
         return self.queue.get(
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )
 
-    def get_columns(self, n: int | None = None, timeout: float | None = None) -> ColumnBatch:
+    def get_columns(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> ColumnBatch:
         """:meth:`get` delivering the batch as columns.
 
         Raises:
             QueueTimeoutError: nothing ready within ``timeout`` seconds.
+            LeaseError: ``ack`` could not be acked (nothing is leased then).
         """
+        if ack is not None:
+            self.ack(ack)
         return self.queue.get_columns(
             self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
         )

@@ -18,14 +18,16 @@ large values become unreadable.
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput
 from relax_queue._config import QueueConfig
-from relax_queue._queue import _normalise_fields
+from relax_queue._core import NO_TAGS
+from relax_queue._queue import _lease_id, _normalise_fields
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
@@ -70,6 +72,10 @@ def _actor_class() -> Any:
             self.queue = TransferQueue(config)
             self.aqueue = AsyncTransferQueue(self.queue)
             self.durable = durable_payloads
+            # The worker's own objects (Ray, its imports: ~67k) live as long as the process; frozen,
+            # the collections that the queue's many short-lived rows trigger no longer traverse them
+            # (a 10,000-row put_columns: 18.6 -> 11 ms here).
+            gc.freeze()
 
         async def adopt(self, fields_list: list[Mapping[str, Any]]) -> None:
             """Re-own object-store values (one ``ray.put`` here) so they outlive their producer."""
@@ -103,25 +109,27 @@ def _actor_class() -> Any:
             await self.aqueue.put_columns(keys, columns, **options)
 
         async def get_columns(
-            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any
+            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any, ack: int | None
         ) -> tuple[Any, ...]:
+            self._ack_first(ack, replica)
             b = await self.aqueue.get_columns(
                 task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica
             )
-            # A tuple of lists pickles faster than the slotted dataclass.
+            # A tuple of lists pickles faster than the slotted dataclass; per-row metadata that is
+            # the same for every row (the usual case) travels once.
             return (
                 b.task,
                 b.lease_id,
                 b.keys,
                 b.columns,
-                b.v_min,
-                b.v_max,
-                b.group_ids,
-                b.group_sizes,
-                b.tags,
-                b.staleness,
-                b.stale,
-                b.deliveries,
+                _pack(b.v_min),
+                _pack(b.v_max),
+                _pack(b.group_ids),
+                _pack(b.group_sizes),
+                _pack_tags(b.tags),
+                _pack(b.staleness),
+                _pack(b.stale),
+                _pack(b.deliveries),
                 b.lease_timeout_s,
                 b.version,
             )
@@ -130,9 +138,15 @@ def _actor_class() -> Any:
             await self.adopt(list(updates.values()))
             return self.queue.add_fields_many(updates)
 
+        def _ack_first(self, lease_id: int | None, replica: ReplicaSet | None) -> None:
+            """Ack the batch a get carries (the reader's previous one) before leasing the next."""
+            if lease_id is not None:
+                self.queue.ack(lease_id, rank=None if replica is None else replica.rank)
+
         async def get(
-            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any
+            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any, ack: int | None
         ) -> tuple[Any, ...]:
+            self._ack_first(ack, replica)
             batch = await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
             # Plain tuples pickle several times faster than slotted dataclasses.
             rows = [
@@ -169,6 +183,50 @@ def _actor_class() -> Any:
             return getattr(self.queue, method)(*args, **kwargs)
 
     return QueueActor
+
+
+class _Same:
+    """Wire form of a per-row metadata column in which every row holds ``value`` (an immutable scalar)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[type[_Same], tuple[Any]]:
+        return _Same, (self.value,)
+
+
+class _EmptyTags:
+    """Wire form of a tags column in which every row's tags are empty."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type[_EmptyTags], tuple[()]]:
+        return _EmptyTags, ()
+
+
+def _pack(column: list[Any]) -> list[Any] | _Same:
+    """``column`` for the wire: its one value when every row holds the same scalar (of one type)."""
+    if column and column.count(column[0]) == len(column):
+        kinds = set(map(type, column))
+        if len(kinds) == 1 and kinds <= _SMALL_TYPES:
+            return _Same(column[0])
+    return column
+
+
+def _pack_tags(tags: list[Any]) -> list[Any] | _EmptyTags:
+    return _EmptyTags() if tags and tags.count(NO_TAGS) == len(tags) else tags
+
+
+def _unpack(column: list[Any] | _Same | _EmptyTags, n: int) -> list[Any]:
+    """A column as :func:`_pack` or :func:`_pack_tags` sent it, one entry per row again."""
+    kind = type(column)
+    if kind is _Same:
+        return [cast(_Same, column).value] * n
+    if kind is _EmptyTags:
+        return [NO_TAGS] * n  # the read-only empty tags every row put without tags shares in-process
+    return cast("list[Any]", column)
 
 
 def _may_hold_refs(column: list[Any]) -> bool:
@@ -347,10 +405,15 @@ class RayQueueClient:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        ack: Batch | ColumnBatch | int | None = None,
     ) -> Batch:
-        """See :meth:`TransferQueue.get`; object-store values of the batch are fetched in one ``ray.get``."""
+        """See :meth:`TransferQueue.get`; object-store values of the batch are fetched in one ``ray.get``.
+
+        ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
+        """
+        acked = None if ack is None else _lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = _unwrap(
-            self.actor.get.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica)
+            self.actor.get.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, acked)
         )
         batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
         slots = [
@@ -371,10 +434,18 @@ class RayQueueClient:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        ack: Batch | ColumnBatch | int | None = None,
     ) -> ColumnBatch:
-        """See :meth:`TransferQueue.get_columns`; object-store values of the batch are fetched in one ``ray.get``."""
-        wire = _unwrap(self.actor.get_columns.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica))
-        batch = ColumnBatch(*wire)
+        """See :meth:`TransferQueue.get_columns`; object-store values of the batch are fetched in one ``ray.get``.
+
+        ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
+        """
+        acked = None if ack is None else _lease_id(ack)
+        wire = _unwrap(
+            self.actor.get_columns.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, acked)
+        )
+        n_rows = len(wire[2])
+        batch = ColumnBatch(*wire[:4], *(_unpack(column, n_rows) for column in wire[4:12]), *wire[12:])
         slots = [
             (column, i, value.ref)
             for column in batch.columns.values()
@@ -390,15 +461,15 @@ class RayQueueClient:
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """See :meth:`TransferQueue.ack`."""
-        self._call("ack", batch if isinstance(batch, int) else batch.lease_id, rank=rank)
+        self._call("ack", _lease_id(batch), rank=rank)
 
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """See :meth:`TransferQueue.nack`."""
-        self._call("nack", batch if isinstance(batch, int) else batch.lease_id)
+        self._call("nack", _lease_id(batch))
 
     def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """See :meth:`TransferQueue.renew`."""
-        self._call("renew", batch if isinstance(batch, int) else batch.lease_id, timeout_s)
+        self._call("renew", _lease_id(batch), timeout_s)
 
     # ------------------------------------------------------------------ staleness
     @property
@@ -466,16 +537,20 @@ class RayReader:
     batcher: Batcher
     replica: ReplicaSet | None = None
 
-    def get(self, n: int | None = None, timeout: float | None = None) -> Batch:
-        """Lease the next batch (see :meth:`Reader.get`)."""
+    def get(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> Batch:
+        """Lease the next batch, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
         return self.client.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
         )
 
-    def get_columns(self, n: int | None = None, timeout: float | None = None) -> ColumnBatch:
-        """Lease the next batch as columns (see :meth:`Reader.get_columns`)."""
+    def get_columns(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> ColumnBatch:
+        """Lease the next batch as columns, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
         return self.client.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
         )
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
