@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torchdata.nodes import BaseNode, Loader, ParallelMapper, Prefetcher
 
+from relax_modalities._bands import available_cpus
 from relax_modalities._collate import estimate_cost
 from relax_modalities._errors import MediaError
 from relax_modalities._sample import ProcessorSettings, SampleProcessor
@@ -201,6 +202,20 @@ class OmniLoader:
         self._skip.stats = _SkipBad.stats_from_state(state["root"]["snapshot"])
 
 
+def worker_settings(settings: ProcessorSettings, num_workers: int) -> ProcessorSettings:
+    """``settings`` for ``num_workers`` decode threads sharing the CPUs.
+
+    The workers process images at the same time, so each gets at most ``available_cpus() //
+    num_workers`` threads per image (at least 1) instead of ``settings.image.threads_per_image``
+    each: more would only oversubscribe the cores (on 2 CPUs the default 2 workers process each
+    image on 1 thread; 1 worker keeps 2). A lower ``threads_per_image`` in ``settings`` is kept.
+    """
+    threads = min(settings.image.threads_per_image, max(1, available_cpus() // num_workers))
+    if threads == settings.image.threads_per_image:
+        return settings
+    return replace(settings, image=replace(settings.image, threads_per_image=threads))
+
+
 def assemble_graph(
     source: BaseNode[TaskItem],
     tokenizer: Tokenizer,
@@ -211,7 +226,7 @@ def assemble_graph(
     """Wire ``source`` → parallel decode → skip bad → prefetch; return the root and the skip node."""
     if num_workers < 1 or prefetch < 1:
         raise ValueError(f"num_workers and prefetch must be >= 1, got {num_workers}, {prefetch}")
-    processor = SampleProcessor(tokenizer, settings)
+    processor = SampleProcessor(tokenizer, worker_settings(settings or ProcessorSettings(), num_workers))
 
     def work(item: TaskItem) -> ProcessedSample | _Bad:
         try:
@@ -249,7 +264,8 @@ def build_loader(
         manifest: a JSONL manifest path or the items themselves.
         tokenizer: a `Tokenizer`.
         settings: modality settings.
-        num_workers: decode threads (media decoders release the GIL).
+        num_workers: decode threads (media decoders release the GIL). Each processes an image on at
+            most ``CPUs // num_workers`` threads (`worker_settings`).
         prefetch: samples decoded ahead of the consumer (bounds memory).
         shuffle: shuffle items per epoch with ``(seed, epoch)``.
         seed: shuffle seed.

@@ -135,7 +135,7 @@ def build_task_mix_loader(
         tokenizer: a `Tokenizer`.
         task_weights: task → weight; change it later with `TaskMixLoader.set_task_weights`.
         settings: modality settings.
-        num_workers: decode threads.
+        num_workers: decode threads, each processing an image on at most ``CPUs // num_workers`` threads.
         prefetch: samples decoded ahead of the consumer.
         seed: seed of the shuffles and task draws.
     """
