@@ -5,7 +5,8 @@ consumer are the same (driver) process for every contender, so all pay the same 
 
 - in-process: ``TransferQueue`` vs ``queue.Queue``;
 - Ray: the relax Ray transport vs ``ray.util.queue.Queue`` (single and batched) and raw
-  ``ray.put``/``ray.get``;
+  ``ray.put``/``ray.get`` (one array a call; a bulk of distinct arrays, one put each and one get;
+  the same bulk as one list in one put: the cheapest way Ray offers to move them);
 - the anchor, ``transferqueue`` from PyPI, measured by ``_tq_bench.py`` in its own virtual
   environment when ``--tq-python`` points at one (never a project dependency).
 
@@ -213,24 +214,40 @@ def bench_ray(scale: float) -> list[Result]:
     reader.ack(held[0])  # the last op's batch
     held[0] = None
 
-    for mb, count, bulk in ((1, max(1, int(100 * scale)), 16), (16, max(1, int(20 * scale)), 4)):
+    # (row size MB, rows, rows per bulk op); the one-row contenders run once per row size.
+    tensor_runs = (
+        (1, max(1, int(100 * scale)), 16),
+        (16, max(1, int(20 * scale)), 4),
+        (16, max(1, int(48 * scale)), 8),
+    )
+    for run, (mb, count, bulk) in enumerate(tensor_runs):
+        first_of_size = all(size != mb for size, _, _ in tensor_runs[:run])
         arr = np.ones(mb * 2**20 // 8)
+        # Distinct arrays for the bulk ops: one object holding the same array twice would store it once.
+        arrs = [np.full(mb * 2**20 // 8, float(j)) for j in range(bulk)]
 
         def raw(i: int, arr: Any = arr) -> None:
             ray.get(ray.put(arr))
+
+        def raw_bulk(i: int, arrs: Any = arrs) -> None:
+            ray.get([ray.put(a) for a in arrs])
+
+        def raw_list(i: int, arrs: Any = arrs) -> None:
+            ray.get(ray.put(arrs))
 
         def rq_tensor(i: int, arr: Any = arr) -> None:
             rq.put(arr)
             rq.get()
 
-        def raw_bulk(i: int, arr: Any = arr, bulk: int = bulk) -> None:
-            ray.get([ray.put(arr) for _ in range(bulk)])
-
-        out.append(measure("raw ray.put/get", f"{mb} MB array", raw, count, 1, arr.nbytes))
+        ops = max(1, count // bulk)
+        if first_of_size:
+            out.append(measure("raw ray.put/get", f"{mb} MB array", raw, count, 1, arr.nbytes))
+        out.append(measure("raw ray.put/get", f"{mb} MB array, bulk {bulk}", raw_bulk, ops, bulk, arr.nbytes))
         out.append(
-            measure("raw ray.put/get", f"{mb} MB array, bulk {bulk}", raw_bulk, max(1, count // bulk), bulk, arr.nbytes)
+            measure("raw ray.put/get of one list", f"{mb} MB array, bulk {bulk}", raw_list, ops, bulk, arr.nbytes)
         )
-        out.append(measure("ray.util.queue", f"{mb} MB array", rq_tensor, count, 1, arr.nbytes))
+        if first_of_size:
+            out.append(measure("ray.util.queue", f"{mb} MB array", rq_tensor, count, 1, arr.nbytes))
         for durable, c in clients.items():
             r = c.reader("c", ["x"])
 
@@ -239,15 +256,15 @@ def bench_ray(scale: float) -> list[Result]:
                 c.put(key[0], {"x": arr})
                 r.ack(r.get(1, timeout=30))
 
-            def relax_tensor_columns(i: int, arr: Any = arr, c: Any = c, r: Any = r, bulk: int = bulk) -> None:
+            def relax_tensor_columns(i: int, arrs: Any = arrs, c: Any = c, r: Any = r, bulk: int = bulk) -> None:
                 base = key[0]
                 key[0] += bulk
-                c.put_columns(range(base + 1, base + 1 + bulk), {"x": [arr] * bulk})
+                c.put_columns(range(base + 1, base + 1 + bulk), {"x": arrs})
                 held[0] = r.get_columns(bulk, timeout=30, ack=held[0])
 
             label = "relax Ray" + ("" if durable else " (durable_payloads=False)")
-            out.append(measure(label, f"{mb} MB array", relax_tensor, count, 1, arr.nbytes))
-            ops = max(1, count // bulk)
+            if first_of_size:
+                out.append(measure(label, f"{mb} MB array", relax_tensor, count, 1, arr.nbytes))
             out.append(
                 measure(
                     label.replace("relax Ray", "relax Ray columns"),

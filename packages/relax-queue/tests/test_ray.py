@@ -260,3 +260,48 @@ def test_uniform_metadata_columns_travel_once_and_come_back_row_for_row() -> Non
     assert empty == [{}, {}] and all(t is NO_TAGS for t in empty)  # read-only, as in-process
     tagged = through_the_wire([{"n": 1}, NO_TAGS], tags=True)
     assert tagged == [{"n": 1}, {}]
+
+
+def test_large_values_of_a_column_share_objects_up_to_the_chunk_cap(ray: Any, tmp_path: Any) -> None:
+    values = [np.full(2_000, i, dtype=np.float64) for i in range(5)]  # 16 kB each -> object store
+    client = create_ray_queue("chunks", _config(), object_store_threshold=1024, object_store_chunk_bytes=40_000)
+    try:
+        client.put_columns(list("abcdef"), {"x": [*values[:2], "small", *values[2:]]})
+        refs = {row["key"]: row["fields"]["x"] for row in client._call("state_dict")["rows"]}
+        assert refs["c"] == "small"
+        # Two values fit under the 40 kB cap: objects {a, b}, {d, e}, then f alone (no index).
+        assert [(refs[k].ref == refs["a"].ref, refs[k].index) for k in "ab"] == [(True, 0), (True, 1)]
+        assert [(refs[k].ref == refs["d"].ref, refs[k].index) for k in "de"] == [(True, 0), (True, 1)]
+        assert refs["a"].ref != refs["d"].ref and refs["f"].index is None
+        assert client.metrics()["depth_bytes"] == 5 * values[0].nbytes + len("small")
+        trainer = client.reader("trainer", ["x"], FixedSizeBatcher(3))
+        first = trainer.get(timeout=10)  # rows, not columns: the same objects resolve per row
+        assert first.keys == ["a", "b", "c"]
+        np.testing.assert_array_equal(first.rows[1].fields["x"], values[1])
+        client.save(str(tmp_path / "q.pkl"))  # the snapshot holds each row's own value
+        client.load(str(tmp_path / "q.pkl"))
+        cols = client.reader("reward", ["x"], FixedSizeBatcher(6)).get_columns(timeout=10)
+        for got, want in zip([cols.column("x")[i] for i in (0, 1, 3, 4, 5)], values, strict=True):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        client.shutdown()
+
+
+def test_a_column_object_outlives_its_dead_producer(ray: Any) -> None:
+    client = create_ray_queue("durable-cols", _config(), object_store_threshold=1024)
+    try:
+
+        @ray.remote(num_cpus=0)
+        class OneShot:
+            def produce(self, c: RayQueueClient) -> None:
+                c.put_columns(["a", "b"], {"x": [np.full(5_000, 3, dtype=np.int64), np.full(5_000, 4, dtype=np.int64)]})
+
+        producer = OneShot.remote()
+        ray.get(producer.produce.remote(client), timeout=60)
+        ray.kill(producer)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(producer.produce.remote(client), timeout=60)
+        batch = client.reader("reward", ["x"], FixedSizeBatcher(2)).get_columns(timeout=10)
+        assert [int(v.sum()) for v in batch.column("x")] == [3 * 5_000, 4 * 5_000]
+    finally:
+        client.shutdown()

@@ -35,6 +35,7 @@ from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInp
 __all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
 
 DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
+DEFAULT_OBJECT_STORE_CHUNK_BYTES = 64 * 2**20
 _SMALL_TYPES = frozenset((int, float, bool, str, type(None)))  # never large enough for the object store
 
 
@@ -47,13 +48,29 @@ def _ray() -> Any:
 
 
 class StoreRef:
-    """A field value living in the Ray object store (the queue holds only this reference)."""
+    """A field value living in the Ray object store (the queue holds only this reference).
 
-    __slots__ = ("nbytes", "ref")
+    ``index`` is ``None`` when the object is the value itself, else the value's position in the
+    object, a list of the large values of one ``put_columns`` column (one object, one reference
+    for them all: each reference passed through the actor costs Ray bookkeeping on both sides).
+    Such an object lives until the last row holding it is freed.
+    """
 
-    def __init__(self, ref: Any, nbytes: int) -> None:
+    __slots__ = ("index", "nbytes", "ref")
+
+    def __init__(self, ref: Any, nbytes: int, index: int | None = None) -> None:
         self.ref = ref
         self.nbytes = nbytes  # read by estimate_nbytes, so capacity counts the real payload
+        self.index = index
+
+
+def _resolve(values: list[StoreRef]) -> list[Any]:
+    """The values ``values`` stand for, each object fetched once in one ``ray.get``."""
+    objects: dict[Any, Any] = {}
+    for v in values:
+        objects.setdefault(v.ref, None)
+    fetched = dict(zip(objects, _ray().get(list(objects)), strict=True))
+    return [fetched[v.ref] if v.index is None else fetched[v.ref][v.index] for v in values]
 
 
 @functools.cache
@@ -83,11 +100,13 @@ def _actor_class() -> Any:
                 await self.adopt_refs([v for fields in fields_list for v in fields.values() if isinstance(v, StoreRef)])
 
         async def adopt_refs(self, refs: list[StoreRef]) -> None:
-            """Re-own these object-store values (see :meth:`adopt`)."""
+            """Re-own these object-store values (see :meth:`adopt`); an object several share, once."""
             if refs:
-                values = await asyncio.gather(*(r.ref for r in refs))
-                for r, value in zip(refs, values, strict=True):
-                    r.ref = ray.put(value)
+                objects = list(dict.fromkeys(r.ref for r in refs))
+                values = await asyncio.gather(*objects)
+                adopted = {old: ray.put(value) for old, value in zip(objects, values, strict=True)}
+                for r in refs:
+                    r.ref = adopted[r.ref]
 
         async def put_many(self, wire: list[tuple[Any, ...]], admitted: bool, timeout: float | None) -> None:
             rows = [RowInput(*item) for item in wire]
@@ -174,7 +193,8 @@ def _actor_class() -> Any:
             for row in state["rows"]:  # snapshots hold values, not object-store references
                 for name, value in row["fields"].items():
                     if isinstance(value, StoreRef):
-                        row["fields"][name] = await value.ref
+                        stored = await value.ref
+                        row["fields"][name] = stored if value.index is None else stored[value.index]
             from relax_queue._snapshot import atomic_write
 
             atomic_write(path, state)
@@ -253,6 +273,7 @@ def create_ray_queue(
     namespace: str | None = None,
     detached: bool = False,
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
+    object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     durable_payloads: bool = True,
 ) -> RayQueueClient:
     """Start the named queue actor (once per cluster) and return a client.
@@ -263,6 +284,8 @@ def create_ray_queue(
         namespace: Ray namespace of the actor (default: the job's).
         detached: keep the actor alive after the creating job exits.
         object_store_threshold: field values of at least this many bytes go through the object store.
+        object_store_chunk_bytes: ``put_columns`` stores consecutive large values of a column as one
+            object of at most this many bytes (one ``ray.put`` and one reference for many rows).
         durable_payloads: the actor adopts object-store values so they outlive their producer
             (one extra copy in the object store); ``False`` trades that safety for speed.
 
@@ -277,15 +300,19 @@ def create_ray_queue(
         options["lifetime"] = "detached"
     actor = _actor_class().options(**options).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
-    return RayQueueClient(actor, name, namespace, object_store_threshold)
+    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes)
 
 
 def connect(
-    name: str, *, namespace: str | None = None, object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
+    name: str,
+    *,
+    namespace: str | None = None,
+    object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
+    object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
 ) -> RayQueueClient:
     """A client of the queue actor ``name`` (raises ``ValueError`` when there is none)."""
     actor = _ray().get_actor(name, namespace=namespace)
-    return RayQueueClient(actor, name, namespace, object_store_threshold)
+    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes)
 
 
 @dataclass
@@ -299,6 +326,7 @@ class RayQueueClient:
     name: str
     namespace: str | None = None
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
+    object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return _unwrap(self.actor.call.remote(method, *args, **kwargs))
@@ -365,15 +393,38 @@ class RayQueueClient:
         _unwrap(self.actor.put_columns.remote(cols.keys, wire, options))
 
     def _offload_column(self, column: list[Any]) -> list[Any]:
+        """``column`` with its large values in the object store and a :class:`StoreRef` in each one's place.
+
+        Consecutive large values share one object (a list) of at most ``object_store_chunk_bytes``:
+        one ``ray.put`` and one reference for many rows (each costs Ray bookkeeping in the producer,
+        the actor and the consumer). The cap bounds what a consumer of one row of a chunk fetches
+        and how long memory of consumed rows stays held by a chunk's unconsumed rows.
+        """
         if not _may_hold_refs(column):
             return column
-        out = column
-        for i, value in enumerate(column):
-            size = estimate_nbytes(value)
-            if size >= self.object_store_threshold:
-                if out is column:
-                    out = list(column)
-                out[i] = StoreRef(_ray().put(value), size)
+        threshold, cap = self.object_store_threshold, self.object_store_chunk_bytes
+        chunks: list[list[tuple[int, int]]] = []
+        chunk_bytes = 0
+        for i, size in enumerate(map(estimate_nbytes, column)):
+            if size < threshold:
+                continue
+            if not chunks or chunk_bytes + size > cap:
+                chunks.append([])
+                chunk_bytes = 0
+            chunks[-1].append((i, size))
+            chunk_bytes += size
+        if not chunks:
+            return column
+        out = list(column)
+        put = _ray().put
+        for chunk in chunks:
+            if len(chunk) == 1:
+                i, size = chunk[0]
+                out[i] = StoreRef(put(column[i]), size)
+                continue
+            ref = put([column[i] for i, _ in chunk])
+            for position, (i, size) in enumerate(chunk):
+                out[i] = StoreRef(ref, size, position)
         return out
 
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
@@ -417,11 +468,10 @@ class RayQueueClient:
         )
         batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
         slots = [
-            (row.fields, name, v.ref) for row in batch.rows for name, v in row.fields.items() if isinstance(v, StoreRef)
+            (row.fields, name, v) for row in batch.rows for name, v in row.fields.items() if isinstance(v, StoreRef)
         ]
         if slots:
-            values = _ray().get([ref for _, _, ref in slots])
-            for (row_fields, name, _), value in zip(slots, values, strict=True):
+            for (row_fields, name, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
                 row_fields[name] = value
         return batch
 
@@ -447,15 +497,14 @@ class RayQueueClient:
         n_rows = len(wire[2])
         batch = ColumnBatch(*wire[:4], *(_unpack(column, n_rows) for column in wire[4:12]), *wire[12:])
         slots = [
-            (column, i, value.ref)
+            (column, i, value)
             for column in batch.columns.values()
             if _may_hold_refs(column)
             for i, value in enumerate(column)
             if isinstance(value, StoreRef)
         ]
         if slots:
-            values = _ray().get([ref for _, _, ref in slots])
-            for (column, i, _), value in zip(slots, values, strict=True):
+            for (column, i, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
                 column[i] = value
         return batch
 
