@@ -194,3 +194,29 @@ def test_distinct_prompts_groups_rows_by_object_then_content() -> None:
     assert distinct == [image, text, other] and distinct[0] is image and distinct[2] is other
     assert index.tolist() == [0, 1, 0, 0, 2, 1]
     assert image.fingerprint() == copy.fingerprint() != other.fingerprint()
+
+
+@pytest.mark.parametrize("modality", ["text", "image", "video", "audio"])
+def test_prompt_pickles_through_numpy_and_comes_back_equal_and_writable(modality: str) -> None:
+    import pickle
+    import warnings
+
+    import ray.cloudpickle as cloudpickle
+
+    from relax_services.models.inputs import _prompt_from_arrays
+
+    prompt = synthetic_prompt(modality, [14, 15], torch.Generator().manual_seed(3))
+    assert prompt.__reduce_ex__(5)[0] is _prompt_from_arrays  # not torch.save per tensor
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. torch's warning about non-writable numpy memory
+            back = pickle.loads(dumps(prompt))
+        assert back.fingerprint() == prompt.fingerprint()
+        for name, value in {"input_ids": prompt.input_ids, **prompt.media()}.items():
+            got = getattr(back, name)
+            assert got.dtype == value.dtype and torch.equal(got, value)
+            got.add_(0)  # owns writable memory
+        assert back.media().keys() == prompt.media().keys()
+    grad = OmniPrompt(input_ids=prompt.input_ids, **prompt.media())
+    object.__setattr__(grad, "input_ids", grad.input_ids.float().requires_grad_())
+    assert pickle.loads(pickle.dumps(grad)).input_ids.requires_grad  # the default pickling, unchanged

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, SupportsIndex
 
+import numpy as np
 import torch
 
 from relax_services.models import _vocab
@@ -106,6 +108,37 @@ class OmniPrompt:
     def fingerprint(self) -> bytes:
         """A content digest: equal for prompts with equal ids and media (dtype, shape and values)."""
         return tensors_digest({"input_ids": self.input_ids, **self.media()})
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        """Pickled as numpy arrays, when every tensor is a plain CPU one.
+
+        Prompts cross processes at every queue hop. A tensor pickles through ``torch.save`` of its
+        storage (≈ 170 µs out and 190 µs back for a prompt with one 56×56 image); numpy arrays take
+        ≈ 14 µs and travel as out-of-band buffers. Anything else (a GPU tensor, one that requires
+        grad) falls back to the default pickling.
+        """
+        values = [getattr(self, name) for name in _PROMPT_FIELDS]
+        if all(t is None or _numpy_ready(t) for t in values):
+            return _prompt_from_arrays, (tuple(None if t is None else t.numpy() for t in values),)
+        return super().__reduce_ex__(protocol)
+
+
+_PROMPT_FIELDS = ("input_ids", *_MEDIA_FIELDS)
+_NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool))
+
+
+def _numpy_ready(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and not t.requires_grad and t.dtype in _NUMPY_DTYPES and t.layout == torch.strided
+
+
+def _prompt_from_arrays(arrays: tuple[np.ndarray | None, ...]) -> OmniPrompt:
+    """The prompt :meth:`OmniPrompt.__reduce_ex__` pickled (its checks passed when it was built)."""
+    prompt = object.__new__(OmniPrompt)
+    for name, a in zip(_PROMPT_FIELDS, arrays, strict=True):
+        # Arrays unpickled from a message or the object store may be read-only; tensors must own writable memory.
+        value = None if a is None else torch.from_numpy(a if a.flags.writeable else a.copy())
+        object.__setattr__(prompt, name, value)
+    return prompt
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> bytes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from relax_queue import FixedSizeBatcher, QueueTimeoutError
 from relax_services._policy import build_train_engine
 from relax_services.config import RunConfig
@@ -15,7 +17,8 @@ __all__ = ["ReferenceService"]
 
 class ReferenceService(ServiceBase):
     """Reads ``prompt`` + ``response``, writes ``ref_logprobs`` (one float per response token) and, for the
-    full-vocabulary KL (``algorithm.kl_estimator='full'``), ``ref_dist`` (``[L, V]`` log-probs per row)."""
+    full-vocabulary KL (``algorithm.kl_estimator='full'``), ``ref_dist`` (``[L, V]`` float32 log-probs per row,
+    a numpy array)."""
 
     def __init__(
         self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 128, *, health: Any = None
@@ -43,7 +46,8 @@ class ReferenceService(ServiceBase):
             updates[key] = {"ref_logprobs": scores.logprobs[i, : len(resp)].tolist()}
             if self.full_dist:
                 assert scores.dist is not None, "a policy engine scores whole distributions"
-                updates[key]["ref_dist"] = scores.dist[i, : len(resp)].clone()  # [L, V]
+                # [L, V] as numpy: it pickles ~4x faster than a tensor at every queue hop
+                updates[key]["ref_dist"] = scores.dist[i, : len(resp)].to("cpu", torch.float32).numpy().copy()
 
         self.queue.add_fields_many(updates)
         self.ack(self.reader, batch)

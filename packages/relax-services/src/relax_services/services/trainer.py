@@ -8,6 +8,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+import numpy as np
 import torch
 
 from relax_core import compute_advantages, compute_policy_loss, value_loss
@@ -106,7 +107,8 @@ def build_train_samples(
         if ref is not None:
             fields["ref_logprobs"] = ref[i, :n]
         if "ref_dist" in row:
-            fields["ref_dist"] = torch.as_tensor(row["ref_dist"], dtype=torch.float32)  # [n, V]
+            # [n, V]; a numpy array from the queue (maybe read-only): copied into a tensor of its own
+            fields["ref_dist"] = torch.from_numpy(np.array(row["ref_dist"], dtype=np.float32))
         if proximal_logprobs is not None:
             fields["proximal_logprobs"] = proximal_logprobs[i, :n]
         if values is not None and estimate.returns is not None:
