@@ -56,6 +56,7 @@ class RunResult:
     service_pids: dict[str, int] = field(default_factory=dict)
     service_nodes: dict[str, str] = field(default_factory=dict)
     skipped_media: dict[str, dict[str, int]] = field(default_factory=dict)
+    final_version: int | None = None  # policy version whose held-out reward final_eval is
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -176,7 +177,7 @@ class Controller:
                         break
                     except GlobalRestartNeeded as exc:
                         self._global_restart(str(exc))
-            final = self._final_eval()
+            final, final_version = self._final_eval()
             self.feeder.stop()  # nothing new is generated after the final checkpoint: its ledger is the run's
             try:
                 self._checkpoint()  # graceful end (and SIGINT/SIGTERM): the run can be resumed from here
@@ -202,6 +203,7 @@ class Controller:
             wall_s=wall,
             stop_reason=self._stop_reason or "finished",
             final_eval=final,
+            final_version=final_version,
             chance=self.data.chance,
             ledger=ledger,
             health_events=self.health.events,
@@ -333,7 +335,8 @@ class Controller:
             elif cfg.trainer.max_minutes is not None and now > 60 * cfg.trainer.max_minutes:
                 self.request_stop("time limit reached")
             elif self._target_reached():
-                self.request_stop(f"held-out reward >= {cfg.trainer.target_reward} on every task")
+                target = cfg.trainer.target_reward
+                self.request_stop(f"held-out reward >= {target} on every task (weights of version {self.eval_version})")
             if now - last_report >= cfg.run.report_every_s or self._stop_reason is not None:
                 last_report = now
                 progress.update(self._progress_state(now))
@@ -407,16 +410,17 @@ class Controller:
 
         return int(self.pipeline.sample_queue.ready("trainer", trainer_fields(self.cfg)))
 
-    def _final_eval(self) -> dict[str, float]:
+    def _final_eval(self) -> tuple[dict[str, float], int | None]:
+        """The held-out reward of the final weights and their version (the last evaluation if the evaluator is down)."""
         import ray
 
         spec = self.pipeline.services["eval"]
         try:
             version, rewards = ray.get(spec.handle.evaluate_latest.remote(), timeout=300)
         except Exception:  # the evaluator is down: report the last evaluation it made
-            return dict(self.latest_eval)
+            return dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
-        return dict(rewards)
+        return dict(rewards), int(version)
 
 
 def _to_prompt(item: Any) -> Any:

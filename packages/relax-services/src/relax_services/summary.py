@@ -12,7 +12,8 @@ def format_summary(result: Any) -> str:
         f"relax train finished: {result.stop_reason} after {result.steps} updates in {result.wall_s:.0f}s "
         f"({result.samples} samples, {result.samples / max(result.wall_s, 1e-9):.0f} samples/s)",
         "",
-        f"{'task':<12} {'held-out reward':>16} {'chance':>8} {'reached 0.8 at':>15}",
+        f"{'task':<12} {'held-out reward':>16} {'chance':>8} {'reached 0.8 at':>15}"
+        + ("" if result.final_version is None else f"   (reward: final weights, version {result.final_version})"),
     ]
     for task in sorted(result.chance):
         value = result.final_eval.get(task, float("nan"))

@@ -1,0 +1,32 @@
+"""The end-of-run summary says which weights its reward table scores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relax_services.controller import RunResult
+from relax_services.summary import format_summary
+
+
+def _result(final_version: int | None) -> RunResult:
+    return RunResult(
+        run_dir=Path("run"),
+        steps=543,
+        wall_s=226.0,
+        stop_reason="held-out reward >= 0.9 on every task (weights of version 540)",
+        final_eval={"text": 0.875, "image": 1.0},
+        chance={"text": 0.1, "image": 0.5},
+        ledger={"generated": 10, "lost": 0},
+        samples=1000,
+        first_step_reaching={"image": 107.0},
+        final_version=final_version,
+    )
+
+
+def test_summary_names_the_stop_evaluation_and_the_final_weights() -> None:
+    lines = format_summary(_result(543)).splitlines()
+    assert lines[0].startswith("relax train finished: held-out reward >= 0.9 on every task (weights of version 540)")
+    assert lines[2].endswith("(reward: final weights, version 543)")
+    assert lines[3].split() == ["image", "1.000", "0.500", "107s"]
+    assert lines[4].split() == ["text", "0.875", "0.100", "-"]
+    assert "version" not in format_summary(_result(None)).splitlines()[2]  # no evaluation to name
