@@ -63,14 +63,16 @@ class StoreRef:
         self.nbytes = nbytes  # read by estimate_nbytes, so capacity counts the real payload
         self.index = index
 
+    def pick(self, stored: Any) -> Any:
+        """This value, out of ``stored``: the object its reference names, fetched."""
+        return stored if self.index is None else stored[self.index]
+
 
 def _resolve(values: list[StoreRef]) -> list[Any]:
     """The values ``values`` stand for, each object fetched once in one ``ray.get``."""
-    objects: dict[Any, Any] = {}
-    for v in values:
-        objects.setdefault(v.ref, None)
-    fetched = dict(zip(objects, _ray().get(list(objects)), strict=True))
-    return [fetched[v.ref] if v.index is None else fetched[v.ref][v.index] for v in values]
+    objects = list(dict.fromkeys(v.ref for v in values))
+    fetched = dict(zip(objects, _ray().get(objects), strict=True))
+    return [v.pick(fetched[v.ref]) for v in values]
 
 
 @functools.cache
@@ -193,8 +195,7 @@ def _actor_class() -> Any:
             for row in state["rows"]:  # snapshots hold values, not object-store references
                 for name, value in row["fields"].items():
                     if isinstance(value, StoreRef):
-                        stored = await value.ref
-                        row["fields"][name] = stored if value.index is None else stored[value.index]
+                        row["fields"][name] = value.pick(await value.ref)
             from relax_queue._snapshot import atomic_write
 
             atomic_write(path, state)
