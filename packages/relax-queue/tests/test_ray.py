@@ -83,22 +83,27 @@ def test_save_load_inlines_object_store_values(ray: Any, tmp_path: Any) -> None:
         client.shutdown()
 
 
+def _produce_then_die(ray: Any, client: RayQueueClient, produce: Any) -> None:
+    """Run ``produce(client)`` in an actor (which owns its ray.put objects), then kill it and wait until it is gone."""
+
+    @ray.remote(num_cpus=0)
+    class OneShot:
+        def produce(self, c: RayQueueClient) -> None:
+            produce(c)
+
+    producer = OneShot.remote()
+    ray.get(producer.produce.remote(client), timeout=60)
+    ray.kill(producer)
+    with pytest.raises(ray.exceptions.RayActorError):  # returns once the process is gone
+        ray.get(producer.produce.remote(client), timeout=60)
+
+
 def test_large_values_outlive_their_producer(ray: Any) -> None:
     # Without adoption (durable_payloads=False) Ray frees a dead owner's objects asynchronously, so
     # that read fails only most of the time; the durable read below must succeed every time.
     client = create_ray_queue("durable", _config(), object_store_threshold=1024)
     try:
-
-        @ray.remote(num_cpus=0)
-        class OneShot:
-            def produce(self, c: RayQueueClient) -> None:
-                c.put("k", {"x": np.full(50_000, 7, dtype=np.int64)})
-
-        producer = OneShot.remote()
-        ray.get(producer.produce.remote(client), timeout=60)  # the producer owns its ray.put object
-        ray.kill(producer)
-        with pytest.raises(ray.exceptions.RayActorError):  # returns once the process is gone
-            ray.get(producer.produce.remote(client), timeout=60)
+        _produce_then_die(ray, client, lambda c: c.put("k", {"x": np.full(50_000, 7, dtype=np.int64)}))
         batch = client.reader("reward", ["x"]).get(1, timeout=10)
         assert int(batch.rows[0].fields["x"].sum()) == 7 * 50_000
     finally:
@@ -290,17 +295,8 @@ def test_large_values_of_a_column_share_objects_up_to_the_chunk_cap(ray: Any, tm
 def test_a_column_object_outlives_its_dead_producer(ray: Any) -> None:
     client = create_ray_queue("durable-cols", _config(), object_store_threshold=1024)
     try:
-
-        @ray.remote(num_cpus=0)
-        class OneShot:
-            def produce(self, c: RayQueueClient) -> None:
-                c.put_columns(["a", "b"], {"x": [np.full(5_000, 3, dtype=np.int64), np.full(5_000, 4, dtype=np.int64)]})
-
-        producer = OneShot.remote()
-        ray.get(producer.produce.remote(client), timeout=60)
-        ray.kill(producer)
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(producer.produce.remote(client), timeout=60)
+        values = [np.full(5_000, 3, dtype=np.int64), np.full(5_000, 4, dtype=np.int64)]
+        _produce_then_die(ray, client, lambda c: c.put_columns(["a", "b"], {"x": values}))
         batch = client.reader("reward", ["x"], FixedSizeBatcher(2)).get_columns(timeout=10)
         assert [int(v.sum()) for v in batch.column("x")] == [3 * 5_000, 4 * 5_000]
     finally:
