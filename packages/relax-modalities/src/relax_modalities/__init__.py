@@ -32,13 +32,14 @@ from relax_modalities._loader import LoaderStats, OmniLoader, ProcessedSample, b
 from relax_modalities._mel import (
     AudioFeatures,
     FeatureChunk,
-    StreamingLogMel,
     audio_token_count,
     chunk_features,
     log_mel,
     mel_filter_bank,
+    min_audio_samples,
     num_feature_frames,
 )
+from relax_modalities._mel_stream import StreamingLogMel, log_mel_stream
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
 from relax_modalities._sample import ProcessorSettings, SampleProcessor, audio_in_video_chunks, process_sample
 from relax_modalities._video import (
@@ -77,7 +78,9 @@ __all__ += [  # audio
     "iter_audio_blocks",
     "load_audio",
     "log_mel",
+    "log_mel_stream",
     "mel_filter_bank",
+    "min_audio_samples",
     "num_feature_frames",
     "resample",
 ]
