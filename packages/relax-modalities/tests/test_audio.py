@@ -247,14 +247,14 @@ def test_a_float_wav_with_nan_or_inf_is_a_media_error(tmp_path: Path, bad: float
     x[12345] = bad
     path = tmp_path / "bad.wav"
     sf.write(path, x, 16000, subtype="FLOAT")
-    with pytest.raises(MediaError, match="non-finite sample .* at frame 12345") as info:
+    with pytest.raises(MediaError, match=r"non-finite sample .* at frame 12345") as info:
         load_audio(path)
     assert info.value.path == str(path) and info.value.modality == "audio"
     item = {"prompt": "pitch? l h", "media": [{"modality": "audio", "path": str(path)}]}
     with pytest.raises(MediaError, match="non-finite"):
         process_sample(item, TinyTokenizer())
     # In memory the same samples are a ValueError, whole or streamed.
-    with pytest.raises(ValueError, match="non-finite sample .* at sample 12345"):
+    with pytest.raises(ValueError, match=r"non-finite sample .* at sample 12345"):
         log_mel(x)
     with pytest.raises(ValueError, match="at sample 12345"):
         log_mel_stream([x[:10000], x[10000:]])

@@ -158,7 +158,9 @@ def resample(waveform: np.ndarray, orig_rate: int, target_rate: int) -> np.ndarr
     return out
 
 
-def open_audio_track(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> Iterator[np.ndarray] | None:
+def open_audio_track(
+    path: str | os.PathLike[str], settings: AudioSettings | None = None
+) -> Iterator[np.ndarray] | None:
     """The first audio stream of a container (e.g. an MP4) as mono float32 blocks at the target rate (PyAV).
 
     The container is opened now; blocks (one per decoded frame, resampled with a soxr stream) are

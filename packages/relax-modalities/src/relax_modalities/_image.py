@@ -184,7 +184,9 @@ def _open_checked(p: Path, fp: BinaryIO, settings: ImageSettings) -> Image.Image
         )
     if max(w, h) > MAX_ASPECT_RATIO * min(w, h):  # known from the header: reject before decoding
         raise MediaError(
-            p, "image", f"aspect ratio too large: {w}x{h} is {max(w, h) / min(w, h):.0f}:1, at most {MAX_ASPECT_RATIO}:1"
+            p,
+            "image",
+            f"aspect ratio too large: {w}x{h} is {max(w, h) / min(w, h):.0f}:1, at most {MAX_ASPECT_RATIO}:1",
         )
     return img
 
