@@ -114,7 +114,7 @@ class _FrameSink:
     """
 
     def __init__(self, num_mels: int, capacity: int) -> None:
-        self._out = torch.empty(num_mels, capacity) if capacity > 0 else None
+        self._out = torch.empty(num_mels, capacity, dtype=torch.float32) if capacity > 0 else None
         self._filled = 0
         self._extra: list[torch.Tensor] = []
         self.ceiling = -np.inf
