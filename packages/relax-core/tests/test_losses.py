@@ -387,3 +387,63 @@ def test_token_logprobs_matches_log_softmax_gather() -> None:
         dtype=torch.float32,
     )
     torch.testing.assert_close(rc.token_logprobs(logits, ids), expected)
+
+
+def test_seq_mean_token_sum_leaves_out_sequences_with_no_valid_token() -> None:
+    # Row 0 sums to 1 + 2 + 3 = 6; row 1 has no valid token, so the mean over sequences is 6 / 1.
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 1], [0, 0, 0]])
+    assert rc.aggregate_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(6.0)
+    # Nothing valid at all: zero, not NaN.
+    assert rc.aggregate_loss(loss, torch.zeros(2, 3), "seq-mean-token-sum").item() == 0.0
+
+
+def test_sequence_rejected_by_masked_is_does_not_shrink_seq_mean_token_sum() -> None:
+    # Two sequences at ratio 1 with advantages 1 (row 0) and 2 (row 1); sequence-level masked IS
+    # rejects row 1 (its behaviour ratio is e^2 > mis_high). Row 0 alone: loss −(1 + 1) / 1 = −2,
+    # gradient −1 on each of its tokens (not −1/2, which dividing by both rows would give).
+    logp = torch.zeros(2, 2)
+    behaviour = torch.tensor([[0.0, 0.0], [-2.0, -2.0]])
+    adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    cfg = rc.AlgorithmConfig(decoupled=True, mis_level="sequence", loss_agg_mode="seq-mean-token-sum")
+    loss, grad, diag = _loss_and_grad(cfg, logp, behaviour, adv, torch.ones(2, 2), proximal_logprobs=logp.clone())
+    assert loss.item() == pytest.approx(-2.0)
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, -1.0], [0.0, 0.0]]))
+    assert diag["is_masked_frac"] == 0.5
+
+
+def test_log_ratio_is_clamped_at_plus_minus_20() -> None:
+    # ppo: log r = 100, A = −1 → r = e^20, loss max(e^20, 1.2) = e^20 (finite);
+    # log r = −100, A = 1 → r = e^−20, loss max(−e^−20, −0.8) = −e^−20; neither takes the clipped branch.
+    # sapo: gate σ(τ(e^±20 − 1)) for log r = ±100.
+    log_ratio = torch.tensor([[100.0, -100.0]])
+    adv = torch.tensor([[-1.0, 1.0]])
+    loss, clipped, _ = rc.ppo_clip_loss(log_ratio, adv, 0.2, 0.2)
+    torch.testing.assert_close(loss, torch.tensor([[math.exp(20.0), -math.exp(-20.0)]]))
+    assert clipped.tolist() == [[False, False]]
+    sapo, _ = rc.sapo_loss(log_ratio, adv, tau_pos=1.0, tau_neg=1.05)
+    tau = torch.tensor([[1.05, 1.0]])
+    expected = -(4 / tau) * torch.sigmoid(tau * (torch.exp(torch.tensor([[20.0, -20.0]])) - 1)) * adv
+    torch.testing.assert_close(sapo, expected)
+
+
+@pytest.mark.parametrize("policy_loss", ALL_LOSSES)
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_one_token_with_behaviour_logprob_minus_100_keeps_the_gradient_finite(
+    policy_loss: str, advantage: float, decoupled: bool
+) -> None:
+    # log π_θ ≈ −1 against log μ = −100 on one token: exp(99) overflows float32 without the clamp.
+    logp, old, _, mask = _batch(6)
+    old[1, 2] = -100.0
+    adv = torch.full_like(logp, advantage)
+    cfg = rc.AlgorithmConfig(policy_loss=policy_loss, decoupled=decoupled, dual_clip_c=None)
+    prox = {"proximal_logprobs": old.clone()} if decoupled else {}
+    loss, grad, diag = _loss_and_grad(cfg, logp, old, adv, mask, **prox)
+    assert torch.isfinite(loss)
+    assert torch.all(torch.isfinite(grad))
+    assert all(math.isfinite(v) for v in diag.values())
+    # The other tokens still learn: at ratio ≈ 1 each gets about −A / N.
+    others = mask.bool().clone()
+    others[1, 2] = False
+    assert grad[others].abs().sum() > 0

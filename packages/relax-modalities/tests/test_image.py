@@ -15,8 +15,10 @@ from relax_modalities import (
     load_image,
     preprocess_image,
     probe_image_size,
+    process_sample,
     smart_resize,
 )
+from relax_modalities.text import TinyTokenizer
 
 
 def _reference(**kwargs: int):  # type: ignore[no-untyped-def]
@@ -156,3 +158,42 @@ def test_pillow_sized_bombs_are_media_errors(tmp_path: Path, side: int) -> None:
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # as in production: our own limit
         with pytest.raises(MediaError, match="decompression bomb"):
             probe_image_size(path)
+
+
+@pytest.mark.parametrize("size", [(4000, 1), (1, 4000), (201, 1)])
+def test_extreme_aspect_ratio_is_a_media_error_naming_the_file(tmp_path: Path, size: tuple[int, int]) -> None:
+    # Qwen2-VL's encoder takes at most 200:1; a 1x4000 image used to escape as a plain ValueError.
+    path = tmp_path / "strip.png"
+    Image.new("RGB", size, (10, 20, 30)).save(path)
+    for call in (load_image, probe_image_size):
+        with pytest.raises(MediaError, match="aspect ratio too large") as info:
+            call(path)
+        assert info.value.path == str(path) and info.value.modality == "image"
+    item = {"prompt": "which colour? r g", "media": [{"modality": "image", "path": str(path)}]}
+    with pytest.raises(MediaError, match="aspect ratio") as info:
+        process_sample(item, TinyTokenizer())
+    assert info.value.path == str(path)
+
+
+def test_aspect_ratio_200_is_still_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "ok.png"
+    Image.new("RGB", (200, 1), (10, 20, 30)).save(path)
+    assert preprocess_image(load_image(path)).num_tokens >= 1
+
+
+@pytest.mark.parametrize("width", [256, 4096])
+def test_16_bit_grey_png_keeps_its_gradient_in_8_bits(tmp_path: Path, width: int) -> None:
+    # A 16-bit ramp over the full range; in 8 bits it must be the same ramp, v / 257 rounded
+    # (65535 / 255 = 257 exactly), not Pillow's clipped conversion (every value above 255 → white).
+    ramp = np.round(np.linspace(0, 65535, width)).astype(np.uint16)
+    wide = np.tile(ramp, (32, 1))
+    path = tmp_path / "ramp16.png"
+    Image.fromarray(wide).save(path)
+    with Image.open(path) as raw:
+        assert raw.mode == "I;16"  # what the file holds, as Pillow reads it
+    rgb = np.asarray(load_image(path))
+    expected = np.round(ramp.astype(np.float64) / 257.0).astype(np.uint8)
+    assert rgb.shape == (32, width, 3)
+    for channel in range(3):
+        np.testing.assert_array_equal(rgb[:, :, channel], np.tile(expected, (32, 1)))
+    assert rgb[0, 0, 0] == 0 and rgb[0, -1, 0] == 255 and (rgb[0, :, 0] == 255).mean() < 0.01

@@ -185,3 +185,34 @@ def test_close_stops_the_threads_and_a_new_pass_starts_afresh(synthetic_manifest
     assert threading.active_count() == before
     everything = _ids(loader)
     assert set(first) <= set(everything) and len(everything) == len(set(everything))
+
+
+class _FailingTokenizer(TinyTokenizer):
+    """Raises a plain RuntimeError (not a MediaError) for one prompt: a failure that is not a file's."""
+
+    def encode(self, text: str) -> list[int]:
+        if "boom" in text:
+            raise RuntimeError("tokenizer broke on this prompt")
+        return super().encode(text)
+
+
+# Same torchdata finaliser as above (GC timing only), should it run on a worker thread.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_any_failure_of_one_item_is_skipped_and_counted(synthetic_manifest: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    items = read_manifest(synthetic_manifest)
+    strip = tmp_path / "strip.png"
+    Image.new("RGB", (4000, 1), (200, 0, 0)).save(strip)  # 4000:1, over the encoder's 200:1
+    bad = [
+        TaskItem("bad-strip", "image", "which colour? r g", (MediaRef("image", str(strip)),), "r", ("r", "g"), 0.5),
+        TaskItem("bad-boom", "text", "boom", (), "0"),
+    ]
+    manifest = write_manifest([*items[:3], *bad, *items[3:]], tmp_path / "manifest.jsonl")
+    loader = build_loader(manifest, _FailingTokenizer(), shuffle=False, num_workers=2)
+    seen = _ids(loader)
+    assert seen == [i.id for i in items]  # every good item, in order, after both failures
+    assert loader.stats.skipped == 2
+    assert loader.stats.by_reason == {"image: aspect ratio too large": 1, "item: RuntimeError": 1}
+    assert any(e.startswith("bad-strip: ") and "strip.png" in e for e in loader.stats.last_errors)
+    assert any(e == "bad-boom: RuntimeError: tokenizer broke on this prompt" for e in loader.stats.last_errors)

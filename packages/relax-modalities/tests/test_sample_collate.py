@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from relax_modalities import (
+    MediaError,
     ProcessorSettings,
     SampleProcessor,
     VideoSettings,
@@ -151,3 +152,21 @@ def test_audio_in_video_layout_runs_through_the_thinker(tmp_path: Path, tiny_thi
     with torch.no_grad():
         out = tiny_thinker(**inputs, use_audio_in_video=True)
     assert torch.isfinite(out.logits).all()
+
+
+def test_an_unexpected_error_on_one_file_is_a_media_error_naming_it(
+    tmp_path: Path, synthetic_items: list[TaskItem], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fault injection: whatever a decoder raises for one file (here a ZeroDivisionError from the image
+    # step) reaches the caller as that file's MediaError, with the original as its cause.
+    import relax_modalities._sample as sample_module
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    item = next(it for it in synthetic_items if it.task == "image")
+    monkeypatch.setattr(sample_module, "preprocess_image", broken)
+    with pytest.raises(MediaError, match="ZeroDivisionError: division by zero") as info:
+        process_sample(item, TinyTokenizer())
+    assert info.value.path == item.media[0].path and info.value.modality == "image"
+    assert isinstance(info.value.__cause__, ZeroDivisionError)

@@ -8,7 +8,14 @@ from torch import Tensor
 from relax_core._configs import AlgorithmConfig
 from relax_core._kl import kl_estimate, kl_full
 from relax_core._masked import aggregate_loss, masked_mean
-from relax_core._policy_losses import cispo_loss, gspo_log_ratio, importance_weights, ppo_clip_loss, sapo_loss
+from relax_core._policy_losses import (
+    LOG_RATIO_BOUND,
+    cispo_loss,
+    gspo_log_ratio,
+    importance_weights,
+    ppo_clip_loss,
+    sapo_loss,
+)
 
 __all__ = ["compute_policy_loss"]
 
@@ -51,7 +58,11 @@ def compute_policy_loss(
 
     The clip is taken around the proximal policy when ``cfg.decoupled`` (decoupled PPO, Hilton et
     al. 2022), else around ``old_logprobs``. Off-policy weights (TIS cap, masked IS) come from
-    π_prox/π_behaviour. Tokens rejected by masked IS leave the loss mask (and its normaliser).
+    π_prox/π_behaviour. Tokens rejected by masked IS leave the loss mask and so the normaliser of
+    every data-dependent aggregation (token-mean counts tokens; seq-mean-token-mean and
+    seq-mean-token-sum count sequences with a kept token); seq-mean-token-sum-norm divides by the
+    constant B · C by definition. Log-ratios are clamped to ±`LOG_RATIO_BOUND` (20) before ``exp``,
+    so one token with a far-off behaviour log-prob cannot make the gradient NaN.
 
     Args:
         cfg: Algorithm settings (policy_loss, clip ranges, aggregation, KL, entropy, corrections).
@@ -114,7 +125,7 @@ def compute_policy_loss(
         per_token = per_token * iw.weights
         loss_mask = iw.keep
         with torch.no_grad():
-            log_w = torch.where(mask_b, proximal_logprobs - old_logprobs, zero)
+            log_w = torch.where(mask_b, proximal_logprobs - old_logprobs, zero).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
             diagnostics.update(
                 is_weight_mean=float(masked_mean(iw.weights, mask_b).item()),
                 is_weight_min=float(torch.where(mask_b, iw.raw, torch.inf).min().item()) if mask_b.any() else 1.0,
@@ -148,7 +159,8 @@ def compute_policy_loss(
         diagnostics["entropy"] = float(entropy_value.item())
 
     with torch.no_grad():
-        lr_det = log_ratio.detach()
+        # The clamped log-ratio the surrogates used, so one far-off token cannot make these inf.
+        lr_det = log_ratio.detach().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         diagnostics.update(
             policy_loss=float(policy_loss.item()),
             clip_frac=float(masked_mean(clipped.float(), mask_b).item()),

@@ -67,7 +67,9 @@ def aggregate_loss(
         ``token-mean``: Σ_{b,t} m·ℓ / Σ m — every token weighs the same (DAPO, Yu et al. 2025, eq. 8).
         ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (GRPO, Shao et al.
         2024, eq. 3). Sequences with no valid token are left out.
-        ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
+        ``seq-mean-token-sum``: mean over sequences of each sequence's token sum. Sequences with no valid
+        token are left out (as in ``seq-mean-token-mean``), so a sequence rejected by masked IS does not
+        shrink the loss and its gradient by kept / B.
         ``seq-mean-token-sum-norm``: Σ_{b,t} m·ℓ / (B · C) with a constant C (Dr.GRPO, Liu et al. 2025),
         C = ``norm_constant`` or the padded width T.
     """
@@ -78,7 +80,8 @@ def aggregate_loss(
         has_tokens = mask.bool().any(dim=-1)  # [B]
         return masked_mean(per_seq, has_tokens)
     if mode == "seq-mean-token-sum":
-        return masked_sum(loss, mask, dim=-1).mean()
+        per_seq = masked_sum(loss, mask, dim=-1)  # [B]
+        return masked_mean(per_seq, mask.bool().any(dim=-1))
     if mode == "seq-mean-token-sum-norm":
         constant = float(norm_constant) if norm_constant is not None else float(loss.shape[-1])
         return masked_sum(loss, mask) / (loss.shape[0] * constant)

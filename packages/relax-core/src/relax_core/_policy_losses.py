@@ -4,6 +4,11 @@ Every surrogate takes the log-ratio log π_θ − log π_anchor ``[B, T]`` (the 
 policy in decoupled PPO, else the behaviour policy) and advantages ``[B, T]``, and returns the
 per-token loss to minimise plus a bool ``[B, T]`` marking tokens where its clip (or gate) is active.
 Masking and aggregation happen in :func:`~relax_core.compute_policy_loss`.
+
+Every ratio is ``exp`` of a log-ratio clamped to ``±LOG_RATIO_BOUND`` (20, as verl and OpenRLHF do):
+one token whose behaviour log-prob is −100 would otherwise give exp(99) = inf in float32, and the
+backward pass multiplies that inf by the zero gradient of the branch ``max``/``clamp`` did not take,
+which is NaN for the whole step even though the loss value can stay finite.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch import Tensor
 from relax_core._masked import masked_mean
 
 __all__ = [
+    "LOG_RATIO_BOUND",
     "ImportanceWeights",
     "cispo_loss",
     "gspo_log_ratio",
@@ -24,6 +30,14 @@ __all__ = [
     "ppo_clip_loss",
     "sapo_loss",
 ]
+
+LOG_RATIO_BOUND = 20.0
+"""Log-ratios are clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` before ``exp`` (e^20 ≈ 4.9e8)."""
+
+
+def clamped_ratio(log_ratio: Tensor) -> Tensor:
+    """``exp(clamp(log_ratio, ±LOG_RATIO_BOUND))``: finite in float32, zero gradient outside the bound."""
+    return torch.exp(torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
 def ppo_clip_loss(
@@ -37,7 +51,7 @@ def ppo_clip_loss(
     al. 2025, eq. 10) and optional dual clip (Ye et al. 2020, eq. 5).
 
     ℓ_t = −min(r_t A_t, clip(r_t, 1 − ε_low, 1 + ε_high) A_t); with dual clip, for A_t < 0 the loss is
-    further capped at −c · A_t.
+    further capped at −c · A_t. r_t is computed from the log-ratio clamped to ±`LOG_RATIO_BOUND`.
 
     Args:
         log_ratio: log π_θ − log π_anchor ``[B, T]``.
@@ -49,7 +63,7 @@ def ppo_clip_loss(
         ``(loss, clipped, dual_clipped)``: per-token loss ``[B, T]``; bool ``[B, T]`` where the clipped
         branch is taken; bool ``[B, T]`` where the dual-clip bound is taken.
     """
-    ratio = torch.exp(log_ratio)  # [B, T]
+    ratio = clamped_ratio(log_ratio)  # [B, T]
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -95,7 +109,7 @@ def cispo_loss(
     Returns:
         ``(loss, clipped)``, each ``[B, T]``.
     """
-    ratio = torch.exp(log_ratio.detach())
+    ratio = clamped_ratio(log_ratio.detach())
     weight = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     loss = -weight * advantages * torch.exp(log_ratio - log_ratio.detach())
     return loss, weight != ratio
@@ -106,13 +120,14 @@ def sapo_loss(log_ratio: Tensor, advantages: Tensor, tau_pos: float, tau_neg: fl
 
     J = f(r) · A with f(r) = (4/τ) · σ(τ (r − 1)); τ = τ_pos for A > 0 and τ_neg otherwise. The
     gradient weight 4 σ(1 − σ) is 1 at r = 1 and decays smoothly away from it, instead of a hard clip.
+    r is computed from the log-ratio clamped to ±`LOG_RATIO_BOUND`.
 
     Returns:
         ``(loss, gated)``: per-token loss ``[B, T]``; bool ``[B, T]`` where the gradient weight is
         below one half (the soft analogue of "clipped").
     """
     tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
-    gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0))  # [B, T]
+    gate = torch.sigmoid(tau * (clamped_ratio(log_ratio) - 1.0))  # [B, T]
     loss = -(4.0 / tau) * gate * advantages
     with torch.no_grad():
         gated = 4.0 * gate * (1.0 - gate) < 0.5
@@ -165,7 +180,7 @@ def importance_weights(
     with torch.no_grad():
         mask_b = mask.bool()
         log_w = torch.where(mask_b, proximal_logprobs - behaviour_logprobs, torch.zeros_like(proximal_logprobs))
-        raw = torch.exp(torch.clamp(log_w, -20.0, 20.0))  # [B, T]
+        raw = clamped_ratio(log_w)  # [B, T]
         weights = raw if tis_cap is None else torch.clamp(raw, max=tis_cap)
         truncated = mask_b & (raw > tis_cap) if tis_cap is not None else torch.zeros_like(mask_b)
         if mis_level == "token":

@@ -1,10 +1,11 @@
 """relax_modalities: per-modality data paths from file to Qwen2.5-Omni thinker input.
 
 - image: `load_image` → `preprocess_image` (EXIF, RGB, smart resize, normalise, patchify).
-- audio: `iter_audio_blocks` / `load_audio` (bounded-memory reads, mono, soxr) → `log_mel`,
+- audio: `iter_audio_blocks` / `load_audio` (bounded-memory reads, mono, soxr) → `log_mel` (whole
+  clip) or `log_mel_stream` (the same features block by block, what the loader runs),
   `chunk_features`, and `StreamingLogMel` for live PCM.
 - video: `load_video` (decord, fps sampling, token budget, temporal patches, timestamps) and
-  `extract_audio_track` (PyAV).
+  `open_audio_track` / `extract_audio_track` (PyAV).
 - text: `relax_modalities.text` (tiny tokenizer, vocabulary constants, chat builder).
 - samples and batches: `process_sample` → thinker kwargs; `collate` / `pack_batch`;
   `cost_aware_batches`.
@@ -13,7 +14,15 @@
 - synthetic tasks: `relax_modalities.synthetic`.
 """
 
-from relax_modalities._audio_io import AudioSettings, extract_audio_track, iter_audio_blocks, load_audio, resample
+from relax_modalities._audio_io import (
+    AudioSettings,
+    expected_num_samples,
+    extract_audio_track,
+    iter_audio_blocks,
+    load_audio,
+    open_audio_track,
+    resample,
+)
 from relax_modalities._collate import PackedBatch, collate, cost_aware_batches, estimate_cost, pack_batch
 from relax_modalities._errors import MediaError
 from relax_modalities._image import (
@@ -32,13 +41,14 @@ from relax_modalities._loader import LoaderStats, OmniLoader, ProcessedSample, b
 from relax_modalities._mel import (
     AudioFeatures,
     FeatureChunk,
-    StreamingLogMel,
     audio_token_count,
     chunk_features,
     log_mel,
     mel_filter_bank,
+    min_audio_samples,
     num_feature_frames,
 )
+from relax_modalities._mel_stream import StreamingLogMel, log_mel_stream
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
 from relax_modalities._sample import ProcessorSettings, SampleProcessor, audio_in_video_chunks, process_sample
 from relax_modalities._video import (
@@ -73,12 +83,16 @@ __all__ += [  # audio
     "StreamingLogMel",
     "audio_token_count",
     "chunk_features",
+    "expected_num_samples",
     "extract_audio_track",
     "iter_audio_blocks",
     "load_audio",
     "log_mel",
+    "log_mel_stream",
     "mel_filter_bank",
+    "min_audio_samples",
     "num_feature_frames",
+    "open_audio_track",
     "resample",
 ]
 __all__ += [  # video

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -83,6 +85,15 @@ def _open(path: str | os.PathLike[str], settings: AudioSettings) -> sf.SoundFile
     return f
 
 
+def _check_finite_block(path: str | os.PathLike[str], block: np.ndarray, start: int) -> None:
+    # Float WAV/FLAC can store NaN and inf; they would flow into non-finite log-mel features and the
+    # model, so the file is rejected rather than silently repaired (which value would be right?).
+    finite = np.isfinite(block)
+    if not finite.all():
+        frame = start + int(np.argmin(finite.all(axis=1)))
+        raise MediaError(path, "audio", f"non-finite sample (NaN or inf) at frame {frame}")
+
+
 def iter_audio_blocks(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> Iterator[np.ndarray]:
     """Stream a file as mono float32 blocks at ``settings.sampling_rate``.
 
@@ -90,7 +101,8 @@ def iter_audio_blocks(path: str | os.PathLike[str], settings: AudioSettings | No
     length. Blocks may be empty while the resampler fills.
 
     Raises:
-        MediaError: missing, empty, unreadable, truncated or too-long file (possibly mid-stream).
+        MediaError: missing, empty, unreadable, truncated or too-long file, or a float file with a NaN
+            or inf sample (possibly mid-stream, when the block holding it is read).
     """
     settings = settings or AudioSettings()
     f = _open(path, settings)
@@ -104,6 +116,7 @@ def iter_audio_blocks(path: str | os.PathLike[str], settings: AudioSettings | No
                 block = f.read(settings.block_frames, dtype="float32", always_2d=True)  # [n, channels]
                 if len(block) == 0:
                     break
+                _check_finite_block(path, block, read)
                 read += len(block)
                 mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
                 yield stream.resample_chunk(mono, last=False) if stream is not None else np.ascontiguousarray(mono)
@@ -113,6 +126,22 @@ def iter_audio_blocks(path: str | os.PathLike[str], settings: AudioSettings | No
             raise MediaError(path, "audio", f"truncated: read {read} of {f.frames} declared frames")
         if stream is not None:
             yield stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+
+
+def expected_num_samples(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> int:
+    """Samples `iter_audio_blocks` will yield for ``path``, from its header (no sample decoded).
+
+    ``round_half_up(frames · target / rate)``, the length of soxr's stream output (checked against it
+    for 9 rate pairs and 414 lengths); the file's frame count when no resampling is needed.
+
+    Raises:
+        MediaError: as `iter_audio_blocks` for a missing, unreadable or too-long file.
+    """
+    settings = settings or AudioSettings()
+    with _open(path, settings) as f:
+        frames, rate = int(f.frames), int(f.samplerate)
+    target = settings.sampling_rate
+    return frames if rate == target else (2 * frames * target + rate) // (2 * rate)
 
 
 def load_audio(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> np.ndarray:
@@ -129,6 +158,56 @@ def resample(waveform: np.ndarray, orig_rate: int, target_rate: int) -> np.ndarr
     return out
 
 
+def open_audio_track(
+    path: str | os.PathLike[str], settings: AudioSettings | None = None
+) -> Iterator[np.ndarray] | None:
+    """The first audio stream of a container (e.g. an MP4) as mono float32 blocks at the target rate (PyAV).
+
+    The container is opened now; blocks (one per decoded frame, resampled with a soxr stream) are
+    decoded as they are taken, so memory does not grow with the track's length.
+
+    Returns:
+        An iterator of ``[n]`` float32 blocks, or ``None`` when the container has no audio stream.
+
+    Raises:
+        MediaError: unreadable container (here), corrupt audio stream or a NaN or inf sample (while
+            iterating).
+    """
+    import av
+
+    settings = settings or AudioSettings()
+    p = check_readable(path, "audio")
+    try:
+        container = av.open(str(p))
+    except Exception as exc:  # av raises InvalidDataError and friends
+        raise MediaError(p, "audio", f"cannot decode audio track: {exc}") from exc
+    if not container.streams.audio:
+        container.close()
+        return None
+    return _track_blocks(p, container, settings)
+
+
+def _track_blocks(p: Path, container: Any, settings: AudioSettings) -> Iterator[np.ndarray]:
+    with container:
+        try:
+            astream = container.streams.audio[0]
+            rate = astream.codec_context.sample_rate
+            stream = soxr.ResampleStream(rate, settings.sampling_rate, 1, dtype="float32", quality="VHQ")
+            for frame in container.decode(astream):
+                x = frame.to_ndarray().astype(np.float32, copy=False)
+                if not np.isfinite(x).all():
+                    raise MediaError(p, "audio", "non-finite sample (NaN or inf) in the audio track")
+                # Planar formats are [channels, n]; packed ones are [1, n * channels].
+                x = x.mean(axis=0) if frame.format.is_planar else x.reshape(-1, len(frame.layout.channels)).mean(axis=1)
+                yield stream.resample_chunk(x, last=False) if rate != settings.sampling_rate else x
+            if rate != settings.sampling_rate:
+                yield stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        except MediaError:
+            raise
+        except Exception as exc:  # av raises InvalidDataError and friends
+            raise MediaError(p, "audio", f"cannot decode audio track: {exc}") from exc
+
+
 def extract_audio_track(path: str | os.PathLike[str], settings: AudioSettings | None = None) -> np.ndarray | None:
     """Decode the first audio stream of a container (e.g. an MP4) with PyAV, mono at the target rate.
 
@@ -136,29 +215,10 @@ def extract_audio_track(path: str | os.PathLike[str], settings: AudioSettings | 
         ``[n]`` float32, or ``None`` when the container has no audio stream.
 
     Raises:
-        MediaError: unreadable container or corrupt audio stream.
+        MediaError: unreadable container, corrupt audio stream or a NaN or inf sample.
     """
-    import av
-
-    settings = settings or AudioSettings()
-    p = check_readable(path, "audio")
-    try:
-        with av.open(str(p)) as container:
-            if not container.streams.audio:
-                return None
-            astream = container.streams.audio[0]
-            rate = astream.codec_context.sample_rate
-            stream = soxr.ResampleStream(rate, settings.sampling_rate, 1, dtype="float32", quality="VHQ")
-            parts: list[np.ndarray] = []
-            for frame in container.decode(astream):
-                x = frame.to_ndarray().astype(np.float32, copy=False)
-                # Planar formats are [channels, n]; packed ones are [1, n * channels].
-                x = x.mean(axis=0) if frame.format.is_planar else x.reshape(-1, len(frame.layout.channels)).mean(axis=1)
-                parts.append(stream.resample_chunk(x, last=False) if rate != settings.sampling_rate else x)
-            if rate != settings.sampling_rate:
-                parts.append(stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
-    except MediaError:
-        raise
-    except Exception as exc:  # av raises InvalidDataError and friends
-        raise MediaError(p, "audio", f"cannot decode audio track: {exc}") from exc
+    blocks = open_audio_track(path, settings)
+    if blocks is None:
+        return None
+    parts = list(blocks)
     return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, dtype=np.float32)

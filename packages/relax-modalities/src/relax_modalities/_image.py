@@ -25,6 +25,9 @@ OPENAI_CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.2757771
 _EXIF_ORIENTATION = 0x0112
 _SWAPS_AXES = {5, 6, 7, 8}
 
+MAX_ASPECT_RATIO = 200
+"""The vision encoder's limit on long side / short side (Qwen2-VL's ``smart_resize``)."""
+
 THREADED_MIN_PIXELS = 100_000
 """Default `ImageSettings.threaded_min_pixels`."""
 
@@ -121,8 +124,10 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     """
     if min(height, width) < 1:
         raise ValueError(f"image size must be positive, got {height}x{width}")
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be at most 200, got {max(height, width) / min(height, width)}")
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"absolute aspect ratio must be at most {MAX_ASPECT_RATIO}, got {max(height, width) / min(height, width)}"
+        )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
@@ -177,6 +182,12 @@ def _open_checked(p: Path, fp: BinaryIO, settings: ImageSettings) -> Image.Image
             "image",
             f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_decoded_pixels {settings.max_decoded_pixels}",
         )
+    if max(w, h) > MAX_ASPECT_RATIO * min(w, h):  # known from the header: reject before decoding
+        raise MediaError(
+            p,
+            "image",
+            f"aspect ratio too large: {w}x{h} is {max(w, h) / min(w, h):.0f}:1, at most {MAX_ASPECT_RATIO}:1",
+        )
     return img
 
 
@@ -207,10 +218,22 @@ def load_image(path: str | os.PathLike[str], settings: ImageSettings | None = No
             raise MediaError(p, "image", f"decode failed ({type(exc).__name__}: {exc})") from exc
 
 
+_WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
-    """RGB copy of ``img``; transparent pixels are composited over white (as transformers does)."""
+    """RGB copy of ``img``; transparent pixels are composited over white (as transformers does).
+
+    16-bit greyscale (Pillow's ``I;16`` modes, and ``I`` as Pillow opens some 16-bit PNGs) is scaled
+    to 8 bits first, ``round(v · 255 / 65535)``: Pillow's own conversion clips every value above 255
+    to white (a 16-bit PNG came out 99.8 % white). ``I`` values outside [0, 65535] are clipped.
+    """
     if img.mode == "RGB":
         return img
+    if img.mode in _WIDE_GREY_MODES:
+        wide = np.asarray(img, dtype=np.float32)  # [H, W]; 65535 fits float32 exactly
+        grey = np.rint(np.clip(wide, 0.0, 65535.0) * (255.0 / 65535.0)).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

@@ -2,13 +2,15 @@
 
 Graph: ``_ItemSource`` (seeded per-epoch shuffle, state = epoch and position) →
 ``ParallelMapper`` (threads decode and process media, in order, so the sample sequence does not
-depend on timing) → ``_SkipBad`` (drops `MediaError` results and counts them by modality and
-reason) → ``Prefetcher`` (bounded look-ahead) → ``Loader``. ``Loader.state_dict()`` snapshots every
-node at the last sample handed out, so restoring it resumes with exactly the next sample.
+depend on timing) → ``_SkipBad`` (drops failed items and counts them: a `MediaError` by modality
+and reason, any other exception from one item as ``"item: <type>"``) → ``Prefetcher`` (bounded
+look-ahead) → ``Loader``. ``Loader.state_dict()`` snapshots every node at the last sample handed
+out, so restoring it resumes with exactly the next sample.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,6 +27,8 @@ from relax_modalities._errors import MediaError
 from relax_modalities._sample import ProcessorSettings, SampleProcessor
 from relax_modalities.synthetic._manifest import TaskItem, read_manifest
 from relax_modalities.text import Tokenizer
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,7 +52,8 @@ class LoaderStats:
 
     Attributes:
         skipped: total skipped samples.
-        by_reason: ``"<modality>: <reason>"`` → count (reasons cut at the first ``:`` or ``(``).
+        by_reason: ``"<modality>: <reason>"`` → count (reasons cut at the first ``:`` or ``(``); an item
+            that failed with another exception than `MediaError` counts as ``"item: <exception type>"``.
         last_errors: the most recent error messages (at most 16).
     """
 
@@ -59,8 +64,21 @@ class LoaderStats:
 
 @dataclass(frozen=True)
 class _Bad:
+    """An item that failed: counted under ``key`` (``"<modality>: <reason>"``), described by ``message``."""
+
     item_id: str
-    error: MediaError
+    key: str
+    message: str
+
+    @classmethod
+    def of(cls, item_id: str, exc: Exception) -> _Bad:
+        if isinstance(exc, MediaError):
+            short = exc.reason.split(":")[0].split("(")[0].strip()
+            return cls(item_id, f"{exc.modality}: {short}", str(exc))
+        # Not a media file's fault (a tokenizer, a template, a bug): still one item, so skipped and
+        # counted, never the end of the loader; the traceback goes to the log for whoever debugs it.
+        _log.warning("loader: item %r failed with %s; skipped", item_id, type(exc).__name__, exc_info=exc)
+        return cls(item_id, f"item: {type(exc).__name__}", f"{type(exc).__name__}: {exc}")
 
 
 class _ItemSource(BaseNode[TaskItem]):  # type: ignore[misc]  # torchdata ships no type hints
@@ -135,11 +153,9 @@ class _SkipBad(BaseNode[ProcessedSample]):  # type: ignore[misc]  # torchdata sh
             out: ProcessedSample | _Bad = next(self.source)
             if isinstance(out, ProcessedSample):
                 return out
-            e = out.error
-            short = e.reason.split(":")[0].split("(")[0].strip()
             self.stats.skipped += 1
-            self.stats.by_reason[f"{e.modality}: {short}"] += 1
-            self.stats.last_errors = [*self.stats.last_errors[-15:], f"{out.item_id}: {e}"]
+            self.stats.by_reason[out.key] += 1
+            self.stats.last_errors = [*self.stats.last_errors[-15:], f"{out.item_id}: {out.message}"]
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -231,8 +247,8 @@ def assemble_graph(
     def work(item: TaskItem) -> ProcessedSample | _Bad:
         try:
             inputs = processor(item)
-        except MediaError as exc:
-            return _Bad(item.id, exc)
+        except Exception as exc:  # one item's failure, whatever it is, skips that item only
+            return _Bad.of(item.id, exc)
         return ProcessedSample(item, inputs, estimate_cost(inputs))
 
     decoded: BaseNode[ProcessedSample | _Bad] = ParallelMapper(

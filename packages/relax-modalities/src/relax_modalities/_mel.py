@@ -1,4 +1,4 @@
-"""Log-mel features (Whisper's recipe), overlapping chunks, and a live streaming feature buffer."""
+"""Log-mel features (Whisper's recipe) of a whole clip, the shortest clip rule, and overlapping chunks."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ import numpy as np
 import torch
 
 from relax_modalities._audio_io import AudioSettings
+
+
+def check_finite(samples: np.ndarray, start: int = 0) -> None:
+    """Raise ValueError naming the first NaN or inf sample (index counted from ``start``)."""
+    finite = np.isfinite(samples)
+    if not finite.all():
+        first = int(np.argmin(finite))
+        raise ValueError(f"non-finite sample ({samples[first]}) at sample {start + first}: NaN or inf is not audio")
 
 
 @dataclass
@@ -48,9 +56,34 @@ def audio_token_count(num_frames: int) -> int:
     return ((num_frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
+MIN_AUDIO_FRAMES = 3
+"""The fewest feature frames that give one audio token (`audio_token_count` of 1 and 2 frames is 0)."""
+
+
+def min_audio_samples(settings: AudioSettings) -> int:
+    """The shortest clip `log_mel` takes as it is: 3 hops (30 ms at 16 kHz), and more than ``n_fft // 2``.
+
+    Shorter clips are zero-padded at the end to this length (as images below ``min_pixels`` are
+    upscaled), so a 10 ms clip gives the three frames of one audio token instead of an error. The
+    second bound is what the centred STFT's reflect padding needs.
+    """
+    return max(MIN_AUDIO_FRAMES * settings.hop_length, settings.n_fft // 2 + 1)
+
+
 def num_feature_frames(num_samples: int, settings: AudioSettings) -> int:
-    """Feature frames for ``num_samples`` samples (centred STFT, last frame dropped, as Whisper)."""
-    return num_samples // settings.hop_length
+    """Feature frames for ``num_samples`` samples (centred STFT, last frame dropped, as Whisper).
+
+    Clips shorter than `min_audio_samples` count as padded to it.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    return max(num_samples, min_audio_samples(settings)) // settings.hop_length
+
+
+def pad_short_clip(waveform: np.ndarray, settings: AudioSettings) -> np.ndarray:
+    """``waveform`` zero-padded at the end to `min_audio_samples` when shorter; else itself."""
+    short = min_audio_samples(settings) - len(waveform)
+    return np.pad(waveform, (0, short)) if short > 0 else waveform
 
 
 def _hz_to_mel(f: np.ndarray) -> np.ndarray:
@@ -108,25 +141,38 @@ def _finish(log_spec: torch.Tensor, ceiling: float) -> torch.Tensor:
     return (torch.maximum(log_spec, torch.tensor(ceiling - 8.0)) + 4.0) / 4.0
 
 
+def _finish_(log_spec: torch.Tensor, ceiling: float) -> torch.Tensor:
+    """`_finish` in place (the same float32 operations, so the same values), without a second copy."""
+    torch.maximum(log_spec, torch.tensor(ceiling - 8.0), out=log_spec)
+    return log_spec.add_(4.0).div_(4.0)
+
+
 def log_mel(waveform: np.ndarray | torch.Tensor, settings: AudioSettings | None = None) -> torch.Tensor:
     """Whisper log-mel features of a whole mono clip at ``settings.sampling_rate``.
 
     Centred STFT (reflect padding of ``n_fft // 2``), power spectrum, mel filters, log10,
     floor at ``max - 8``, then ``(x + 4) / 4``. Matches transformers' ``WhisperFeatureExtractor``
-    (``padding="longest"``) within 1e-4 absolute.
+    (``padding="longest"``) within 1e-4 absolute. A clip shorter than `min_audio_samples` (30 ms at
+    16 kHz) is zero-padded at the end to it first. `log_mel_stream` computes the same features block
+    by block.
 
     Args:
-        waveform: ``[n]`` float mono samples, ``n > n_fft // 2``.
+        waveform: ``[n]`` finite float mono samples, ``n >= 1``.
         settings: STFT and mel parameters.
 
     Returns:
-        ``[num_mel_bins, n // hop_length]`` float32.
+        ``[num_mel_bins, num_feature_frames(n)]`` float32 (``n // hop_length`` from 30 ms on).
+
+    Raises:
+        ValueError: for an empty or not 1-D waveform, or one with NaN or inf samples.
     """
     settings = settings or AudioSettings()
-    x = torch.as_tensor(np.asarray(waveform, dtype=np.float32))
+    wave = np.asarray(waveform, dtype=np.float32)
+    if wave.ndim != 1 or wave.size == 0:
+        raise ValueError(f"waveform must be 1-D with at least one sample, got shape {wave.shape}")
+    check_finite(wave)
+    x = torch.from_numpy(np.ascontiguousarray(pad_short_clip(wave, settings)))
     half = settings.n_fft // 2
-    if x.ndim != 1 or x.numel() <= half:
-        raise ValueError(f"waveform must be 1-D with more than {half} samples, got shape {tuple(x.shape)}")
     padded = torch.nn.functional.pad(x[None, None], (half, half), mode="reflect")[0, 0]
     spec = _log_mel_frames(padded, settings)[:, :-1]  # Whisper drops the last frame
     return _finish(spec, float(spec.max()))
@@ -149,126 +195,3 @@ def chunk_features(features: torch.Tensor, settings: AudioSettings | None = None
             break
         start += stride
     return chunks
-
-
-class StreamingLogMel:
-    """Accepts live PCM in arbitrary pushes and emits feature chunks as soon as they are complete.
-
-    Frames are the same as `log_mel` computes offline (same windows, same reflect padding at both
-    ends); the ``max - 8`` floor uses the loudest value seen so far instead of the whole clip's, so
-    a chunk equals the offline one whenever the loudest frame came no later than the chunk (for
-    steady levels, always). Memory holds at most one chunk of frames plus one window of samples.
-
-    Args:
-        settings: STFT, mel and chunk parameters.
-    """
-
-    def __init__(self, settings: AudioSettings | None = None) -> None:
-        self.settings = settings or AudioSettings()
-        self._half = self.settings.n_fft // 2
-        self._received = 0  # samples pushed so far
-        self._head: list[np.ndarray] = []  # samples held until the left reflection can be built
-        self._buf = np.zeros(0, dtype=np.float32)  # padded-signal samples from padded index self._offset
-        self._offset = 0
-        self._next_frame = 0  # first frame not yet computed
-        self._frames: list[torch.Tensor] = []  # computed log10 frames not yet fully emitted, [num_mels, k] each
-        self._frames_start = 0  # frame index of self._frames[0][:, 0]
-        self._next_chunk_start = 0
-        self._chunks_emitted = 0
-        self._ceiling = -np.inf
-        self._finished = False
-
-    @property
-    def pending_samples(self) -> int:
-        """Samples held (at most one window plus the last push): the buffer's sample memory."""
-        return len(self._buf) + sum(len(h) for h in self._head)
-
-    @property
-    def pending_frames(self) -> int:
-        """Feature frames held for chunks not yet emitted (at most ``chunk_frames`` plus the last push)."""
-        return sum(f.shape[1] for f in self._frames)
-
-    def push(self, pcm: np.ndarray) -> list[FeatureChunk]:
-        """Add mono float samples (any length, may be empty); return the chunks completed by them."""
-        if self._finished:
-            raise RuntimeError("StreamingLogMel.push after finish()")
-        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
-        self._received += len(pcm)
-        if self._offset == 0 and len(self._buf) == 0:
-            self._head.append(pcm)
-            if self._received <= self._half:
-                return []
-            x = np.concatenate(self._head)
-            self._head = []
-            pcm = np.concatenate([x[self._half : 0 : -1], x])  # left reflection, then the samples
-        self._buf = np.concatenate([self._buf, pcm])
-        self._compute(self._complete_frames())
-        return self._emit(final=False)
-
-    def finish(self) -> list[FeatureChunk]:
-        """End of stream: pad by reflection on the right, compute the last frames, emit the rest."""
-        if self._finished:
-            return []
-        self._finished = True
-        total = self._received // self.settings.hop_length
-        if self._head:  # never got past the left reflection: fall back to the offline path
-            x = np.concatenate(self._head)
-            if len(x) <= self._half:
-                return []
-            self._buf = np.concatenate([x[self._half : 0 : -1], x])
-        # Right reflection of the last `half` samples, taken from the signal part of the buffer.
-        sig_end = len(self._buf)
-        tail = self._buf[sig_end - self._half - 1 : sig_end - 1][::-1]
-        self._buf = np.concatenate([self._buf, tail])
-        self._compute(total)
-        return self._emit(final=True)
-
-    def _complete_frames(self) -> int:
-        s = self.settings
-        have = self._offset + len(self._buf)  # padded samples available
-        complete = (have - s.n_fft) // s.hop_length + 1 if have >= s.n_fft else 0
-        # Never emit past the offline frame count (n // hop), even before finish().
-        return min(complete, self._received // s.hop_length)
-
-    def _compute(self, upto: int) -> None:
-        s = self.settings
-        if upto <= self._next_frame:
-            return
-        lo = self._next_frame * s.hop_length - self._offset
-        hi = (upto - 1) * s.hop_length + s.n_fft - self._offset
-        spec = _log_mel_frames(torch.from_numpy(np.ascontiguousarray(self._buf[lo:hi])), s)  # [M, upto - next]
-        self._frames.append(spec)
-        self._ceiling = max(self._ceiling, float(spec.max()))
-        self._next_frame = upto
-        drop = upto * s.hop_length - self._offset
-        self._buf = self._buf[drop:]
-        self._offset += drop
-
-    def _emit(self, final: bool) -> list[FeatureChunk]:
-        s = self.settings
-        size, stride = s.chunk_frames, s.chunk_frames - s.chunk_overlap_frames
-        out: list[FeatureChunk] = []
-        if not self._frames:
-            return out
-        frames = torch.cat(self._frames, dim=1) if len(self._frames) > 1 else self._frames[0]
-        self._frames = [frames]
-        while True:
-            start = self._next_chunk_start
-            end = start + size
-            done = self._next_frame >= end
-            tail = (
-                final and start < self._next_frame and (start == 0 or start + s.chunk_overlap_frames < self._next_frame)
-            )
-            if not (done or tail):
-                break
-            local = frames[:, start - self._frames_start : min(end, self._next_frame) - self._frames_start]
-            out.append(FeatureChunk(_finish(local, self._ceiling), start, self._chunks_emitted))
-            self._chunks_emitted += 1
-            self._next_chunk_start += stride
-            if not done:
-                break
-        keep_from = self._next_chunk_start - self._frames_start
-        if keep_from > 0:
-            self._frames = [frames[:, keep_from:]]
-            self._frames_start = self._next_chunk_start
-        return out

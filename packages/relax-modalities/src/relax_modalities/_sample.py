@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from relax_modalities._audio_io import AudioSettings, extract_audio_track, load_audio
-from relax_modalities._errors import MediaError
+from relax_modalities._audio_io import AudioSettings, expected_num_samples, iter_audio_blocks, open_audio_track
+from relax_modalities._errors import MediaError, MediaModality
 from relax_modalities._image import ImageFeatures, ImageSettings, load_image, preprocess_image
 from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
+from relax_modalities._mel_stream import log_mel_stream
 from relax_modalities._video import VideoFeatures, VideoSettings, load_video
 from relax_modalities.synthetic._manifest import MediaRef, TaskItem
 from relax_modalities.text import TINY_TEMPLATE, ChatBuilder, ChatTemplate, MediaSlot, Tokenizer
@@ -92,12 +93,43 @@ def _as_item(item: TaskItem | Mapping[str, Any]) -> TaskItem:
     return TaskItem(id=str(item.get("id", "")), task=str(item.get("task", "")), prompt=str(item["prompt"]), media=media)
 
 
-def audio_features_from_waveform(waveform: Any, settings: AudioSettings, path: str) -> AudioFeatures:
-    """Log-mel features and token count of a mono waveform (``path`` names it in errors)."""
-    if len(waveform) <= settings.n_fft // 2 + settings.hop_length:
-        raise MediaError(path, "audio", f"too short: {len(waveform)} samples at {settings.sampling_rate} Hz")
-    feats = log_mel(waveform, settings)  # [M, L]
+def audio_features_from_waveform(
+    waveform: Any, settings: AudioSettings, path: str, modality: MediaModality = "audio"
+) -> AudioFeatures:
+    """Log-mel features and token count of a whole mono waveform (``path`` names it in errors).
+
+    A clip under `min_audio_samples` (30 ms at 16 kHz) is zero-padded to it, as `log_mel` does.
+
+    Raises:
+        MediaError: an empty waveform or one with NaN or inf samples.
+    """
+    try:
+        feats = log_mel(waveform, settings)  # [M, L]
+    except ValueError as exc:
+        raise MediaError(path, modality, str(exc)) from exc
     return AudioFeatures(feats, feats.shape[1], audio_token_count(feats.shape[1]))
+
+
+def audio_features_from_blocks(
+    blocks: Iterable[np.ndarray],
+    settings: AudioSettings,
+    path: str,
+    modality: MediaModality = "audio",
+    num_samples: int | None = None,
+) -> AudioFeatures:
+    """`audio_features_from_waveform` of streamed blocks, in memory bounded by the features (`log_mel_stream`).
+
+    Raises:
+        MediaError: from the blocks' reader, or for a stream with no samples or a NaN or inf sample.
+    """
+    try:
+        feats = log_mel_stream(blocks, settings, num_samples=num_samples)  # [M, L]
+    except ValueError as exc:
+        raise MediaError(path, modality, str(exc)) from exc
+    return AudioFeatures(feats, feats.shape[1], audio_token_count(feats.shape[1]))
+
+
+_FILE_MODALITIES = ("image", "audio", "video")
 
 
 class SampleProcessor:
@@ -121,21 +153,31 @@ class SampleProcessor:
         it = _as_item(item)
         media = _Media()
         for ref in it.media:
-            if ref.modality == "image":
-                feats = preprocess_image(load_image(ref.path, self.settings.image), self.settings.image)
-                media.images.append(feats)
-                media.slots.append(MediaSlot("image", feats.num_tokens))
-            elif ref.modality == "video":
-                self._add_video(ref, media)
-            elif ref.modality == "audio":
-                wave = load_audio(ref.path, self.settings.audio)
-                afeats = audio_features_from_waveform(wave, self.settings.audio, ref.path)
-                media.audios.append(afeats)
-                media.slots.append(MediaSlot("audio", afeats.num_tokens))
-            else:
+            if ref.modality not in _FILE_MODALITIES:
                 raise MediaError(ref.path, "manifest", f"unknown media modality {ref.modality!r} in item {it.id!r}")
+            try:
+                self._add(ref, media)
+            except MediaError:
+                raise
+            except Exception as exc:  # any other failure on this file is still this file's error
+                modality = cast(MediaModality, ref.modality)
+                raise MediaError(ref.path, modality, f"{type(exc).__name__}: {exc}") from exc
         prompt = self.builder.build(it.prompt, media.slots, system=self.settings.system)
         return media.model_inputs(prompt.input_ids)
+
+    def _add(self, ref: MediaRef, media: _Media) -> None:
+        if ref.modality == "image":
+            feats = preprocess_image(load_image(ref.path, self.settings.image), self.settings.image)
+            media.images.append(feats)
+            media.slots.append(MediaSlot("image", feats.num_tokens))
+        elif ref.modality == "video":
+            self._add_video(ref, media)
+        else:  # audio, streamed: memory grows with the features only, not with the decoded samples
+            s = self.settings.audio
+            n = expected_num_samples(ref.path, s)  # header only: the features are preallocated, held once
+            afeats = audio_features_from_blocks(iter_audio_blocks(ref.path, s), s, ref.path, num_samples=n)
+            media.audios.append(afeats)
+            media.slots.append(MediaSlot("audio", afeats.num_tokens))
 
     def _add_video(self, ref: MediaRef, media: _Media) -> None:
         s = self.settings
@@ -144,10 +186,10 @@ class SampleProcessor:
         if not ref.audio_track:
             media.slots.append(MediaSlot("video", vfeats.num_tokens))
             return
-        track = extract_audio_track(ref.path, s.audio)
+        track = open_audio_track(ref.path, s.audio)
         if track is None:
             raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
-        afeats = audio_features_from_waveform(track, s.audio, ref.path)
+        afeats = audio_features_from_blocks(track, s.audio, ref.path)
         media.audios.append(afeats)
         if not s.use_audio_in_video:  # the track is its own audio span after the video
             media.slots += [MediaSlot("video", vfeats.num_tokens), MediaSlot("audio", afeats.num_tokens)]
@@ -183,7 +225,11 @@ class _Media:
             out["video_grid_thw"] = torch.stack([f.grid_thw for f in self.videos])  # [n_vid, 3]
             seconds = [f.second_per_grid for f in self.videos]
             out["video_second_per_grid"] = torch.tensor(seconds, dtype=torch.float32)  # [n_vid]
-        if self.audios:
+        if len(self.audios) == 1:  # nothing to pad: no second copy of a long clip's features
+            feats = self.audios[0].input_features
+            out["input_features"] = feats.unsqueeze(0)  # [1, M, L]
+            out["feature_attention_mask"] = torch.ones(1, feats.shape[1], dtype=torch.long)  # [1, L]
+        elif self.audios:
             # [n_aud, M, L_max] and [n_aud, L_max]
             out["input_features"], out["feature_attention_mask"] = pad_audio_features(
                 [a.input_features for a in self.audios]
