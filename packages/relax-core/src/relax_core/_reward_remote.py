@@ -90,6 +90,7 @@ class RemoteReward:
                 with urllib.request.urlopen(request, timeout=self.cfg.request_timeout_s) as reply:
                     return json.loads(reply.read())
             except urllib.error.HTTPError as exc:
+                exc.close()  # it holds the reply's socket
                 failure = f"HTTP {exc.code} {exc.reason}"
                 if exc.code != 429 and exc.code < 500:
                     raise RemoteRewardError(f"{self.cfg.url}: {failure} (not retried)") from exc
