@@ -112,7 +112,8 @@ def runner_for(spec: str, **cfg: Any) -> rc.RewardRunner:
 
 def test_user_file_reward_with_metadata_and_details(user_file: Path) -> None:
     cfg = rc.RewardRunnerConfig(
-        default=rc.RewardSpec(fn=f"{user_file.name}:with_metadata", kwargs={"bonus": 0.25}), base_dir=str(user_file.parent)
+        default=rc.RewardSpec(fn=f"{user_file.name}:with_metadata", kwargs={"bonus": 0.25}),
+        base_dir=str(user_file.parent),
     )
     with rc.build_reward_runner(cfg) as runner:
         out = runner.score([rc.RewardRequest("a", "a", "geo", {"n": 1}), rc.RewardRequest("b", "a", "geo", {"n": 2})])
@@ -194,10 +195,10 @@ def test_loading_errors_name_what_is_wrong(tmp_path: Path, user_file: Path) -> N
     with pytest.raises(ValueError, match="has no callable 'absent'"):
         rc.load_reward_fn(f"{user_file}:absent")
     (tmp_path / "broken.py").write_text("import not_a_module_xyz\n")
-    with pytest.raises(ValueError, match="importing .* failed: ModuleNotFoundError"):
+    with pytest.raises(ValueError, match=r"importing .* failed: ModuleNotFoundError"):
         rc.load_reward_fn(f"{tmp_path}/broken.py:fn")
     assert rc.load_reward_fn(f"{user_file}:raising") is rc.load_reward_fn(f"{user_file}:raising")  # loaded once
-    with pytest.raises(ValueError, match="route 'geo'.*not one of"):
+    with pytest.raises(ValueError, match=r"route 'geo'.*not one of"):
         rc.build_reward_runner(rc.RewardRunnerConfig(routes={"geo": rc.RewardSpec(fn="no_such")}))
     with pytest.raises(ValueError, match="is a coroutine function"):
         runner_for(f"{user_file}:async_hanging", kind="scalar")
@@ -212,7 +213,9 @@ def test_call_style_reads_the_signature() -> None:
     def three(response: str, ground_truth: Any, metadata: Mapping[str, Any]) -> float:
         return 0.0
 
-    def verl_batched(data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Any, extra_infos: Any) -> list[float]:
+    def verl_batched(
+        data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Any, extra_infos: Any
+    ) -> list[float]:
         return []
 
     async def coro(response: str, ground_truth: Any) -> float:

@@ -105,7 +105,10 @@ def main() -> None:
         path = Path(tmp) / "bench.parquet"
         write(path, args.rows, args.payload, args.row_group)
         size = path.stat().st_size / 2**20
-        print(f"{args.rows} rows, {args.payload} B inline image each, row groups of {args.row_group}: {size:.0f} MiB file\n")
+        print(
+            f"{args.rows} rows, {args.payload} B inline image each, "
+            f"row groups of {args.row_group}: {size:.0f} MiB file\n"
+        )
         results = {}
         for mode in ("stream", "whole"):
             cmd = [sys.executable, __file__, "--child", mode, "--file", str(path)]
@@ -115,11 +118,20 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     marks = stream["marks"]
     series = " ".join(f"{m[1]:.0f}" for m in marks)
-    print(f"| build_stream | {stream['rows']} | {stream['start_rss']:.0f} → {series} | {marks[-1][2]:.1f} | {stream['seconds']:.1f} |")
+    print(
+        f"| build_stream | {stream['rows']} | {stream['start_rss']:.0f} → {series} "
+        f"| {marks[-1][2]:.1f} | {stream['seconds']:.1f} |"
+    )
     w = whole["marks"][0]
-    print(f"| pq.read_table | {whole['rows']} | {whole['start_rss']:.0f} → {w[1]:.0f} | {w[2]:.1f} | {whole['seconds']:.1f} |")
+    print(
+        f"| pq.read_table | {whole['rows']} | {whole['start_rss']:.0f} → {w[1]:.0f} "
+        f"| {w[2]:.1f} | {whole['seconds']:.1f} |"
+    )
     first, last = marks[0][1], marks[-1][1]
-    print(f"\nstream RSS growth from 10 % to 100 % of the rows: {last - first:+.1f} MiB; whole-file read holds {w[1] - whole['start_rss']:.0f} MiB")
+    print(
+        f"\nstream RSS growth from 10 % to 100 % of the rows: {last - first:+.1f} MiB; "
+        f"whole-file read holds {w[1] - whole['start_rss']:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

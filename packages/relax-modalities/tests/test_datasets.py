@@ -25,7 +25,9 @@ def verl_row(i: int, images: list[dict[str, Any]] | None, prompt: str | None = N
     """A row as verl's geo3k preprocessing writes it."""
     return {
         "data_source": "hiyouga/geometry3k",
-        "prompt": None if prompt is None and i < 0 else [{"role": "user", "content": prompt or f"<image>Find x in {i}."}],
+        "prompt": None
+        if prompt is None and i < 0
+        else [{"role": "user", "content": prompt or f"<image>Find x in {i}."}],
         "images": images,
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(i)},
@@ -33,7 +35,9 @@ def verl_row(i: int, images: list[dict[str, Any]] | None, prompt: str | None = N
     }
 
 
-def write_verl_parquet(path: Path, n: int, *, row_group: int = 64, bad: dict[int, dict[str, Any]] | None = None) -> None:
+def write_verl_parquet(
+    path: Path, n: int, *, row_group: int = 64, bad: dict[int, dict[str, Any]] | None = None
+) -> None:
     rows = [verl_row(i, [{"bytes": png_bytes((i % 256, 0, 0)), "path": None}]) for i in range(n)]
     for i, row in (bad or {}).items():
         rows[i] = row
@@ -116,7 +120,10 @@ def test_jsonl_with_video_and_audio(tmp_path: Path) -> None:
     av, typed = records
     assert av.data_source == "av" and av.ground_truth == "left"
     assert av.messages[0].text == "Be brief." and av.messages[1].text == "<video><audio>What?"
-    assert [(m.kind, m.path) for m in av.media] == [("video", str(tmp_path / "clip.mp4")), ("audio", str(tmp_path / "tone.wav"))]
+    assert [(m.kind, m.path) for m in av.media] == [
+        ("video", str(tmp_path / "clip.mp4")),
+        ("audio", str(tmp_path / "tone.wav")),
+    ]
     assert av.media[0].meta == {"fps": 2.0}
     assert typed.data_source == "user" and typed.ground_truth == "high"
     assert [m.kind for m in typed.media] == ["audio", "video"]
@@ -161,9 +168,9 @@ def test_unusable_files_fail_at_open_naming_them(tmp_path: Path) -> None:
         rm.build_stream([tmp_path / "nogt.parquet"])
     assert len(list(rm.build_stream([tmp_path / "nogt.parquet"], rm.RowSchema(require_ground_truth=False)))) == 1
     renamed = rm.RowSchema(prompt_key="question", answer_key="answer")
-    assert list(rm.build_stream([tmp_path / "other.parquet"], renamed))[0].messages[0].text == "q"
+    assert next(rm.build_stream([tmp_path / "other.parquet"], renamed)).messages[0].text == "q"
     (tmp_path / "x.csv").write_text("a,b")
-    with pytest.raises(rm.DataFileError, match="unknown suffix '.csv'"):
+    with pytest.raises(rm.DataFileError, match=r"unknown suffix '\.csv'"):
         rm.build_stream([tmp_path / "x.csv"])
 
 
@@ -183,14 +190,19 @@ def make_stream(tmp_path: Path) -> rm.DataStream:
             write_verl_parquet(tmp_path / name, n, row_group=64, bad=bad)
     lines = [json.dumps({"prompt": f"q{i}", "answer": i}) for i in range(90)]
     (tmp_path / "c.jsonl").write_text("\n".join(lines))
-    files = [rm.DataFileSpec(path=str(tmp_path / n), weight=w) for n, w in (("a.parquet", 2.0), ("b.parquet", 1.0), ("c.jsonl", 1.0))]
+    files = [
+        rm.DataFileSpec(path=str(tmp_path / n), weight=w)
+        for n, w in (("a.parquet", 2.0), ("b.parquet", 1.0), ("c.jsonl", 1.0))
+    ]
     return rm.build_stream(files, shuffle_buffer=37, seed=5, epochs=2)
 
 
 def test_every_good_row_once_per_epoch_and_exact_resume(tmp_path: Path) -> None:
     full = ledger(make_stream(tmp_path))
     good = {f"{tmp_path / 'a.parquet'}:{i}" for i in range(300)} | {f"{tmp_path / 'b.parquet'}:{i}" for i in range(130)}
-    good = (good - {f"{tmp_path / 'a.parquet'}:17", f"{tmp_path / 'b.parquet'}:17"}) | {f"{tmp_path / 'c.jsonl'}:{i}" for i in range(90)}
+    good = (good - {f"{tmp_path / 'a.parquet'}:17", f"{tmp_path / 'b.parquet'}:17"}) | {
+        f"{tmp_path / 'c.jsonl'}:{i}" for i in range(90)
+    }
     for epoch in (0, 1):
         uids = [u for u, e in full if e == epoch]
         assert len(uids) == len(set(uids)) == len(good) and set(uids) == good
@@ -227,7 +239,10 @@ def test_shuffle_buffer_bounds_displacement(tmp_path: Path) -> None:
 def test_mixing_weights_set_the_share_of_each_file(tmp_path: Path) -> None:
     (tmp_path / "x.jsonl").write_text("\n".join(json.dumps({"prompt": "x", "answer": i}) for i in range(10)))
     (tmp_path / "y.jsonl").write_text("\n".join(json.dumps({"prompt": "y", "answer": i}) for i in range(10)))
-    files = [rm.DataFileSpec(path=str(tmp_path / "x.jsonl"), weight=3.0), rm.DataFileSpec(path=str(tmp_path / "y.jsonl"), weight=1.0)]
+    files = [
+        rm.DataFileSpec(path=str(tmp_path / "x.jsonl"), weight=3.0),
+        rm.DataFileSpec(path=str(tmp_path / "y.jsonl"), weight=1.0),
+    ]
     stream = rm.build_stream(files, shuffle_buffer=1, epochs=None)
     n = 4000
     share = sum(next(stream).source.endswith("x.jsonl") for _ in range(n)) / n

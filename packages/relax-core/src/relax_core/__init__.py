@@ -70,16 +70,6 @@ from relax_core._reward_fns import (
     multiple_choice_reward,
     normalize_number,
 )
-from relax_core._rewards import (
-    REWARD_REGISTRY,
-    AsyncRewardFn,
-    BatchedRewardFn,
-    RewardFn,
-    RewardResult,
-    RewardScorer,
-    build_reward,
-    resolve_reward_fn,
-)
 from relax_core._reward_remote import RemoteReward, RemoteRewardConfig, RemoteRewardError
 from relax_core._reward_runner import (
     RewardOutcome,
@@ -91,6 +81,16 @@ from relax_core._reward_runner import (
     build_reward_runner,
 )
 from relax_core._reward_user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
+from relax_core._rewards import (
+    REWARD_REGISTRY,
+    AsyncRewardFn,
+    BatchedRewardFn,
+    RewardFn,
+    RewardResult,
+    RewardScorer,
+    build_reward,
+    resolve_reward_fn,
+)
 from relax_core._schema import MediaRef, Modality, PackedBatch, PaddedBatch, Sample
 
 # configs: machinery

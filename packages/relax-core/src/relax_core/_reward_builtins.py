@@ -36,7 +36,7 @@ class _NoTimeoutNotice(logging.Filter):
 @lru_cache(maxsize=1)
 def _math_verify() -> tuple[Callable[..., Any], Callable[..., Any]]:
     # Imported on first use: SymPy and the LaTeX grammar take seconds to import.
-    from math_verify import parse, verify  # type: ignore[import-untyped]  # ships no type hints
+    from math_verify import parse, verify
 
     for name in ("math_verify.parser", "math_verify.grader", "math_verify.utils", "math_verify"):
         logging.getLogger(name).addFilter(_NoTimeoutNotice())

@@ -213,7 +213,8 @@ class RewardRunner:
     def __init__(
         self,
         default: Callable[..., Any] | tuple[Callable[..., Any], RewardKind, Mapping[str, Any]],
-        routes: Mapping[str, Callable[..., Any] | tuple[Callable[..., Any], RewardKind, Mapping[str, Any]]] | None = None,
+        routes: Mapping[str, Callable[..., Any] | tuple[Callable[..., Any], RewardKind, Mapping[str, Any]]]
+        | None = None,
         *,
         timeout_s: float = 30.0,
         fallback_score: float = 0.0,
@@ -229,7 +230,9 @@ class RewardRunner:
         self._owned: list[RemoteReward] = []
 
     @staticmethod
-    def _bind(name: str, reward: Callable[..., Any] | tuple[Callable[..., Any], RewardKind, Mapping[str, Any]]) -> _Bound:
+    def _bind(
+        name: str, reward: Callable[..., Any] | tuple[Callable[..., Any], RewardKind, Mapping[str, Any]]
+    ) -> _Bound:
         fn, kind, kwargs = reward if isinstance(reward, tuple) else (reward, "auto", {})
         return _Bound(name, fn, call_style(fn, kind), dict(kwargs))
 
@@ -287,7 +290,9 @@ class RewardRunner:
 
     def _failed(self, bound: _Bound, exc: BaseException) -> RewardOutcome:
         if isinstance(exc, TimeoutError):
-            return RewardOutcome(self.fallback_score, f"TimeoutError: no reward within {self.timeout_s} s", route=bound.name)
+            return RewardOutcome(
+                self.fallback_score, f"TimeoutError: no reward within {self.timeout_s} s", route=bound.name
+            )
         return RewardOutcome(self.fallback_score, _describe(exc), route=bound.name)
 
     async def _one(self, bound: _Bound, request: RewardRequest, limit: asyncio.Semaphore) -> RewardOutcome:
@@ -337,7 +342,9 @@ class RewardRunner:
         self.close()
 
 
-def _resolve(spec: RewardSpec, base_dir: str | None, owned: list[RemoteReward]) -> tuple[Callable[..., Any], RewardKind, Mapping[str, Any]]:
+def _resolve(
+    spec: RewardSpec, base_dir: str | None, owned: list[RemoteReward]
+) -> tuple[Callable[..., Any], RewardKind, Mapping[str, Any]]:
     if spec.remote is not None:
         remote = RemoteReward(spec.remote)
         owned.append(remote)
@@ -361,7 +368,11 @@ def build_reward_runner(cfg: RewardRunnerConfig) -> RewardRunner:
             except ValueError as exc:
                 raise ValueError(f"reward route {source!r}: {exc}") from exc
         runner = RewardRunner(
-            default, routes, timeout_s=cfg.timeout_s, fallback_score=cfg.fallback_score, max_concurrency=cfg.max_concurrency
+            default,
+            routes,
+            timeout_s=cfg.timeout_s,
+            fallback_score=cfg.fallback_score,
+            max_concurrency=cfg.max_concurrency,
         )
     except BaseException:
         for remote in owned:

@@ -20,7 +20,7 @@ import importlib.util
 import inspect
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -91,21 +91,30 @@ class CallStyle:
     verl: bool
 
     def args(
-        self, responses: list[str], truths: list[Any], sources: list[str], metas: list[Mapping[str, Any]]
+        self,
+        responses: Sequence[str],
+        truths: Sequence[Any],
+        sources: Sequence[str],
+        metas: Sequence[Mapping[str, Any]],
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Positional and keyword arguments of one call (lists of length 1 for a per-sample function)."""
         if self.verl:
             if self.batched:
                 names = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
                 return (), dict(zip(names, (sources, responses, truths, metas), strict=True))
-            return (), {"data_source": sources[0], "solution_str": responses[0], "ground_truth": truths[0], "extra_info": metas[0]}
+            return (), {
+                "data_source": sources[0],
+                "solution_str": responses[0],
+                "ground_truth": truths[0],
+                "extra_info": metas[0],
+            }
         if self.batched:
             return ((responses, truths, metas) if self.metadata else (responses, truths)), {}
         return ((responses[0], truths[0], metas[0]) if self.metadata else (responses[0], truths[0])), {}
 
 
 def _is_coroutine_fn(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(type(fn), "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def call_style(fn: Callable[..., Any], kind: RewardKind = "auto") -> CallStyle:

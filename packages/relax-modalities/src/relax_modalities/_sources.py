@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -226,7 +226,9 @@ class HFDatasetSource:
         self._batch_rows = batch_rows
 
     @classmethod
-    def from_disk(cls, path: str | os.PathLike[str], *, split: str | None = None, batch_rows: int = 256) -> HFDatasetSource:
+    def from_disk(
+        cls, path: str | os.PathLike[str], *, split: str | None = None, batch_rows: int = 256
+    ) -> HFDatasetSource:
         """Open a ``save_to_disk`` folder; a ``DatasetDict`` folder needs ``split``."""
         import datasets
 
@@ -261,7 +263,9 @@ class HFDatasetSource:
         path = Path(data_files)
         _check_file(path)
         try:
-            loaded = datasets.load_dataset(builder, data_files=str(path), split=split, cache_dir=cache_dir and str(cache_dir))
+            loaded = datasets.load_dataset(
+                builder, data_files=str(path), split=split, cache_dir=cache_dir and str(cache_dir)
+            )
         except Exception as exc:
             raise DataFileError(path, f"load_dataset({builder!r}) failed: {exc}") from exc
         return cls(loaded, str(path), path.parent, batch_rows=batch_rows)
@@ -322,7 +326,7 @@ def open_source(path: str | os.PathLike[str], *, format: str = "auto", batch_row
             raise DataFileError(p, "does not exist")
         else:
             raise DataFileError(p, f"unknown suffix {p.suffix!r}; give format= jsonl, parquet or hf_disk")
-    openers = {
+    openers: dict[str, Callable[[], RowSource]] = {
         "jsonl": lambda: JsonlSource(p),
         "parquet": lambda: ParquetSource(p, batch_rows=batch_rows),
         "hf_disk": lambda: HFDatasetSource.from_disk(p, batch_rows=batch_rows),
@@ -331,5 +335,4 @@ def open_source(path: str | os.PathLike[str], *, format: str = "auto", batch_row
     }
     if format not in openers:
         raise DataFileError(p, f"format {format!r} is not one of auto, {', '.join(openers)}")
-    source: RowSource = openers[format]()
-    return source
+    return openers[format]()

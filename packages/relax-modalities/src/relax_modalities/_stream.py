@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pydantic
-from relax_core import ConfigModel
 
+from relax_core import ConfigModel
 from relax_modalities._rows import BadRow, DataRecord, RowSchema, parse_row, required_columns
 from relax_modalities._sources import DataFileError, RowSource, open_source
 
