@@ -60,6 +60,7 @@ def test_verl_parquet_with_images(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2)
 
     stream = rm.build_stream([path], shuffle_buffer=1)
+    assert "ability" not in stream.sources[0].columns  # a column the schema never reads is not decoded
     records = list(stream)
     assert [r.row for r in records] == [0, 1]
     first, second = records
@@ -145,6 +146,11 @@ def test_datasets_folder_and_load_dataset(tmp_path: Path) -> None:
     records = list(rm.build_stream([tmp_path / "folder"], shuffle_buffer=1))
     assert [r.ground_truth for r in records] == ["0", "1", "2", "3", "4"]
     assert Image.open(io.BytesIO(records[3].media[0].data or b"")).getpixel((0, 0)) == (0, 0, 3)
+
+    datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "splits"))
+    with pytest.raises(rm.DataFileError, match=r"holds splits \['test', 'train'\]; name one with split="):
+        rm.HFDatasetSource.from_disk(tmp_path / "splits")
+    assert len(rm.HFDatasetSource.from_disk(tmp_path / "splits", split="test")) == 5
 
     write_verl_parquet(tmp_path / "f.parquet", 6)
     hf = rm.HFDatasetSource.from_files("parquet", tmp_path / "f.parquet", cache_dir=tmp_path / "cache")

@@ -159,6 +159,20 @@ class DataRecord:
         return tuple(m for m in self.media if m.kind == kind)
 
 
+def schema_columns(schema: RowSchema) -> tuple[str, ...]:
+    """Every column the schema reads (a reader may skip decoding the others)."""
+    return (
+        schema.prompt_key,
+        schema.image_key,
+        schema.video_key,
+        schema.audio_key,
+        schema.data_source_key,
+        schema.reward_key,
+        schema.answer_key,
+        schema.extra_info_key,
+    )
+
+
 def required_columns(schema: RowSchema) -> tuple[tuple[str, ...], ...]:
     """Column alternatives a file must have: the prompt, and (when required) one ground-truth column."""
     needed: list[tuple[str, ...]] = [(schema.prompt_key,)]

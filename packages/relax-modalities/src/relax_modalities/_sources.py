@@ -302,7 +302,13 @@ def _one_split(loaded: Any, split: str | None, where: Path) -> Any:
     return loaded
 
 
-def open_source(path: str | os.PathLike[str], *, format: str = "auto", batch_rows: int = 256) -> RowSource:
+def open_source(
+    path: str | os.PathLike[str],
+    *,
+    format: str = "auto",
+    batch_rows: int = 256,
+    columns: Sequence[str] | None = None,
+) -> RowSource:
     """Open a dataset by its form: ``.jsonl``/``.json`` lines, ``.parquet``, or a ``save_to_disk`` folder.
 
     Args:
@@ -310,6 +316,7 @@ def open_source(path: str | os.PathLike[str], *, format: str = "auto", batch_row
         format: ``auto`` (by suffix; a folder is a datasets folder), ``jsonl``, ``parquet``, ``hf_disk``,
             ``hf_json`` or ``hf_parquet`` (the last two through ``datasets.load_dataset``).
         batch_rows: Rows decoded at a time.
+        columns: Decode only these columns of a parquet file (None: all); other formats read every column.
 
     Raises:
         DataFileError: The path does not exist, or its form is not known.
@@ -328,7 +335,7 @@ def open_source(path: str | os.PathLike[str], *, format: str = "auto", batch_row
             raise DataFileError(p, f"unknown suffix {p.suffix!r}; give format= jsonl, parquet or hf_disk")
     openers: dict[str, Callable[[], RowSource]] = {
         "jsonl": lambda: JsonlSource(p),
-        "parquet": lambda: ParquetSource(p, batch_rows=batch_rows),
+        "parquet": lambda: ParquetSource(p, batch_rows=batch_rows, columns=columns),
         "hf_disk": lambda: HFDatasetSource.from_disk(p, batch_rows=batch_rows),
         "hf_json": lambda: HFDatasetSource.from_files("json", p, batch_rows=batch_rows),
         "hf_parquet": lambda: HFDatasetSource.from_files("parquet", p, batch_rows=batch_rows),

@@ -18,7 +18,7 @@ from typing import Any
 import pydantic
 
 from relax_core import ConfigModel
-from relax_modalities._rows import BadRow, DataRecord, RowSchema, parse_row, required_columns
+from relax_modalities._rows import BadRow, DataRecord, RowSchema, parse_row, required_columns, schema_columns
 from relax_modalities._sources import DataFileError, RowSource, open_source
 
 __all__ = [
@@ -299,6 +299,8 @@ def build_stream(
     weighted = [s.weight is not None for s in specs]
     if any(weighted) and not all(weighted):
         raise ValueError("give a weight to every dataset file or to none of them")
-    sources = [open_source(s.path, format=s.format, batch_rows=batch_rows) for s in specs]
+    schema = schema or RowSchema()
+    wanted = schema_columns(schema)  # columns the schema never reads are not decoded
+    sources = [open_source(s.path, format=s.format, batch_rows=batch_rows, columns=wanted) for s in specs]
     weights = [float(s.weight) for s in specs if s.weight is not None] if all(weighted) else None
     return DataStream(sources, schema, weights=weights, shuffle_buffer=shuffle_buffer, seed=seed, epochs=epochs)
