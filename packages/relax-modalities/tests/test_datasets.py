@@ -256,3 +256,20 @@ def test_mixing_weights_set_the_share_of_each_file(tmp_path: Path) -> None:
     assert abs(share - 0.75) < 0.03
     with pytest.raises(ValueError, match="every dataset file or to none"):
         rm.build_stream([files[0], tmp_path / "y.jsonl"])
+
+
+def test_synthetic_tasks_as_a_dataset_file(tmp_path: Path) -> None:
+    from relax_modalities.synthetic import read_manifest, write_synthetic_dataset
+
+    path = write_synthetic_dataset(tmp_path, n_per_task=2, seed=3)
+    items = {item.id: item for item in read_manifest(tmp_path / "manifest.jsonl")}
+    stream = rm.build_stream([path], shuffle_buffer=1)
+    records = list(stream)
+    assert stream.stats.total == 0 and len(records) == len(items) == 10
+    for record in records:
+        item = items[record.extra_info["id"]]
+        assert record.data_source == f"synthetic/{item.task}" and record.ground_truth == item.answer
+        assert [(m.kind, m.path) for m in record.media] == [(m.modality, m.path) for m in item.media]
+        assert [m.meta.get("audio_track", False) for m in record.media] == [m.audio_track for m in item.media]
+        (message,) = record.messages
+        assert message.text == "".join(f"<{m.modality}>" for m in item.media) + item.prompt
