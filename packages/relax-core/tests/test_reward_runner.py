@@ -125,7 +125,10 @@ def test_user_file_reward_with_metadata_and_details(user_file: Path) -> None:
 def test_verl_signature_and_routing_by_data_source(user_file: Path) -> None:
     cfg = rc.RewardRunnerConfig(
         default=rc.RewardSpec(fn="exact_match"),
-        routes={"gsm8k": rc.RewardSpec(fn="math"), "bonus": rc.RewardSpec(fn=f"{user_file}:compute_score")},
+        routes={
+            "gsm8k": rc.RewardSpec(fn="relax_core:math_reward"),  # module:function
+            "bonus": rc.RewardSpec(fn=f"{user_file}:compute_score"),
+        },
     )
     requests = [
         rc.RewardRequest("\\boxed{1,000}", "1000", "gsm8k"),

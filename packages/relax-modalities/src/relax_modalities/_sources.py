@@ -106,7 +106,8 @@ class JsonlSource:
                     decoded = _decode_line(line)
                     first = decoded if isinstance(decoded, Mapping) else None
         if first is None:
-            raise DataFileError(self._path, "has no line holding a JSON object")
+            hint = "; a JSON array file reads with format='hf_json'" if self._path.suffix == ".json" else ""
+            raise DataFileError(self._path, f"has no line holding a JSON object (JSON Lines expected){hint}")
         self._columns = frozenset(first)
 
     @property
