@@ -93,6 +93,11 @@ async def async_hanging(response, ground_truth, metadata):
         await asyncio.sleep(3600)
     return 0.75
 
+def index_of(response, ground_truth):
+    if response == "r4":
+        raise SystemExit("a reward must not end the run")
+    return float(response[1:])
+
 def bad_value(response, ground_truth):
     return {"sc0re": 1} if response == "dict" else ("1.0" if response == "str" else float("nan"))
 '''
@@ -165,15 +170,23 @@ def test_raising_and_unusable_rewards_get_the_fallback_and_are_counted(user_file
     assert "non-finite" in errors[2]
 
 
+def test_sync_rewards_split_over_workers_keep_the_request_order(user_file: Path) -> None:
+    with runner_for(f"{user_file}:index_of", max_concurrency=3) as runner:
+        out = runner.score([rc.RewardRequest(f"r{i}") for i in range(10)])
+    assert [o.score for o in out] == [0.0, 1.0, 2.0, 3.0, 0.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    assert out[4].error == "SystemExit: a reward must not end the run" and runner.stats.errors == 1
+
+
 def test_hanging_rewards_time_out_and_the_run_goes_on(user_file: Path) -> None:
     import sys
 
     with runner_for(f"{user_file}:hanging", timeout_s=0.5, fallback_score=-1.0, max_concurrency=1) as runner:
         try:
-            out = runner.score([rc.RewardRequest("hang"), rc.RewardRequest("fine"), rc.RewardRequest("fine")])
-            # The one worker is stuck in the first call; its replacement scores the rest.
-            assert [o.score for o in out] == [-1.0, 1.0, 1.0]
-            assert out[0].error == "TimeoutError: no reward within 0.5 s"
+            requests = [rc.RewardRequest(r) for r in ("fine", "hang", "fine", "fine")]
+            out = runner.score(requests)
+            # The one worker is stuck in the second call; its replacement scores the rest.
+            assert [o.score for o in out] == [1.0, -1.0, 1.0, 1.0]
+            assert out[1].error == "TimeoutError: no reward within 0.5 s"
             assert runner.stats.timeouts == 1 and runner.stats.errors == 1 and runner.stats.hung_threads == 1
         finally:
             next(m for m in sys.modules.values() if getattr(m, "__file__", None) == str(user_file)).RELEASE.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -195,6 +196,53 @@ class _DaemonWorkers:
             self._tasks.put(None)
 
 
+class _SequentialRun:
+    """Calls ``call(0), call(1), ...`` on one worker thread, recording each result or exception, and lets the
+    waiting side see which call is running since when, and abandon the run (the thread stops after the call
+    it is stuck in, if that ever returns)."""
+
+    def __init__(self, n: int, call: Callable[[int], tuple[float, dict[str, Any]]]) -> None:
+        self.results: list[tuple[float, dict[str, Any]] | BaseException | None] = [None] * n
+        self.started = False
+        self._call = call
+        self._current = 0
+        self._since = time.monotonic()  # queued time counts against the first call (all workers stuck)
+        self._abandoned = False
+        self._lock = threading.Lock()
+
+    def position(self) -> tuple[int, float]:
+        """Index of the running call and when it started (monotonic seconds)."""
+        with self._lock:
+            return self._current, self._since
+
+    def abandon_if_at(self, index: int, since: float) -> bool:
+        """Abandon the run if it is still in call ``index`` begun at ``since``; whether it did."""
+        with self._lock:
+            if (self._current, self._since) != (index, since) or self.results[index] is not None:
+                return False
+            self._abandoned = True
+            return True
+
+    def work(self) -> None:
+        with self._lock:
+            self.started = True
+            self._since = time.monotonic()
+        for i in range(len(self.results)):
+            with self._lock:
+                if self._abandoned:
+                    return
+                self._current, self._since = i, time.monotonic()
+            result: tuple[float, dict[str, Any]] | BaseException
+            try:
+                result = self._call(i)
+            except BaseException as exc:  # even SystemExit from a reward is that sample's failure, not the run's
+                result = exc
+            with self._lock:
+                if self._abandoned:
+                    return
+                self.results[i] = result
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
@@ -257,6 +305,15 @@ class RewardRunner:
             chunk = [requests[i] for i in indices]
             if bound.style.batched:
                 outcomes = await self._batched(bound, chunk, limit)
+            elif not bound.style.is_async:
+                # Sync per-sample calls go to the workers in a few sequential runs, not one hop per sample
+                # (a hop plus an asyncio wait costs far more than a typical rule-based reward).
+                parts = min(self.max_concurrency, len(chunk))
+                runs = [chunk[k::parts] for k in range(parts)]
+                done = await asyncio.gather(*(self._sync_run(bound, run) for run in runs))
+                outcomes = [RewardOutcome(0.0)] * len(chunk)
+                for k, run_outcomes in enumerate(done):
+                    outcomes[k::parts] = run_outcomes
             else:
                 outcomes = list(await asyncio.gather(*(self._one(bound, r, limit) for r in chunk)))
             for i, outcome in zip(indices, outcomes, strict=True):
@@ -267,12 +324,53 @@ class RewardRunner:
         self._count(results)
         return results
 
-    async def _call(self, bound: _Bound, chunk: Sequence[RewardRequest]) -> list[tuple[float, dict[str, Any]]]:
+    @staticmethod
+    def _arguments(bound: _Bound, chunk: Sequence[RewardRequest]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         metas = [{"data_source": r.data_source, **r.metadata} for r in chunk]
         args, kwargs = bound.style.args(
             [r.response for r in chunk], [r.ground_truth for r in chunk], [r.data_source for r in chunk], metas
         )
         kwargs.update(bound.kwargs)
+        return args, kwargs
+
+    @classmethod
+    def _invoke(cls, bound: _Bound, request: RewardRequest) -> tuple[float, dict[str, Any]]:
+        """One sync per-sample call (on a worker thread)."""
+        args, kwargs = cls._arguments(bound, [request])
+        return parse_reward_value(bound.fn(*args, **kwargs))
+
+    async def _sync_run(self, bound: _Bound, requests: Sequence[RewardRequest]) -> list[RewardOutcome]:
+        """Score ``requests`` one after another on one worker, each call bounded by ``timeout_s`` from its start.
+
+        A call past its deadline is abandoned (its thread replaced) and the rest go to a new run.
+        """
+        if not requests:
+            return []
+        run = _SequentialRun(len(requests), lambda i: self._invoke(bound, requests[i]))
+        finished = asyncio.wrap_future(self._workers.submit(run.work))
+        while True:
+            current, started = run.position()
+            try:
+                await asyncio.wait_for(asyncio.shield(finished), max(0.0, started + self.timeout_s - time.monotonic()))
+                break
+            except TimeoutError:
+                if not run.abandon_if_at(current, started):
+                    continue  # the run moved on since we looked: wait for the next call's deadline
+            if run.started and self._workers.replace_stuck():
+                self.stats.hung_threads += 1
+            head = [self._outcome(bound, r) for r in run.results[:current]]
+            rest = await self._sync_run(bound, requests[current + 1 :])
+            return [*head, self._failed(bound, TimeoutError()), *rest]
+        return [self._outcome(bound, r) for r in run.results]
+
+    def _outcome(self, bound: _Bound, result: tuple[float, dict[str, Any]] | BaseException | None) -> RewardOutcome:
+        if isinstance(result, BaseException):
+            return self._failed(bound, result)
+        assert result is not None  # every call before the current one has finished
+        return RewardOutcome(result[0], None, result[1], bound.name)
+
+    async def _call(self, bound: _Bound, chunk: Sequence[RewardRequest]) -> list[tuple[float, dict[str, Any]]]:
+        args, kwargs = self._arguments(bound, chunk)
         if bound.style.is_async:
             value = await asyncio.wait_for(bound.fn(*args, **kwargs), self.timeout_s)
         else:
