@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+import relax_core as rc
 import relax_modalities as rm
 
 
@@ -73,6 +74,11 @@ def test_verl_parquet_with_images(tmp_path: Path) -> None:
     assert [m.path for m in second.media] == [str(tmp_path / "img" / "green.png")] * 2
     assert [p.type for p in second.messages[0].parts] == ["text", "image", "text", "image", "text"]
     assert first.uid == f"{path}:0"
+    request = first.reward_request("\\boxed{0}")
+    assert request == rc.RewardRequest("\\boxed{0}", "0", "hiyouga/geometry3k", {"split": "train", "index": 0})
+    cfg = rc.RewardRunnerConfig(routes={"hiyouga/geometry3k": rc.RewardSpec(fn="math_verify")})
+    with rc.build_reward_runner(cfg) as runner:
+        assert [o.score for o in runner.score([request, second.reward_request("\\boxed{2}")])] == [1.0, 0.0]
 
     assert stream.stats.total == 3 and stream.stats.by_source == {str(path): 3}
     reasons = {b.row: b.reason for b in stream.stats.recent}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from relax_core import ConfigModel
+from relax_core import ConfigModel, RewardRequest
 
 __all__ = [
     "BadRow",
@@ -153,6 +153,10 @@ class DataRecord:
     def uid(self) -> str:
         """``"<source>:<row>"``: unique within a run's files, the same in every epoch."""
         return f"{self.source}:{self.row}"
+
+    def reward_request(self, response: str) -> RewardRequest:
+        """What relax-core's reward runner needs to score ``response`` to this prompt."""
+        return RewardRequest(response, self.ground_truth, self.data_source, dict(self.extra_info))
 
     def media_of(self, kind: MediaKind) -> tuple[MediaItem, ...]:
         """The items of one kind, indexed as the placeholders' ``index`` counts them."""
