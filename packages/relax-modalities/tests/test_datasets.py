@@ -175,6 +175,9 @@ def test_unusable_files_fail_at_open_naming_them(tmp_path: Path) -> None:
     pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), tmp_path / "other.parquet")
     with pytest.raises(rm.DataFileError, match=r"other\.parquet.*has no column 'prompt'"):
         rm.build_stream([tmp_path / "other.parquet"])
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), empty)
+    assert list(rm.build_stream([empty])) == []
     pq.write_table(pa.table({"prompt": ["q"]}), tmp_path / "nogt.parquet")
     with pytest.raises(rm.DataFileError, match=r"no column 'reward_model' or 'answer'"):
         rm.build_stream([tmp_path / "nogt.parquet"])

@@ -115,7 +115,7 @@ class DataStream(Iterator[DataRecord]):
         for source in sources:
             check_columns(source, self.schema)
         if weights is None:
-            weights = [float(len(s)) for s in sources]
+            weights = [float(max(1, len(s))) for s in sources]  # an empty file is simply never drawn
         if len(weights) != len(sources) or any(not w > 0 for w in weights):
             raise ValueError(f"weights must be {len(sources)} positive numbers, got {list(weights)}")
         names = [s.name for s in sources]
