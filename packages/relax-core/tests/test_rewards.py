@@ -103,7 +103,16 @@ def test_format_reward() -> None:
 
 
 def test_registry_is_an_explicit_dict() -> None:
-    assert set(rc.REWARD_REGISTRY) == {"exact_match", "multiple_choice", "math", "format"}
+    assert set(rc.REWARD_REGISTRY) == {
+        "exact_match",
+        "multiple_choice",
+        "math",
+        "format",
+        "math_verify",
+        "regex",
+        "length_penalty",
+        "weighted",
+    }
     assert rc.resolve_reward_fn("math") is rc.math_reward
 
 

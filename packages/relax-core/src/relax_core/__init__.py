@@ -60,6 +60,7 @@ from relax_core._policy_losses import (
     sapo_loss,
 )
 from relax_core._presets import PRESET_NAMES, PresetName
+from relax_core._reward_builtins import length_penalty_reward, math_verify_reward, regex_reward, weighted_reward
 from relax_core._reward_fns import (
     exact_match_reward,
     extract_boxed,
@@ -69,6 +70,17 @@ from relax_core._reward_fns import (
     multiple_choice_reward,
     normalize_number,
 )
+from relax_core._reward_remote import RemoteReward, RemoteRewardConfig, RemoteRewardError
+from relax_core._reward_runner import (
+    RewardOutcome,
+    RewardRequest,
+    RewardRunner,
+    RewardRunnerConfig,
+    RewardSpec,
+    RewardStats,
+    build_reward_runner,
+)
+from relax_core._reward_user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
 from relax_core._rewards import (
     REWARD_REGISTRY,
     AsyncRewardFn,
@@ -177,4 +189,26 @@ __all__ += [
     "multiple_choice_reward",
     "normalize_number",
     "resolve_reward_fn",
+]
+# rewards: more built-ins, user functions, routing runner, remote
+__all__ += [
+    "CallStyle",
+    "RemoteReward",
+    "RemoteRewardConfig",
+    "RemoteRewardError",
+    "RewardKind",
+    "RewardOutcome",
+    "RewardRequest",
+    "RewardRunner",
+    "RewardRunnerConfig",
+    "RewardSpec",
+    "RewardStats",
+    "build_reward_runner",
+    "call_style",
+    "length_penalty_reward",
+    "load_reward_fn",
+    "math_verify_reward",
+    "parse_reward_value",
+    "regex_reward",
+    "weighted_reward",
 ]

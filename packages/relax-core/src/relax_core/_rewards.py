@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from relax_core._configs import RewardConfig
+from relax_core._reward_builtins import length_penalty_reward, math_verify_reward, regex_reward, weighted_reward
 from relax_core._reward_fns import exact_match_reward, format_reward, math_reward, multiple_choice_reward
 
 __all__ = [
@@ -53,6 +54,10 @@ REWARD_REGISTRY: dict[str, Callable[..., Any]] = {
     "multiple_choice": multiple_choice_reward,
     "math": math_reward,
     "format": format_reward,
+    "math_verify": math_verify_reward,
+    "regex": regex_reward,
+    "length_penalty": length_penalty_reward,
+    "weighted": weighted_reward,
 }
 """Built-in reward functions by name (all scalar)."""
 

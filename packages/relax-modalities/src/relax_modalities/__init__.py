@@ -11,6 +11,9 @@
   `cost_aware_batches`.
 - loading: `build_loader` on torchdata.nodes with parallel decode, bounded prefetch, checkpointable
   state, and bad-file skipping (`MediaError`).
+- dataset files: `build_stream` over JSONL, Parquet and Hugging Face `datasets` sources (`RowSource`) in
+  verl's RL row schema (`RowSchema` → `DataRecord`), weighted mixing, bounded shuffle, exact resume,
+  bad rows skipped and counted.
 - synthetic tasks: `relax_modalities.synthetic`.
 """
 
@@ -50,7 +53,17 @@ from relax_modalities._mel import (
 )
 from relax_modalities._mel_stream import StreamingLogMel, log_mel_stream
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
+from relax_modalities._rows import BadRow, ChatMessage, ContentPart, DataRecord, MediaItem, RowSchema, parse_row
 from relax_modalities._sample import ProcessorSettings, SampleProcessor, audio_in_video_chunks, process_sample
+from relax_modalities._sources import (
+    DataFileError,
+    HFDatasetSource,
+    JsonlSource,
+    ParquetSource,
+    RowSource,
+    open_source,
+)
+from relax_modalities._stream import BadRowInfo, BadRowStats, DataFileSpec, DataStream, build_stream
 from relax_modalities._video import (
     VideoFeatures,
     VideoPlan,
@@ -123,4 +136,24 @@ __all__ += [  # loading
     "TaskMixSource",
     "build_loader",
     "build_task_mix_loader",
+]
+__all__ += [  # dataset files
+    "BadRow",
+    "BadRowInfo",
+    "BadRowStats",
+    "ChatMessage",
+    "ContentPart",
+    "DataFileError",
+    "DataFileSpec",
+    "DataRecord",
+    "DataStream",
+    "HFDatasetSource",
+    "JsonlSource",
+    "MediaItem",
+    "ParquetSource",
+    "RowSchema",
+    "RowSource",
+    "build_stream",
+    "open_source",
+    "parse_row",
 ]

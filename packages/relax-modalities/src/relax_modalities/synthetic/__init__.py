@@ -3,8 +3,10 @@
 `write_synthetic_tasks` writes image (which colour), audio (which pitch), video (which way a 28-px
 square moves), text (single-digit addition) and audio+video (direction and pitch) items;
 `read_manifest` reads them back as `TaskItem`s; `reward` grades a response by exact match.
+`write_synthetic_dataset` also writes them as a JSONL in the dataset row schema (read by `build_stream`).
 """
 
+from relax_modalities.synthetic._dataset import task_item_row, write_synthetic_dataset
 from relax_modalities.synthetic._manifest import (
     MediaKind,
     MediaRef,
@@ -20,6 +22,10 @@ __all__ = [  # generation
     "TASKS",
     "write_mp4",
     "write_synthetic_tasks",
+]
+__all__ += [  # as a dataset file in the row schema
+    "task_item_row",
+    "write_synthetic_dataset",
 ]
 __all__ += [  # manifest
     "MediaKind",
