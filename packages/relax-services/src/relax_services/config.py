@@ -18,8 +18,10 @@ from relax_core import (
     OptimizerConfig,
     RewardConfig,
     StalenessConfig,
+    algorithm_spec,
     apply_overrides,
     load_config,
+    off_policy_alternatives,
     read_yaml_mapping,
 )
 
@@ -284,10 +286,12 @@ class RunConfig(ConfigModel):
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
-        if self.algorithm.advantage_estimator == "gae" and self.staleness.tau != 0:
+        estimator = self.algorithm.advantage_estimator
+        if algorithm_spec(estimator).on_policy_only and self.staleness.tau != 0:
             raise ValueError(
-                f"algorithm.advantage_estimator='gae' assumes on-policy data but staleness.tau={self.staleness.tau}; "
-                "use algorithm.advantage_estimator=vtrace (off-policy corrected value targets) or staleness.tau=0"
+                f"algorithm.advantage_estimator={estimator!r} assumes on-policy data but staleness.tau="
+                f"{self.staleness.tau}; use algorithm.advantage_estimator={off_policy_alternatives(estimator)} "
+                "(off-policy corrected) or staleness.tau=0"
             )
         if self.trainer.groups_per_step % self.trainer.minibatches:
             raise ValueError(

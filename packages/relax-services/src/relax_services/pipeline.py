@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relax_core import ALGORITHMS, algorithm_spec
 from relax_queue import BoundedStaleness, Capacity, QueueConfig, TaskSpec, create_ray_queue
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
@@ -29,7 +30,7 @@ from relax_services.services import (
 from relax_services.services._base import HealthMonitor
 from relax_services.weights import RayWeightStore
 
-__all__ = ["ALGORITHM_BUILDERS", "Pipeline", "ServiceSpec", "build_pipeline"]
+__all__ = ["ALGORITHM_BUILDERS", "PIPELINE_BUILDERS", "Pipeline", "ServiceSpec", "build_pipeline", "pipeline_family"]
 
 
 @dataclass
@@ -183,17 +184,20 @@ def _build(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | 
 
 PipelineBuilder = Callable[[RunConfig, list[tuple[str, Any, str]], "Path | None"], Pipeline]
 
-ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {
-    "grpo": build_grpo,
-    "rloo": build_grpo,
-    "reinforce_pp": build_grpo,
-    "reinforce_pp_baseline": build_grpo,
-    "gae": build_ppo,
-    "vtrace": build_ppo,
-}
-"""Advantage estimator → pipeline builder."""
+PIPELINE_BUILDERS: dict[str, PipelineBuilder] = {"grpo": build_grpo, "ppo": build_ppo}
+"""Pipeline family → builder: ``ppo`` for estimators that need a critic, ``grpo`` for the rest."""
+
+
+def pipeline_family(estimator: str) -> str:
+    """The pipeline family an advantage estimator runs in, read from relax-core's algorithm table."""
+    return "ppo" if algorithm_spec(estimator).needs_critic else "grpo"
+
+
+ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {name: PIPELINE_BUILDERS[pipeline_family(name)] for name in ALGORITHMS}
+"""Advantage estimator → pipeline builder for the built-in table (:func:`build_pipeline` reads the table itself,
+so an entry added to ``relax_core.ALGORITHMS`` later is built too)."""
 
 
 def build_pipeline(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
     """The pipeline for ``cfg.algorithm``'s estimator."""
-    return ALGORITHM_BUILDERS[cfg.algorithm.advantage_estimator](cfg, heldout, restore)
+    return PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)](cfg, heldout, restore)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax_core import compute_advantages, compute_policy_loss, value_loss
+from relax_core import algorithm_spec, compute_advantages, compute_policy_loss, value_loss
 from relax_queue import Batch, GroupBatcher, LeaseError, QueueTimeoutError
 from relax_services._policy import build_train_engine, build_value_engine
 from relax_services.config import RunConfig
@@ -120,11 +120,12 @@ def build_train_samples(
 
 def proximal_logprobs(cfg: RunConfig, engine: Any, batch_rows: list[dict[str, Any]]) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses under the trainer's policy before this update, when the update
-    needs them up front: V-trace (its target policy) and decoupled PPO over several optimizer steps (the
-    proximal policy must stay the one before the first step). Otherwise None: a one-step update's own forward
-    is the proximal policy."""
+    needs them up front: an estimator whose table entry ``needs_proximal_logprobs`` (V-trace: its target policy)
+    and decoupled PPO over several optimizer steps (the proximal policy must stay the one before the first
+    step). Otherwise None: a one-step update's own forward is the proximal policy."""
     multi_step = cfg.trainer.minibatches * cfg.trainer.ppo_epochs > 1
-    if cfg.algorithm.advantage_estimator != "vtrace" and not (cfg.algorithm.decoupled and multi_step):
+    upfront = algorithm_spec(cfg.algorithm.advantage_estimator).needs_proximal_logprobs
+    if not upfront and not (cfg.algorithm.decoupled and multi_step):
         return None
     samples = [TrainSample(prompt=r["prompt"], response_ids=torch.tensor(r["response"])) for r in batch_rows]
     logprobs: torch.Tensor = engine.compute_logprobs(samples)[0]  # [B, T]
