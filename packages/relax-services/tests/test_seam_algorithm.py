@@ -68,7 +68,7 @@ def test_a_registered_toy_estimator_is_validated_preset_and_dispatched() -> None
     out = compute_advantages(cfg.algorithm, torch.tensor([1.0, 0.0, 0.25]), mask, group_ids=["a", "a", "a"])
     expected = torch.tensor([[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0], [-0.25, -0.25, -0.25]])
     assert torch.allclose(out.advantages, expected)
-    with pytest.raises(ValueError, match="fixed_baseline.*needs group_ids"):
+    with pytest.raises(ValueError, match=r"fixed_baseline.*needs group_ids"):
         compute_advantages(cfg.algorithm, torch.tensor([1.0, 0.0, 0.25]), mask)
 
     # The services read the same entry: no critic fields, the critic-free pipeline, advantages on the rows.

@@ -99,6 +99,9 @@ class RolloutConfig(ConfigModel):
     max_new_tokens: int = pydantic.Field(default=4, ge=1)
     """Longest response in tokens (answers are 1–3 characters plus end-of-answer)."""
 
+    engine: str = "hf"
+    """Rollout engine: an id of ``relax_services.engines.registry.ROLLOUT_ENGINES`` (``hf``: transformers)."""
+
     partial_rollout: Literal["finish_old", "switch", "abort_resume"] = "switch"
     """What generation in flight does when new weights arrive: finish on the old weights, switch weights
     between decode steps (per-token versions recorded), or abort and restart on the new weights."""
@@ -106,6 +109,9 @@ class RolloutConfig(ConfigModel):
 
 class TrainerConfig(ConfigModel):
     """The Trainer service: what one update consumes and how long the run lasts."""
+
+    engine: str = "torch"
+    """Training engine: an id of ``relax_services.engines.registry.TRAIN_ENGINES`` (``torch``: single process)."""
 
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""

@@ -19,6 +19,7 @@ from relax_core import ALGORITHMS, algorithm_spec
 from relax_queue import BoundedStaleness, Capacity, QueueConfig, TaskSpec, create_ray_queue
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
+from relax_services.engines.registry import check_engines
 from relax_services.services import (
     CriticService,
     EvalService,
@@ -199,5 +200,7 @@ so an entry added to ``relax_core.ALGORITHMS`` later is built too)."""
 
 
 def build_pipeline(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
-    """The pipeline for ``cfg.algorithm``'s estimator."""
+    """The pipeline for ``cfg.algorithm``'s estimator (its engines are resolved first: a bad ``rollout.engine`` or
+    ``trainer.engine``, or a missing extra, fails here rather than in a service process)."""
+    check_engines(cfg)
     return PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)](cfg, heldout, restore)

@@ -9,9 +9,9 @@ from collections import defaultdict
 from typing import Any
 
 from relax_core import build_reward
-from relax_services._policy import build_policy
 from relax_services.config import RunConfig
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.engines import RolloutEngine, SamplingParams
+from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
 from relax_services.services._base import ServiceBase
 from relax_services.services.reward import decode_response
 
@@ -32,7 +32,8 @@ class EvalService(ServiceBase):
         self.cfg = cfg
         self.heldout = heldout
         self.weights = weights
-        self.engine = HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig())
+        # rollout.engine, finishing each greedy pass on the weights it started with
+        self.engine: RolloutEngine = make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
         self.scorer = build_reward(cfg.reward)
         self.params = SamplingParams(n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
         self._next_version = 0

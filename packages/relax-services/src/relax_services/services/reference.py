@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from relax_queue import FixedSizeBatcher, QueueTimeoutError
-from relax_services._policy import build_train_engine
 from relax_services.config import RunConfig
-from relax_services.engines import TrainSample
+from relax_services.engines import TrainEngine, TrainSample
+from relax_services.engines.registry import make_train_engine
 from relax_services.services._base import ServiceBase
 
 __all__ = ["ReferenceService"]
@@ -24,7 +24,7 @@ class ReferenceService(ServiceBase):
         self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 128, *, health: Any = None
     ) -> None:
         super().__init__(name, health)
-        self.engine = build_train_engine(cfg)
+        self.engine: TrainEngine = make_train_engine(cfg)  # the trainer's engine kind, frozen at the initial weights
         self.full_dist = cfg.algorithm.kl_estimator == "full"
         self.queue = sample_queue
         self.reader = sample_queue.reader(

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from relax_queue import FixedSizeBatcher, QueueTimeoutError, RowInput
-from relax_services._policy import build_policy
 from relax_services.config import RunConfig
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.engines import RolloutEngine, SamplingParams
+from relax_services.engines.registry import make_rollout_engine
 from relax_services.services._base import ServiceBase
 from relax_services.weights import WeightPoller
 
@@ -36,8 +36,7 @@ class RolloutService(ServiceBase):
         self.prompt_queue = prompt_queue
         self.sample_queue = sample_queue
         self.weights = weights
-        model = build_policy(cfg.model)
-        self.engine = HFRolloutEngine(model, HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
+        self.engine: RolloutEngine = make_rollout_engine(cfg)  # rollout.engine, from the engine registry
         self.params = SamplingParams(
             n=cfg.algorithm.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -68,7 +67,7 @@ class RolloutService(ServiceBase):
             return
         self._catch_up(batch)
         keys = [str(k) for k in batch.keys]
-        self.engine.generator.manual_seed(sampling_seed(self.cfg.trainer.seed, keys))
+        self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))
         start = time.perf_counter()
         groups = self.engine.generate(batch.column("prompt"), self.params, poll_weights=self._poll)
         elapsed = time.perf_counter() - start

@@ -13,9 +13,10 @@ import torch
 
 from relax_core import algorithm_spec, compute_advantages, compute_policy_loss, value_loss
 from relax_queue import Batch, GroupBatcher, LeaseError, QueueTimeoutError
-from relax_services._policy import build_train_engine, build_value_engine
+from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
-from relax_services.engines import LossInputs, TrainSample
+from relax_services.engines import LossInputs, TrainEngine, TrainSample
+from relax_services.engines.registry import make_train_engine
 from relax_services.services._base import ServiceBase
 
 __all__ = [
@@ -196,7 +197,7 @@ class TrainerService(ServiceBase):
         self.cfg = cfg
         self.queue = sample_queue
         self.weights = weights
-        self.engine = build_train_engine(cfg)
+        self.engine: TrainEngine = make_train_engine(cfg)  # trainer.engine, from the engine registry
         # PPO: the critic trains here, next to the policy; the Critic service scores with its published weights.
         self.critic = build_value_engine(cfg) if cfg.algorithm.uses_critic else None
         self.critic_weights = critic_weights
