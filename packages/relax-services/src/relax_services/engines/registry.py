@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from relax_services.engines.protocols import PartialRolloutMode, RolloutEngine, TrainEngine
 
@@ -72,7 +72,7 @@ OPTIONAL_EXTRAS: dict[str, str] = {
 """Top-level module of an optional backend → the pip extra that installs it."""
 
 
-def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., Any]:
+def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., object]:
     """Import and return the factory registered as ``name``.
 
     Args:
@@ -96,10 +96,10 @@ def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[...,
         extra = OPTIONAL_EXTRAS.get(missing)
         hint = f"; install it with `pip install '{extra}'`" if extra else ""
         raise ImportError(f"{field}={name!r} needs the package {missing!r}, which is not installed{hint}") from exc
-    factory = getattr(module, attr, None)
+    factory: object = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"{field}={name!r}: {path!r} does not name a callable")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def make_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions | None = None) -> RolloutEngine:

@@ -6,14 +6,15 @@ It runs in its own process and reads weights from the weight store, so evaluatio
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from relax_core import build_reward
 from relax_services.config import RunConfig
 from relax_services.engines import RolloutEngine, SamplingParams
 from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
-from relax_services.services._base import ServiceBase
+from relax_services.rows import HeldoutItem
+from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.services.reward import decode_response
+from relax_services.weights import WeightStore
 
 __all__ = ["EvalService"]
 
@@ -26,7 +27,13 @@ class EvalService(ServiceBase):
     """
 
     def __init__(
-        self, name: str, cfg: RunConfig, heldout: list[tuple[str, Any, str]], weights: Any, *, health: Any = None
+        self,
+        name: str,
+        cfg: RunConfig,
+        heldout: list[HeldoutItem],
+        weights: WeightStore,
+        *,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg

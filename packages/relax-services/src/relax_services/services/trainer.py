@@ -6,18 +6,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from relax_core import algorithm_spec, compute_advantages, compute_policy_loss, value_loss
-from relax_queue import Batch, GroupBatcher, LeaseError, QueueTimeoutError
+from relax_queue import Batch, GroupBatcher, LeaseError, QueueClient, QueueTimeoutError
 from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
-from relax_services.engines import LossInputs, TrainEngine, TrainSample
+from relax_services.engines import LossFn, LossInputs, TrainEngine, TrainSample
 from relax_services.engines.registry import make_train_engine
-from relax_services.services._base import ServiceBase
+from relax_services.rows import SampleRow, as_sample_row, split_sample_key
+from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.weights import WeightStore
 
 __all__ = [
     "TrainerService",
@@ -36,8 +38,7 @@ _TRAIN_LEASE_S = 3600.0  # one update never takes this long; the trainer acks ri
 
 def sample_order(key: str) -> tuple[str, int]:
     """Sort key of a sample row key ``"<prompt key>/<index in group>"``: by prompt, then index."""
-    prompt, _, index = key.rpartition("/")
-    return prompt, int(index)
+    return split_sample_key(key)
 
 
 def trainer_fields(cfg: RunConfig) -> list[str]:
@@ -59,7 +60,7 @@ def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
     return out
 
 
-def informative_rows(batch_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def informative_rows(batch_rows: Sequence[SampleRow]) -> list[SampleRow]:
     """The rows of groups whose rewards are not all equal (DAPO's dynamic sampling, ``algorithm.filter_groups``):
     a group where every sample scored the same has zero group-relative advantage, so it only dilutes the update."""
     by_group: dict[str, set[float]] = defaultdict(set)
@@ -69,7 +70,7 @@ def informative_rows(batch_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_train_samples(
-    cfg: RunConfig, batch_rows: list[dict[str, Any]], proximal_logprobs: torch.Tensor | None = None
+    cfg: RunConfig, batch_rows: Sequence[SampleRow], proximal_logprobs: torch.Tensor | None = None
 ) -> list[TrainSample]:
     """Turn consumed rows (plain field dicts) into training samples with advantages attached (and, with a
     critic, the values the rows were scored with and the regression targets: GAE returns or V-trace targets).
@@ -119,7 +120,7 @@ def build_train_samples(
     return samples
 
 
-def proximal_logprobs(cfg: RunConfig, engine: Any, batch_rows: list[dict[str, Any]]) -> torch.Tensor | None:
+def proximal_logprobs(cfg: RunConfig, engine: TrainEngine, batch_rows: Sequence[SampleRow]) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses under the trainer's policy before this update, when the update
     needs them up front: an estimator whose table entry ``needs_proximal_logprobs`` (V-trace: its target policy)
     and decoupled PPO over several optimizer steps (the proximal policy must stay the one before the first
@@ -133,7 +134,7 @@ def proximal_logprobs(cfg: RunConfig, engine: Any, batch_rows: list[dict[str, An
     return logprobs
 
 
-def make_value_loss_fn(cfg: RunConfig) -> Any:
+def make_value_loss_fn(cfg: RunConfig) -> LossFn:
     """The critic's loss per micro-batch: relax-core's clipped value loss against the rows' targets."""
     algo = cfg.algorithm
 
@@ -152,7 +153,7 @@ def make_value_loss_fn(cfg: RunConfig) -> Any:
     return loss_fn
 
 
-def make_loss_fn(cfg: RunConfig) -> Any:
+def make_loss_fn(cfg: RunConfig) -> LossFn:
     """The loss the training engine calls per micro-batch: relax-core's policy objective for the algorithm.
 
     With ``decoupled`` (decoupled PPO, for stale data) the proximal policy is the trainer's policy before this
@@ -186,12 +187,12 @@ class TrainerService(ServiceBase):
         self,
         name: str,
         cfg: RunConfig,
-        sample_queue: Any,
-        weights: Any,
+        sample_queue: QueueClient,
+        weights: WeightStore,
         restore_from: str | None = None,
         *,
-        critic_weights: Any = None,
-        health: Any = None,
+        critic_weights: WeightStore | None = None,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg
@@ -224,6 +225,7 @@ class TrainerService(ServiceBase):
 
     def _publish(self) -> None:
         if self.critic is not None:  # before the version is visible, so a Critic that catches up to it finds it
+            assert self.critic_weights is not None  # checked in __init__
             self.critic_weights.publish(self.version, self.critic.policy_state())
         stats = self.weights.publish(self.version, self.engine.policy_state())
         self.queue.publish_version(self.version)
@@ -273,7 +275,7 @@ class TrainerService(ServiceBase):
             return
         start = time.perf_counter()
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
-        rows = [row.fields for row in delivered]
+        rows = [as_sample_row(row.fields) for row in delivered]
         version_before = self.version
         trained = informative_rows(rows) if self.cfg.algorithm.filter_groups else rows
         if not trained:  # every group scored uniformly: no signal, no update; the rows are still consumed
