@@ -263,6 +263,7 @@ class PromptFeeder:
                 self._put_groups([(self._items[key], key, prompt)])
 
     def mark_consumed(self, prompt_keys: Sequence[str]) -> None:
+        """Count each prompt key as consumed once more (the trainer acked its group) and forget its item."""
         with self._lock:
             for key in prompt_keys:
                 self.ledger.consumed[key] = self.ledger.consumed.get(key, 0) + 1
@@ -270,6 +271,7 @@ class PromptFeeder:
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
+        """Start the feeder thread, which pumps until :meth:`stop`."""
         self._thread = threading.Thread(target=self._run, name="prompt-feeder", daemon=True)
         self._thread.start()
 
@@ -291,9 +293,11 @@ class PromptFeeder:
         self._pump_lock.acquire()
 
     def resume(self) -> None:
+        """Release a :meth:`pause`."""
         self._pump_lock.release()
 
     def stop(self) -> None:
+        """Stop the feeder thread (waits up to 10 s for the pump in progress)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10.0)

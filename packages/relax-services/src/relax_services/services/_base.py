@@ -44,7 +44,9 @@ class HealthHandle(Protocol):
     fire-and-forget ``beat.remote(...)`` call)."""
 
     @property
-    def beat(self) -> _RemoteBeat: ...
+    def beat(self) -> _RemoteBeat:
+        """The monitor's ``beat`` method, called as ``beat.remote(name, progress, pid, error)``."""
+        ...
 
 
 def configure_process() -> None:

@@ -48,6 +48,8 @@ class CriticService(ServiceBase):
             self.engine.model.load_state_dict(state)
 
     def step(self) -> None:
+        """Score one batch of new samples with the newest critic (caught up to the trainer's version); add
+        ``values``."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:

@@ -59,6 +59,7 @@ class EvalService(ServiceBase):
         return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
 
     def step(self) -> None:
+        """Evaluate the newest weights when they are ``eval.every_steps`` past the last evaluated version; else wait."""
         latest = self.weights.latest_version()
         newer = None if latest is None or latest < self._next_version else self.weights.fetch(None)
         if newer is None:

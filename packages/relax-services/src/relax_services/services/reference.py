@@ -37,6 +37,7 @@ class ReferenceService(ServiceBase):
         )
 
     def step(self) -> None:
+        """Score one batch of new samples under the reference policy and add ``ref_logprobs`` (and ``ref_dist``)."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:

@@ -42,6 +42,7 @@ class RewardService(ServiceBase):
         )
 
     def step(self) -> None:
+        """Score one batch of new responses and add ``reward`` and ``reward_error``."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:

@@ -67,6 +67,7 @@ class RolloutService(ServiceBase):
         self.catch_up(self.sample_queue.version, lambda: self.engine.version, self._sync_weights, self.reader, batch)
 
     def step(self) -> None:
+        """Generate one batch of prompt groups with the newest weights, put their sample rows, ack the prompts."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:

@@ -221,6 +221,7 @@ class TrainerService(ServiceBase):
 
     @property
     def version(self) -> int:
+        """Policy updates applied so far."""
         return int(self.engine.version)
 
     def _publish(self) -> None:
@@ -239,6 +240,7 @@ class TrainerService(ServiceBase):
         return self.version
 
     def resume(self) -> None:
+        """Release a :meth:`pause`."""
         self._paused.clear()
         self._pause_requested.clear()
 
@@ -251,6 +253,7 @@ class TrainerService(ServiceBase):
         return self.version
 
     def step(self) -> None:
+        """One update: lease whole groups, train on them, publish the new weights and version, ack."""
         if self._pause_requested.is_set():
             self._paused.set()
             self._stop.wait(0.05)  # the loop keeps beating while held, so it is not taken for hung
