@@ -18,6 +18,16 @@ from relax_core._advantages import (
     rloo_advantages,
     vtrace,
 )
+from relax_core._algorithms import (
+    ALGORITHMS,
+    AdvantageFn,
+    AlgorithmSpec,
+    EstimatorInputs,
+    algorithm_spec,
+    estimator_names,
+    off_policy_alternatives,
+    preset_names,
+)
 from relax_core._config_base import (
     ConfigError,
     ConfigIssue,
@@ -119,6 +129,17 @@ __all__ += [
     "StalenessConfig",
     "load_preset",
     "lr_multiplier",
+]
+# the algorithm table (one entry per advantage estimator; validation, presets and dispatch read it)
+__all__ += [
+    "ALGORITHMS",
+    "AdvantageFn",
+    "AlgorithmSpec",
+    "EstimatorInputs",
+    "algorithm_spec",
+    "estimator_names",
+    "off_policy_alternatives",
+    "preset_names",
 ]
 # masked reductions
 __all__ += [

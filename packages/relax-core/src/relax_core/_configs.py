@@ -12,10 +12,11 @@ from typing import Any, Literal
 import pydantic
 from pydantic_core import PydanticCustomError
 
+from relax_core._algorithms import ALGORITHMS, algorithm_spec, preset_names
 from relax_core._config_base import ConfigModel, load_config
 from relax_core._kl import KLEstimator
 from relax_core._masked import LossAggMode
-from relax_core._presets import PRESET_NAMES, PresetName, preset_data
+from relax_core._presets import PresetName, preset_data
 
 __all__ = [
     "AdvantageEstimator",
@@ -30,25 +31,23 @@ __all__ = [
     "lr_multiplier",
 ]
 
-AdvantageEstimator = Literal["gae", "vtrace", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+AdvantageEstimator = str
+"""An advantage estimator id: a key of :data:`~relax_core.ALGORITHMS` (checked when a config is loaded)."""
 PolicyLossName = Literal["ppo", "gspo", "cispo", "sapo"]
-
-
-_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
-_CRITIC_ESTIMATORS = ("gae", "vtrace")
 
 
 class AlgorithmConfig(ConfigModel):
     """The RL algorithm: advantage estimator, policy loss, KL/entropy terms, off-policy corrections."""
 
     preset: PresetName | None = None
-    """Preset the values start from (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo); keys given
+    """Preset the values start from (grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, ppo: the presets of the
+    algorithm table :data:`~relax_core.ALGORITHMS`); keys given
     next to it override the preset's. Applied when the config is loaded, not on later assignment.
     None: start from the defaults below."""
 
     advantage_estimator: AdvantageEstimator = "grpo"
-    """How advantages are computed: gae / vtrace (need a critic), grpo, rloo, reinforce_pp,
-    reinforce_pp_baseline."""
+    """How advantages are computed: a key of the algorithm table :data:`~relax_core.ALGORITHMS`: gae / vtrace
+    (need a critic), grpo, rloo, reinforce_pp, reinforce_pp_baseline."""
 
     norm_adv_by_std: bool = True
     """GRPO: divide group-centred rewards by the group std. False gives Dr.GRPO."""
@@ -63,7 +62,8 @@ class AlgorithmConfig(ConfigModel):
     """GAE λ (and the V-trace λ that scales the trace coefficients c)."""
 
     group_size: int = pydantic.Field(default=8, ge=1)
-    """Samples generated per prompt (n). Group estimators (grpo, rloo, reinforce_pp_baseline) need >= 2."""
+    """Samples generated per prompt (n). Group estimators (``needs_groups`` in the algorithm table: grpo, rloo,
+    reinforce_pp_baseline) need >= 2."""
 
     policy_loss: PolicyLossName = "ppo"
     """Surrogate: ppo (clip; Schulman et al. 2017), gspo (sequence ratios), cispo (clipped IS weight),
@@ -147,15 +147,29 @@ class AlgorithmConfig(ConfigModel):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("preset") in PRESET_NAMES:
+        if isinstance(data, dict) and data.get("preset") in preset_names():
             return {**preset_data(data["preset"]), **data}
         return data
+
+    @pydantic.field_validator("preset")
+    @classmethod
+    def _check_preset(cls, value: str | None) -> str | None:
+        if value is not None and value not in preset_names():
+            raise _not_one_of(preset_names())
+        return value
+
+    @pydantic.field_validator("advantage_estimator")
+    @classmethod
+    def _check_estimator(cls, value: str) -> str:
+        if value not in ALGORITHMS:
+            raise _not_one_of(tuple(ALGORITHMS))
+        return value
 
     @pydantic.field_validator("group_size")
     @classmethod
     def _check_group_size(cls, value: int, info: pydantic.ValidationInfo) -> int:
         estimator = info.data.get("advantage_estimator")
-        if estimator in _GROUP_ESTIMATORS and value < 2:
+        if estimator in ALGORITHMS and ALGORITHMS[estimator].needs_groups and value < 2:
             raise _inconsistent(f">= 2 for advantage_estimator={estimator}")
         return value
 
@@ -178,13 +192,13 @@ class AlgorithmConfig(ConfigModel):
 
     @property
     def uses_critic(self) -> bool:
-        """Whether the estimator needs a value model (gae, vtrace)."""
-        return self.advantage_estimator in _CRITIC_ESTIMATORS
+        """Whether the estimator needs a value model (``needs_critic`` in the algorithm table: gae, vtrace)."""
+        return algorithm_spec(self.advantage_estimator).needs_critic
 
     @property
     def uses_reference(self) -> bool:
-        """Whether a frozen reference model is needed (kl_coef > 0)."""
-        return self.kl_coef > 0.0
+        """Whether a frozen reference model is needed (kl_coef > 0, or an estimator that ``needs_reference``)."""
+        return self.kl_coef > 0.0 or algorithm_spec(self.advantage_estimator).needs_reference
 
 
 def _inconsistent(allowed: str) -> PydanticCustomError:
@@ -192,11 +206,19 @@ def _inconsistent(allowed: str) -> PydanticCustomError:
     return PydanticCustomError("inconsistent_value", "value inconsistent with other fields", {"expected": allowed})
 
 
+def _not_one_of(names: tuple[str, ...]) -> PydanticCustomError:
+    """An error for a value outside ``names``, worded like pydantic's Literal errors."""
+    quoted = [repr(n) for n in names]
+    allowed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return PydanticCustomError("literal_error", "not one of the allowed values", {"expected": allowed})
+
+
 def load_preset(name: str, overrides: dict[str, Any] | None = None) -> AlgorithmConfig:
-    """Load an algorithm preset shipped with the package (``relax_core/presets/<name>.yaml``).
+    """Load an algorithm preset (the ``presets`` of an entry in :data:`~relax_core.ALGORITHMS`).
 
     Args:
-        name: One of ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``rloo``, ``reinforce_pp``, ``ppo``.
+        name: A preset of the algorithm table: ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``rloo``,
+            ``reinforce_pp``, ``ppo`` (and any preset of an entry added to the table).
         overrides: Field values replacing the preset's.
 
     Raises:

@@ -9,18 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax_core._advantages import (
-    broadcast_to_tokens,
-    gae_advantages,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
-    vtrace,
-)
+from relax_core._algorithms import EstimatorInputs, algorithm_spec
 from relax_core._configs import AlgorithmConfig
 from relax_core._kl import kl_estimate
-from relax_core._masked import masked_sum, masked_whiten
+from relax_core._masked import masked_whiten
 
 __all__ = ["AdvantageOutput", "compute_advantages", "outcome_token_rewards"]
 
@@ -65,6 +57,9 @@ def compute_advantages(
 ) -> AdvantageOutput:
     """Advantages (and critic targets) for a batch, per ``cfg.advantage_estimator``.
 
+    The estimator's entry in the algorithm table (:data:`~relax_core.ALGORITHMS`) says which inputs it needs
+    and holds the function that computes it.
+
     With ``kl_placement == "reward"`` and ``kl_coef > 0`` the per-token penalty β·KL(π ‖ π_ref) is
     subtracted from the token rewards (token estimators) or its sum from the score (grpo, rloo).
 
@@ -72,9 +67,11 @@ def compute_advantages(
         cfg: Algorithm settings.
         scores: Outcome rewards ``[B]``.
         mask: Loss mask ``[B, T]``.
-        group_ids: Group of each sample; required by grpo, rloo, reinforce_pp_baseline.
-        values: Critic values ``[B, T]``; required by gae and vtrace.
-        old_logprobs: Behaviour log-probs ``[B, T]``; required by vtrace and the reward KL penalty.
+        group_ids: Group of each sample; required by estimators that ``needs_groups`` (grpo, rloo,
+            reinforce_pp_baseline).
+        values: Critic values ``[B, T]``; required by estimators that ``needs_critic`` (gae, vtrace).
+        old_logprobs: Behaviour log-probs ``[B, T]``; required by vtrace (``needs_behaviour_logprobs``) and the
+            reward KL penalty.
         proximal_logprobs: Trainer log-probs ``[B, T]``: the V-trace target policy (on-policy if None),
             and preferred over ``old_logprobs`` for the KL penalty.
         ref_logprobs: Reference log-probs ``[B, T]``; required by the reward KL penalty.
@@ -94,36 +91,24 @@ def compute_advantages(
             penalty = torch.where(mask.bool(), -cfg.kl_coef * kl, penalty)
     token_rewards = token_rewards + penalty
 
-    returns: Tensor | None = None
-    if estimator in ("grpo", "rloo", "reinforce_pp_baseline") and group_ids is None:
+    spec = algorithm_spec(estimator)
+    if spec.needs_groups and group_ids is None:
         raise ValueError(f"advantage_estimator={estimator!r} needs group_ids")
-    if estimator in ("gae", "vtrace") and values is None:
+    if spec.needs_critic and values is None:
         raise ValueError(f"advantage_estimator={estimator!r} needs critic values")
-    if estimator == "grpo" or estimator == "rloo":
-        assert group_ids is not None
-        seq_scores = scores + masked_sum(penalty, mask, dim=-1)  # [B]
-        if estimator == "grpo":
-            seq_adv = grpo_advantages(seq_scores, group_ids, cfg.norm_adv_by_std)
-        else:
-            seq_adv = rloo_advantages(seq_scores, group_ids)
-        advantages = broadcast_to_tokens(seq_adv, mask)
-    elif estimator == "reinforce_pp":
-        advantages = reinforce_pp_advantages(token_rewards, mask, cfg.gamma)
-    elif estimator == "reinforce_pp_baseline":
-        assert group_ids is not None
-        advantages = reinforce_pp_baseline_advantages(scores, group_ids, mask, penalty)
-    elif estimator == "gae":
-        assert values is not None
-        advantages, returns = gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.lam)
-    else:
-        assert values is not None
-        if old_logprobs is None:
-            raise ValueError("advantage_estimator='vtrace' needs old_logprobs (behaviour)")
-        target = proximal_logprobs if proximal_logprobs is not None else old_logprobs
-        out = vtrace(
-            token_rewards, values, target, old_logprobs, mask, cfg.gamma, cfg.lam, cfg.vtrace_rho_bar, cfg.vtrace_c_bar
-        )
-        advantages, returns = out.advantages, out.targets
+    if spec.needs_behaviour_logprobs and old_logprobs is None:
+        raise ValueError(f"advantage_estimator={estimator!r} needs old_logprobs (behaviour)")
+    inputs = EstimatorInputs(
+        scores=scores,
+        mask=mask,
+        token_rewards=token_rewards,
+        penalty=penalty,
+        group_ids=group_ids,
+        values=values,
+        old_logprobs=old_logprobs,
+        proximal_logprobs=proximal_logprobs,
+    )
+    advantages, returns = spec.advantage(cfg, inputs)
     if cfg.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
     return AdvantageOutput(advantages=advantages.detach(), returns=returns, token_rewards=token_rewards)

@@ -1,28 +1,27 @@
-"""Algorithm presets: plain YAML data shipped in ``relax_core/presets``, read on demand."""
+"""Algorithm presets: named hyper-parameter sets, read from the algorithm table (:data:`~relax_core.ALGORITHMS`)."""
 
 from __future__ import annotations
 
-from importlib import resources
-from typing import Any, Literal, get_args
+from typing import Any
 
-import yaml
+from relax_core._algorithms import ALGORITHMS, preset_names
 
 __all__ = ["PRESET_NAMES", "PresetName", "preset_data"]
 
-PresetName = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "ppo"]
-PRESET_NAMES: tuple[str, ...] = get_args(PresetName)
+PresetName = str
+"""A preset name: one of :func:`~relax_core.preset_names` (checked when a config is loaded)."""
+
+PRESET_NAMES: tuple[str, ...] = preset_names()
+"""The presets of the built-in table (entries added to the table later are found by :func:`preset_data`)."""
 
 
 def preset_data(name: str) -> dict[str, Any]:
-    """The raw field values of preset ``name`` (without the ``preset`` key itself).
+    """The field values of preset ``name`` (without the ``preset`` key itself), its estimator included.
 
     Raises:
-        KeyError: If ``name`` is not one of :data:`PRESET_NAMES`.
+        KeyError: If no entry of the algorithm table has a preset ``name``.
     """
-    if name not in PRESET_NAMES:
-        raise KeyError(f"unknown preset {name!r}; allowed: {', '.join(PRESET_NAMES)}")
-    text = resources.files("relax_core").joinpath("presets", f"{name}.yaml").read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"preset {name!r} is not a mapping")
-    return data
+    for estimator, spec in ALGORITHMS.items():
+        if name in spec.presets:
+            return {"advantage_estimator": estimator, **spec.presets[name]}
+    raise KeyError(f"unknown preset {name!r}; allowed: {', '.join(preset_names())}")

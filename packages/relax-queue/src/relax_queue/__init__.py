@@ -22,6 +22,7 @@ from relax_queue._errors import (
     RowTooLargeError,
     UnknownTaskError,
 )
+from relax_queue._protocols import QueueClient, QueueReader
 from relax_queue._queue import Reader, TransferQueue, VersionError
 from relax_queue._ray import RayQueueClient, RayReader, connect, create_ray_queue
 from relax_queue._replica import ReplicaSet
@@ -30,6 +31,9 @@ from relax_queue._snapshot import snapshot_keys
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
 
 __all__ = [  # noqa: RUF022 - grouped by topic
+    # interfaces every transport implements
+    "QueueClient",
+    "QueueReader",
     # queues and readers
     "AsyncReader",
     "AsyncTransferQueue",

@@ -7,7 +7,6 @@ import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from relax_modalities import MediaError, SampleProcessor
 from relax_modalities.synthetic import TaskItem, read_manifest, write_synthetic_tasks
@@ -15,6 +14,7 @@ from relax_modalities.text import TinyTokenizer
 from relax_services.config import RunConfig
 from relax_services.feeder import TaskStream
 from relax_services.models import OmniPrompt
+from relax_services.rows import DataItem, HeldoutItem
 
 __all__ = ["RunData", "prepare_data", "to_prompt"]
 
@@ -26,7 +26,7 @@ class RunData:
     """Training streams per task, the held-out set, and each task's chance level."""
 
     streams: dict[str, TaskStream]
-    heldout: list[tuple[str, OmniPrompt, str]]
+    heldout: list[HeldoutItem]
     chance: dict[str, float]
     skipped_heldout: dict[str, int]
 
@@ -36,7 +36,7 @@ def _processor() -> SampleProcessor:
     return SampleProcessor(TinyTokenizer())
 
 
-def to_prompt(item: Any) -> OmniPrompt:
+def to_prompt(item: DataItem | TaskItem) -> OmniPrompt:
     """A task item (or its feeder entry) to the thinker's inputs, through relax-modalities' data paths."""
     task_item: TaskItem = item["item"] if isinstance(item, dict) else item
     kwargs = _processor()(task_item)
@@ -45,7 +45,7 @@ def to_prompt(item: Any) -> OmniPrompt:
     return OmniPrompt(**kwargs)
 
 
-def _as_entry(item: TaskItem) -> dict[str, Any]:
+def _as_entry(item: TaskItem) -> DataItem:
     return {"id": item.id, "task": item.task, "answer": item.answer, "item": item}
 
 
@@ -57,7 +57,7 @@ def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
     heldout_items = _manifest(
         root / "heldout", tasks, cfg.data.eval_per_task, cfg.data.seed + _HELDOUT_SEED_OFFSET, cfg.data.difficulty
     )
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_task: dict[str, list[DataItem]] = defaultdict(list)
     for item in train:
         by_task[item.task].append(_as_entry(item))
     streams = {task: TaskStream(items, seed=cfg.data.seed) for task, items in by_task.items()}

@@ -30,6 +30,7 @@ class MetricsWriter:
         return row
 
     def close(self) -> None:
+        """Flush and close the metrics file."""
         self._file.close()
 
 

@@ -6,10 +6,17 @@ from pathlib import Path
 from typing import Literal
 
 from relax_services.config import ModelConfig, RunConfig
-from relax_services.engines import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
+from relax_services.engines import (
+    HFRolloutConfig,
+    HFRolloutEngine,
+    TorchTrainConfig,
+    TorchTrainEngine,
+    TorchValueEngine,
+)
+from relax_services.engines.registry import RolloutEngineOptions
 from relax_services.models import OmniModel, build_tiny_omni, build_value_model, load_model
 
-__all__ = ["build_policy", "build_train_engine", "build_value_engine"]
+__all__ = ["build_hf_rollout_engine", "build_policy", "build_train_engine", "build_value_engine"]
 
 
 def build_policy(cfg: ModelConfig) -> OmniModel:
@@ -22,9 +29,15 @@ def build_policy(cfg: ModelConfig) -> OmniModel:
     return load_model(path)
 
 
+def build_hf_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions) -> HFRolloutEngine:
+    """``rollout.engine=hf``: the transformers engine over the run's policy."""
+    mode = options.partial_rollout if options.partial_rollout is not None else cfg.rollout.partial_rollout
+    return HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=mode))
+
+
 def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchTrainEngine:
-    """The training engine of a run: the run's optimizer settings, micro-batches of whole groups, and a
-    loss weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
+    """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
+    weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
     return TorchTrainEngine(model if model is not None else build_policy(cfg.model), _train_config(cfg))
 
 

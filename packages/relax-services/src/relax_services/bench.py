@@ -8,9 +8,12 @@ step it computes the overlap bound (R + T) / max(R, T) and the fraction of it ea
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_services._metrics import read_metrics
+
+if TYPE_CHECKING:
+    from relax_services.controller import RunResult
 
 __all__ = ["BENCH_DEFAULTS", "format_bench_table", "run_pipeline_bench"]
 
@@ -44,7 +47,7 @@ def steady_state(run_dir: Path) -> dict[str, float]:
     }
 
 
-def _row(tau: int | None, result: Any) -> dict[str, Any]:
+def _row(tau: int | None, result: RunResult) -> dict[str, Any]:
     measured = steady_state(result.run_dir)
     return {
         "tau": "inf" if tau is None else str(tau),

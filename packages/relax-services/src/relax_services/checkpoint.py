@@ -118,5 +118,6 @@ def queued_prompt_keys(path: Path) -> set[str]:
     """Prompt keys still held by the queue snapshots of checkpoint ``path``: prompt rows waiting for a Rollout
     worker, and groups of samples (keyed ``<prompt key>/<i>``) not yet consumed by the trainer."""
     from relax_queue import snapshot_keys
+    from relax_services.rows import prompt_key_of
 
-    return {str(key).split("/")[0] for name in (PROMPTS_FILE, SAMPLES_FILE) for key in snapshot_keys(path / name)}
+    return {prompt_key_of(key) for name in (PROMPTS_FILE, SAMPLES_FILE) for key in snapshot_keys(path / name)}

@@ -18,8 +18,10 @@ from relax_core import (
     OptimizerConfig,
     RewardConfig,
     StalenessConfig,
+    algorithm_spec,
     apply_overrides,
     load_config,
+    off_policy_alternatives,
     read_yaml_mapping,
 )
 
@@ -97,6 +99,9 @@ class RolloutConfig(ConfigModel):
     max_new_tokens: int = pydantic.Field(default=4, ge=1)
     """Longest response in tokens (answers are 1–3 characters plus end-of-answer)."""
 
+    engine: str = "hf"
+    """Rollout engine: an id of ``relax_services.engines.registry.ROLLOUT_ENGINES`` (``hf``: transformers)."""
+
     partial_rollout: Literal["finish_old", "switch", "abort_resume"] = "switch"
     """What generation in flight does when new weights arrive: finish on the old weights, switch weights
     between decode steps (per-token versions recorded), or abort and restart on the new weights."""
@@ -104,6 +109,9 @@ class RolloutConfig(ConfigModel):
 
 class TrainerConfig(ConfigModel):
     """The Trainer service: what one update consumes and how long the run lasts."""
+
+    engine: str = "torch"
+    """Training engine: an id of ``relax_services.engines.registry.TRAIN_ENGINES`` (``torch``: single process)."""
 
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
@@ -284,10 +292,12 @@ class RunConfig(ConfigModel):
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
-        if self.algorithm.advantage_estimator == "gae" and self.staleness.tau != 0:
+        estimator = self.algorithm.advantage_estimator
+        if algorithm_spec(estimator).on_policy_only and self.staleness.tau != 0:
             raise ValueError(
-                f"algorithm.advantage_estimator='gae' assumes on-policy data but staleness.tau={self.staleness.tau}; "
-                "use algorithm.advantage_estimator=vtrace (off-policy corrected value targets) or staleness.tau=0"
+                f"algorithm.advantage_estimator={estimator!r} assumes on-policy data but staleness.tau="
+                f"{self.staleness.tau}; use algorithm.advantage_estimator={off_policy_alternatives(estimator)} "
+                "(off-policy corrected) or staleness.tau=0"
             )
         if self.trainer.groups_per_step % self.trainer.minibatches:
             raise ValueError(

@@ -9,7 +9,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,7 +29,11 @@ from relax_services.feeder import Ledger, PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
-from relax_services.progress import Progress
+from relax_services.progress import Progress, ProgressState
+from relax_services.rows import DataItem, prompt_key_of
+
+if TYPE_CHECKING:
+    from relax_services.models import OmniPrompt
 
 __all__ = ["Controller", "RunResult", "init_ray", "make_run_dir"]
 
@@ -127,7 +131,7 @@ class Controller:
     def _ingest(self, record: dict[str, Any]) -> None:
         kind = record.pop("kind")
         if kind in ("train", "filtered"):  # the sample keys of a consumed batch name their prompts' keys
-            self.feeder.mark_consumed(sorted({k.split("/")[0] for k in record.pop("keys")}))
+            self.feeder.mark_consumed(sorted({prompt_key_of(k) for k in record.pop("keys")}))
         if kind == "train":
             self.step = max(self.step, int(record["step"]))
             self.samples += int(record["samples"])
@@ -353,7 +357,7 @@ class Controller:
     def metrics_wall(self) -> float:
         return round(time.monotonic() - self.metrics.start, 2)
 
-    def _progress_state(self, now: float) -> dict[str, Any]:
+    def _progress_state(self, now: float) -> ProgressState:
         qm = self.pipeline.sample_queue.metrics()
         self.metrics.write(
             "queue",
@@ -380,8 +384,8 @@ class Controller:
             "reward": float(self._last_train.get("reward", 0.0)),
             "eval": self.latest_eval,
             "chance": self.data.chance,
-            "max_staleness": self._last_train.get("max_staleness", 0),
-            "depth_rows": qm["depth_rows"],
+            "max_staleness": int(self._last_train.get("max_staleness", 0)),
+            "depth_rows": int(qm["depth_rows"]),
             "samples_per_s": rate,
             "eta_s": eta,
             "restarts": sum(s.restarts for s in self.pipeline.services.values()),
@@ -423,7 +427,7 @@ class Controller:
         return dict(rewards), int(version)
 
 
-def _to_prompt(item: Any) -> Any:
+def _to_prompt(item: DataItem) -> OmniPrompt:
     from relax_services._data import to_prompt
 
     return to_prompt(item)

@@ -11,12 +11,35 @@ import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from relax_modalities import MediaError
-from relax_queue import QueueClosedError, QueueFullError, RowInput
+from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
+from relax_services.rows import DataItem, PromptRow
 
-__all__ = ["Ledger", "PromptFeeder", "TaskStream"]
+if TYPE_CHECKING:
+    from relax_services.models import OmniPrompt
+
+__all__ = ["FeederState", "Ledger", "LedgerState", "PromptFeeder", "TaskStream"]
+
+
+class LedgerState(TypedDict):
+    """:meth:`Ledger.state_dict`."""
+
+    generated: dict[str, str]
+    consumed: dict[str, int]
+    requeued: dict[str, str]
+
+
+class FeederState(TypedDict):
+    """:meth:`PromptFeeder.state_dict`: everything a resumed run needs to continue with the same prompts."""
+
+    next_index: int
+    rng: tuple[object, ...]  # random.Random.getstate()
+    streams: dict[str, dict[str, int]]  # task -> TaskStream.state_dict()
+    running_reward: dict[str, float]
+    ledger: LedgerState
+    items: dict[str, DataItem]  # prompt key -> item, for prompts not yet consumed
 
 
 @dataclass
@@ -43,10 +66,12 @@ class Ledger:
             "unknown": unknown,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LedgerState:
+        """Copies of the three maps."""
         return {"generated": dict(self.generated), "consumed": dict(self.consumed), "requeued": dict(self.requeued)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: LedgerState) -> None:
+        """Restore :meth:`state_dict`."""
         self.generated = dict(state["generated"])
         self.consumed = dict(state["consumed"])
         self.requeued = dict(state["requeued"])
@@ -55,7 +80,7 @@ class Ledger:
 class TaskStream:
     """Endless, seeded, reshuffled-per-epoch stream over one task's items; its position is checkpointable."""
 
-    def __init__(self, items: Sequence[Mapping[str, Any]], seed: int) -> None:
+    def __init__(self, items: Sequence[DataItem], seed: int) -> None:
         if not items:
             raise ValueError("a task stream needs at least one item")
         self.items = list(items)
@@ -69,7 +94,8 @@ class TaskStream:
         random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
         return order
 
-    def next(self) -> Mapping[str, Any]:
+    def next(self) -> DataItem:
+        """The next item (a new epoch reshuffles)."""
         if self.cursor == len(self._order):
             self.epoch += 1
             self.cursor = 0
@@ -79,9 +105,11 @@ class TaskStream:
         return item
 
     def state_dict(self) -> dict[str, int]:
+        """Epoch and cursor."""
         return {"epoch": self.epoch, "cursor": self.cursor}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Restore :meth:`state_dict`."""
         self.epoch = int(state["epoch"])
         self.cursor = int(state["cursor"])
         self._order = self._shuffle()
@@ -103,9 +131,9 @@ class PromptFeeder:
     def __init__(
         self,
         streams: Mapping[str, TaskStream],
-        to_prompt: Callable[[Mapping[str, Any]], Any],
-        prompt_queue: Any,
-        sample_queue: Any,
+        to_prompt: Callable[[DataItem], OmniPrompt],
+        prompt_queue: QueueClient,
+        sample_queue: QueueClient,
         group_size: int,
         seed: int,
         adaptive: bool,
@@ -123,8 +151,8 @@ class PromptFeeder:
         self.ledger = Ledger()
         self.skipped: dict[str, int] = {}  # reason -> items skipped because their media could not be read
         self.skipped_items: set[str] = set()
-        self._prompts: dict[str, Any] = {}  # item id -> processed prompt
-        self._items: dict[str, Mapping[str, Any]] = {}  # prompt key -> item, until consumed (for requeues)
+        self._prompts: dict[str, OmniPrompt] = {}  # item id -> processed prompt
+        self._items: dict[str, DataItem] = {}  # prompt key -> item, until consumed (for requeues)
         self._lock = threading.Lock()
         self._pump_lock = threading.Lock()  # held by a pump in progress, or by pause()
         self._stop = threading.Event()
@@ -147,14 +175,9 @@ class PromptFeeder:
         return self.rng.choices(self.tasks, weights=weights)[0]
 
     # ------------------------------------------------------------------ producing
-    def _put_groups(self, groups: Sequence[tuple[Mapping[str, Any], str, Any]]) -> None:
+    def _put_groups(self, groups: Sequence[tuple[DataItem, str, OmniPrompt]]) -> None:
         """Puts ``(item, key, prompt)`` groups as prompt rows, in one call (one round trip on the Ray queue)."""
-        rows = [
-            RowInput(
-                key, {"item": {"id": item["id"], "task": item["task"], "answer": item["answer"]}, "prompt": prompt}
-            )
-            for item, key, prompt in groups
-        ]
+        rows = [RowInput(key, _prompt_row(item, prompt)) for item, key, prompt in groups]
         while rows:  # the prompt queue is bounded: wait for room, but stay stoppable
             try:
                 self.prompt_queue.put_many(rows, timeout=1.0)
@@ -177,7 +200,7 @@ class PromptFeeder:
         groups, spare = divmod(granted, self.group_size)
         if spare:
             self.sample_queue.release_admission(spare)
-        ready: list[tuple[Mapping[str, Any], str, Any]] = []
+        ready: list[tuple[DataItem, str, OmniPrompt]] = []
         for _ in range(groups):
             prompt = None
             for _attempt in range(10_000):
@@ -198,7 +221,7 @@ class PromptFeeder:
         self._put_groups(ready)
         return groups
 
-    def _process(self, item: Mapping[str, Any]) -> Any | None:
+    def _process(self, item: DataItem) -> OmniPrompt | None:
         """The item's prompt, or None (skipped and counted) when its media cannot be read. Prompts are cached by
         item id: items recur every epoch, and decoding on the feeder's path would delay every update at τ = 0."""
         cached = self._prompts.get(str(item["id"]))
@@ -240,6 +263,7 @@ class PromptFeeder:
                 self._put_groups([(self._items[key], key, prompt)])
 
     def mark_consumed(self, prompt_keys: Sequence[str]) -> None:
+        """Count each prompt key as consumed once more (the trainer acked its group) and forget its item."""
         with self._lock:
             for key in prompt_keys:
                 self.ledger.consumed[key] = self.ledger.consumed.get(key, 0) + 1
@@ -247,6 +271,7 @@ class PromptFeeder:
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
+        """Start the feeder thread, which pumps until :meth:`stop`."""
         self._thread = threading.Thread(target=self._run, name="prompt-feeder", daemon=True)
         self._thread.start()
 
@@ -268,15 +293,18 @@ class PromptFeeder:
         self._pump_lock.acquire()
 
     def resume(self) -> None:
+        """Release a :meth:`pause`."""
         self._pump_lock.release()
 
     def stop(self) -> None:
+        """Stop the feeder thread (waits up to 10 s for the pump in progress)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10.0)
 
     # ------------------------------------------------------------------ checkpoint
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> FeederState:
+        """The feeder's position (see :class:`FeederState`)."""
         with self._lock:
             return {
                 "next_index": self.next_index,
@@ -287,7 +315,8 @@ class PromptFeeder:
                 "items": dict(self._items),
             }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: FeederState) -> None:
+        """Restore :meth:`state_dict`."""
         with self._lock:
             self.next_index = int(state["next_index"])
             self.rng.setstate(state["rng"])
@@ -296,3 +325,8 @@ class PromptFeeder:
             self.running_reward = dict(state["running_reward"])
             self.ledger.load_state_dict(state["ledger"])
             self._items = dict(state["items"])
+
+
+def _prompt_row(item: DataItem, prompt: OmniPrompt) -> PromptRow:
+    """The prompt queue row of ``item``: its id, task and answer (not the loader's record), and the prompt."""
+    return {"item": {"id": item["id"], "task": item["task"], "answer": item["answer"]}, "prompt": prompt}

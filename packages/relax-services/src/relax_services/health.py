@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
+
+if TYPE_CHECKING:
+    from relax_services.pipeline import Pipeline, ServiceSpec
 
 __all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError"]
 
@@ -41,7 +44,7 @@ class HealthManager:
         if self.metrics is not None:
             self.metrics.write("health", entry)
 
-    def collect_reports(self, pipeline: Any) -> dict[str, list[dict[str, Any]]]:
+    def collect_reports(self, pipeline: Pipeline) -> dict[str, list[dict[str, Any]]]:
         """Drain every live service's metric records; a service whose process is gone is marked down."""
         import ray
 
@@ -57,7 +60,7 @@ class HealthManager:
                 out[name] = []
         return out
 
-    def check(self, pipeline: Any) -> None:
+    def check(self, pipeline: Pipeline) -> None:
         """Detect crashed, failed and hung services and restart them in place."""
         import ray
 
@@ -81,7 +84,7 @@ class HealthManager:
             if reason is not None:
                 self._restart(pipeline, spec, reason)
 
-    def _restart(self, pipeline: Any, spec: Any, reason: str) -> None:
+    def _restart(self, pipeline: Pipeline, spec: ServiceSpec, reason: str) -> None:
         import ray
 
         self.record_event("detected", spec.name, reason=reason)

@@ -13,11 +13,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relax_queue import BoundedStaleness, Capacity, QueueConfig, TaskSpec, create_ray_queue
+from relax_core import ALGORITHMS, algorithm_spec
+from relax_queue import BoundedStaleness, Capacity, QueueConfig, RayQueueClient, TaskSpec, create_ray_queue
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
+from relax_services.engines.registry import check_engines
+from relax_services.rows import HeldoutItem
 from relax_services.services import (
     CriticService,
     EvalService,
@@ -26,10 +29,14 @@ from relax_services.services import (
     RolloutService,
     TrainerService,
 )
-from relax_services.services._base import HealthMonitor
+from relax_services.services._base import HealthMonitor, ServiceBase
 from relax_services.weights import RayWeightStore
 
-__all__ = ["ALGORITHM_BUILDERS", "Pipeline", "ServiceSpec", "build_pipeline"]
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+__all__ = ["ALGORITHM_BUILDERS", "PIPELINE_BUILDERS", "Pipeline", "ServiceSpec", "build_pipeline", "pipeline_family"]
 
 
 @dataclass
@@ -46,7 +53,7 @@ class ServiceSpec:
     restarts: int = 0
     resource: str | None = None
 
-    def launch(self, namespace: str) -> Any:
+    def launch(self, namespace: str) -> ObjectRef[int]:
         """Create the actor and ask it to start; returns the start call's reference (its process id)."""
         import ray
 
@@ -60,14 +67,16 @@ class ServiceSpec:
         if self.resource is not None:
             options["resources"] = {self.resource: 0.01}
         self.handle = actor_cls.options(**options).remote(self.name, *self.args, **self.kwargs)
-        return self.handle.start.remote()
+        started: ObjectRef[int] = self.handle.start.remote()
+        return started
 
-    def create(self, namespace: str, timeout: float = 300.0) -> Any:
+    def create(self, namespace: str, timeout: float = 300.0) -> ActorHandle[ServiceBase]:
         """Create and start the actor, waiting until its work loop runs."""
         import ray
 
         self.pid = ray.get(self.launch(namespace), timeout=timeout)
-        return self.handle
+        handle: ActorHandle[ServiceBase] = self.handle
+        return handle
 
 
 @dataclass
@@ -76,12 +85,12 @@ class Pipeline:
 
     cfg: RunConfig
     namespace: str
-    prompt_queue: Any
-    sample_queue: Any
-    weights: Any
-    health: Any
+    prompt_queue: RayQueueClient
+    sample_queue: RayQueueClient
+    weights: RayWeightStore
+    health: Any  # the HealthMonitor actor's handle
     services: dict[str, ServiceSpec]
-    critic_weights: Any = None
+    critic_weights: RayWeightStore | None = None
 
     def start(self) -> None:
         """Start every service at once (their processes import and build models in parallel)."""
@@ -115,7 +124,7 @@ class Pipeline:
             ray.kill(actor, no_restart=True)
 
 
-def _queues(cfg: RunConfig, namespace: str) -> tuple[Any, Any]:
+def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
     sample_tasks = [TaskSpec("reward")]
     if cfg.algorithm.uses_reference:
         sample_tasks.append(TaskSpec("reference"))
@@ -139,19 +148,19 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[Any, Any]:
     return create_ray_queue(f"{namespace}-prompts", prompts), create_ray_queue(f"{namespace}-samples", samples)
 
 
-def build_grpo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
+def build_grpo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
     """Critic-free group algorithms (GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++): Rollout workers, Reward,
     Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator."""
     return _build(cfg, heldout, restore, critic=False)
 
 
-def build_ppo(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
+def build_ppo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
     """PPO with a critic (GAE on-policy, V-trace targets for stale data): the GRPO services plus a Critic that
     writes values under the critic weights the Trainer trains and publishes."""
     return _build(cfg, heldout, restore, critic=True)
 
 
-def _build(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None, *, critic: bool) -> Pipeline:
+def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, critic: bool) -> Pipeline:
     import ray
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
@@ -164,7 +173,7 @@ def _build(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | 
     health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
     services: dict[str, ServiceSpec] = {}
 
-    def add(name: str, role: str, cls: type, *args: Any, **kwargs: Any) -> None:
+    def add(name: str, role: str, cls: type[ServiceBase], *args: object, **kwargs: object) -> None:
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
 
@@ -181,19 +190,24 @@ def _build(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | 
     return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights)
 
 
-PipelineBuilder = Callable[[RunConfig, list[tuple[str, Any, str]], "Path | None"], Pipeline]
+PipelineBuilder = Callable[[RunConfig, list[HeldoutItem], "Path | None"], Pipeline]
 
-ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {
-    "grpo": build_grpo,
-    "rloo": build_grpo,
-    "reinforce_pp": build_grpo,
-    "reinforce_pp_baseline": build_grpo,
-    "gae": build_ppo,
-    "vtrace": build_ppo,
-}
-"""Advantage estimator → pipeline builder."""
+PIPELINE_BUILDERS: dict[str, PipelineBuilder] = {"grpo": build_grpo, "ppo": build_ppo}
+"""Pipeline family → builder: ``ppo`` for estimators that need a critic, ``grpo`` for the rest."""
 
 
-def build_pipeline(cfg: RunConfig, heldout: list[tuple[str, Any, str]], restore: Path | None = None) -> Pipeline:
-    """The pipeline for ``cfg.algorithm``'s estimator."""
-    return ALGORITHM_BUILDERS[cfg.algorithm.advantage_estimator](cfg, heldout, restore)
+def pipeline_family(estimator: str) -> str:
+    """The pipeline family an advantage estimator runs in, read from relax-core's algorithm table."""
+    return "ppo" if algorithm_spec(estimator).needs_critic else "grpo"
+
+
+ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {name: PIPELINE_BUILDERS[pipeline_family(name)] for name in ALGORITHMS}
+"""Advantage estimator → pipeline builder for the built-in table (:func:`build_pipeline` reads the table itself,
+so an entry added to ``relax_core.ALGORITHMS`` later is built too)."""
+
+
+def build_pipeline(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
+    """The pipeline for ``cfg.algorithm``'s estimator (its engines are resolved first: a bad ``rollout.engine`` or
+    ``trainer.engine``, or a missing extra, fails here rather than in a service process)."""
+    check_engines(cfg)
+    return PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)](cfg, heldout, restore)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from relax_services._metrics import read_metrics
 
 
-def _pyplot() -> Any:
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")

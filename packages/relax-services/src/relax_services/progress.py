@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-__all__ = ["Progress"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["Progress", "ProgressState"]
+
+
+class ProgressState(TypedDict):
+    """One progress report (the controller builds it after every update)."""
+
+    wall: float  # seconds since the run started
+    step: int
+    total_steps: int
+    reward: float  # mean train reward of the last update
+    eval: dict[str, float]  # newest held-out reward per task
+    chance: dict[str, float]  # chance level per task
+    max_staleness: int  # of the last update's samples
+    depth_rows: int  # sample queue depth
+    samples_per_s: float
+    eta_s: float | None
+    restarts: int  # service restarts so far
 
 
 def _fmt_eta(seconds: float | None) -> str:
@@ -41,7 +60,8 @@ class Progress:
             self._live.__exit__(None, None, None)
             self._live = None
 
-    def update(self, state: dict[str, Any]) -> None:
+    def update(self, state: ProgressState) -> None:
+        """Show ``state`` (redraw the table, or print one line)."""
         if self.mode == "none":
             return
         if self.mode == "lines":
@@ -50,8 +70,8 @@ class Progress:
         self._live.update(self._table(state))
 
     @staticmethod
-    def _line(s: dict[str, Any]) -> str:
-        evals = " ".join(f"{t}={v:.2f}" for t, v in sorted(s.get("eval", {}).items()))
+    def _line(s: ProgressState) -> str:
+        evals = " ".join(f"{t}={v:.2f}" for t, v in sorted(s["eval"].items()))
         return (
             f"[{s['wall']:6.0f}s] step {s['step']}/{s['total_steps']}  train reward {s['reward']:.3f}  "
             f"held-out {evals or '-'}  staleness max {s['max_staleness']}  queue {s['depth_rows']} rows  "
@@ -59,20 +79,20 @@ class Progress:
         )
 
     @staticmethod
-    def _table(s: dict[str, Any]) -> Any:
+    def _table(s: ProgressState) -> Table:
         from rich.table import Table
 
         table = Table(title=f"relax train — step {s['step']}/{s['total_steps']}  ({s['wall']:.0f}s)")
         table.add_column("metric")
         table.add_column("value", justify="right")
         table.add_row("train reward (last step)", f"{s['reward']:.3f}")
-        for task, value in sorted(s.get("eval", {}).items()):
-            chance = s.get("chance", {}).get(task)
+        for task, value in sorted(s["eval"].items()):
+            chance = s["chance"].get(task)
             suffix = f" (chance {chance:.2f})" if chance is not None else ""
             table.add_row(f"held-out reward: {task}", f"{value:.3f}{suffix}")
         table.add_row("max staleness (last step)", str(s["max_staleness"]))
         table.add_row("queue depth (rows)", str(s["depth_rows"]))
         table.add_row("samples/s", f"{s['samples_per_s']:.0f}")
-        table.add_row("service restarts", str(s.get("restarts", 0)))
+        table.add_row("service restarts", str(s["restarts"]))
         table.add_row("ETA", _fmt_eta(s.get("eta_s")))
         return table

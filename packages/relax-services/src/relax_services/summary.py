@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_services.controller import RunResult
 
 __all__ = ["format_summary"]
 
 
-def format_summary(result: Any) -> str:
+def format_summary(result: RunResult) -> str:
+    """The end-of-run text: held-out reward per task against chance, staleness, idle fraction, ledger, faults."""
     lines = [
         f"relax train finished: {result.stop_reason} after {result.steps} updates in {result.wall_s:.0f}s "
         f"({result.samples} samples, {result.samples / max(result.wall_s, 1e-9):.0f} samples/s)",

@@ -23,10 +23,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 if TYPE_CHECKING:  # torch is not imported at runtime: the store actor's process never needs it
     import torch
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+_Item = TypeVar("_Item")
 
 StateDict = dict[str, "torch.Tensor"]
 
@@ -92,16 +96,16 @@ def cpu_copy(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
 
 
-class _Versions:
-    """Newest-``keep`` bookkeeping shared by both stores."""
+class _Versions(Generic[_Item]):
+    """Newest-``keep`` bookkeeping shared by both stores (items: state dicts in process, object refs in the actor)."""
 
     def __init__(self, keep: int) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.keep = keep
-        self.items: OrderedDict[int, Any] = OrderedDict()
+        self.items: OrderedDict[int, _Item] = OrderedDict()
 
-    def add(self, version: int, item: Any) -> None:
+    def add(self, version: int, item: _Item) -> None:
         newest = next(reversed(self.items), None)
         if newest is not None and version <= newest:
             raise ValueError(f"weight version {version} is not newer than the published version {newest}")
@@ -115,7 +119,7 @@ class _Versions:
             del self.items[v]
         return dropped
 
-    def newest(self, have_version: int | None) -> tuple[int, Any] | None:
+    def newest(self, have_version: int | None) -> tuple[int, _Item] | None:
         if not self.items:
             return None
         version = next(reversed(self.items))
@@ -132,7 +136,7 @@ class InProcessWeightStore:
     """
 
     def __init__(self, keep: int = 2) -> None:
-        self._versions = _Versions(keep)
+        self._versions: _Versions[StateDict] = _Versions(keep)
         self._lock = threading.Lock()
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
@@ -176,18 +180,17 @@ class WeightStoreActor:
     """
 
     def __init__(self, keep: int = 2) -> None:
-        self._versions = _Versions(keep)
+        self._versions: _Versions[list[ObjectRef[StateDict]]] = _Versions(keep)
         self._history: list[dict[str, float]] = []
 
-    def register(self, version: int, boxed_ref: list[Any], num_bytes: int, put_seconds: float) -> None:
+    def register(self, version: int, boxed_ref: list[ObjectRef[StateDict]], num_bytes: int, put_seconds: float) -> None:
         """Makes the object ``boxed_ref[0]`` the newest version."""
         self._versions.add(version, boxed_ref)
         self._history.append({"version": float(version), "num_bytes": float(num_bytes), "put_s": put_seconds})
 
-    def newest(self, have_version: int | None) -> tuple[int, list[Any]] | None:
+    def newest(self, have_version: int | None) -> tuple[int, list[ObjectRef[StateDict]]] | None:
         """``(version, [ref])`` of the newest version if newer than ``have_version``."""
-        newest: tuple[int, list[Any]] | None = self._versions.newest(have_version)
-        return newest
+        return self._versions.newest(have_version)
 
     def latest_version(self) -> int | None:
         """Newest registered version."""
@@ -216,7 +219,7 @@ class RayWeightStore:
         actor: Handle of a :class:`WeightStoreActor` actor.
     """
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: ActorHandle[WeightStoreActor]) -> None:
         self._actor = actor
 
     @classmethod
@@ -239,7 +242,7 @@ class RayWeightStore:
         if detached:
             options["lifetime"] = "detached"
         actor = ray.remote(WeightStoreActor).options(**options).remote(keep)
-        return cls(actor)
+        return cls(cast("ActorHandle[WeightStoreActor]", actor))  # ray's stubs widen a class's handle
 
     @classmethod
     def connect(cls, name: str = "relax-weights", namespace: str | None = None) -> RayWeightStore:
@@ -253,7 +256,7 @@ class RayWeightStore:
         return cls(ray.get_actor(name, namespace=namespace))
 
     @property
-    def actor(self) -> Any:
+    def actor(self) -> ActorHandle[WeightStoreActor]:
         """The store actor's handle."""
         return self._actor
 
@@ -273,15 +276,14 @@ class RayWeightStore:
         """Newest published version."""
         import ray
 
-        version: int | None = ray.get(self._actor.latest_version.remote())
-        return version
+        return cast("int | None", ray.get(self._actor.latest_version.remote()))
 
     def fetch(self, have_version: int | None = None) -> WeightUpdate | None:
         """Newest weights from the object store if newer than ``have_version``."""
         import ray
 
         start = time.perf_counter()
-        newest = ray.get(self._actor.newest.remote(have_version))
+        newest = cast("tuple[int, list[ObjectRef[StateDict]]] | None", ray.get(self._actor.newest.remote(have_version)))
         if newest is None:
             return None
         version, (ref,) = newest

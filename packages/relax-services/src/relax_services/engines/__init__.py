@@ -13,6 +13,15 @@ from relax_services.engines.protocols import (
     TrainSample,
     WeightPoll,
 )
+from relax_services.engines.registry import (
+    OPTIONAL_EXTRAS,
+    ROLLOUT_ENGINES,
+    TRAIN_ENGINES,
+    RolloutEngineOptions,
+    check_engines,
+    make_rollout_engine,
+    make_train_engine,
+)
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, sample_tokens, truncate
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.engines.torch_train import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
@@ -29,6 +38,17 @@ __all__ = [
     "TrainEngine",
     "TrainSample",
     "WeightPoll",
+]
+
+# the engine registry (rollout.engine, trainer.engine)
+__all__ += [
+    "OPTIONAL_EXTRAS",
+    "ROLLOUT_ENGINES",
+    "TRAIN_ENGINES",
+    "RolloutEngineOptions",
+    "check_engines",
+    "make_rollout_engine",
+    "make_train_engine",
 ]
 
 # rollout

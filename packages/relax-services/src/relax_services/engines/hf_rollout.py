@@ -109,6 +109,10 @@ class HFRolloutEngine:
         self.model.load_state_dict(dict(state_dict), strict=True)
         self._version = version
 
+    def seed(self, seed: int) -> None:
+        """Reseeds the sampling RNG (see :meth:`RolloutEngine.seed`)."""
+        self.generator.manual_seed(seed)
+
     @torch.no_grad()
     def generate(
         self,

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from relax_services.engines.sampling import SamplingParams
+from relax_services.engines.scoring import TokenScores
 from relax_services.models.inputs import OmniPrompt
 
 FinishReason = Literal["stop", "length"]
@@ -65,6 +66,11 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replaces the weights (between generate calls) and tags later tokens with ``version``."""
+        ...
+
+    def seed(self, seed: int) -> None:
+        """Reseeds the sampling RNG: the next :meth:`generate` call with the same prompts, parameters and weights
+        draws the same completions (the rollout service seeds each call from the run seed and its prompt keys)."""
         ...
 
     def generate(
@@ -159,6 +165,11 @@ class TrainEngine(Protocol):
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token ``(logprobs [B, L], mask [B, L])`` under the current weights, without grad."""
+        ...
+
+    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
+        """Per-token log-probs, mask and (``with_dist``) the whole ``[B, L, V]`` log-distributions under the
+        current weights, without grad, on CPU (what the Reference service writes)."""
         ...
 
     def policy_state(self) -> dict[str, torch.Tensor]:

@@ -322,6 +322,7 @@ class TorchValueEngine(TorchTrainEngine):
     model: ValueModel
 
     def score(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """Per-token values ``[B, L]`` (with grad) in place of the policy's log-probs, for the value loss."""
         with self._autocast():
             return score_values(
                 self.model,

@@ -8,9 +8,45 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-__all__ = ["HealthMonitor", "ServiceBase", "configure_process"]
+if TYPE_CHECKING:
+    from relax_queue import Batch, QueueReader
+
+__all__ = ["Beat", "HealthHandle", "HealthMonitor", "ServiceBase", "ServiceStatus", "configure_process"]
+
+
+class Beat(TypedDict):
+    """The newest heartbeat of one service, as :meth:`HealthMonitor.snapshot` reports it."""
+
+    progress: int  # work-loop iterations so far
+    pid: int
+    changed: float  # wall time the progress counter last moved (a hung loop stops moving it)
+    beat: float  # wall time of the newest beat
+    error: str | None  # the exception that ended the loop, if any
+
+
+class ServiceStatus(TypedDict):
+    """What :meth:`ServiceBase.status` reports."""
+
+    name: str
+    pid: int
+    progress: int
+    error: str | None
+
+
+class _RemoteBeat(Protocol):
+    def remote(self, name: str, progress: int, pid: int, error: str | None) -> object: ...
+
+
+class HealthHandle(Protocol):
+    """Where a service sends its heartbeats: a Ray actor handle of a :class:`HealthMonitor` (a beat is a
+    fire-and-forget ``beat.remote(...)`` call)."""
+
+    @property
+    def beat(self) -> _RemoteBeat:
+        """The monitor's ``beat`` method, called as ``beat.remote(name, progress, pid, error)``."""
+        ...
 
 
 def configure_process() -> None:
@@ -28,9 +64,10 @@ class HealthMonitor:
     """
 
     def __init__(self) -> None:
-        self._beats: dict[str, dict[str, Any]] = {}
+        self._beats: dict[str, Beat] = {}
 
     def beat(self, name: str, progress: int, pid: int, error: str | None = None) -> None:
+        """Record a heartbeat of ``name`` (its progress counter, process id and loop error, if any)."""
         now = time.time()
         entry = self._beats.get(name)
         if entry is None or entry["pid"] != pid or entry["progress"] != progress:
@@ -43,8 +80,9 @@ class HealthMonitor:
         """Drop a service's record (before it is restarted, so the new instance starts fresh)."""
         self._beats.pop(name, None)
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: dict(entry) for name, entry in self._beats.items()}
+    def snapshot(self) -> dict[str, Beat]:
+        """A copy of every service's newest beat."""
+        return {name: Beat(**entry) for name, entry in self._beats.items()}
 
 
 class ServiceBase:
@@ -56,7 +94,7 @@ class ServiceBase:
 
     beat_interval_s = 0.25
 
-    def __init__(self, name: str, health: Any | None) -> None:
+    def __init__(self, name: str, health: HealthHandle | None) -> None:
         configure_process()
         self.name = name
         self._health = health
@@ -86,6 +124,7 @@ class ServiceBase:
         return True
 
     def pid(self) -> int:
+        """The service's process id."""
         return os.getpid()
 
     def node_id(self) -> str:
@@ -94,7 +133,8 @@ class ServiceBase:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ServiceStatus:
+        """Name, process id, progress counter and loop error."""
         return {"name": self.name, "pid": os.getpid(), "progress": self._progress, "error": self._error}
 
     def report(self) -> list[dict[str, Any]]:
@@ -111,9 +151,10 @@ class ServiceBase:
 
     # ------------------------------------------------------------------ for subclasses
     def step(self) -> None:
+        """One bounded unit of work (subclasses implement it)."""
         raise NotImplementedError
 
-    def ack(self, reader: Any, batch: Any) -> bool:
+    def ack(self, reader: QueueReader, batch: Batch) -> bool:
         """Ack ``batch``; False when its lease had already expired (the rows were redelivered and will be redone:
         every write here is idempotent by key, so the late work is harmless)."""
         from relax_queue import LeaseError
@@ -125,7 +166,9 @@ class ServiceBase:
             return False
         return True
 
-    def catch_up(self, target: int, held: Callable[[], int], sync: Callable[[], None], reader: Any, batch: Any) -> None:
+    def catch_up(
+        self, target: int, held: Callable[[], int], sync: Callable[[], None], reader: QueueReader, batch: Batch
+    ) -> None:
         """Pull weights (``sync``) until the version ``held`` reaches ``target`` (the trainer's published version)
         or the service stops, renewing ``batch``'s lease so its rows stay with this service while it waits."""
         while True:
@@ -136,11 +179,13 @@ class ServiceBase:
             self._stop.wait(0.05)
 
     def record(self, kind: str, **values: Any) -> None:
+        """Queue a metric record ``{"kind", "service", "time", **values}`` for the controller."""
         with self._records_lock:
             self._records.append({"kind": kind, "service": self.name, "time": time.time(), **values})
 
     @property
     def stopping(self) -> bool:
+        """Whether the loop was asked to stop."""
         return self._stop.is_set()
 
     # ------------------------------------------------------------------ the loop

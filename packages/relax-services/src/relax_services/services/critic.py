@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from relax_queue import FixedSizeBatcher, QueueTimeoutError
+from relax_queue import FixedSizeBatcher, Key, QueueClient, QueueTimeoutError
 from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
 from relax_services.engines import TrainSample
-from relax_services.services._base import ServiceBase
-from relax_services.weights import WeightPoller
+from relax_services.rows import CriticFields
+from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.weights import WeightPoller, WeightStore
 
 __all__ = ["CriticService"]
 
@@ -26,11 +25,11 @@ class CriticService(ServiceBase):
         self,
         name: str,
         cfg: RunConfig,
-        sample_queue: Any,
-        critic_weights: Any,
+        sample_queue: QueueClient,
+        critic_weights: WeightStore,
         batch_rows: int = 128,
         *,
-        health: Any = None,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.engine = build_value_engine(cfg)
@@ -49,6 +48,8 @@ class CriticService(ServiceBase):
             self.engine.model.load_state_dict(state)
 
     def step(self) -> None:
+        """Score one batch of new samples with the newest critic (caught up to the trainer's version); add
+        ``values``."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
@@ -60,7 +61,7 @@ class CriticService(ServiceBase):
             TrainSample(prompt=p, response_ids=r) for p, r in zip(batch.column("prompt"), responses, strict=True)
         ]
         values, _ = self.engine.compute_values(samples)  # [B, L_max]
-        updates = {
+        updates: dict[Key, CriticFields] = {
             key: {"values": values[i, : len(resp)].tolist(), "value_version": self.critic_version}
             for i, (key, resp) in enumerate(zip(batch.keys, responses, strict=True))
         }

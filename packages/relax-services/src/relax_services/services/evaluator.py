@@ -6,14 +6,15 @@ It runs in its own process and reads weights from the weight store, so evaluatio
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from relax_core import build_reward
-from relax_services._policy import build_policy
 from relax_services.config import RunConfig
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
-from relax_services.services._base import ServiceBase
+from relax_services.engines import RolloutEngine, SamplingParams
+from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
+from relax_services.rows import HeldoutItem
+from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.services.reward import decode_response
+from relax_services.weights import WeightStore
 
 __all__ = ["EvalService"]
 
@@ -26,13 +27,20 @@ class EvalService(ServiceBase):
     """
 
     def __init__(
-        self, name: str, cfg: RunConfig, heldout: list[tuple[str, Any, str]], weights: Any, *, health: Any = None
+        self,
+        name: str,
+        cfg: RunConfig,
+        heldout: list[HeldoutItem],
+        weights: WeightStore,
+        *,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg
         self.heldout = heldout
         self.weights = weights
-        self.engine = HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig())
+        # rollout.engine, finishing each greedy pass on the weights it started with
+        self.engine: RolloutEngine = make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
         self.scorer = build_reward(cfg.reward)
         self.params = SamplingParams(n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
         self._next_version = 0
@@ -51,6 +59,7 @@ class EvalService(ServiceBase):
         return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
 
     def step(self) -> None:
+        """Evaluate the newest weights when they are ``eval.every_steps`` past the last evaluated version; else wait."""
         latest = self.weights.latest_version()
         newer = None if latest is None or latest < self._next_version else self.weights.fetch(None)
         if newer is None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from relax_queue import FixedSizeBatcher, QueueTimeoutError
-from relax_services._policy import build_train_engine
+from relax_queue import FixedSizeBatcher, Key, QueueClient, QueueTimeoutError
 from relax_services.config import RunConfig
-from relax_services.engines import TrainSample
-from relax_services.services._base import ServiceBase
+from relax_services.engines import TrainEngine, TrainSample
+from relax_services.engines.registry import make_train_engine
+from relax_services.rows import ReferenceFields
+from relax_services.services._base import HealthHandle, ServiceBase
 
 __all__ = ["ReferenceService"]
 
@@ -21,10 +20,16 @@ class ReferenceService(ServiceBase):
     a numpy array)."""
 
     def __init__(
-        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 128, *, health: Any = None
+        self,
+        name: str,
+        cfg: RunConfig,
+        sample_queue: QueueClient,
+        batch_rows: int = 128,
+        *,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
-        self.engine = build_train_engine(cfg)
+        self.engine: TrainEngine = make_train_engine(cfg)  # the trainer's engine kind, frozen at the initial weights
         self.full_dist = cfg.algorithm.kl_estimator == "full"
         self.queue = sample_queue
         self.reader = sample_queue.reader(
@@ -32,6 +37,7 @@ class ReferenceService(ServiceBase):
         )
 
     def step(self) -> None:
+        """Score one batch of new samples under the reference policy and add ``ref_logprobs`` (and ``ref_dist``)."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
@@ -41,7 +47,7 @@ class ReferenceService(ServiceBase):
             for p, r in zip(batch.column("prompt"), batch.column("response"), strict=True)
         ]
         scores = self.engine.compute_scores(samples, with_dist=self.full_dist)
-        updates: dict[Any, dict[str, Any]] = {}
+        updates: dict[Key, ReferenceFields] = {}
         for i, (key, resp) in enumerate(zip(batch.keys, batch.column("response"), strict=True)):
             updates[key] = {"ref_logprobs": scores.logprobs[i, : len(resp)].tolist()}
             if self.full_dist:

@@ -6,13 +6,11 @@ A reward function that raises marks that sample as failed (reward = ``failure_re
 
 from __future__ import annotations
 
-from typing import Any
-
 from relax_core import build_reward
 from relax_modalities.text import TinyTokenizer
-from relax_queue import FixedSizeBatcher, QueueTimeoutError
+from relax_queue import FixedSizeBatcher, QueueClient, QueueTimeoutError
 from relax_services.config import RunConfig
-from relax_services.services._base import ServiceBase
+from relax_services.services._base import HealthHandle, ServiceBase
 
 __all__ = ["RewardService", "decode_response"]
 
@@ -28,7 +26,13 @@ class RewardService(ServiceBase):
     """Reads ``response`` + ``meta`` of new samples, writes ``reward`` (float) and ``reward_error`` (str|None)."""
 
     def __init__(
-        self, name: str, cfg: RunConfig, sample_queue: Any, batch_rows: int = 128, *, health: Any = None
+        self,
+        name: str,
+        cfg: RunConfig,
+        sample_queue: QueueClient,
+        batch_rows: int = 128,
+        *,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.scorer = build_reward(cfg.reward)
@@ -38,6 +42,7 @@ class RewardService(ServiceBase):
         )
 
     def step(self) -> None:
+        """Score one batch of new responses and add ``reward`` and ``reward_error``."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:

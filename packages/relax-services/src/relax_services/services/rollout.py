@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
 
-from relax_queue import FixedSizeBatcher, QueueTimeoutError, RowInput
-from relax_services._policy import build_policy
+from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, RowInput
 from relax_services.config import RunConfig
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
-from relax_services.services._base import ServiceBase
-from relax_services.weights import WeightPoller
+from relax_services.engines import RolloutEngine, SamplingParams
+from relax_services.engines.registry import make_rollout_engine
+from relax_services.rows import RolloutFields, as_prompt_row, sample_key
+from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.weights import WeightPoller, WeightStore
 
 __all__ = ["RolloutService", "sampling_seed"]
 
@@ -29,15 +29,21 @@ class RolloutService(ServiceBase):
     worker that dies mid-generation loses nothing: its prompts are redelivered and regenerated."""
 
     def __init__(
-        self, name: str, cfg: RunConfig, prompt_queue: Any, sample_queue: Any, weights: Any, *, health: Any = None
+        self,
+        name: str,
+        cfg: RunConfig,
+        prompt_queue: QueueClient,
+        sample_queue: QueueClient,
+        weights: WeightStore,
+        *,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg
         self.prompt_queue = prompt_queue
         self.sample_queue = sample_queue
         self.weights = weights
-        model = build_policy(cfg.model)
-        self.engine = HFRolloutEngine(model, HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
+        self.engine: RolloutEngine = make_rollout_engine(cfg)  # rollout.engine, from the engine registry
         self.params = SamplingParams(
             n=cfg.algorithm.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -55,12 +61,13 @@ class RolloutService(ServiceBase):
         if newer is not None:
             self.engine.load_weights(newer[1], newer[0])
 
-    def _catch_up(self, batch: Any) -> None:
+    def _catch_up(self, batch: Batch) -> None:
         """Load weights at least as new as the trainer's published version before generating: samples drawn
         with older weights would only be stale (e.g. right after a restart, before the trainer republishes)."""
         self.catch_up(self.sample_queue.version, lambda: self.engine.version, self._sync_weights, self.reader, batch)
 
     def step(self) -> None:
+        """Generate one batch of prompt groups with the newest weights, put their sample rows, ack the prompts."""
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
@@ -68,24 +75,26 @@ class RolloutService(ServiceBase):
             return
         self._catch_up(batch)
         keys = [str(k) for k in batch.keys]
-        self.engine.generator.manual_seed(sampling_seed(self.cfg.trainer.seed, keys))
+        self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))
         start = time.perf_counter()
         groups = self.engine.generate(batch.column("prompt"), self.params, poll_weights=self._poll)
         elapsed = time.perf_counter() - start
         rows = []
         for row, completions in zip(batch.rows, groups, strict=True):
-            item = row.fields["item"]
+            prompt_row = as_prompt_row(row.fields)
+            item = prompt_row["item"]
             for j, completion in enumerate(completions):
+                fields: RolloutFields = {
+                    "prompt": prompt_row["prompt"],
+                    "meta": {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)},
+                    "response": completion.token_ids,
+                    "logprobs": completion.logprobs,
+                    "token_versions": completion.versions,
+                }
                 rows.append(
                     RowInput(
-                        key=f"{row.key}/{j}",
-                        fields={
-                            "prompt": row.fields["prompt"],
-                            "meta": {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)},
-                            "response": completion.token_ids,
-                            "logprobs": completion.logprobs,
-                            "token_versions": completion.versions,
-                        },
+                        key=sample_key(row.key, j),
+                        fields=fields,
                         versions=completion.version_range,
                         group_id=str(row.key),
                         group_size=len(completions),

@@ -6,17 +6,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from relax_core import compute_advantages, compute_policy_loss, value_loss
-from relax_queue import Batch, GroupBatcher, LeaseError, QueueTimeoutError
-from relax_services._policy import build_train_engine, build_value_engine
+from relax_core import algorithm_spec, compute_advantages, compute_policy_loss, value_loss
+from relax_queue import Batch, GroupBatcher, LeaseError, QueueClient, QueueTimeoutError
+from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
-from relax_services.engines import LossInputs, TrainSample
-from relax_services.services._base import ServiceBase
+from relax_services.engines import LossFn, LossInputs, TrainEngine, TrainSample
+from relax_services.engines.registry import make_train_engine
+from relax_services.rows import SampleRow, as_sample_row, split_sample_key
+from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.weights import WeightStore
 
 __all__ = [
     "TrainerService",
@@ -35,8 +38,7 @@ _TRAIN_LEASE_S = 3600.0  # one update never takes this long; the trainer acks ri
 
 def sample_order(key: str) -> tuple[str, int]:
     """Sort key of a sample row key ``"<prompt key>/<index in group>"``: by prompt, then index."""
-    prompt, _, index = key.rpartition("/")
-    return prompt, int(index)
+    return split_sample_key(key)
 
 
 def trainer_fields(cfg: RunConfig) -> list[str]:
@@ -58,7 +60,7 @@ def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
     return out
 
 
-def informative_rows(batch_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def informative_rows(batch_rows: Sequence[SampleRow]) -> list[SampleRow]:
     """The rows of groups whose rewards are not all equal (DAPO's dynamic sampling, ``algorithm.filter_groups``):
     a group where every sample scored the same has zero group-relative advantage, so it only dilutes the update."""
     by_group: dict[str, set[float]] = defaultdict(set)
@@ -68,7 +70,7 @@ def informative_rows(batch_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_train_samples(
-    cfg: RunConfig, batch_rows: list[dict[str, Any]], proximal_logprobs: torch.Tensor | None = None
+    cfg: RunConfig, batch_rows: Sequence[SampleRow], proximal_logprobs: torch.Tensor | None = None
 ) -> list[TrainSample]:
     """Turn consumed rows (plain field dicts) into training samples with advantages attached (and, with a
     critic, the values the rows were scored with and the regression targets: GAE returns or V-trace targets).
@@ -118,20 +120,21 @@ def build_train_samples(
     return samples
 
 
-def proximal_logprobs(cfg: RunConfig, engine: Any, batch_rows: list[dict[str, Any]]) -> torch.Tensor | None:
+def proximal_logprobs(cfg: RunConfig, engine: TrainEngine, batch_rows: Sequence[SampleRow]) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses under the trainer's policy before this update, when the update
-    needs them up front: V-trace (its target policy) and decoupled PPO over several optimizer steps (the
-    proximal policy must stay the one before the first step). Otherwise None: a one-step update's own forward
-    is the proximal policy."""
+    needs them up front: an estimator whose table entry ``needs_proximal_logprobs`` (V-trace: its target policy)
+    and decoupled PPO over several optimizer steps (the proximal policy must stay the one before the first
+    step). Otherwise None: a one-step update's own forward is the proximal policy."""
     multi_step = cfg.trainer.minibatches * cfg.trainer.ppo_epochs > 1
-    if cfg.algorithm.advantage_estimator != "vtrace" and not (cfg.algorithm.decoupled and multi_step):
+    upfront = algorithm_spec(cfg.algorithm.advantage_estimator).needs_proximal_logprobs
+    if not upfront and not (cfg.algorithm.decoupled and multi_step):
         return None
     samples = [TrainSample(prompt=r["prompt"], response_ids=torch.tensor(r["response"])) for r in batch_rows]
     logprobs: torch.Tensor = engine.compute_logprobs(samples)[0]  # [B, T]
     return logprobs
 
 
-def make_value_loss_fn(cfg: RunConfig) -> Any:
+def make_value_loss_fn(cfg: RunConfig) -> LossFn:
     """The critic's loss per micro-batch: relax-core's clipped value loss against the rows' targets."""
     algo = cfg.algorithm
 
@@ -150,7 +153,7 @@ def make_value_loss_fn(cfg: RunConfig) -> Any:
     return loss_fn
 
 
-def make_loss_fn(cfg: RunConfig) -> Any:
+def make_loss_fn(cfg: RunConfig) -> LossFn:
     """The loss the training engine calls per micro-batch: relax-core's policy objective for the algorithm.
 
     With ``decoupled`` (decoupled PPO, for stale data) the proximal policy is the trainer's policy before this
@@ -184,18 +187,18 @@ class TrainerService(ServiceBase):
         self,
         name: str,
         cfg: RunConfig,
-        sample_queue: Any,
-        weights: Any,
+        sample_queue: QueueClient,
+        weights: WeightStore,
         restore_from: str | None = None,
         *,
-        critic_weights: Any = None,
-        health: Any = None,
+        critic_weights: WeightStore | None = None,
+        health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg
         self.queue = sample_queue
         self.weights = weights
-        self.engine = build_train_engine(cfg)
+        self.engine: TrainEngine = make_train_engine(cfg)  # trainer.engine, from the engine registry
         # PPO: the critic trains here, next to the policy; the Critic service scores with its published weights.
         self.critic = build_value_engine(cfg) if cfg.algorithm.uses_critic else None
         self.critic_weights = critic_weights
@@ -218,10 +221,12 @@ class TrainerService(ServiceBase):
 
     @property
     def version(self) -> int:
+        """Policy updates applied so far."""
         return int(self.engine.version)
 
     def _publish(self) -> None:
         if self.critic is not None:  # before the version is visible, so a Critic that catches up to it finds it
+            assert self.critic_weights is not None  # checked in __init__
             self.critic_weights.publish(self.version, self.critic.policy_state())
         stats = self.weights.publish(self.version, self.engine.policy_state())
         self.queue.publish_version(self.version)
@@ -235,6 +240,7 @@ class TrainerService(ServiceBase):
         return self.version
 
     def resume(self) -> None:
+        """Release a :meth:`pause`."""
         self._paused.clear()
         self._pause_requested.clear()
 
@@ -247,6 +253,7 @@ class TrainerService(ServiceBase):
         return self.version
 
     def step(self) -> None:
+        """One update: lease whole groups, train on them, publish the new weights and version, ack."""
         if self._pause_requested.is_set():
             self._paused.set()
             self._stop.wait(0.05)  # the loop keeps beating while held, so it is not taken for hung
@@ -271,7 +278,7 @@ class TrainerService(ServiceBase):
             return
         start = time.perf_counter()
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
-        rows = [row.fields for row in delivered]
+        rows = [as_sample_row(row.fields) for row in delivered]
         version_before = self.version
         trained = informative_rows(rows) if self.cfg.algorithm.filter_groups else rows
         if not trained:  # every group scored uniformly: no signal, no update; the rows are still consumed

@@ -1,0 +1,139 @@
+"""Where engines are chosen: one explicit registry of dotted paths per engine kind, imported lazily.
+
+``rollout.engine`` picks a rollout engine from :data:`ROLLOUT_ENGINES`, ``trainer.engine`` a training engine
+from :data:`TRAIN_ENGINES`. Each value is ``"module:factory"``; the module is imported only when its engine is
+chosen, so an optional backend (vLLM, megatron-core) costs nothing unless used, and a missing one raises an
+ImportError that names the extra to install (:data:`OPTIONAL_EXTRAS`).
+
+A factory takes the run config and returns an engine:
+
+- rollout: ``factory(cfg: RunConfig, options: RolloutEngineOptions) -> RolloutEngine``
+- training: ``factory(cfg: RunConfig, model: OmniModel | None) -> TrainEngine`` (``model``: start from these
+  weights instead of building the configured policy)
+
+A new backend is its module plus one entry here (or, for code outside the package, an entry added to the dict
+at run time before the services start).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from relax_services.engines.protocols import PartialRolloutMode, RolloutEngine, TrainEngine
+
+if TYPE_CHECKING:
+    from relax_services.config import RunConfig
+    from relax_services.models import OmniModel
+
+__all__ = [
+    "OPTIONAL_EXTRAS",
+    "ROLLOUT_ENGINES",
+    "TRAIN_ENGINES",
+    "RolloutEngineOptions",
+    "check_engines",
+    "make_rollout_engine",
+    "make_train_engine",
+    "resolve",
+]
+
+
+@dataclass(frozen=True)
+class RolloutEngineOptions:
+    """What a service asks of the rollout engine it builds, beyond the run config.
+
+    Attributes:
+        partial_rollout: How generation in flight meets new weights; None: ``rollout.partial_rollout``.
+            The evaluator asks for ``"finish_old"`` (a greedy pass on one set of weights).
+    """
+
+    partial_rollout: PartialRolloutMode | None = None
+
+
+ROLLOUT_ENGINES: dict[str, str] = {
+    "hf": "relax_services._policy:build_hf_rollout_engine",
+}
+"""``rollout.engine`` id → ``"module:factory"`` of the rollout engine. ``hf``: batched incremental decoding of a
+transformers model (CPU and GPU, the default)."""
+
+TRAIN_ENGINES: dict[str, str] = {
+    "torch": "relax_services._policy:build_train_engine",
+}
+"""``trainer.engine`` id → ``"module:factory"`` of the training engine. ``torch``: single-process torch with
+AdamW and gradient accumulation (the default)."""
+
+OPTIONAL_EXTRAS: dict[str, str] = {
+    "vllm": "relax-services[vllm]",
+    "megatron": "relax-services[megatron]",
+    "megatron_core": "relax-services[megatron]",
+}
+"""Top-level module of an optional backend → the pip extra that installs it."""
+
+
+def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., object]:
+    """Import and return the factory registered as ``name``.
+
+    Args:
+        registry: One of :data:`ROLLOUT_ENGINES`, :data:`TRAIN_ENGINES`.
+        name: The configured id.
+        field: The config field that chose it (for error messages), e.g. ``"rollout.engine"``.
+
+    Raises:
+        ValueError: ``name`` is not in ``registry`` (the message lists the known ids).
+        ImportError: The backend's module (or a package it needs) is missing; for an optional backend the
+            message names the extra to install.
+    """
+    path = registry.get(name)
+    if path is None:
+        raise ValueError(f"{field}={name!r} is not a registered engine; known: {', '.join(sorted(registry))}")
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        extra = OPTIONAL_EXTRAS.get(missing)
+        hint = f"; install it with `pip install '{extra}'`" if extra else ""
+        raise ImportError(f"{field}={name!r} needs the package {missing!r}, which is not installed{hint}") from exc
+    factory: object = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"{field}={name!r}: {path!r} does not name a callable")
+    return factory
+
+
+def make_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions | None = None) -> RolloutEngine:
+    """The rollout engine ``cfg.rollout.engine`` names, built by its registered factory.
+
+    Raises:
+        TypeError: The factory returned something that is not a :class:`RolloutEngine`.
+    """
+    factory = resolve(ROLLOUT_ENGINES, cfg.rollout.engine, field="rollout.engine")
+    engine = factory(cfg, options or RolloutEngineOptions())
+    if not isinstance(engine, RolloutEngine):
+        raise TypeError(f"rollout.engine={cfg.rollout.engine!r} built {type(engine).__name__}, not a RolloutEngine")
+    return engine
+
+
+def make_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TrainEngine:
+    """The training engine ``cfg.trainer.engine`` names, built by its registered factory.
+
+    Raises:
+        TypeError: The factory returned something that is not a :class:`TrainEngine`.
+    """
+    factory = resolve(TRAIN_ENGINES, cfg.trainer.engine, field="trainer.engine")
+    engine = factory(cfg, model)
+    if not isinstance(engine, TrainEngine):
+        raise TypeError(f"trainer.engine={cfg.trainer.engine!r} built {type(engine).__name__}, not a TrainEngine")
+    return engine
+
+
+def check_engines(cfg: RunConfig) -> None:
+    """Resolve ``rollout.engine`` and ``trainer.engine`` (import their modules) without building anything, so a
+    bad id or a missing extra fails in the driver before any service process starts.
+
+    Raises:
+        ValueError, ImportError: As :func:`resolve`.
+    """
+    resolve(ROLLOUT_ENGINES, cfg.rollout.engine, field="rollout.engine")
+    resolve(TRAIN_ENGINES, cfg.trainer.engine, field="trainer.engine")

@@ -1,0 +1,165 @@
+"""The rows that cross the queues: one schema for what each service writes and reads.
+
+Rows are plain field dicts on the wire (the queue stores columns by name and a reader asks for the fields it
+needs), so the schema is a set of ``TypedDict``s: free at run time, checked by the type checker wherever a
+service builds or reads a row. Per-token lists are aligned with ``response`` (``[L]``: one entry per response
+token).
+
+Who writes what (the sample queue's fields, in the order they appear):
+
+=============  =========================================================  =================================
+service        writes                                                     reads
+=============  =========================================================  =================================
+feeder         prompt rows: :class:`PromptRow`                            —
+Rollout        :class:`RolloutFields` (a new sample row)                  ``item``, ``prompt`` (prompt row)
+Reward         :class:`RewardFields`                                      ``response``, ``meta``
+Reference      :class:`ReferenceFields`                                   ``prompt``, ``response``
+Critic         :class:`CriticFields`                                      ``prompt``, ``response``
+Trainer        —                                                          :class:`SampleRow`
+=============  =========================================================  =================================
+
+A sample row's key is ``"<prompt key>/<j>"``, the ``j``-th completion of its prompt: :func:`sample_key` builds it
+and :func:`split_sample_key` / :func:`prompt_key_of` read it (nothing else spells the format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, cast
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from relax_services.models import OmniPrompt
+
+__all__ = [
+    "CriticFields",
+    "DataItem",
+    "HeldoutItem",
+    "ItemInfo",
+    "PromptRow",
+    "ReferenceFields",
+    "RewardFields",
+    "RolloutFields",
+    "SampleMeta",
+    "SampleRow",
+    "as_prompt_row",
+    "as_sample_row",
+    "prompt_key_of",
+    "sample_key",
+    "split_sample_key",
+]
+
+
+class ItemInfo(TypedDict):
+    """What a prompt row carries about its dataset entry.
+
+    Attributes:
+        id: Stable id of the entry (prompts are cached by it; skipped files are counted by it).
+        task: Task name (``data_source``): rewards and per-task metrics group by it.
+        answer: Ground truth handed to the reward function.
+    """
+
+    id: str
+    task: str
+    answer: str
+
+
+class DataItem(ItemInfo):
+    """One dataset entry as the feeder streams it: :class:`ItemInfo` plus the loader's record.
+
+    Attributes:
+        item: The loader's own record (relax-modalities' ``TaskItem``): what the modality data path reads.
+    """
+
+    item: Any  # the loader's record: its type belongs to the data path that produced it
+
+
+class PromptRow(TypedDict):
+    """A row of the prompt queue (task ``rollout``): one prompt, to be sampled ``group_size`` times."""
+
+    item: ItemInfo
+    prompt: OmniPrompt  # model-ready inputs: input_ids [T] and the media tensors
+
+
+class SampleMeta(TypedDict):
+    """What a sample row carries about its prompt (for rewards, groups and per-task metrics)."""
+
+    task: str
+    answer: str
+    prompt_key: str  # the prompt row's key; the group id of the sample
+
+
+class RolloutFields(TypedDict):
+    """What the Rollout service writes: a new sample row."""
+
+    prompt: OmniPrompt
+    meta: SampleMeta
+    response: list[int]  # [L] sampled token ids
+    logprobs: list[float]  # [L] behaviour log-probs (the policy distribution at the sampling temperature)
+    token_versions: list[int]  # [L] policy version of the weights that produced each token
+
+
+class RewardFields(TypedDict):
+    """What the Reward service adds."""
+
+    reward: float
+    reward_error: str | None  # why the reward function failed (then reward = failure_reward)
+
+
+class ReferenceFields(TypedDict, total=False):
+    """What the Reference service adds (only when a KL term is used)."""
+
+    ref_logprobs: list[float]  # [L] log-probs under the frozen initial policy
+    ref_dist: np.ndarray[Any, np.dtype[np.float32]]  # [L, V] whole log-distributions (kl_estimator='full')
+
+
+class CriticFields(TypedDict, total=False):
+    """What the Critic service adds (PPO only)."""
+
+    values: list[float]  # [L] critic values
+    value_version: int  # version of the critic weights that scored them
+
+
+class SampleRow(RolloutFields, RewardFields, ReferenceFields, CriticFields):
+    """A complete sample row as the Trainer reads it: the rollout's and reward's fields always, the reference's
+    and critic's when the algorithm uses them (:func:`~relax_services.services.trainer_fields`)."""
+
+
+HeldoutItem = tuple[str, "OmniPrompt", str]
+"""A held-out prompt: ``(task, prompt, answer)``, never trained on."""
+
+
+def sample_key(prompt_key: Hashable, index: int) -> str:
+    """The key of the ``index``-th completion of prompt ``prompt_key``: ``"<prompt key>/<index>"``."""
+    return f"{prompt_key}/{index}"
+
+
+def split_sample_key(key: Hashable) -> tuple[str, int]:
+    """``(prompt key, index in group)`` of a sample row key made by :func:`sample_key`.
+
+    Raises:
+        ValueError: If ``key`` is not ``"<prompt key>/<int>"``.
+    """
+    prompt, sep, index = str(key).rpartition("/")
+    if not sep or not prompt or not index.isdigit():
+        raise ValueError(f"sample row key {key!r} is not '<prompt key>/<index>'")
+    return prompt, int(index)
+
+
+def prompt_key_of(key: Hashable) -> str:
+    """The prompt key a row key belongs to: a sample row's prompt (:func:`split_sample_key`'s first part), or a
+    prompt row's own key (prompt keys hold no ``/``)."""
+    text = str(key)
+    return split_sample_key(text)[0] if "/" in text else text
+
+
+def as_sample_row(fields: Mapping[str, object]) -> SampleRow:
+    """View the field dict a reader delivered as a :class:`SampleRow` (no copy, no run-time check: the queue
+    delivers only rows that have every field the reader asked for)."""
+    return cast("SampleRow", fields)
+
+
+def as_prompt_row(fields: Mapping[str, object]) -> PromptRow:
+    """View a prompt queue row's field dict as a :class:`PromptRow` (as :func:`as_sample_row`)."""
+    return cast("PromptRow", fields)
