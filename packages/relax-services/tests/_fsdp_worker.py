@@ -20,11 +20,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from relax_services.engines import LossInputs, TorchTrainConfig, TrainEngine, TrainSample
+from relax_services.engines import LossFn, LossInputs, TorchTrainConfig, TrainEngine, TrainSample
 from relax_services.engines.fsdp_checkpoint import export_hf, load_checkpoint, save_checkpoint
-from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine
+from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
 from relax_services.engines.weight_buckets import BucketLoader, InProcessWeightStream, stream_buckets
-from relax_services.models import build_tiny_omni
+from relax_services.models import build_tiny_omni, build_value_model
 from relax_services.models.synthetic import synthetic_prompt
 
 # Rank 0's shares hold an image and a video, rank 1's an audio clip: the ranks use different encoders.
@@ -62,8 +62,8 @@ def _full(value: Any) -> Any:
     return value
 
 
-def _train(engine: FSDPTrainEngine, seeds: range) -> list[dict[str, float]]:
-    return [engine.step(batch(s), pg_token_mean) for s in seeds]
+def _train(engine: FSDPTrainEngine, seeds: range, loss_fn: LossFn = pg_token_mean) -> list[dict[str, float]]:
+    return [engine.step(batch(s), loss_fn) for s in seeds]
 
 
 def equivalence(out: dict[str, Any]) -> FSDPTrainEngine:
@@ -80,6 +80,19 @@ def equivalence(out: dict[str, Any]) -> FSDPTrainEngine:
     _train(checkpointed, range(UPDATES))
     out["weights_checkpointed"] = checkpointed.policy_state()
     return engine
+
+
+def value_mse(inputs: LossInputs) -> torch.Tensor:
+    assert inputs.values is not None
+    return (((inputs.values - inputs.fields["advantages"]) ** 2) * inputs.mask).sum() / inputs.mask.sum()
+
+
+def critic(out: dict[str, Any]) -> None:
+    """The critic sharded the same way; its ``[1, H]`` value head leaves rank 1 an empty shard."""
+    engine = FSDPValueEngine(build_value_model(build_tiny_omni(0)), CONFIG)
+    out["critic_metrics"] = _train(engine, range(2), value_mse)
+    out["critic_weights"] = engine.policy_state()
+    out["critic_values"] = engine.compute_values(batch(100))
 
 
 def gloo_average(out: dict[str, Any]) -> None:
@@ -167,9 +180,15 @@ def main(rank: int, world: int, out_dir: str) -> None:
         engine = equivalence(out)
         t2 = time.perf_counter()
         buckets(out, engine)
+        critic(out)
         t3 = time.perf_counter()
         checkpoints(out, Path(out_dir))
-        out["phase_s"] = {"gloo": t1 - t0, "equivalence": t2 - t1, "buckets": t3 - t2, "checkpoints": time.perf_counter() - t3}
+        out["phase_s"] = {
+            "gloo": t1 - t0,
+            "equivalence": t2 - t1,
+            "buckets": t3 - t2,
+            "checkpoints": time.perf_counter() - t3,
+        }
         torch.save(out, Path(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

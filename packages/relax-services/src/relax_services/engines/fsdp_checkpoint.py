@@ -16,13 +16,15 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from relax_services.engines.fsdp_train import FSDPTrainEngine
 
@@ -83,7 +85,7 @@ def save_checkpoint(engine: FSDPTrainEngine, folder: Path) -> Path:
     folder = Path(folder)
     tmp = _fresh_tmp(engine, folder)
     model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
-    dcp.save({_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}, checkpoint_id=tmp, process_group=engine.group)
+    dcp_save({_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}, checkpoint_id=tmp, process_group=engine.group)
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -113,14 +115,15 @@ def load_checkpoint(engine: FSDPTrainEngine, folder: Path) -> None:
     model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
     # ... but a parameter that never had a gradient before the save has no optimizer state in the checkpoint,
     # and must have none after the load (AdamW's first step on it must be its step 1).
-    saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    saved = FileSystemReader(folder).read_metadata().state_dict_metadata
+    moments: dict[str, dict[str, Any]] = cast(dict[str, dict[str, Any]], optim_state["state"])
     optim_state["state"] = {
         fqn: entry
-        for fqn, entry in optim_state["state"].items()
+        for fqn, entry in moments.items()
         if all(f"{_OPTIMIZER_KEY}.state.{fqn}.{name}" in saved for name in entry)
     }
-    state = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
-    dcp.load(state, checkpoint_id=folder, process_group=engine.group)
+    state: dict[str, Any] = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
+    dcp_load(state, checkpoint_id=folder, process_group=engine.group)
     set_state_dict(
         engine.model,
         engine.optimizer,
@@ -145,18 +148,19 @@ def checkpoint_model_state(folder: Path) -> dict[str, torch.Tensor]:
     folder = Path(folder)
     if not (folder / META_FILE).is_file():
         raise FileNotFoundError(f"{folder} is not an FSDP engine checkpoint (no {META_FILE})")
-    metadata = dcp.FileSystemReader(folder).read_metadata()
+    metadata = FileSystemReader(folder).read_metadata()
     prefix = f"{_MODEL_KEY}."
     template = {
         key[len(prefix) :]: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()
         if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
     }
-    state = {_MODEL_KEY: template}
+    state: dict[str, Any] = {_MODEL_KEY: template}
     with warnings.catch_warnings():  # DCP warns that it loads in one process, which is the point here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(state, checkpoint_id=folder, no_dist=True)
-    return state[_MODEL_KEY]
+        dcp_load(state, checkpoint_id=folder, no_dist=True)
+    loaded: dict[str, torch.Tensor] = state[_MODEL_KEY]
+    return loaded
 
 
 def export_hf(engine: FSDPTrainEngine, folder: Path) -> Path:
@@ -173,10 +177,12 @@ def export_hf(engine: FSDPTrainEngine, folder: Path) -> Path:
     full = engine.policy_state()
     tmp = _fresh_tmp(engine, folder)
     if engine.rank == 0:
-        engine.model.config.save_pretrained(tmp)  # type: ignore[operator]
+        engine.model.config.save_pretrained(tmp)  # type: ignore[union-attr,operator]
         generation = getattr(engine.model, "generation_config", None)  # a critic has none
         if generation is not None:
             generation.save_pretrained(tmp)
-        save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
     _rank0_replace(engine, tmp, folder)
     return folder

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -153,6 +153,7 @@ class FSDPTrainEngine:
         self.rank = mesh.get_local_rank()
         self.model = model.to(self.device)
         self.root = _Scorer(self.model, self.config, self.device)
+        self._track_usage()
         self._shard()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -178,9 +179,9 @@ class FSDPTrainEngine:
         units: list[torch.nn.Module] = []
         for block in decoder_blocks(self.model):
             if self.fsdp.activation_checkpointing:
-                from torch.distributed._composable import checkpoint
+                from torch.distributed._composable.checkpoint_activation import checkpoint
 
-                checkpoint(block.mlp)
+                checkpoint(cast(torch.nn.Module, block.mlp))
             fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.fsdp.reshard_after_forward)
             units.append(block)
         fully_shard(self.root, mesh=self.mesh, mp_policy=mp)
@@ -216,7 +217,9 @@ class FSDPTrainEngine:
     def score(self, batch: Sequence[TrainSample]) -> TokenScores:
         """Forward over one of this rank's micro-batches (collective: every rank scores one at the same time)."""
         with self._autocast():
-            logprobs, entropy, mask, values, dist_ = self.root([s.prompt for s in batch], [s.response_ids for s in batch])
+            logprobs, entropy, mask, values, dist_ = self.root(
+                [s.prompt for s in batch], [s.response_ids for s in batch]
+            )
         return TokenScores(logprobs=logprobs, entropy=entropy, mask=mask, values=values, dist=dist_)
 
     # -- sharding of a batch over the ranks ----------------------------------------------------------------------
@@ -312,6 +315,7 @@ class FSDPTrainEngine:
 
     def _optimizer_step(self, minibatch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
+        self._used.zero_()
         metrics = self._accumulate_gradients(minibatch, loss_fn)
         self._drop_unused_gradients()
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -321,17 +325,34 @@ class FSDPTrainEngine:
         self.optimizer.step()
         return metrics
 
+    def _track_usage(self) -> None:
+        """Marks, per optimizer step, the parameters whose module ran a forward with grad enabled."""
+        index = {name: i for i, (name, _) in enumerate(self.model.named_parameters())}
+        self._used = torch.zeros(len(index))
+        for prefix, module in self.model.named_modules():
+            mine = [index[f"{prefix}.{n}" if prefix else n] for n, p in module.named_parameters(recurse=False)]
+            if mine:
+                module.register_forward_hook(self._usage_hook(torch.tensor(mine)))
+
+    def _usage_hook(self, positions: torch.Tensor) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if torch.is_grad_enabled():
+                self._used[positions] = 1.0
+
+        return hook
+
     def _drop_unused_gradients(self) -> None:
-        """Sets ``.grad = None`` on the parameters no rank used (all-zero after the reduction), as one process
-        leaves them: AdamW then skips them instead of applying its momentum with a zero gradient.
+        """Sets ``.grad = None`` on the parameters no rank used in this optimizer step, as one process leaves
+        them: AdamW then skips them (no momentum step, no state) exactly as it does in one process.
 
         The reduction gives every parameter of a group a gradient, zeros where a rank did not use it (the
         encoders of a modality absent from a rank's share), so that all ranks reduce-scatter the same tensors.
+        Which parameters were used is recorded by forward hooks, not read from the values: a used parameter
+        can have an all-zero gradient (the backbone behind a zero-initialised value head), and one process
+        steps it.
         """
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        used = torch.tensor([float(p.grad is not None and bool(_local(p.grad).any())) for p in params])
-        used = self._all_reduce(used, dist.ReduceOp.MAX)  # a rank whose shard is empty has nothing to show
-        for p, flag in zip(params, used.tolist(), strict=True):
+        used = self._all_reduce(self._used, dist.ReduceOp.MAX)
+        for p, flag in zip(self.model.parameters(), used.tolist(), strict=True):
             if not flag:
                 p.grad = None
 
@@ -352,7 +373,12 @@ class FSDPTrainEngine:
             offset += len(micro)
             scores = self.score(micro)
             inputs = LossInputs(
-                scores.logprobs, scores.entropy, scores.mask, _stack_fields(micro, scores.mask), scores.values, scores.dist
+                scores.logprobs,
+                scores.entropy,
+                scores.mask,
+                _stack_fields(micro, scores.mask),
+                scores.values,
+                scores.dist,
             )
             result = loss_fn(inputs)
             loss: torch.Tensor
@@ -443,11 +469,6 @@ class FSDPValueEngine(FSDPTrainEngine):
         scores = self._score_without_grad(batch)
         assert scores.values is not None, "score_values sets values"
         return scores.values, scores.mask
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor, or ``t`` itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _clone(state: Any) -> Any:
