@@ -1,7 +1,7 @@
 """Benchmark of the FSDP2 training engine: updates/s and samples/s at world size 1 and 2 on CPU (gloo), and the
 bucketed weight sync's GB/s, on the default tiny thinker and one larger config, side by side.
 
-Run: ``python -m relax_services.bench_train [--updates 4] [--batch 16]``. Each world size is a fresh group of
+Run: ``relax bench train [--updates 4] [--batch 16] [--models tiny wide]``. Each world size is a fresh group of
 spawned processes on this machine; the figures are measured, never asserted (the machine may be loaded).
 """
 
@@ -14,25 +14,26 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-from torch.multiprocessing.spawn import start_processes
+if TYPE_CHECKING:  # torch and the models load in the benchmark's processes, not when the CLI parses its options
+    import torch
 
-from relax_services.engines.fsdp_train import FSDPTrainEngine
-from relax_services.engines.protocols import LossInputs, TrainSample
-from relax_services.engines.torch_train import TorchTrainConfig
-from relax_services.engines.weight_buckets import BucketLoader, InProcessWeightStream, stream_buckets
-from relax_services.models import TinyOmniConfig, build_tiny_omni, num_parameters
-from relax_services.models.synthetic import synthetic_prompt
+    from relax_services.engines.protocols import LossInputs, TrainSample
 
-MODELS = {
-    "tiny": TinyOmniConfig(),
-    "wide": TinyOmniConfig(
-        hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, ffn_size=768, mrope_section=(8, 4, 4)
-    ),
+MODELS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "wide": {
+        "hidden_size": 256,
+        "num_layers": 4,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+        "ffn_size": 768,
+        "mrope_section": (8, 4, 4),
+    },
 }
-"""Model shapes benchmarked: the default thinker and a wider, deeper one (≈4 M parameters)."""
+"""Model shapes benchmarked, as :class:`~relax_services.models.TinyOmniConfig` fields: the default thinker and
+a wider, deeper one (≈3.6 M parameters)."""
 
 BUCKET_BYTES = 1 << 20
 
@@ -53,6 +54,11 @@ class TrainFigures:
 
 
 def _batch(size: int, seed: int) -> list[TrainSample]:
+    import torch
+
+    from relax_services.engines.protocols import TrainSample
+    from relax_services.models.synthetic import synthetic_prompt
+
     gen = torch.Generator().manual_seed(seed)
     out = []
     for i in range(size):
@@ -67,10 +73,18 @@ def _loss(inputs: LossInputs) -> torch.Tensor:
 
 
 def _worker(rank: int, world: int, folder: str, model: str, updates: int, batch_size: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from relax_services.engines.fsdp_train import FSDPTrainEngine
+    from relax_services.engines.torch_train import TorchTrainConfig
+    from relax_services.engines.weight_buckets import BucketLoader, InProcessWeightStream, stream_buckets
+    from relax_services.models import TinyOmniConfig, build_tiny_omni, num_parameters
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world)
     try:
-        shape = MODELS[model]
+        shape = TinyOmniConfig(**MODELS[model])
         engine = FSDPTrainEngine(build_tiny_omni(0, shape), TorchTrainConfig(micro_batch_size=4))
         batches = [_batch(batch_size, s) for s in range(updates + 1)]
         engine.step(batches[0], _loss)  # warm-up: first forwards allocate and initialise lazily
@@ -102,6 +116,8 @@ def _worker(rank: int, world: int, folder: str, model: str, updates: int, batch_
 
 def measure(model: str, world_size: int, updates: int = 4, batch_size: int = 16) -> TrainFigures:
     """Runs ``updates`` timed updates (after one warm-up) of ``model`` on a fresh group of ``world_size`` processes."""
+    from torch.multiprocessing.spawn import start_processes
+
     with tempfile.TemporaryDirectory() as folder:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         start_processes(  # type: ignore[no-untyped-call]
@@ -110,12 +126,21 @@ def measure(model: str, world_size: int, updates: int = 4, batch_size: int = 16)
         return TrainFigures(**json.loads(Path(folder, "figures.json").read_text()))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's options (shared with ``relax bench train``)."""
     parser.add_argument("--updates", type=int, default=4, help="timed updates per run (after one warm-up)")
     parser.add_argument("--batch", type=int, default=16, help="samples per update (split over the ranks)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Measures and prints the table for ``args.models`` at world size 1 and 2."""
     header = ("model", "params", "N", "updates/s", "samples/s", "sync MB", "buckets", "GB/s")
     print("{:6} {:>9} {:>2} {:>10} {:>10} {:>8} {:>7} {:>7}".format(*header))
     for model in args.models:

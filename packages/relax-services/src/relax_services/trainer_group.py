@@ -162,11 +162,11 @@ class TrainerGroup:
         import ray
 
         self.group = group or TrainerGroupConfig()
-        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"  # type: ignore[no-untyped-call]
         actor = ray.remote(
             num_cpus=self.group.num_cpus_per_rank, num_gpus=self.group.num_gpus_per_rank, max_restarts=0
         )(_TrainerRank)
-        self._ranks = [
+        self._ranks: list[Any] = [
             actor.remote(r, self.group, address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig())
             for r in range(self.group.world_size)
         ]
