@@ -46,7 +46,10 @@ def test_bad_group_settings_are_refused() -> None:
 
 
 @pytest.mark.integration
-def test_a_two_rank_group_trains_like_one_process_and_fails_whole(ray_session: Any) -> None:
+def test_a_two_rank_group_trains_like_one_process_fails_whole_and_restarts_on_one_rank(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    reference = TorchTrainEngine(build_tiny_omni(0), worker.CONFIG)
     group = TrainerGroup(
         functools.partial(build_tiny_omni, 0),
         worker.CONFIG,
@@ -55,12 +58,13 @@ def test_a_two_rank_group_trains_like_one_process_and_fails_whole(ray_session: A
     try:
         assert isinstance(group, TrainEngine)
         metrics = group.step(worker.batch(0), worker.pg_token_mean)
-        reference = TorchTrainEngine(build_tiny_omni(0), worker.CONFIG)
         ref_metrics = reference.step(worker.batch(0), worker.pg_token_mean)
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)
-        weights, ref_weights = group.policy_state(), reference.policy_state()
-        assert max(float((weights[k] - ref_weights[k]).abs().max()) for k in ref_weights) < ATOL
+        assert _max_diff(group.policy_state(), reference.policy_state()) < ATOL
         assert group.version == 1
+        full = group.state_dict()
+        assert _max_diff(full["model"], reference.policy_state()) < ATOL
+        group.save_checkpoint(tmp_path / "ckpt")
 
         with pytest.raises(TrainerGroupFailed, match="rank 1 failed in step"):
             group.step(worker.batch(1), crash_on_rank_1)
@@ -70,3 +74,30 @@ def test_a_two_rank_group_trains_like_one_process_and_fails_whole(ray_session: A
             group.policy_state()  # nothing from the broken update can be published
     finally:
         group.shutdown()
+
+    # The restarted group (here on one rank) resumes from the checkpoint and continues like one process.
+    restarted = TrainerGroup(
+        functools.partial(build_tiny_omni, 5),
+        worker.CONFIG,
+        group=TrainerGroupConfig(world_size=1, num_cpus_per_rank=0, step_timeout_s=240),
+    )
+    try:
+        restarted.load_checkpoint(tmp_path / "ckpt")
+        assert restarted.version == 1
+        restarted.step(worker.batch(1), worker.pg_token_mean)
+        reference.step(worker.batch(1), worker.pg_token_mean)
+        resumed = restarted.policy_state()
+        assert _max_diff(resumed, reference.policy_state()) < ATOL
+        # The full state dict is a checkpoint too: from it, the same update gives the same weights.
+        restarted.load_state_dict(full)
+        assert restarted.version == 1
+        restarted.step(worker.batch(1), worker.pg_token_mean)
+        again = restarted.policy_state()
+        assert all(torch.equal(again[k], resumed[k]) for k in resumed)
+    finally:
+        restarted.shutdown()
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)

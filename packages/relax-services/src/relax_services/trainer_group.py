@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -135,7 +136,15 @@ class _TrainerRank:
         torch.set_rng_state(state["rng"]["torch"])
         engine._version = int(state["version"])
 
-    def version(self) -> int:
+    def save_checkpoint(self, folder: str) -> None:
+        from relax_services.engines.fsdp_checkpoint import save_checkpoint
+
+        save_checkpoint(self.engine, Path(folder))
+
+    def load_checkpoint(self, folder: str) -> int:
+        from relax_services.engines.fsdp_checkpoint import load_checkpoint
+
+        load_checkpoint(self.engine, Path(folder))
         return self.engine.version
 
 
@@ -215,6 +224,15 @@ class TrainerGroup:
 
         self._call("load_full_state", ray.put(dict(state)))
         self._version = int(state["version"])
+
+    def save_checkpoint(self, folder: Path) -> None:
+        """Writes the sharded checkpoint of :func:`~relax_services.engines.fsdp_checkpoint.save_checkpoint`
+        (every rank its shards; ``folder`` must be on a file system every rank sees)."""
+        self._call("save_checkpoint", str(folder))
+
+    def load_checkpoint(self, folder: Path) -> None:
+        """Restores a sharded checkpoint saved by a group of any world size."""
+        self._version = int(self._call("load_checkpoint", str(folder))[0])
 
     def shutdown(self) -> None:
         """Stops every rank."""
