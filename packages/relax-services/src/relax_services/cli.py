@@ -1,4 +1,4 @@
-"""The ``relax`` command line: ``relax train``, ``relax bench pipeline``, ``relax plan``."""
+"""The ``relax`` command line: ``relax train``, ``relax bench pipeline``, ``relax bench train``, ``relax plan``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,13 @@ def _bench(args: argparse.Namespace) -> int:
     return run_pipeline_bench(args.taus, args.overrides, args.config)
 
 
+def _bench_train(args: argparse.Namespace) -> int:
+    from relax_services.bench_train import run
+
+    run(args)
+    return 0
+
+
 def _chaos(args: argparse.Namespace) -> int:
     from relax_services.chaos import run_chaos
 
@@ -82,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("overrides", nargs="*")
     pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
     pipe.set_defaults(func=_bench)
+    bench_train = bench_sub.add_parser("train", help="FSDP2 engine: updates/s at world size 1 and 2, sync GB/s")
+    from relax_services.bench_train import add_arguments  # light: the workers import the models lazily
+
+    add_arguments(bench_train)
+    bench_train.set_defaults(func=_bench_train)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)
     chaos.add_argument("overrides", nargs="*")

@@ -1,5 +1,6 @@
 """Engines behind the services: rollout (generation) and training backends, and their protocols."""
 
+from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
 from relax_services.engines.hf_rollout import HFRolloutConfig, HFRolloutEngine
 from relax_services.engines.protocols import (
     PARTIAL_ROLLOUT_MODES,
@@ -25,6 +26,14 @@ from relax_services.engines.registry import (
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, sample_tokens, truncate
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.engines.torch_train import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
+from relax_services.engines.weight_buckets import (
+    BucketLoader,
+    InProcessWeightStream,
+    PackedBucket,
+    SyncStats,
+    WeightStream,
+    stream_buckets,
+)
 
 # protocols and records
 __all__ = [
@@ -69,4 +78,17 @@ __all__ += [
     "TorchValueEngine",
     "score_responses",
     "score_values",
+]
+
+# distributed training (FSDP2) and bucketed weight sync
+__all__ += [
+    "BucketLoader",
+    "FSDPConfig",
+    "FSDPTrainEngine",
+    "FSDPValueEngine",
+    "InProcessWeightStream",
+    "PackedBucket",
+    "SyncStats",
+    "WeightStream",
+    "stream_buckets",
 ]

@@ -1,0 +1,275 @@
+"""The Trainer as a group of Ray actors forming one torch.distributed process group around
+:class:`~relax_services.engines.FSDPTrainEngine`.
+
+:class:`TrainerGroup` implements the :class:`~relax_services.engines.TrainEngine` protocol, so a service
+drives ``world_size`` ranks as it drives one engine. Every call goes to every rank with the same arguments
+(the batch is put in the object store once and read by each rank, which trains on its own share: no scatter
+step, and rank 0 is no bottleneck); the call returns when every rank has, and rank 0's answer is the
+group's.
+
+Failures: ranks run collectives, so a rank that dies or hangs leaves the others blocked inside one. The group
+therefore fails as a unit: the first rank error, a rank process that died, or a call that outlives
+``step_timeout_s`` kills every rank and raises :class:`TrainerGroupFailed`. An update whose call failed has
+produced no version and nothing to publish; the caller restarts a new group from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from relax_services.engines.fsdp_train import FSDPConfig
+from relax_services.engines.protocols import LossFn, TrainSample
+from relax_services.engines.torch_train import TorchTrainConfig
+
+__all__ = ["TrainerGroup", "TrainerGroupConfig", "TrainerGroupFailed"]
+
+ModelFactory = Callable[[], torch.nn.Module]
+"""Builds the model on a rank (every rank must build the same weights, e.g. from one seed or checkpoint)."""
+
+
+@dataclass(frozen=True)
+class TrainerGroupConfig:
+    """Shape of the Trainer group.
+
+    Attributes:
+        world_size: Ranks (Ray actors, one process each) in the process group.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        step_timeout_s: A call not answered by every rank within this many seconds fails the group (a hung
+            rank); also the process group's collective timeout.
+        num_cpus_per_rank: Ray CPUs reserved per rank.
+        num_gpus_per_rank: Ray GPUs reserved per rank (1 with NCCL).
+    """
+
+    world_size: int = 2
+    backend: Literal["gloo", "nccl"] = "gloo"
+    step_timeout_s: float = 600.0
+    num_cpus_per_rank: float = 1.0
+    num_gpus_per_rank: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"TrainerGroupConfig.world_size must be >= 1, got {self.world_size}")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"TrainerGroupConfig.backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"TrainerGroupConfig.step_timeout_s must be > 0, got {self.step_timeout_s}")
+
+
+class TrainerGroupFailed(RuntimeError):
+    """A rank of the Trainer group failed, died or hung; every rank has been stopped."""
+
+
+class _TrainerRank:
+    """Body of one rank's Ray actor: joins the process group and owns that rank's engine."""
+
+    def __init__(
+        self,
+        rank: int,
+        group: TrainerGroupConfig,
+        address: str,
+        model_factory: ModelFactory,
+        config: TorchTrainConfig,
+        fsdp: FSDPConfig,
+    ) -> None:
+        import torch.distributed as dist
+
+        from relax_services.engines.fsdp_train import FSDPTrainEngine
+        from relax_services.services._base import configure_process
+
+        configure_process()
+        timeout = timedelta(seconds=group.step_timeout_s)
+        dist.init_process_group(
+            group.backend, init_method=f"tcp://{address}", rank=rank, world_size=group.world_size, timeout=timeout
+        )
+        self.rank = rank
+        self.engine = FSDPTrainEngine(model_factory(), config, fsdp)
+
+    def ready(self) -> int:
+        return self.rank
+
+    def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        return self.engine.step(batch, loss_fn)
+
+    def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.engine.compute_logprobs(batch)
+
+    def policy_state(self) -> dict[str, torch.Tensor] | None:
+        state = self.engine.policy_state()  # every rank takes part in the gathers; rank 0 answers
+        return state if self.rank == 0 else None
+
+    def full_state(self) -> dict[str, Any] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model, optimizer = get_state_dict(self.engine.model, self.engine.optimizer, options=options)
+        if self.rank != 0:
+            return None
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": self.engine.scheduler.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            "version": self.engine.version,
+        }
+
+    def load_full_state(self, state: Mapping[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        engine = self.engine
+        options = StateDictOptions(full_state_dict=True, strict=False)  # strict=False: see FSDPTrainEngine
+        set_state_dict(
+            engine.model,
+            engine.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=options,
+        )
+        engine.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        engine._version = int(state["version"])
+
+    def save_checkpoint(self, folder: str) -> None:
+        from relax_services.engines.fsdp_checkpoint import save_checkpoint
+
+        save_checkpoint(self.engine, Path(folder))
+
+    def load_checkpoint(self, folder: str) -> int:
+        from relax_services.engines.fsdp_checkpoint import load_checkpoint
+
+        load_checkpoint(self.engine, Path(folder))
+        return self.engine.version
+
+
+class TrainerGroup:
+    """:class:`~relax_services.engines.TrainEngine` over ``world_size`` Ray actors training one sharded model.
+
+    Needs a running Ray (``ray.init``). The rendezvous address is a free port on this node, handed to every
+    rank (the controller's role in a run).
+
+    Args:
+        model_factory: Builds each rank's model (picklable).
+        config: Optimizer and loss settings of every rank's engine.
+        fsdp: Sharding settings.
+        group: World size, backend, timeout and resources.
+    """
+
+    def __init__(
+        self,
+        model_factory: ModelFactory,
+        config: TorchTrainConfig | None = None,
+        fsdp: FSDPConfig | None = None,
+        group: TrainerGroupConfig | None = None,
+    ) -> None:
+        import ray
+
+        self.group = group or TrainerGroupConfig()
+        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"  # type: ignore[no-untyped-call]
+        actor = ray.remote(
+            num_cpus=self.group.num_cpus_per_rank, num_gpus=self.group.num_gpus_per_rank, max_restarts=0
+        )(_TrainerRank)
+        self._ranks: list[Any] = [
+            actor.remote(r, self.group, address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig())
+            for r in range(self.group.world_size)
+        ]
+        self._failed: str | None = None
+        self._version = 0
+        self._call("ready")
+
+    @property
+    def alive(self) -> bool:
+        """False once a rank has failed (the group is then stopped for good)."""
+        return self._failed is None
+
+    @property
+    def version(self) -> int:
+        """Policy updates applied by the whole group."""
+        return self._version
+
+    def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        """One update on every rank; its version exists only once every rank has finished it."""
+        import ray
+
+        metrics: dict[str, float] = self._call("step", ray.put(list(batch)), loss_fn)[0]
+        self._version += 1
+        return metrics
+
+    def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        import ray
+
+        result: tuple[torch.Tensor, torch.Tensor] = self._call("compute_logprobs", ray.put(list(batch)))[0]
+        return result
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The full weights (gathered by every rank, returned by rank 0)."""
+        state: dict[str, torch.Tensor] = self._call("policy_state")[0]
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) model, optimizer (keyed by parameter name), scheduler, rank 0's RNG and version: a
+        checkpoint any world size of the group loads. :mod:`~relax_services.engines.fsdp_checkpoint` writes the
+        sharded form instead, for models too large to gather."""
+        state: dict[str, Any] = self._call("full_state")[0]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        import ray
+
+        self._call("load_full_state", ray.put(dict(state)))
+        self._version = int(state["version"])
+
+    def save_checkpoint(self, folder: Path) -> None:
+        """Writes the sharded checkpoint of :func:`~relax_services.engines.fsdp_checkpoint.save_checkpoint`
+        (every rank its shards; ``folder`` must be on a file system every rank sees)."""
+        self._call("save_checkpoint", str(folder))
+
+    def load_checkpoint(self, folder: Path) -> None:
+        """Restores a sharded checkpoint saved by a group of any world size."""
+        self._version = int(self._call("load_checkpoint", str(folder))[0])
+
+    def shutdown(self) -> None:
+        """Stops every rank."""
+        import ray
+
+        for actor in self._ranks:
+            ray.kill(actor)
+        self._ranks = []
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every rank; the answers in rank order. Fails the group on the first rank error,
+        a dead rank, or no complete answer within ``step_timeout_s``."""
+        import ray
+
+        if self._failed is not None:
+            raise TrainerGroupFailed(f"the trainer group has failed earlier ({self._failed}); start a new one")
+        refs = [getattr(actor, method).remote(*args) for actor in self._ranks]
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        deadline = time.monotonic() + self.group.step_timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not finish {method} in time")
+            try:
+                ray.get(ready[0])
+            except Exception as exc:  # a rank's own error or its process's death: either way the group is broken
+                self._fail(f"rank {rank_of[ready[0]]} failed in {method}: {type(exc).__name__}: {exc}")
+        return list(ray.get(refs))
+
+    def _fail(self, reason: str) -> None:
+        self._failed = reason
+        self.shutdown()  # the other ranks are blocked in a collective with the broken one
+        raise TrainerGroupFailed(reason)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,103 @@
+"""The Trainer as a group of Ray actors: it trains as one process does, and a rank that dies fails the group."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from relax_services.engines import LossInputs, TorchTrainEngine, TrainEngine
+from relax_services.models import build_tiny_omni
+from relax_services.trainer_group import TrainerGroup, TrainerGroupConfig, TrainerGroupFailed
+
+
+def _load_worker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_fsdp_worker", Path(__file__).with_name("_fsdp_worker.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+worker = _load_worker()
+ATOL = 5e-5  # as in test_engines_fsdp.py: float summation order across ranks
+
+
+def crash_on_rank_1(inputs: LossInputs) -> torch.Tensor:
+    """The policy-gradient loss, except that rank 1's process dies in the middle of the update."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(3)
+    return worker.pg_token_mean(inputs)[0]
+
+
+def test_bad_group_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        TrainerGroupConfig(world_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        TrainerGroupConfig(backend="mpi")  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+def test_a_two_rank_group_trains_like_one_process_fails_whole_and_restarts_on_one_rank(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    reference = TorchTrainEngine(build_tiny_omni(0), worker.CONFIG)
+    group = TrainerGroup(
+        functools.partial(build_tiny_omni, 0),
+        worker.CONFIG,
+        group=TrainerGroupConfig(world_size=2, num_cpus_per_rank=0, step_timeout_s=240),
+    )
+    try:
+        assert isinstance(group, TrainEngine)
+        metrics = group.step(worker.batch(0), worker.pg_token_mean)
+        ref_metrics = reference.step(worker.batch(0), worker.pg_token_mean)
+        assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)
+        assert _max_diff(group.policy_state(), reference.policy_state()) < ATOL
+        assert group.version == 1
+        full = group.state_dict()
+        assert _max_diff(full["model"], reference.policy_state()) < ATOL
+        group.save_checkpoint(tmp_path / "ckpt")
+
+        with pytest.raises(TrainerGroupFailed, match="rank 1 failed in step"):
+            group.step(worker.batch(1), crash_on_rank_1)
+        assert not group.alive
+        assert group.version == 1  # the broken update produced no version
+        with pytest.raises(TrainerGroupFailed, match="failed earlier"):
+            group.policy_state()  # nothing from the broken update can be published
+    finally:
+        group.shutdown()
+
+    # The restarted group (here on one rank) resumes from the checkpoint and continues like one process.
+    restarted = TrainerGroup(
+        functools.partial(build_tiny_omni, 5),
+        worker.CONFIG,
+        group=TrainerGroupConfig(world_size=1, num_cpus_per_rank=0, step_timeout_s=240),
+    )
+    try:
+        restarted.load_checkpoint(tmp_path / "ckpt")
+        assert restarted.version == 1
+        restarted.step(worker.batch(1), worker.pg_token_mean)
+        reference.step(worker.batch(1), worker.pg_token_mean)
+        resumed = restarted.policy_state()
+        assert _max_diff(resumed, reference.policy_state()) < ATOL
+        # The full state dict is a checkpoint too: from it, the same update gives the same weights.
+        restarted.load_state_dict(full)
+        assert restarted.version == 1
+        restarted.step(worker.batch(1), worker.pg_token_mean)
+        again = restarted.policy_state()
+        assert all(torch.equal(again[k], resumed[k]) for k in resumed)
+    finally:
+        restarted.shutdown()
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
