@@ -16,7 +16,7 @@ from operator import add, attrgetter, itemgetter, le, sub
 from typing import Any
 
 from relax_queue._batchers import Batcher
-from relax_queue._core import FULL, NO_TAGS, QueueCore, StoredRow, TaskState
+from relax_queue._core import FULL, NO_TAGS, QueueCore, StoredRow, TaskState, as_version
 from relax_queue._errors import FieldTypeError
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import ColumnBatch, Key, Tags
@@ -44,18 +44,23 @@ def _as_list(what: str, values: Any, n: int | None) -> list[Any]:
 
 
 def _versions(what: str, values: Any, keys: list[Key]) -> int | list[int]:
-    """A version column: one int for every row, or one int >= 0 per row."""
+    """A version column: one int >= 0 for every row, or one per row (numpy integers taken as ints)."""
     if type(values) is int and values >= 0:
         return values
-    if isinstance(values, int) and not isinstance(values, bool) and values >= 0:
-        return int(values)
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise FieldTypeError(f"put_columns: {what} must be an int >= 0 or one per key, got {values!r}")
+        one = as_version(values)
+        if one is None:
+            raise FieldTypeError(f"put_columns: {what} must be an int >= 0 or one per key, got {values!r}")
+        return one
     tolist = getattr(values, "tolist", None)  # a numpy array of versions: its items as Python ints
     out = _as_list(what, tolist() if callable(tolist) else values, len(keys))
     if out and not (set(map(type, out)) <= {int} and min(out) >= 0):
-        i, bad = next((i, v) for i, v in enumerate(out) if type(v) is not int or v < 0)
-        raise FieldTypeError(f"put_columns: {what}[{i}] (key {keys[i]!r}) must be an int >= 0, got {bad!r}")
+        out = list(map(as_version, out))
+        if None in out:
+            i = out.index(None)
+            raise FieldTypeError(
+                f"put_columns: {what}[{i}] (key {keys[i]!r}) must be an int >= 0, got {list(values)[i]!r}"
+            )
     return out
 
 
@@ -73,13 +78,13 @@ class ColumnInput:
         tags: one tags dict per row, or ``None`` when no tags were given.
     """
 
-    __slots__ = ("columns", "group_ids", "group_sizes", "keys", "names", "tags", "v_max", "v_min")
+    __slots__ = ("columns", "group_ids", "group_sizes", "keys", "names", "tags", "v_max", "v_min", "versions_given")
 
     def __init__(
         self,
         keys: Sequence[Key],
         columns: Mapping[str, Sequence[Any]],
-        v_min: int | Sequence[int] = 0,
+        v_min: int | Sequence[int] | None = None,
         v_max: int | Sequence[int] | None = None,
         group_ids: Sequence[Hashable | None] | None = None,
         group_sizes: int | Sequence[int | None] | None = None,
@@ -100,7 +105,9 @@ class ColumnInput:
                 raise FieldTypeError(f"put_columns: field names must be str, got {name!r}")
         self.names: tuple[str, ...] = tuple(columns)
         self.columns: list[list[Any]] = [_as_list(f"column {name!r}", columns[name], n) for name in self.names]
-        self.v_min: int | list[int] = _versions("v_min", v_min, self.keys)
+        # Versions left out are not checked against stored rows of the same keys (new rows get 0).
+        self.versions_given = v_min is not None or v_max is not None
+        self.v_min: int | list[int] = 0 if v_min is None else _versions("v_min", v_min, self.keys)
         self.v_max: int | list[int] = self.v_min if v_max is None else _versions("v_max", v_max, self.keys)
         self._check_order()
         self.group_ids: list[Hashable | None] | None = None
@@ -146,28 +153,32 @@ class ColumnInput:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def row(self, i: int) -> tuple[Key, dict[str, Any], tuple[int, int], Hashable | None, int | None, Tags | None]:
+    def row(
+        self, i: int
+    ) -> tuple[Key, dict[str, Any], tuple[int, int] | None, Hashable | None, int | None, Tags | None]:
         """Row ``i`` as the per-row insert takes it."""
         sizes = self.group_sizes
         return (
             self.keys[i],
             {name: column[i] for name, column in zip(self.names, self.columns, strict=True)},
-            (self._version(self.v_min, i), self._version(self.v_max, i)),
+            (self._version(self.v_min, i), self._version(self.v_max, i)) if self.versions_given else None,
             None if self.group_ids is None else self.group_ids[i],
             sizes if sizes is None or isinstance(sizes, int) else sizes[i],
             None if self.tags is None else self.tags[i],
         )
 
 
-def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool) -> int:
+def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool, inserted: list[Key]) -> int:
     """Store rows ``start:`` of ``cols`` (caller holds the lock), like ``QueueCore.put_rows``.
 
     Returns:
         The index of the first row that must wait for capacity (``len(cols)``: all handled).
-        Rows before a row that raises stay stored.
+        Rows before a row that raises stay stored (and waiting readers are woken for them); the keys
+        of newly stored rows are appended to ``inserted``.
     """
     if start < len(cols) and _put_new_rows(core, cols, start):
         core._commit(cols.keys[start:], len(cols) - start if admitted else 0)
+        inserted.extend(cols.keys[start:])
         return len(cols)
     new: list[Key] = []
     handled = start
@@ -180,8 +191,11 @@ def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool) 
             if outcome:
                 new.append(row[0])
             handled = i + 1
-    finally:
-        core._commit(new, handled - start if admitted else 0)
+    except BaseException:
+        core.commit_partial(new, handled - start if admitted else 0, inserted)
+        raise
+    core._commit(new, handled - start if admitted else 0)
+    inserted.extend(new)
     return handled
 
 
@@ -198,9 +212,10 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
     if not core.rows.keys().isdisjoint(keys) or not core.retired.isdisjoint(keys) or len(set(keys)) != n:
         return False
     columns = [column[start:] for column in cols.columns] if start else cols.columns
-    constant, per_row = _row_nbytes(columns)
-    total = constant * n + (sum(per_row) if per_row is not None else 0)
-    if cap.max_bytes is not None:
+    constant, per_row, total = 0, None, 0
+    if cap.max_bytes is not None:  # sizing only serves the byte bound; unbounded queues skip it
+        constant, per_row = _row_nbytes(columns)
+        total = constant * n + (sum(per_row) if per_row is not None else 0)
         largest = constant + (max(per_row) if per_row else 0)
         if core.nbytes + total > cap.max_bytes or largest > cap.max_bytes:
             return False

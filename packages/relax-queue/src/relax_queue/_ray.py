@@ -348,7 +348,7 @@ class RayQueueClient:
         key: Key,
         fields: Mapping[str, Any],
         *,
-        versions: tuple[int, int] | int = 0,
+        versions: tuple[int, int] | int | None = None,
         group_id: Hashable | None = None,
         group_size: int | None = None,
         tags: Mapping[str, int | float | str] | None = None,
@@ -370,7 +370,7 @@ class RayQueueClient:
         keys: Sequence[Key],
         columns: Mapping[str, Sequence[Any]],
         *,
-        v_min: int | Sequence[int] = 0,
+        v_min: int | Sequence[int] | None = None,
         v_max: int | Sequence[int] | None = None,
         group_ids: Sequence[Hashable | None] | None = None,
         group_sizes: int | Sequence[int | None] | None = None,
@@ -383,8 +383,8 @@ class RayQueueClient:
         cols = ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags)
         wire = {name: self._offload_column(column) for name, column in zip(cols.names, cols.columns, strict=True)}
         options = {  # the validated, list-valued form of the arguments
-            "v_min": cols.v_min,
-            "v_max": cols.v_max,
+            "v_min": cols.v_min if cols.versions_given else None,
+            "v_max": cols.v_max if cols.versions_given else None,
             "group_ids": cols.group_ids,
             "group_sizes": cols.group_sizes,
             "tags": {name: list(values) for name, values in tags.items()} if tags else None,

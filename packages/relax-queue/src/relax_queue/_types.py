@@ -25,7 +25,8 @@ class RowInput:
         key: unique row key; putting a key that is already stored only adds missing fields.
         fields: columns of the row (any Python objects; arrays and tensors are stored by reference).
         versions: ``(v_min, v_max)``, the oldest and newest policy version that produced the row;
-            an int ``v`` means ``(v, v)``.
+            an int ``v`` means ``(v, v)`` (ints >= 0; numpy integers are taken as ints). ``None``:
+            ``(0, 0)`` for a new row; for a stored key, the stored versions (given ones must match).
         group_id: id of the group (e.g. the GRPO prompt) the row belongs to, or ``None``.
         group_size: number of rows in the group; required with ``group_id``.
         tags: scalar metadata used by batchers (e.g. ``num_tokens``) and by producers.
@@ -33,7 +34,7 @@ class RowInput:
 
     key: Key
     fields: Mapping[str, Any]
-    versions: tuple[int, int] | int = 0
+    versions: tuple[int, int] | int | None = None
     group_id: Hashable | None = None
     group_size: int | None = None
     tags: Tags = field(default_factory=dict)
