@@ -16,7 +16,7 @@ from operator import add, attrgetter, itemgetter, le, sub
 from typing import Any
 
 from relax_queue._batchers import Batcher
-from relax_queue._core import FULL, NO_TAGS, QueueCore, StoredRow, TaskState, as_version
+from relax_queue._core import FULL, NO_TAGS, QueueCore, Segment, StoredRow, TaskState, as_version, field_value
 from relax_queue._errors import FieldTypeError
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import ColumnBatch, Key, Tags
@@ -31,6 +31,24 @@ _v_max = attrgetter("v_max")
 _group_id = attrgetter("group_id")
 _group_size = attrgetter("group_size")
 _tags = attrgetter("tags")
+_offset = attrgetter("offset")
+
+
+def is_array(values: Any) -> bool:
+    """Whether a column is an array (numpy, torch, any array-like with a ``shape`` and slicing), by duck typing."""
+    if type(values) is list or type(values) is tuple:
+        return False
+    shape = getattr(values, "shape", None)
+    return isinstance(shape, tuple) and len(shape) >= 1 and hasattr(values, "__getitem__")
+
+
+def _as_column(what: str, values: Any, n: int) -> Any:
+    """A field column: an array stays whole (stored as one segment), anything else becomes a list."""
+    if is_array(values):
+        if values.shape[0] != n:
+            raise FieldTypeError(f"put_columns: {what} has {values.shape[0]} values for {n} keys")
+        return values
+    return _as_list(what, values, n)
 
 
 def _as_list(what: str, values: Any, n: int | None) -> list[Any]:
@@ -70,7 +88,7 @@ class ColumnInput:
     Attributes:
         keys: the row keys.
         names: the field names.
-        columns: one list of values per field, in ``names`` order.
+        columns: per field, in ``names`` order, a list of values or an array (one row per item).
         v_min: every row's oldest version (an int shared by all rows, or one per row).
         v_max: every row's newest version, likewise.
         group_ids: one group id (or ``None``) per row; ``None`` when no row has a group.
@@ -104,7 +122,8 @@ class ColumnInput:
             if type(name) is not str:
                 raise FieldTypeError(f"put_columns: field names must be str, got {name!r}")
         self.names: tuple[str, ...] = tuple(columns)
-        self.columns: list[list[Any]] = [_as_list(f"column {name!r}", columns[name], n) for name in self.names]
+        # Array columns stay arrays: one buffer per column, stored and shipped whole, sliced on get.
+        self.columns: list[Any] = [_as_column(f"column {name!r}", columns[name], n) for name in self.names]
         # Versions left out are not checked against stored rows of the same keys (new rows get 0).
         self.versions_given = v_min is not None or v_max is not None
         self.v_min: int | list[int] = 0 if v_min is None else _versions("v_min", v_min, self.keys)
@@ -212,15 +231,25 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
     if not core.rows.keys().isdisjoint(keys) or not core.retired.isdisjoint(keys) or len(set(keys)) != n:
         return False
     columns = [column[start:] for column in cols.columns] if start else cols.columns
+    # An array column is stored as one segment its rows point into (no per-row object); in-row
+    # values are the segment itself and each row's offset.
+    segments = [Segment(c, _share(c, n)) if is_array(c) else None for c in columns]
     constant, per_row, total = 0, None, 0
     if cap.max_bytes is not None:  # sizing only serves the byte bound; unbounded queues skip it
-        constant, per_row = _row_nbytes(columns)
+        constant, per_row = _row_nbytes(columns, segments)
         total = constant * n + (sum(per_row) if per_row is not None else 0)
         largest = constant + (max(per_row) if per_row else 0)
         if core.nbytes + total > cap.max_bytes or largest > cap.max_bytes:
             return False
     names = cols.names
-    if len(names) == 1:
+    if any(segments):
+        core.segments += 1
+        if all(segments):  # every row's fields are the same segments: copies of one dict, made in C
+            fields = list(map(dict.copy, repeat(dict(zip(names, segments, strict=True)), n)))
+        else:
+            columns = [column if seg is None else repeat(seg, n) for column, seg in zip(columns, segments, strict=True)]
+            fields = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    elif len(names) == 1:
         name = names[0]
         fields = [{name: value} for value in columns[0]]
     elif names:
@@ -238,19 +267,30 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
         repeat(NO_TAGS) if cols.tags is None else cols.tags[start:],
         repeat(constant) if per_row is None else map(add, repeat(constant), per_row),
         repeat(len(core.tasks)),
+        range(n),
     )
     core.rows.update(zip(keys, stored, strict=True))
     core.nbytes += total
     return True
 
 
-def _row_nbytes(columns: list[list[Any]]) -> tuple[int, list[int] | None]:
-    """Per-row payload estimate: a constant (scalar columns, 8 bytes a value) plus, when some column
-    holds other values, one figure per row."""
+def _share(column: Any, n: int) -> int:
+    """Each row's share of an array column's bytes (one ``nbytes`` read, no walk of the rows)."""
+    nbytes = getattr(column, "nbytes", None)
+    if type(nbytes) is not int:
+        nbytes = estimate_nbytes(column)
+    return nbytes // n if n else 0
+
+
+def _row_nbytes(columns: list[Any], segments: list[Segment | None]) -> tuple[int, list[int] | None]:
+    """Per-row payload estimate: a constant (scalar columns, 8 bytes a value; array columns, each row's
+    share) plus, when some column holds other values, one figure per row."""
     constant = 0
     per_row: list[int] | None = None
-    for column in columns:
-        if set(map(type, column)) <= _SCALAR_TYPES:
+    for column, seg in zip(columns, segments, strict=True):
+        if seg is not None:
+            constant += seg.nbytes
+        elif set(map(type, column)) <= _SCALAR_TYPES:
             constant += 8
         else:
             sizes = list(map(estimate_nbytes, column))
@@ -295,6 +335,10 @@ def lease_columns(
     deliveries = list(map(add, repeat(1), map(returned.get, keys, repeat(0)))) if returned else [1] * count
     row_fields = list(map(_fields, rows))
     columns = {name: list(map(itemgetter(name), row_fields)) for name in names}
+    if core.segments:
+        for name, values in columns.items():
+            if type(values[0] if values else None) is Segment or Segment in set(map(type, values)):
+                columns[name] = _segment_column(rows, values)
     ts.delivered += count
     return ColumnBatch(
         ts.spec.name,
@@ -312,6 +356,21 @@ def lease_columns(
         timeout,
         version,
     )
+
+
+def _segment_column(rows: list[StoredRow], values: list[Any]) -> Any:
+    """A delivered column whose rows hold segments: a slice of the array when the rows are consecutive
+    rows of one segment (the usual case: they came from one put), else one value per row."""
+    first = values[0]
+    offsets = list(map(_offset, rows))
+    start = offsets[0]
+    if (
+        type(first) is Segment
+        and values.count(first) == len(values)
+        and offsets == list(range(start, start + len(rows)))
+    ):
+        return first.data[start : start + len(rows)]
+    return [field_value(row, value) for row, value in zip(rows, values, strict=True)]
 
 
 def _shared_fields(rows: list[StoredRow]) -> tuple[str, ...]:

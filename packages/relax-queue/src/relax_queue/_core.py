@@ -29,7 +29,7 @@ from relax_queue._metrics import Counters
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
 
-__all__ = ["QueueCore", "StoredRow", "as_version", "fields_nbytes", "parse_versions"]
+__all__ = ["QueueCore", "Segment", "StoredRow", "as_version", "field_value", "fields_nbytes", "parse_versions"]
 
 FULL = object()  # sentinel: the row did not fit; wait for capacity
 _BULK = 16  # from this many rows on, a C-level pass (map/all) beats a Python loop over them
@@ -104,8 +104,34 @@ class RetiredKeys:
         newer.update(keys[start:] if start else keys)
 
 
+class Segment:
+    """One array column of one ``put_columns`` call, stored whole: its rows hold this object as the
+    field's value and their ``offset`` into it, so a put stores no per-row object and a get of rows of
+    one put hands back a slice of the array instead of restacking per-row views.
+
+    Attributes:
+        data: the column (a numpy array, torch tensor or any sliceable array-like), one row per item.
+        nbytes: each row's share of the column's bytes (what capacity and metrics count per row).
+    """
+
+    __slots__ = ("data", "nbytes")
+
+    def __init__(self, data: Any, nbytes: int) -> None:
+        self.data = data
+        self.nbytes = nbytes
+
+
+def field_value(row: StoredRow, value: Any) -> Any:
+    """A stored field value as delivered: a row of its :class:`Segment`, or the value itself."""
+    return value.data[row.offset] if type(value) is Segment else value
+
+
 class StoredRow:
-    """A row as held by the queue (internal; batchers see it through ``RowMeta``)."""
+    """A row as held by the queue (internal; batchers see it through ``RowMeta``).
+
+    ``offset`` is the row's index in the :class:`Segment` values of its fields (rows stored by a bulk
+    ``put_columns`` of array columns), else 0.
+    """
 
     __slots__ = (
         "deliveries",
@@ -114,6 +140,7 @@ class StoredRow:
         "group_size",
         "key",
         "nbytes",
+        "offset",
         "pending_tasks",
         "tags",
         "v_max",
@@ -131,8 +158,10 @@ class StoredRow:
         tags: Mapping[str, int | float | str],
         nbytes: int,
         pending_tasks: int,
+        offset: int = 0,
     ) -> None:
         self.key = key
+        self.offset = offset
         self.fields = fields
         self.v_min = v_min
         self.v_max = v_max
@@ -258,6 +287,7 @@ class QueueCore:
         self.rows: dict[Key, StoredRow] = {}
         self.groups: dict[Hashable, dict[Key, StoredRow]] = {}
         self.nbytes = 0
+        self.segments = 0  # bulk puts that stored array columns as segments (rows then need resolving)
         self.version = 0
         self.accepted = 0
         self.running = 0
@@ -656,6 +686,7 @@ class QueueCore:
         hist = ts.staleness_hist
         returned = ts.returned
         only = fields[0] if fields is not None and len(fields) == 1 else None
+        segments = self.segments > 0
         flagged = 0
         out: list[Row] = []
         append = out.append
@@ -674,6 +705,10 @@ class QueueCore:
                 values = dict(rf)
             else:
                 values = {f: rf[f] for f in fields}
+            if segments:
+                for name, value in values.items():
+                    if type(value) is Segment:
+                        values[name] = value.data[row.offset]
             append(
                 Row(row.key, values, v_min, row.v_max, row.group_id, row.group_size, row.tags, staleness, stale, count)
             )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relax_queue._core import QueueCore, RetiredKeys, StoredRow, fields_nbytes
+from relax_queue._core import QueueCore, RetiredKeys, StoredRow, field_value, fields_nbytes
 from relax_queue._errors import ConfigError
 from relax_queue._metrics import Counters
 
@@ -44,7 +44,9 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
                 deliveries[name] = ts.returned.get(key, 0) + (key in leased[name])
             elif key in ts.pending:
                 todo.append(name)
-        fields = row.fields if resolve is None else {k: resolve(v) for k, v in row.fields.items()}
+        fields = {k: field_value(row, v) for k, v in row.fields.items()}  # segments saved as plain row values
+        if resolve is not None:
+            fields = {k: resolve(v) for k, v in fields.items()}
         rows.append(
             {
                 "key": key,

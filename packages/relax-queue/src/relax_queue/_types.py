@@ -122,7 +122,9 @@ class ColumnBatch:
         lease_id: id of the lease; unique for the life of the queue (also across restores).
         keys: the row keys.
         columns: field name to the values of that field, one per row (the reader's fields; with
-            ``fields=None``, every field of the rows, which must then all carry the same fields).
+            ``fields=None``, every field of the rows, which must then all carry the same fields): a
+            list, or a slice of the array put by ``put_columns`` when every row of the batch came
+            from that one put, in order (no per-row views restacked).
         v_min: oldest policy version of each row.
         v_max: newest policy version of each row.
         group_ids: group of each row or ``None``.
@@ -138,7 +140,7 @@ class ColumnBatch:
     task: str
     lease_id: int
     keys: list[Key]
-    columns: dict[str, list[Any]]
+    columns: dict[str, Any]
     v_min: list[int]
     v_max: list[int]
     group_ids: list[Hashable | None]
@@ -153,8 +155,8 @@ class ColumnBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def column(self, name: str) -> list[Any]:
-        """Values of field ``name``, one per row.
+    def column(self, name: str) -> Any:
+        """Values of field ``name``, one per row (a list, or an array slice; see ``columns``).
 
         Raises:
             KeyError: when the reader did not ask for ``name``.
