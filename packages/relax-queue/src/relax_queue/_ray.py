@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
-from relax_queue._columnar import ColumnInput
+from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
 from relax_queue._core import NO_TAGS
 from relax_queue._queue import _lease_id, _normalise_fields
@@ -122,11 +122,16 @@ def _actor_class() -> Any:
                     [
                         v
                         for column in columns.values()
-                        if _may_hold_refs(column)
+                        if type(column) is list and _may_hold_refs(column)
                         for v in column
                         if isinstance(v, StoreRef)
                     ]
                 )
+                for name, column in columns.items():
+                    if is_array(column) and not _writeable(column):
+                        # Deserialised from the producer's object (a large argument travels through the
+                        # object store, owned by the caller): a copy of our own outlives the producer.
+                        columns[name] = column.copy()
             await self.aqueue.put_columns(keys, columns, **options)
 
         async def get_columns(
@@ -186,6 +191,9 @@ def _actor_class() -> Any:
                 for r in batch.rows
             ]
             return batch.task, batch.lease_id, rows, batch.lease_timeout_s, batch.version
+
+        def version(self) -> int:
+            return self.queue.version
 
         async def admit(self, n: int, timeout: float) -> int:
             return await self.aqueue.admit(n, timeout)
@@ -248,6 +256,12 @@ def _unpack(column: list[Any] | _Same | _EmptyTags, n: int) -> list[Any]:
     if kind is _EmptyTags:
         return [NO_TAGS] * n  # the read-only empty tags every row put without tags shares in-process
     return cast("list[Any]", column)
+
+
+def _writeable(array: Any) -> bool:
+    """Whether an array owns writeable memory (numpy ``flags.writeable``; other array types: assumed)."""
+    flags = getattr(array, "flags", None)
+    return bool(getattr(flags, "writeable", True))
 
 
 def _may_hold_refs(column: list[Any]) -> bool:
@@ -381,7 +395,12 @@ class RayQueueClient:
         """See :meth:`TransferQueue.put_columns`; one round trip carrying the columns, large values via the
         object store. Arguments are validated here first, so a malformed call costs no round trip."""
         cols = ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags)
-        wire = {name: self._offload_column(column) for name, column in zip(cols.names, cols.columns, strict=True)}
+        # An array column travels whole: one buffer (Ray moves a large argument through the object
+        # store by itself); a list column has its large values put in the object store.
+        wire = {
+            name: column if is_array(column) else self._offload_column(column)
+            for name, column in zip(cols.names, cols.columns, strict=True)
+        }
         options = {  # the validated, list-valued form of the arguments
             "v_min": cols.v_min if cols.versions_given else None,
             "v_max": cols.v_max if cols.versions_given else None,
@@ -500,7 +519,7 @@ class RayQueueClient:
         slots = [
             (column, i, value)
             for column in batch.columns.values()
-            if _may_hold_refs(column)
+            if type(column) is list and _may_hold_refs(column)
             for i, value in enumerate(column)
             if isinstance(value, StoreRef)
         ]
@@ -524,8 +543,8 @@ class RayQueueClient:
     # ------------------------------------------------------------------ staleness
     @property
     def version(self) -> int:
-        """See :attr:`TransferQueue.version`."""
-        return int(self._call("metrics")["version"])
+        """See :attr:`TransferQueue.version` (one small round trip, no metrics)."""
+        return int(_unwrap(self.actor.version.remote()))
 
     def publish_version(self, version: int) -> None:
         """See :meth:`TransferQueue.publish_version`."""
@@ -571,6 +590,10 @@ class RayQueueClient:
 
     def __len__(self) -> int:
         return int(self._call("__len__"))
+
+    def close(self) -> None:
+        """See :meth:`TransferQueue.close`: blocked and later calls that change the queue fail, for every client."""
+        self._call("close")
 
     def shutdown(self) -> None:
         """Kill the queue actor (its rows are lost unless saved)."""
