@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
-from operator import attrgetter, contains, is_
+from operator import attrgetter, contains, ge, is_
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
@@ -611,9 +611,13 @@ class QueueCore:
             if not fields:
                 out.extend(map(rows.__getitem__, islice(source, limit - len(out))))
                 continue
-            if one is not None and limit - len(out) >= _BULK:
+            if limit - len(out) >= _BULK:
                 head = list(map(rows.__getitem__, islice(source, limit - len(out))))
-                if all(map(contains, map(_row_fields, head), repeat(one))):
+                if (
+                    all(map(contains, map(_row_fields, head), repeat(one)))
+                    if one is not None
+                    else all(map(ge, map(dict.keys, map(_row_fields, head)), repeat(need)))
+                ):
                     out.extend(head)  # the usual case, tested in C: every row at the head of the queue is ready
                     continue
             for key in source:
