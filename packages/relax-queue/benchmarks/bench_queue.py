@@ -340,7 +340,23 @@ def targets(results: list[Result]) -> str:
         lines.append(f"- {label}: {value:.2f} (target {goal})")
 
     relax, rq = "relax Ray columns", "ray.util.queue, whole batch"
-    for workload in ("numpy (n, d), 1000 rows a call, self loop", "numpy (n, d), 1000 rows a call, actor -> actor"):
+    # The median op resists the load spikes of a shared machine better than the mean throughput.
+    self_loop = "numpy (n, d), 1000 rows a call, self loop"
+    ratio(
+        f"Ray batched vs ray.util.queue, {self_loop}, by median op",
+        _find(results, relax, self_loop),
+        _find(results, rq, self_loop),
+        "p50_ms",
+        ">= 1.0x",
+        invert=True,
+    )
+    inproc_p50 = _find(results, "relax in-process columns", "numpy (n, d), 1000 rows a call")
+    if inproc_p50 is not None:
+        lines.append(
+            f"- in-process numpy columns, 1000 rows a call, by median op: "
+            f"{1000 / inproc_p50['p50_ms'] * 1e3:,.0f} rows/s (target >= 1,000,000)"
+        )
+    for workload in (self_loop, "numpy (n, d), 1000 rows a call, actor -> actor"):
         ratio(
             f"Ray batched vs ray.util.queue, {workload}",
             _find(results, relax, workload),

@@ -40,6 +40,12 @@ class AsyncTransferQueue:
         self, attempt: Callable[[float], T | None], timeout: float | None, on_timeout: Callable[[], Exception]
     ) -> T:
         core = self._core
+        with core.lock:  # the usual call succeeds at once: no event, no listener
+            if core.closed:
+                raise QueueClosedError("the queue is closed")
+            result = attempt(time.monotonic())
+        if result is not None:
+            return result
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
