@@ -193,8 +193,9 @@ def bench_ray_actors(ray: Any, scale: float) -> list[Result]:
     from ray.util.queue import Queue as RayUtilQueue
 
     out: list[Result] = []
-    cases = [(f"numpy (n, d), {n} rows a call, actor -> actor", 1, _ops(n, scale), n, 1) for n in (100, 1000)]
-    trace_ops = max(4, int(60 * scale))
+    # Longer than the self loops: a pipeline of actors needs seconds to average out a loaded machine.
+    cases = [(f"numpy (n, d), {n} rows a call, actor -> actor", 1, 3 * _ops(n, scale), n, 1) for n in (100, 1000)]
+    trace_ops = max(20, int(300 * scale))
     cases.append((f"GRPO-like: {PRODUCERS} producers, groups of {GROUP}, 4 groups a get", PRODUCERS, trace_ops, 8, 4))
     for workload, producers, ops, n, per_get in cases:
         rows = producers * ops * n
