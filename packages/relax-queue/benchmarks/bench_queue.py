@@ -15,7 +15,9 @@ One "row" op = put + get (+ ack for relax). Latency is per op for single rows an
 + ack): keys and one value list per field in, columns out, no per-row input or output object; on
 Ray they ack each batch inside the next ``get_columns`` (``ack=previous``: two round trips an op,
 as ``ray.util.queue``'s put + get, instead of three).
-``--repeat N`` runs every contender N times in turn and keeps each one's best run.
+``--repeat N`` runs every contender N times in turn and keeps each one's best run. The array-column
+workloads (numpy ``(n, d)`` fields, self loop, actor -> actor, a GRPO-like trace) live in
+``_bench_arrays.py``; ``--suite arrays`` runs only those (and the bulk tensor rows the targets need).
 Run: ``uv run --no-sync python packages/relax-queue/benchmarks/bench_queue.py``.
 """
 
@@ -40,6 +42,9 @@ os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
 import numpy as np
 
 from relax_queue import Capacity, QueueConfig, RowInput, TaskSpec, TransferQueue, create_ray_queue
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _bench_arrays
 
 BATCH = 1000
 Result = dict[str, Any]
@@ -140,7 +145,7 @@ def bench_in_process(scale: float) -> list[Result]:
     return out
 
 
-def bench_ray(scale: float) -> list[Result]:
+def bench_ray(scale: float, tensors_only: bool = False) -> list[Result]:
     import ray
     from ray.util.queue import Queue as RayUtilQueue
 
@@ -157,8 +162,9 @@ def bench_ray(scale: float) -> list[Result]:
         rq.put_nowait_batch([{"x": j} for j in range(BATCH)])
         rq.get_nowait_batch(BATCH)
 
-    out.append(measure("ray.util.queue", "small, single", rq_single, n_single, 1))
-    out.append(measure("ray.util.queue", f"small, batch {BATCH}", rq_batched, n_batched, BATCH))
+    if not tensors_only:
+        out.append(measure("ray.util.queue", "small, single", rq_single, n_single, 1))
+        out.append(measure("ray.util.queue", f"small, batch {BATCH}", rq_batched, n_batched, BATCH))
 
     clients = {
         durable: create_ray_queue(
@@ -205,14 +211,15 @@ def bench_ray(scale: float) -> list[Result]:
         client.put_columns(range(base + 1, base + 1 + big), {"x": big_values})
         held[0] = reader.get_columns(big, timeout=10, ack=held[0])
 
-    out.append(measure("relax Ray", "small, single", relax_single, n_single, 1))
-    out.append(measure("relax Ray", f"small, batch {BATCH}", relax_batched, n_batched, BATCH))
-    out.append(measure("relax Ray columns", f"small, batch {BATCH}", relax_columns, n_batched, BATCH))
-    n_big = max(1, n_batched // 4)
-    out.append(measure("ray.util.queue", f"small, batch {big}", rq_big, n_big, big))
-    out.append(measure("relax Ray columns", f"small, batch {big}", relax_columns_big, n_big, big))
-    reader.ack(held[0])  # the last op's batch
-    held[0] = None
+    if not tensors_only:
+        out.append(measure("relax Ray", "small, single", relax_single, n_single, 1))
+        out.append(measure("relax Ray", f"small, batch {BATCH}", relax_batched, n_batched, BATCH))
+        out.append(measure("relax Ray columns", f"small, batch {BATCH}", relax_columns, n_batched, BATCH))
+        n_big = max(1, n_batched // 4)
+        out.append(measure("ray.util.queue", f"small, batch {big}", rq_big, n_big, big))
+        out.append(measure("relax Ray columns", f"small, batch {big}", relax_columns_big, n_big, big))
+        reader.ack(held[0])  # the last op's batch
+        held[0] = None
 
     # (row size MB, rows, rows per bulk op); the one-row contenders run once per row size.
     tensor_runs = (
@@ -220,6 +227,8 @@ def bench_ray(scale: float) -> list[Result]:
         (16, max(1, int(20 * scale)), 4),
         (16, max(1, int(48 * scale)), 8),
     )
+    if tensors_only:
+        tensor_runs = tensor_runs[1:2]
     for run, (mb, count, bulk) in enumerate(tensor_runs):
         first_of_size = all(size != mb for size, _, _ in tensor_runs[:run])
         arr = np.ones(mb * 2**20 // 8)
@@ -308,11 +317,84 @@ def table(results: list[Result]) -> str:
             r["transport"],
             r["workload"],
             f"{r['rows_per_s']:,.0f}",
-            f"{r['p50_ms']:.3f}",
-            f"{r['p99_ms']:.3f}",
+            "" if r["p50_ms"] != r["p50_ms"] else f"{r['p50_ms']:.3f}",  # NaN: throughput-only rows
+            "" if r["p99_ms"] != r["p99_ms"] else f"{r['p99_ms']:.3f}",
             gbs,
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _find(results: list[Result], transport: str, workload: str) -> Result | None:
+    return next((r for r in results if r["transport"] == transport and r["workload"] == workload), None)
+
+
+def targets(results: list[Result]) -> str:
+    """The measured ratios against the package's speed targets (where this run measured both sides)."""
+    lines: list[str] = []
+
+    def ratio(label: str, a: Result | None, b: Result | None, key: str, goal: str, invert: bool = False) -> None:
+        if a is None or b is None or not b[key]:
+            return
+        value = b[key] / a[key] if invert else a[key] / b[key]
+        lines.append(f"- {label}: {value:.2f} (target {goal})")
+
+    relax, rq = "relax Ray columns", "ray.util.queue, whole batch"
+    # The median op resists the load spikes of a shared machine better than the mean throughput.
+    self_loop = "numpy (n, d), 1000 rows a call, self loop"
+    ratio(
+        f"Ray batched vs ray.util.queue, {self_loop}, by median op",
+        _find(results, relax, self_loop),
+        _find(results, rq, self_loop),
+        "p50_ms",
+        ">= 1.0x",
+        invert=True,
+    )
+    inproc_p50 = _find(results, "relax in-process columns", "numpy (n, d), 1000 rows a call")
+    if inproc_p50 is not None:
+        lines.append(
+            f"- in-process numpy columns, 1000 rows a call, by median op: "
+            f"{1000 / inproc_p50['p50_ms'] * 1e3:,.0f} rows/s (target >= 1,000,000)"
+        )
+    for workload in (self_loop, "numpy (n, d), 1000 rows a call, actor -> actor"):
+        ratio(
+            f"Ray batched vs ray.util.queue, {workload}",
+            _find(results, relax, workload),
+            _find(results, rq, workload),
+            "rows_per_s",
+            ">= 1.0x",
+        )
+    grpo = next((r["workload"] for r in results if r["workload"].startswith("GRPO")), "")
+    ratio(
+        "GRPO-like trace vs ray.util.queue",
+        _find(results, relax, grpo),
+        _find(results, rq, grpo),
+        "rows_per_s",
+        ">= 1.0x",
+    )
+    inproc = _find(results, "relax in-process columns", "numpy (n, d), 1000 rows a call")
+    if inproc is not None:
+        lines.append(
+            f"- in-process numpy columns, 1000 rows a call: {inproc['rows_per_s']:,.0f} rows/s (target >= 1,000,000)"
+        )
+    ratio(
+        "single-row Ray put+get p50 in actor round trips",
+        _find(results, relax, "numpy (n, d), 1 rows a call, self loop"),
+        _find(results, "actor round trip", "no-op call"),
+        "p50_ms",
+        "<= 2",
+    )
+    for mine, raw in (
+        (("relax Ray columns", "16 MB array, bulk 4"), ("raw ray.put/get", "16 MB array, bulk 4")),
+        (("relax Ray", "16 MB array"), ("raw ray.put/get", "16 MB array")),
+    ):
+        ratio(
+            f"{mine[0]} {mine[1]} (durable) vs {raw[0]}",
+            _find(results, *mine),
+            _find(results, *raw),
+            "gb_per_s",
+            ">= 0.8x",
+        )
     return "\n".join(lines)
 
 
@@ -322,16 +404,23 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray contenders")
     parser.add_argument("--tq-python", default=None, help="python of a venv with transferqueue installed")
     parser.add_argument("--repeat", type=int, default=1, help="runs of every contender, in turn; the best is kept")
+    parser.add_argument("--suite", choices=("all", "arrays"), default="all", help="arrays: the array workloads only")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
-    results = best_of([bench_in_process(args.scale) for _ in range(args.repeat)])
+    arrays_only = args.suite == "arrays"
+    results = [] if arrays_only else best_of([bench_in_process(args.scale) for _ in range(args.repeat)])
+    results += best_of([_bench_arrays.bench_in_process(measure, args.scale) for _ in range(args.repeat)])
     if not args.no_ray:
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30)
         try:
-            results += best_of([bench_ray(args.scale) for _ in range(args.repeat)])
+            results += best_of(
+                [_bench_arrays.bench_ray_self_loop(ray, measure, args.scale) for _ in range(args.repeat)]
+            )
+            results += _bench_arrays.bench_ray_actors(ray, args.scale)
+            results += best_of([bench_ray(args.scale, tensors_only=arrays_only) for _ in range(args.repeat)])
         finally:
             ray.shutdown()
     if args.tq_python:
@@ -340,6 +429,7 @@ def main() -> None:
         if not tq:
             print("transferqueue: could not run here (see the error above)", file=sys.stderr)
     print(table(results))
+    print("\nAgainst the targets (measured in this run):\n" + targets(results))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n(total {time.time() - t0:.0f} s, {os.cpu_count()} CPUs, load average {load}, scale {args.scale})")
 

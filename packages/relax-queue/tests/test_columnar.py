@@ -104,9 +104,10 @@ class Pair:
         start = 0
         while start < len(rows):
             end = start + 1
-            while end < len(rows) and (rows[end].fields.keys(), rows[end].tags.keys()) == (
+            while end < len(rows) and (rows[end].fields.keys(), rows[end].tags.keys(), rows[end].versions is None) == (
                 rows[start].fields.keys(),
                 rows[start].tags.keys(),
+                rows[start].versions is None,
             ):
                 end += 1
             try:
@@ -119,12 +120,13 @@ class Pair:
     def _put_run(self, rows: list[RowInput], admitted: bool, timeout: float) -> None:
         names = list(rows[0].fields)
         versions = [r.versions if isinstance(r.versions, tuple) else (r.versions, r.versions) for r in rows]
+        given = rows[0].versions is not None  # a run's rows all give versions or all leave them out
         tag_names = list(rows[0].tags)
         self.cols.put_columns(
             [r.key for r in rows],
             {name: [r.fields[name] for r in rows] for name in names},
-            v_min=[v[0] for v in versions],
-            v_max=[v[1] for v in versions],
+            v_min=[v[0] for v in versions] if given else None,
+            v_max=[v[1] for v in versions] if given else None,
             group_ids=[r.group_id for r in rows],
             group_sizes=[r.group_size for r in rows],
             tags={t: [r.tags[t] for r in rows] for t in tag_names} if tag_names else None,

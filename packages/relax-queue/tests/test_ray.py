@@ -14,6 +14,7 @@ from relax_queue import (
     FixedSizeBatcher,
     GroupBatcher,
     LeaseError,
+    QueueClosedError,
     QueueConfig,
     QueueTimeoutError,
     RayQueueClient,
@@ -299,5 +300,51 @@ def test_a_column_object_outlives_its_dead_producer(ray: Any) -> None:
         _produce_then_die(ray, client, lambda c: c.put_columns(["a", "b"], {"x": values}))
         batch = client.reader("reward", ["x"], FixedSizeBatcher(2)).get_columns(timeout=10)
         assert [int(v.sum()) for v in batch.column("x")] == [3 * 5_000, 4 * 5_000]
+    finally:
+        client.shutdown()
+
+
+def test_an_array_column_travels_whole_and_comes_back_as_an_array(ray: Any) -> None:
+    client = create_ray_queue("arrays", _config())
+    try:
+        obs = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+        client.put_columns(list(range(1000)), {"obs": obs, "act": np.arange(1000)}, v_min=np.int64(2))
+        assert client.version == 0
+        client.publish_version(3)
+        assert client.version == 3
+        trainer = client.reader("trainer", ["obs", "act"], FixedSizeBatcher(600))
+        batch = trainer.get_columns(timeout=10)
+        assert isinstance(batch.column("obs"), np.ndarray) and batch.column("obs").shape == (600, 3)
+        np.testing.assert_array_equal(batch.column("obs"), obs[:600])
+        np.testing.assert_array_equal(batch.column("act"), np.arange(600))
+        assert batch.v_min == [2] * 600 and batch.staleness == [1] * 600
+        rows = client.reader("reward", ["obs"]).get(2, timeout=10).rows  # the row API: one row each
+        np.testing.assert_array_equal(rows[1].fields["obs"], obs[1])
+    finally:
+        client.shutdown()
+
+
+def test_an_array_column_outlives_its_dead_producer(ray: Any) -> None:
+    client = create_ray_queue("durable-arrays", _config())
+    try:
+        big = np.full((4, 100_000), 5, dtype=np.int64)  # 3.2 MB: Ray ships the argument via the object store
+        _produce_then_die(ray, client, lambda c: c.put_columns(list("abcd"), {"x": big}))
+        batch = client.reader("reward", ["x"], FixedSizeBatcher(4)).get_columns(timeout=10)
+        assert int(batch.column("x").sum()) == 5 * big.size
+    finally:
+        client.shutdown()
+
+
+def test_close_through_one_client_closes_the_queue_for_all(ray: Any) -> None:
+    client = create_ray_queue("closing", _config())
+    try:
+        client.put("k", {"x": 1})
+        other = connect("closing")
+        other.close()
+        with pytest.raises(QueueClosedError):
+            client.put("j", {"x": 2})
+        with pytest.raises(QueueClosedError):
+            client.reader("reward", ["x"]).get(1, timeout=10)
+        assert len(client) == 1 and client.metrics()["depth_rows"] == 1  # reads still work
     finally:
         client.shutdown()

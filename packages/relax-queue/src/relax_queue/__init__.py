@@ -11,8 +11,10 @@ from relax_queue._batchers import Batcher, FixedSizeBatcher, GroupBatcher, RowMe
 from relax_queue._config import BoundedStaleness, Capacity, OnStale, QueueConfig, StalenessPolicy, TaskSpec
 from relax_queue._errors import (
     AdmissionError,
+    ArgumentError,
     ConfigError,
     FieldTypeError,
+    GroupDeadlockError,
     GroupError,
     LeaseError,
     QueueClosedError,
@@ -70,8 +72,10 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "snapshot_keys",
     # errors
     "AdmissionError",
+    "ArgumentError",
     "ConfigError",
     "FieldTypeError",
+    "GroupDeadlockError",
     "GroupError",
     "LeaseError",
     "QueueClosedError",

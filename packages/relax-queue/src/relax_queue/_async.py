@@ -40,6 +40,12 @@ class AsyncTransferQueue:
         self, attempt: Callable[[float], T | None], timeout: float | None, on_timeout: Callable[[], Exception]
     ) -> T:
         core = self._core
+        with core.lock:  # the usual call succeeds at once: no event, no listener
+            if core.closed:
+                raise QueueClosedError("the queue is closed")
+            result = attempt(time.monotonic())
+        if result is not None:
+            return result
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -78,7 +84,7 @@ class AsyncTransferQueue:
         key: Key,
         fields: Mapping[str, Any],
         *,
-        versions: tuple[int, int] | int = 0,
+        versions: tuple[int, int] | int | None = None,
         group_id: Hashable | None = None,
         group_size: int | None = None,
         tags: Mapping[str, int | float | str] | None = None,
@@ -97,7 +103,7 @@ class AsyncTransferQueue:
         keys: Sequence[Key],
         columns: Mapping[str, Sequence[Any]],
         *,
-        v_min: int | Sequence[int] = 0,
+        v_min: int | Sequence[int] | None = None,
         v_max: int | Sequence[int] | None = None,
         group_ids: Sequence[Hashable | None] | None = None,
         group_sizes: int | Sequence[int | None] | None = None,

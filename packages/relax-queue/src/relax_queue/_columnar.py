@@ -16,7 +16,7 @@ from operator import add, attrgetter, itemgetter, le, sub
 from typing import Any
 
 from relax_queue._batchers import Batcher
-from relax_queue._core import FULL, NO_TAGS, QueueCore, StoredRow, TaskState
+from relax_queue._core import FULL, NO_TAGS, QueueCore, Segment, StoredRow, TaskState, as_version, field_value
 from relax_queue._errors import FieldTypeError
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import ColumnBatch, Key, Tags
@@ -31,6 +31,24 @@ _v_max = attrgetter("v_max")
 _group_id = attrgetter("group_id")
 _group_size = attrgetter("group_size")
 _tags = attrgetter("tags")
+_offset = attrgetter("offset")
+
+
+def is_array(values: Any) -> bool:
+    """Whether a column is an array (numpy, torch, any array-like with a ``shape`` and slicing), by duck typing."""
+    if type(values) is list or type(values) is tuple:
+        return False
+    shape = getattr(values, "shape", None)
+    return isinstance(shape, tuple) and len(shape) >= 1 and hasattr(values, "__getitem__")
+
+
+def _as_column(what: str, values: Any, n: int) -> Any:
+    """A field column: an array stays whole (stored as one segment), anything else becomes a list."""
+    if is_array(values):
+        if values.shape[0] != n:
+            raise FieldTypeError(f"put_columns: {what} has {values.shape[0]} values for {n} keys")
+        return values
+    return _as_list(what, values, n)
 
 
 def _as_list(what: str, values: Any, n: int | None) -> list[Any]:
@@ -44,18 +62,23 @@ def _as_list(what: str, values: Any, n: int | None) -> list[Any]:
 
 
 def _versions(what: str, values: Any, keys: list[Key]) -> int | list[int]:
-    """A version column: one int for every row, or one int >= 0 per row."""
+    """A version column: one int >= 0 for every row, or one per row (numpy integers taken as ints)."""
     if type(values) is int and values >= 0:
         return values
-    if isinstance(values, int) and not isinstance(values, bool) and values >= 0:
-        return int(values)
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise FieldTypeError(f"put_columns: {what} must be an int >= 0 or one per key, got {values!r}")
+        one = as_version(values)
+        if one is None:
+            raise FieldTypeError(f"put_columns: {what} must be an int >= 0 or one per key, got {values!r}")
+        return one
     tolist = getattr(values, "tolist", None)  # a numpy array of versions: its items as Python ints
     out = _as_list(what, tolist() if callable(tolist) else values, len(keys))
     if out and not (set(map(type, out)) <= {int} and min(out) >= 0):
-        i, bad = next((i, v) for i, v in enumerate(out) if type(v) is not int or v < 0)
-        raise FieldTypeError(f"put_columns: {what}[{i}] (key {keys[i]!r}) must be an int >= 0, got {bad!r}")
+        out = list(map(as_version, out))
+        if None in out:
+            i = out.index(None)
+            raise FieldTypeError(
+                f"put_columns: {what}[{i}] (key {keys[i]!r}) must be an int >= 0, got {list(values)[i]!r}"
+            )
     return out
 
 
@@ -65,7 +88,7 @@ class ColumnInput:
     Attributes:
         keys: the row keys.
         names: the field names.
-        columns: one list of values per field, in ``names`` order.
+        columns: per field, in ``names`` order, a list of values or an array (one row per item).
         v_min: every row's oldest version (an int shared by all rows, or one per row).
         v_max: every row's newest version, likewise.
         group_ids: one group id (or ``None``) per row; ``None`` when no row has a group.
@@ -73,13 +96,13 @@ class ColumnInput:
         tags: one tags dict per row, or ``None`` when no tags were given.
     """
 
-    __slots__ = ("columns", "group_ids", "group_sizes", "keys", "names", "tags", "v_max", "v_min")
+    __slots__ = ("columns", "group_ids", "group_sizes", "keys", "names", "tags", "v_max", "v_min", "versions_given")
 
     def __init__(
         self,
         keys: Sequence[Key],
         columns: Mapping[str, Sequence[Any]],
-        v_min: int | Sequence[int] = 0,
+        v_min: int | Sequence[int] | None = None,
         v_max: int | Sequence[int] | None = None,
         group_ids: Sequence[Hashable | None] | None = None,
         group_sizes: int | Sequence[int | None] | None = None,
@@ -99,8 +122,11 @@ class ColumnInput:
             if type(name) is not str:
                 raise FieldTypeError(f"put_columns: field names must be str, got {name!r}")
         self.names: tuple[str, ...] = tuple(columns)
-        self.columns: list[list[Any]] = [_as_list(f"column {name!r}", columns[name], n) for name in self.names]
-        self.v_min: int | list[int] = _versions("v_min", v_min, self.keys)
+        # Array columns stay arrays: one buffer per column, stored and shipped whole, sliced on get.
+        self.columns: list[Any] = [_as_column(f"column {name!r}", columns[name], n) for name in self.names]
+        # Versions left out are not checked against stored rows of the same keys (new rows get 0).
+        self.versions_given = v_min is not None or v_max is not None
+        self.v_min: int | list[int] = 0 if v_min is None else _versions("v_min", v_min, self.keys)
         self.v_max: int | list[int] = self.v_min if v_max is None else _versions("v_max", v_max, self.keys)
         self._check_order()
         self.group_ids: list[Hashable | None] | None = None
@@ -146,28 +172,32 @@ class ColumnInput:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def row(self, i: int) -> tuple[Key, dict[str, Any], tuple[int, int], Hashable | None, int | None, Tags | None]:
+    def row(
+        self, i: int
+    ) -> tuple[Key, dict[str, Any], tuple[int, int] | None, Hashable | None, int | None, Tags | None]:
         """Row ``i`` as the per-row insert takes it."""
         sizes = self.group_sizes
         return (
             self.keys[i],
             {name: column[i] for name, column in zip(self.names, self.columns, strict=True)},
-            (self._version(self.v_min, i), self._version(self.v_max, i)),
+            (self._version(self.v_min, i), self._version(self.v_max, i)) if self.versions_given else None,
             None if self.group_ids is None else self.group_ids[i],
             sizes if sizes is None or isinstance(sizes, int) else sizes[i],
             None if self.tags is None else self.tags[i],
         )
 
 
-def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool) -> int:
+def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool, inserted: list[Key]) -> int:
     """Store rows ``start:`` of ``cols`` (caller holds the lock), like ``QueueCore.put_rows``.
 
     Returns:
         The index of the first row that must wait for capacity (``len(cols)``: all handled).
-        Rows before a row that raises stay stored.
+        Rows before a row that raises stay stored (and waiting readers are woken for them); the keys
+        of newly stored rows are appended to ``inserted``.
     """
     if start < len(cols) and _put_new_rows(core, cols, start):
         core._commit(cols.keys[start:], len(cols) - start if admitted else 0)
+        inserted.extend(cols.keys[start:])
         return len(cols)
     new: list[Key] = []
     handled = start
@@ -180,8 +210,11 @@ def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool) 
             if outcome:
                 new.append(row[0])
             handled = i + 1
-    finally:
-        core._commit(new, handled - start if admitted else 0)
+    except BaseException:
+        core.commit_partial(new, handled - start if admitted else 0, inserted)
+        raise
+    core._commit(new, handled - start if admitted else 0)
+    inserted.extend(new)
     return handled
 
 
@@ -198,14 +231,25 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
     if not core.rows.keys().isdisjoint(keys) or not core.retired.isdisjoint(keys) or len(set(keys)) != n:
         return False
     columns = [column[start:] for column in cols.columns] if start else cols.columns
-    constant, per_row = _row_nbytes(columns)
-    total = constant * n + (sum(per_row) if per_row is not None else 0)
-    if cap.max_bytes is not None:
+    # An array column is stored as one segment its rows point into (no per-row object); in-row
+    # values are the segment itself and each row's offset.
+    segments = [Segment(c, _share(c, n)) if is_array(c) else None for c in columns]
+    constant, per_row, total = 0, None, 0
+    if cap.max_bytes is not None:  # sizing only serves the byte bound; unbounded queues skip it
+        constant, per_row = _row_nbytes(columns, segments)
+        total = constant * n + (sum(per_row) if per_row is not None else 0)
         largest = constant + (max(per_row) if per_row else 0)
         if core.nbytes + total > cap.max_bytes or largest > cap.max_bytes:
             return False
     names = cols.names
-    if len(names) == 1:
+    if any(segments):
+        core.segments += 1
+        if all(segments):  # every row's fields are the same segments: copies of one dict, made in C
+            fields = list(map(dict.copy, repeat(dict(zip(names, segments, strict=True)), n)))
+        else:
+            columns = [column if seg is None else repeat(seg, n) for column, seg in zip(columns, segments, strict=True)]
+            fields = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    elif len(names) == 1:
         name = names[0]
         fields = [{name: value} for value in columns[0]]
     elif names:
@@ -223,19 +267,30 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
         repeat(NO_TAGS) if cols.tags is None else cols.tags[start:],
         repeat(constant) if per_row is None else map(add, repeat(constant), per_row),
         repeat(len(core.tasks)),
+        range(n),
     )
     core.rows.update(zip(keys, stored, strict=True))
     core.nbytes += total
     return True
 
 
-def _row_nbytes(columns: list[list[Any]]) -> tuple[int, list[int] | None]:
-    """Per-row payload estimate: a constant (scalar columns, 8 bytes a value) plus, when some column
-    holds other values, one figure per row."""
+def _share(column: Any, n: int) -> int:
+    """Each row's share of an array column's bytes (one ``nbytes`` read, no walk of the rows)."""
+    nbytes = getattr(column, "nbytes", None)
+    if type(nbytes) is not int:
+        nbytes = estimate_nbytes(column)
+    return nbytes // n if n else 0
+
+
+def _row_nbytes(columns: list[Any], segments: list[Segment | None]) -> tuple[int, list[int] | None]:
+    """Per-row payload estimate: a constant (scalar columns, 8 bytes a value; array columns, each row's
+    share) plus, when some column holds other values, one figure per row."""
     constant = 0
     per_row: list[int] | None = None
-    for column in columns:
-        if set(map(type, column)) <= _SCALAR_TYPES:
+    for column, seg in zip(columns, segments, strict=True):
+        if seg is not None:
+            constant += seg.nbytes
+        elif set(map(type, column)) <= _SCALAR_TYPES:
             constant += 8
         else:
             sizes = list(map(estimate_nbytes, column))
@@ -280,6 +335,10 @@ def lease_columns(
     deliveries = list(map(add, repeat(1), map(returned.get, keys, repeat(0)))) if returned else [1] * count
     row_fields = list(map(_fields, rows))
     columns = {name: list(map(itemgetter(name), row_fields)) for name in names}
+    if core.segments:
+        for name, values in columns.items():
+            if type(values[0] if values else None) is Segment or Segment in set(map(type, values)):
+                columns[name] = _segment_column(rows, values)
     ts.delivered += count
     return ColumnBatch(
         ts.spec.name,
@@ -297,6 +356,21 @@ def lease_columns(
         timeout,
         version,
     )
+
+
+def _segment_column(rows: list[StoredRow], values: list[Any]) -> Any:
+    """A delivered column whose rows hold segments: a slice of the array when the rows are consecutive
+    rows of one segment (the usual case: they came from one put), else one value per row."""
+    first = values[0]
+    offsets = list(map(_offset, rows))
+    start = offsets[0]
+    if (
+        type(first) is Segment
+        and values.count(first) == len(values)
+        and offsets == list(range(start, start + len(rows)))
+    ):
+        return first.data[start : start + len(rows)]
+    return [field_value(row, value) for row, value in zip(rows, values, strict=True)]
 
 
 def _shared_fields(rows: list[StoredRow]) -> tuple[str, ...]:

@@ -7,11 +7,12 @@ the only blocking lives in those facades, which wait on the core's condition or 
 from __future__ import annotations
 
 import heapq
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
-from operator import attrgetter, contains, is_
+from operator import attrgetter, contains, ge, is_
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
@@ -28,7 +29,7 @@ from relax_queue._metrics import Counters
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
 
-__all__ = ["QueueCore", "StoredRow"]
+__all__ = ["QueueCore", "Segment", "StoredRow", "as_version", "field_value", "fields_nbytes", "parse_versions"]
 
 FULL = object()  # sentinel: the row did not fit; wait for capacity
 _BULK = 16  # from this many rows on, a C-level pass (map/all) beats a Python loop over them
@@ -103,8 +104,34 @@ class RetiredKeys:
         newer.update(keys[start:] if start else keys)
 
 
+class Segment:
+    """One array column of one ``put_columns`` call, stored whole: its rows hold this object as the
+    field's value and their ``offset`` into it, so a put stores no per-row object and a get of rows of
+    one put hands back a slice of the array instead of restacking per-row views.
+
+    Attributes:
+        data: the column (a numpy array, torch tensor or any sliceable array-like), one row per item.
+        nbytes: each row's share of the column's bytes (what capacity and metrics count per row).
+    """
+
+    __slots__ = ("data", "nbytes")
+
+    def __init__(self, data: Any, nbytes: int) -> None:
+        self.data = data
+        self.nbytes = nbytes
+
+
+def field_value(row: StoredRow, value: Any) -> Any:
+    """A stored field value as delivered: a row of its :class:`Segment`, or the value itself."""
+    return value.data[row.offset] if type(value) is Segment else value
+
+
 class StoredRow:
-    """A row as held by the queue (internal; batchers see it through ``RowMeta``)."""
+    """A row as held by the queue (internal; batchers see it through ``RowMeta``).
+
+    ``offset`` is the row's index in the :class:`Segment` values of its fields (rows stored by a bulk
+    ``put_columns`` of array columns), else 0.
+    """
 
     __slots__ = (
         "deliveries",
@@ -113,6 +140,7 @@ class StoredRow:
         "group_size",
         "key",
         "nbytes",
+        "offset",
         "pending_tasks",
         "tags",
         "v_max",
@@ -130,8 +158,10 @@ class StoredRow:
         tags: Mapping[str, int | float | str],
         nbytes: int,
         pending_tasks: int,
+        offset: int = 0,
     ) -> None:
         self.key = key
+        self.offset = offset
         self.fields = fields
         self.v_min = v_min
         self.v_max = v_max
@@ -175,17 +205,46 @@ class Lease:
         self.on_settle: Callable[[], None] | None = None
 
 
-def parse_versions(key: Key, versions: tuple[int, int] | int) -> tuple[int, int]:
-    """``(v_min, v_max)`` from a tuple or a single int, validated."""
-    if isinstance(versions, int) and not isinstance(versions, bool):
-        return versions, versions
-    if isinstance(versions, tuple | list) and len(versions) == 2:
-        v_min, v_max = versions
-        if isinstance(v_min, int) and isinstance(v_max, int) and 0 <= v_min <= v_max:
-            return v_min, v_max
+def as_version(value: Any) -> int | None:
+    """``value`` as a policy version (an int >= 0; numpy and other integer types included), or ``None``."""
+    if type(value) is int:
+        return value if value >= 0 else None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return None  # bools are not versions; floats (and numpy floats) have no __index__
+    try:
+        number = operator.index(value)
+    except TypeError:  # numpy.bool_ defines __index__ only to refuse it
+        return None
+    return number if number >= 0 else None
+
+
+def parse_versions(key: Key, versions: tuple[int, int] | int | None) -> tuple[int, int]:
+    """``(v_min, v_max)`` from a tuple or a single int, validated: ints >= 0 with ``v_min <= v_max``.
+
+    Raises:
+        FieldTypeError: naming the row and the value given.
+    """
+    if isinstance(versions, tuple | list):
+        if len(versions) == 2:
+            v_min, v_max = as_version(versions[0]), as_version(versions[1])
+            if v_min is not None and v_max is not None and v_min <= v_max:
+                return v_min, v_max
+    else:
+        v = as_version(versions)
+        if v is not None:
+            return v, v
     raise FieldTypeError(
-        f"row {key!r}: versions must be an int or (v_min, v_max) ints with 0 <= v_min <= v_max, got {versions!r}"
+        f"row {key!r}: versions must be an int >= 0 or (v_min, v_max) ints with 0 <= v_min <= v_max, got {versions!r}"
     )
+
+
+def fields_nbytes(fields: Mapping[str, Any]) -> int:
+    """The payload estimate of a row's fields (8 bytes a scalar, :func:`estimate_nbytes` otherwise)."""
+    nbytes = 0
+    for value in fields.values():
+        kind = type(value)
+        nbytes += 8 if kind is int or kind is float else estimate_nbytes(value)
+    return nbytes
 
 
 def _has_fields(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
@@ -228,6 +287,7 @@ class QueueCore:
         self.rows: dict[Key, StoredRow] = {}
         self.groups: dict[Hashable, dict[Key, StoredRow]] = {}
         self.nbytes = 0
+        self.segments = 0  # bulk puts that stored array columns as segments (rows then need resolving)
         self.version = 0
         self.accepted = 0
         self.running = 0
@@ -259,7 +319,7 @@ class QueueCore:
         self,
         key: Key,
         fields: Mapping[str, Any],
-        versions: tuple[int, int] | int,
+        versions: tuple[int, int] | int | None,
         group_id: Hashable | None,
         group_size: int | None,
         tags: Mapping[str, int | float | str] | None,
@@ -272,12 +332,18 @@ class QueueCore:
         self._commit([key] if outcome else [], 1 if admitted else 0)
         return None
 
-    def put_rows(self, rows: Sequence[RowInput], start: int, admitted: bool) -> int:
+    def put_rows(self, rows: Sequence[RowInput], start: int, admitted: bool, inserted: list[Key]) -> int:
         """:meth:`put_row` for ``rows[start:]`` in order, with the per-task bookkeeping done once.
+
+        Args:
+            rows: the rows of the call.
+            start: the first row not handled yet.
+            admitted: each handled row settles one admission.
+            inserted: the keys of newly stored rows are appended here (not those only given fields).
 
         Returns:
             The index of the first row that must wait for capacity (``len(rows)``: all handled).
-            Rows before a row that raises stay stored.
+            Rows before a row that raises stay stored, and waiting readers are woken for them.
         """
         new: list[Key] = []
         handled = start
@@ -293,15 +359,24 @@ class QueueCore:
                 if outcome:
                     new.append(r.key)
                 handled = i + 1
-        finally:
-            self._commit(new, handled - start if admitted else 0)
+        except BaseException:
+            self.commit_partial(new, handled - start if admitted else 0, inserted)
+            raise
+        self._commit(new, handled - start if admitted else 0)
+        inserted.extend(new)
         return handled
+
+    def commit_partial(self, new: list[Key], arrived: int, inserted: list[Key]) -> None:
+        """Commit what a call stored before it failed, and wake readers: those rows are deliverable."""
+        self._commit(new, arrived)
+        inserted.extend(new)
+        self.notify()
 
     def _insert(
         self,
         key: Key,
         fields: Mapping[str, Any],
-        versions: tuple[int, int] | int,
+        versions: tuple[int, int] | int | None,
         group_id: Hashable | None,
         group_size: int | None,
         tags: Mapping[str, int | float | str] | None,
@@ -310,6 +385,7 @@ class QueueCore:
         ignore a retired key (``False``), or ``FULL``."""
         row = self.rows.get(key)
         if row is not None:
+            self._check_same_row(row, versions, group_id, group_size)
             self._add_missing(row, check_fields(key, fields))
             return False
         if key in self.retired:
@@ -323,6 +399,8 @@ class QueueCore:
         fields = fields.copy()  # the caller's dict stays theirs; add_fields must not change it
         if type(versions) is int and versions >= 0:
             v_min = v_max = versions
+        elif versions is None:
+            v_min = v_max = 0
         else:
             v_min, v_max = parse_versions(key, versions)
         if not tags:
@@ -332,12 +410,10 @@ class QueueCore:
         else:
             tags = dict(tags)
         members = None if group_id is None and group_size is None else self._check_group(key, group_id, group_size)
-        nbytes = 0
-        for value in fields.values():
-            kind = type(value)
-            nbytes += 8 if kind is int or kind is float else estimate_nbytes(value)
         cap = self.config.capacity
-        if cap.max_bytes is not None:
+        nbytes = 0
+        if cap.max_bytes is not None:  # sizing only serves the byte bound; unbounded queues skip it
+            nbytes = fields_nbytes(fields)
             if nbytes > cap.max_bytes:
                 raise RowTooLargeError(f"row {key!r} is {nbytes} bytes, larger than max_bytes={cap.max_bytes}")
             if self.nbytes + nbytes > cap.max_bytes:
@@ -350,6 +426,27 @@ class QueueCore:
             members[key] = row
         self.nbytes += nbytes
         return True
+
+    def _check_same_row(
+        self, row: StoredRow, versions: tuple[int, int] | int | None, group_id: Hashable | None, group_size: int | None
+    ) -> None:
+        """Count a put of a stored key that gives other versions or another group than the stored row.
+
+        The first put's versions and group stay (the row may be leased already); given versions must
+        still be valid. ``None``, the default, gives nothing: a later stage may put only its fields.
+        """
+        if versions is None:
+            same = True
+        elif type(versions) is int:
+            same = versions == row.v_min == row.v_max
+            if versions < 0:
+                parse_versions(row.key, versions)  # raises: a bad version is an error in every form
+        else:
+            same = parse_versions(row.key, versions) == (row.v_min, row.v_max)
+        if group_id is not None or group_size is not None:
+            same = same and (group_id, group_size) == (row.group_id, row.group_size)
+        if not same:
+            self.counters.conflicting_puts += 1
 
     def _commit(self, new: list[Key], arrived: int) -> None:
         """Queue the ``new`` rows' keys for every task (in order) and settle ``arrived`` admissions."""
@@ -387,16 +484,50 @@ class QueueCore:
                 raise GroupError(f"row {key!r}: group {group_id!r} has group_size={size}, this row says {group_size}")
             if len(members) >= group_size:
                 raise GroupError(f"row {key!r}: group {group_id!r} already has its {group_size} rows")
+        max_rows = self.config.capacity.max_rows
+        if max_rows is not None and group_size > max_rows:
+            raise GroupError(
+                f"row {key!r}: group {group_id!r} of group_size={group_size} can never be complete in a queue "
+                f"of max_rows={max_rows} (groups are delivered whole)"
+            )
         return members
+
+    def group_deadlock(self) -> str | None:
+        """Why no stored row can ever be delivered while the queue is full, or ``None``.
+
+        Readers take whole groups only, so when every stored row belongs to an incomplete group no
+        lease can free room, and the rows that would complete those groups can never be stored.
+        """
+        groups = self.groups
+        if not groups:
+            return None
+        held = 0
+        for members in groups.values():
+            if not members:
+                continue  # registered by a row that did not fit
+            size = next(iter(members.values())).group_size
+            if size is None or len(members) >= size:
+                return None  # a complete group can be delivered and acked
+            held += len(members)
+        if held != len(self.rows):
+            return None  # an ungrouped row can still be delivered
+        shown = ", ".join(repr(g) for g in islice(groups, 5))
+        return (
+            f"group deadlock: all {held} stored rows belong to {len(groups)} incomplete groups ({shown}"
+            f"{', ...' if len(groups) > 5 else ''}), so no group can complete and no row can be freed; "
+            "raise max_rows/max_bytes above (open groups x group_size) or put each group whole"
+        )
 
     def _add_missing(self, row: StoredRow, fields: dict[str, Any]) -> None:
         added = False
+        bounded = self.config.capacity.max_bytes is not None
         for name, value in fields.items():
             if name not in row.fields:
                 row.fields[name] = value
-                size = estimate_nbytes(value)
-                row.nbytes += size
-                self.nbytes += size
+                if bounded:
+                    size = estimate_nbytes(value)
+                    row.nbytes += size
+                    self.nbytes += size
                 added = True
         if added:
             self.counters.fields_added += 1
@@ -405,11 +536,12 @@ class QueueCore:
 
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
         """Add fields to a stored row; ``False`` (counted) when the key is not stored."""
+        checked = check_fields(key, fields)  # malformed input is an error whether or not the key is stored
         row = self.rows.get(key)
         if row is None:
             self.counters.add_fields_unknown_key += 1
             return False
-        self._add_missing(row, check_fields(key, fields))
+        self._add_missing(row, checked)
         return True
 
     # ------------------------------------------------------------------ get
@@ -479,9 +611,13 @@ class QueueCore:
             if not fields:
                 out.extend(map(rows.__getitem__, islice(source, limit - len(out))))
                 continue
-            if one is not None and limit - len(out) >= _BULK:
+            if limit - len(out) >= _BULK:
                 head = list(map(rows.__getitem__, islice(source, limit - len(out))))
-                if all(map(contains, map(_row_fields, head), repeat(one))):
+                if (
+                    all(map(contains, map(_row_fields, head), repeat(one)))
+                    if one is not None
+                    else all(map(ge, map(dict.keys, map(_row_fields, head)), repeat(need)))
+                ):
                     out.extend(head)  # the usual case, tested in C: every row at the head of the queue is ready
                     continue
             for key in source:
@@ -554,6 +690,7 @@ class QueueCore:
         hist = ts.staleness_hist
         returned = ts.returned
         only = fields[0] if fields is not None and len(fields) == 1 else None
+        segments = self.segments > 0
         flagged = 0
         out: list[Row] = []
         append = out.append
@@ -572,6 +709,10 @@ class QueueCore:
                 values = dict(rf)
             else:
                 values = {f: rf[f] for f in fields}
+            if segments:
+                for name, value in values.items():
+                    if type(value) is Segment:
+                        values[name] = value.data[row.offset]
             append(
                 Row(row.key, values, v_min, row.v_max, row.group_id, row.group_size, row.tags, staleness, stale, count)
             )
@@ -596,6 +737,7 @@ class QueueCore:
         leased = lease.rows
         done: list[StoredRow] = []
         append = done.append
+        acked = len(leased)
         if len(leased) >= _BULK and not returned and all(map(is_, map(rows.get, map(_row_key, leased)), leased)):
             # The usual case (none dropped or returned meanwhile), checked in C above.
             if len(self.tasks) == 1:
@@ -608,7 +750,8 @@ class QueueCore:
                         append(row)
         else:
             for row in leased:
-                if rows.get(row.key) is not row:  # dropped or requeued meanwhile
+                if rows.get(row.key) is not row:  # dropped or requeued meanwhile: not consumed by this ack
+                    acked -= 1
                     continue
                 if returned:
                     returned.pop(row.key, None)
@@ -617,7 +760,7 @@ class QueueCore:
                     append(row)
         if done:
             self._remove_many(done, retire=True, consumed=True)
-        lease.task.acked += len(lease.rows)
+        lease.task.acked += acked
         self.counters.freed += len(done)
         return len(done)
 
@@ -672,6 +815,15 @@ class QueueCore:
         if expired:
             self.notify()
         return expired
+
+    def measure_bytes(self) -> int:
+        """The stored payload estimate, measured now (unbounded queues keep no running byte count)."""
+        return sum(fields_nbytes(row.fields) for row in self.rows.values())
+
+    def live_rows(self, lease: Lease) -> list[StoredRow]:
+        """The rows of ``lease`` still stored as leased (not dropped, requeued or re-put since)."""
+        rows = self.rows
+        return [row for row in lease.rows if rows.get(row.key) is row]
 
     def next_deadline(self) -> float | None:
         """The earliest lease deadline (blocked waiters wake then to expire it)."""

@@ -11,8 +11,10 @@ from typing import Any
 
 __all__ = [
     "AdmissionError",
+    "ArgumentError",
     "ConfigError",
     "FieldTypeError",
+    "GroupDeadlockError",
     "GroupError",
     "LeaseError",
     "QueueClosedError",
@@ -75,9 +77,22 @@ class QueueFullError(QueueTimeoutError):
         self.inserted = list(inserted)
 
 
+class GroupDeadlockError(QueueFullError, GroupError):
+    """A put can never succeed: the bounded queue is full of incomplete groups.
+
+    Readers take whole groups only, so no stored row can be delivered, acked and freed, and the
+    rows that would complete the groups find no room. Raised at once instead of after the timeout;
+    the message names the groups and the bound to raise.
+    """
+
+
 class RowTooLargeError(RelaxQueueError, ValueError):
     """A single row is larger than ``max_bytes`` and could never fit, however long it waited."""
 
 
 class QueueClosedError(RelaxQueueError):
-    """The queue was closed; blocked and later calls fail with this error."""
+    """The queue was closed; blocked and later calls that change it fail with this error."""
+
+
+class ArgumentError(RelaxQueueError, ValueError):
+    """A call argument is outside its allowed values (e.g. a batch size ``n`` that is not an int >= 1)."""

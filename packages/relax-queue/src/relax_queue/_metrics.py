@@ -15,6 +15,7 @@ class Counters:
 
     puts: int = 0
     duplicate_puts: int = 0
+    conflicting_puts: int = 0
     fields_added: int = 0
     add_fields_unknown_key: int = 0
     put_waits: int = 0

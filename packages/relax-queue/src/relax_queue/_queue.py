@@ -11,7 +11,15 @@ from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, put_columns, try_get_columns
 from relax_queue._config import QueueConfig
 from relax_queue._core import FULL, QueueCore
-from relax_queue._errors import FieldTypeError, QueueClosedError, QueueFullError, QueueTimeoutError, RelaxQueueError
+from relax_queue._errors import (
+    ArgumentError,
+    FieldTypeError,
+    GroupDeadlockError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RelaxQueueError,
+)
 from relax_queue._metrics import latency_summary
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
 from relax_queue._snapshot import atomic_write, core_state, load_core_state, read_state
@@ -47,16 +55,18 @@ class PutMany:
 
     def __init__(self, core: QueueCore, rows: Sequence[RowInput], admitted: bool) -> None:
         self.core, self.rows, self.admitted, self.done = core, rows, admitted, 0
+        self.inserted: list[Key] = []
 
     def __call__(self, now: float) -> bool | None:
-        self.done = self.core.put_rows(self.rows, self.done, self.admitted)
+        self.done = self.core.put_rows(self.rows, self.done, self.admitted, self.inserted)
         if self.done < len(self.rows):
+            _full_or_deadlock(self.core, self.inserted, len(self.rows))
             return None
         self.core.notify()
         return True
 
     def full_error(self, timeout: float | None) -> QueueFullError:
-        return _full_error(self.core, timeout, [r.key for r in self.rows[: self.done]], len(self.rows))
+        return _full_error(self.core, timeout, self.inserted, len(self.rows))
 
 
 class PutColumns:
@@ -64,16 +74,18 @@ class PutColumns:
 
     def __init__(self, core: QueueCore, columns: ColumnInput, admitted: bool) -> None:
         self.core, self.columns, self.admitted, self.done = core, columns, admitted, 0
+        self.inserted: list[Key] = []
 
     def __call__(self, now: float) -> bool | None:
-        self.done = put_columns(self.core, self.columns, self.done, self.admitted)
+        self.done = put_columns(self.core, self.columns, self.done, self.admitted, self.inserted)
         if self.done < len(self.columns):
+            _full_or_deadlock(self.core, self.inserted, len(self.columns))
             return None
         self.core.notify()
         return True
 
     def full_error(self, timeout: float | None) -> QueueFullError:
-        return _full_error(self.core, timeout, self.columns.keys[: self.done], len(self.columns))
+        return _full_error(self.core, timeout, self.inserted, len(self.columns))
 
 
 class PutOne:
@@ -84,7 +96,7 @@ class PutOne:
         core: QueueCore,
         key: Key,
         fields: Mapping[str, Any],
-        versions: tuple[int, int] | int,
+        versions: tuple[int, int] | int | None,
         group_id: Hashable | None,
         group_size: int | None,
         tags: Mapping[str, int | float | str] | None,
@@ -95,12 +107,34 @@ class PutOne:
 
     def __call__(self, now: float) -> bool | None:
         if self.core.put_row(*self.row) is FULL:
+            _full_or_deadlock(self.core, [], 1)
             return None
         self.core.notify()
         return True
 
     def full_error(self, timeout: float | None) -> QueueFullError:
         return _full_error(self.core, timeout, [], 1)
+
+
+def _check_open(core: QueueCore, action: str) -> None:
+    """Raise :class:`QueueClosedError` for ``action`` on a closed queue (caller holds the lock)."""
+    if core.closed:
+        raise QueueClosedError(f"cannot {action}: the queue is closed")
+
+
+def _full_or_deadlock(core: QueueCore, inserted: list[Key], total: int) -> None:
+    """Raise :class:`GroupDeadlockError` when waiting for capacity can never help (else the put waits)."""
+    reason = core.group_deadlock()
+    if reason is not None:
+        raise GroupDeadlockError(f"{reason}; {len(inserted)} of {total} rows were stored", inserted=inserted)
+
+
+def _deadlock_hint(core: QueueCore) -> str:
+    """``; group deadlock: ...`` when a full queue holds only incomplete groups, else ``""`` (caller holds the lock)."""
+    cap = core.config.capacity
+    full = (cap.max_rows is not None and len(core.rows) >= cap.max_rows) or cap.max_bytes is not None
+    reason = core.group_deadlock() if full else None
+    return "" if reason is None else f"; {reason}"
 
 
 def _full_error(core: QueueCore, timeout: float | None, inserted: list[Key], total: int) -> QueueFullError:
@@ -110,6 +144,12 @@ def _full_error(core: QueueCore, timeout: float | None, inserted: list[Key], tot
         f"bytes {core.nbytes}/{cap.max_bytes}); {len(inserted)} of {total} rows were stored",
         inserted=inserted,
     )
+
+
+def check_batch_size(task: str, n: Any) -> None:
+    """``n`` of a get: ``None`` (the batcher's default) or an int >= 1."""
+    if n is not None and (type(n) is not int or n < 1):
+        raise ArgumentError(f"get for task {task!r}: n must be None (the batcher's default) or an int >= 1, got {n!r}")
 
 
 class TransferQueue:
@@ -186,7 +226,7 @@ class TransferQueue:
         key: Key,
         fields: Mapping[str, Any],
         *,
-        versions: tuple[int, int] | int = 0,
+        versions: tuple[int, int] | int | None = None,
         group_id: Hashable | None = None,
         group_size: int | None = None,
         tags: Mapping[str, int | float | str] | None = None,
@@ -198,7 +238,9 @@ class TransferQueue:
         Args:
             key: unique row key. A key already consumed by every task is ignored (no redelivery).
             fields: the row's columns.
-            versions: ``(v_min, v_max)`` policy versions that produced the row (an int v is (v, v)).
+            versions: ``(v_min, v_max)`` policy versions that produced the row (an int v is (v, v); ints
+                >= 0, numpy integers accepted). ``None``: 0 for a new row; a put of a stored key that
+                gives versions or a group must repeat the stored ones.
             group_id: group (e.g. GRPO prompt) of the row; groups are delivered whole.
             group_size: rows in the group; required with ``group_id``.
             tags: scalar metadata, e.g. ``{"num_tokens": 37}``.
@@ -207,7 +249,10 @@ class TransferQueue:
 
         Raises:
             QueueFullError: the queue stayed full for ``timeout`` seconds.
-            FieldTypeError, GroupError, RowTooLargeError: the row is malformed or can never fit.
+            FieldTypeError, GroupError, RowTooLargeError: the row is malformed, contradicts the stored
+                row of its key, or can never fit.
+            GroupDeadlockError: the queue is full of incomplete groups (waiting can never help).
+            QueueClosedError: the queue is closed.
         """
         self._put(PutOne(self._core, key, fields, versions, group_id, group_size, tags, admitted), timeout)
 
@@ -220,7 +265,7 @@ class TransferQueue:
         keys: Sequence[Key],
         columns: Mapping[str, Sequence[Any]],
         *,
-        v_min: int | Sequence[int] = 0,
+        v_min: int | Sequence[int] | None = None,
         v_max: int | Sequence[int] | None = None,
         group_ids: Sequence[Hashable | None] | None = None,
         group_sizes: int | Sequence[int | None] | None = None,
@@ -237,7 +282,9 @@ class TransferQueue:
         Args:
             keys: the row keys.
             columns: field name to one value per key (lists, tuples, arrays: row ``i`` gets item ``i``).
-            v_min: the rows' oldest policy version: one int for all rows, or one per key.
+            v_min: the rows' oldest policy version: one int >= 0 for all rows, or one per key (numpy
+                integers and arrays accepted). ``None`` (with ``v_max``): 0 for new rows, and stored
+                keys are not checked; given versions must match a stored key's.
             v_max: the rows' newest policy version, likewise; ``None``: equal to ``v_min``.
             group_ids: one group id (or ``None``) per key.
             group_sizes: the group size: one int for all rows, or one per key.
@@ -271,15 +318,20 @@ class TransferQueue:
             ``False`` when ``key`` is not stored (already consumed, dropped, or never put).
         """
         with self._core.lock:
+            _check_open(self._core, "add_fields")
             found = self._core.add_fields(key, fields)
             self._core.notify()
         return found
 
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """:meth:`add_fields` for many rows in one call; returns how many keys were stored."""
-        with self._core.lock:
-            found = sum(self._core.add_fields(key, fields) for key, fields in updates.items())
-            self._core.notify()
+        core = self._core
+        with core.lock:
+            _check_open(core, "add_fields_many")
+            try:
+                found = sum(core.add_fields(key, fields) for key, fields in updates.items())
+            finally:  # fields added before a malformed update stay: their readers must wake
+                core.notify()
         return found
 
     # ------------------------------------------------------------------ consumers
@@ -355,7 +407,10 @@ class TransferQueue:
             batch = self._wait(
                 attempt,
                 timeout,
-                lambda: QueueTimeoutError(f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"),
+                lambda: QueueTimeoutError(
+                    f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"
+                    + _deadlock_hint(self._core)
+                ),
             )
         self._core.counters.get_latency_s.append(time.perf_counter() - start)
         return batch
@@ -368,7 +423,12 @@ class TransferQueue:
         batcher: Batcher | None,
         replica: ReplicaSet | None,
     ) -> Callable[[float], Batch | None]:
-        """A non-blocking get (caller holds the lock), retried by the sync and asyncio waits."""
+        """A non-blocking get (caller holds the lock), retried by the sync and asyncio waits.
+
+        Raises:
+            ArgumentError: ``n`` is not ``None`` or an int >= 1.
+        """
+        check_batch_size(task, n)
         chosen = batcher or FixedSizeBatcher()
         core, replicas = self._core, self._replicas
 
@@ -388,6 +448,7 @@ class TransferQueue:
         replica: ReplicaSet | None,
     ) -> Callable[[float], ColumnBatch | None]:
         """:meth:`get_attempt` delivering columns."""
+        check_batch_size(task, n)
         chosen = batcher or FixedSizeBatcher()
         core, replicas = self._core, self._replicas
 
@@ -411,6 +472,7 @@ class TransferQueue:
         lease_id = _lease_id(batch)
         core = self._core
         with core.lock:
+            _check_open(core, "ack")
             heap = core.lease_heap
             if heap and heap[0][0] <= time.monotonic():
                 core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
@@ -422,6 +484,7 @@ class TransferQueue:
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """Give a leased batch back: its rows are redelivered to the task first."""
         with self._core.lock:
+            _check_open(self._core, "nack")
             self._core.expire(time.monotonic())
             self._core.nack(_lease_id(batch))
             self._core.notify()
@@ -429,6 +492,7 @@ class TransferQueue:
     def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """Set a lease to end ``timeout_s`` from now (default: the lease timeout; <= 0 expires it now)."""
         with self._core.lock:
+            _check_open(self._core, "renew")
             self._core.expire(time.monotonic())
             self._core.renew(_lease_id(batch), time.monotonic(), timeout_s)
 
@@ -447,6 +511,7 @@ class TransferQueue:
         if not isinstance(version, int) or isinstance(version, bool):
             raise VersionError(f"version must be an int, got {version!r}")
         with self._core.lock:
+            _check_open(self._core, "publish_version")
             if version < self._core.version:
                 raise VersionError(f"version must not go backwards: current {self._core.version}, got {version}")
             self._core.version = version
@@ -468,6 +533,7 @@ class TransferQueue:
         core = self._core
         start = time.monotonic()
         with core.lock:
+            _check_open(core, "admit")
             granted = core.try_admit(n)
         if granted or n == 0 or timeout <= 0:
             return granted
@@ -483,6 +549,7 @@ class TransferQueue:
     def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
         """Give back ``n`` admissions that will not become rows (unused, or ``failed`` samples)."""
         with self._core.lock:
+            _check_open(self._core, "release_admission")
             self._core.release_admission(n, failed)
 
     def refund_admission(self, n: int) -> None:
@@ -493,6 +560,7 @@ class TransferQueue:
             AdmissionError: ``n`` is not an int >= 0.
         """
         with self._core.lock:
+            _check_open(self._core, "refund_admission")
             self._core.refund_admission(n)
 
     def admission_capacity(self) -> int | None:
@@ -503,6 +571,7 @@ class TransferQueue:
     def take_requeued(self, max_n: int | None = None) -> list[RequeuedRow]:
         """Pop rows removed as stale under ``on_stale="requeue"``: the producer regenerates them."""
         with self._core.lock:
+            _check_open(self._core, "take_requeued")
             requeued = self._core.requeued
             count = len(requeued) if max_n is None else min(max_n, len(requeued))
             taken, self._core.requeued = requeued[:count], requeued[count:]
@@ -523,6 +592,7 @@ class TransferQueue:
                 after a restart); ``False`` keeps the saved running count.
         """
         with self._core.lock:
+            _check_open(self._core, "load_state_dict")
             load_core_state(self._core, state, reset_running)
             self._replicas.reset()
 
@@ -556,11 +626,11 @@ class TransferQueue:
             core.expire(time.monotonic())
             leased: dict[str, int] = {name: 0 for name in core.tasks}
             for lease in core.leases.values():
-                leased[lease.task.spec.name] += len(lease.rows)
+                leased[lease.task.spec.name] += len(core.live_rows(lease))
             counters = core.counters.scalars()
             return {
                 "depth_rows": len(core.rows),
-                "depth_bytes": core.nbytes,
+                "depth_bytes": core.nbytes if core.config.capacity.max_bytes is not None else core.measure_bytes(),
                 "max_rows": core.config.capacity.max_rows,
                 "max_bytes": core.config.capacity.max_bytes,
                 "version": core.version,
@@ -593,7 +663,14 @@ class TransferQueue:
             }
 
     def close(self) -> None:
-        """Close the queue: blocked and later blocking calls raise :class:`QueueClosedError`."""
+        """Close the queue for good: blocked calls and every later call that would change it raise
+        :class:`QueueClosedError`.
+
+        That is put*, add_fields*, get*, ack, nack, renew, admit, release/refund_admission,
+        publish_version, take_requeued and load*. What only reads it keeps working (metrics, ready,
+        len, version, admission_capacity, state_dict, save), so a stopped pipeline can still be
+        inspected and snapshotted; rows leased at close are saved as redeliveries.
+        """
         with self._core.lock:
             self._core.closed = True
             self._core.notify()

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import functools
 import gc
+import pickle
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
-from relax_queue._columnar import ColumnInput
+from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
 from relax_queue._core import NO_TAGS
 from relax_queue._queue import _lease_id, _normalise_fields
@@ -122,16 +123,20 @@ def _actor_class() -> Any:
                     [
                         v
                         for column in columns.values()
-                        if _may_hold_refs(column)
+                        if type(column) is list and _may_hold_refs(column)
                         for v in column
                         if isinstance(v, StoreRef)
                     ]
                 )
+                for name, column in columns.items():
+                    if is_array(column) and not _writeable(column):
+                        # Deserialised from the producer's object (a large argument travels through the
+                        # object store, owned by the caller): a copy of our own outlives the producer.
+                        columns[name] = column.copy()
             await self.aqueue.put_columns(keys, columns, **options)
 
-        async def get_columns(
-            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any, ack: int | None
-        ) -> tuple[Any, ...]:
+        async def get_columns(self, request: bytes) -> tuple[Any, ...]:
+            task, fields, n, batcher, timeout, replica, ack = _load_request(request)
             self._ack_first(ack, replica)
             b = await self.aqueue.get_columns(
                 task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica
@@ -164,9 +169,8 @@ def _actor_class() -> Any:
             if lease_id is not None:
                 self.queue.ack(lease_id, rank=None if replica is None else replica.rank)
 
-        async def get(
-            self, task: str, fields: Any, n: Any, batcher: Any, timeout: Any, replica: Any, ack: int | None
-        ) -> tuple[Any, ...]:
+        async def get(self, request: bytes) -> tuple[Any, ...]:
+            task, fields, n, batcher, timeout, replica, ack = _load_request(request)
             self._ack_first(ack, replica)
             batch = await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
             # Plain tuples pickle several times faster than slotted dataclasses.
@@ -187,6 +191,9 @@ def _actor_class() -> Any:
             ]
             return batch.task, batch.lease_id, rows, batch.lease_timeout_s, batch.version
 
+        def version(self) -> int:
+            return self.queue.version
+
         async def admit(self, n: int, timeout: float) -> int:
             return await self.aqueue.admit(n, timeout)
 
@@ -204,6 +211,27 @@ def _actor_class() -> Any:
             return getattr(self.queue, method)(*args, **kwargs)
 
     return QueueActor
+
+
+def _request(
+    task: str,
+    fields: tuple[str, ...] | None,
+    n: int | None,
+    batcher: Batcher | None,
+    timeout: float | None,
+    replica: ReplicaSet | None,
+    ack: int | None,
+) -> bytes:
+    """A get's arguments as one bytes object: Ray serialises each argument of a call on its own
+    (≈ 0.2 ms for a get's seven here), one pickled blob costs one. Batchers and replica sets go
+    through cloudpickle, so classes Ray would ship by value still travel."""
+    return cast(
+        bytes, _ray().cloudpickle.dumps((task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, ack))
+    )
+
+
+def _load_request(request: bytes) -> tuple[Any, ...]:
+    return cast("tuple[Any, ...]", pickle.loads(request))
 
 
 class _Same:
@@ -248,6 +276,12 @@ def _unpack(column: list[Any] | _Same | _EmptyTags, n: int) -> list[Any]:
     if kind is _EmptyTags:
         return [NO_TAGS] * n  # the read-only empty tags every row put without tags shares in-process
     return cast("list[Any]", column)
+
+
+def _writeable(array: Any) -> bool:
+    """Whether an array owns writeable memory (numpy ``flags.writeable``; other array types: assumed)."""
+    flags = getattr(array, "flags", None)
+    return bool(getattr(flags, "writeable", True))
 
 
 def _may_hold_refs(column: list[Any]) -> bool:
@@ -348,7 +382,7 @@ class RayQueueClient:
         key: Key,
         fields: Mapping[str, Any],
         *,
-        versions: tuple[int, int] | int = 0,
+        versions: tuple[int, int] | int | None = None,
         group_id: Hashable | None = None,
         group_size: int | None = None,
         tags: Mapping[str, int | float | str] | None = None,
@@ -370,7 +404,7 @@ class RayQueueClient:
         keys: Sequence[Key],
         columns: Mapping[str, Sequence[Any]],
         *,
-        v_min: int | Sequence[int] = 0,
+        v_min: int | Sequence[int] | None = None,
         v_max: int | Sequence[int] | None = None,
         group_ids: Sequence[Hashable | None] | None = None,
         group_sizes: int | Sequence[int | None] | None = None,
@@ -381,10 +415,15 @@ class RayQueueClient:
         """See :meth:`TransferQueue.put_columns`; one round trip carrying the columns, large values via the
         object store. Arguments are validated here first, so a malformed call costs no round trip."""
         cols = ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags)
-        wire = {name: self._offload_column(column) for name, column in zip(cols.names, cols.columns, strict=True)}
+        # An array column travels whole: one buffer (Ray moves a large argument through the object
+        # store by itself); a list column has its large values put in the object store.
+        wire = {
+            name: column if is_array(column) else self._offload_column(column)
+            for name, column in zip(cols.names, cols.columns, strict=True)
+        }
         options = {  # the validated, list-valued form of the arguments
-            "v_min": cols.v_min,
-            "v_max": cols.v_max,
+            "v_min": cols.v_min if cols.versions_given else None,
+            "v_max": cols.v_max if cols.versions_given else None,
             "group_ids": cols.group_ids,
             "group_sizes": cols.group_sizes,
             "tags": {name: list(values) for name, values in tags.items()} if tags else None,
@@ -465,7 +504,7 @@ class RayQueueClient:
         """
         acked = None if ack is None else _lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = _unwrap(
-            self.actor.get.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, acked)
+            self.actor.get.remote(_request(task, fields, n, batcher, timeout, replica, acked))
         )
         batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
         slots = [
@@ -492,15 +531,13 @@ class RayQueueClient:
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
         acked = None if ack is None else _lease_id(ack)
-        wire = _unwrap(
-            self.actor.get_columns.remote(task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, acked)
-        )
+        wire = _unwrap(self.actor.get_columns.remote(_request(task, fields, n, batcher, timeout, replica, acked)))
         n_rows = len(wire[2])
         batch = ColumnBatch(*wire[:4], *(_unpack(column, n_rows) for column in wire[4:12]), *wire[12:])
         slots = [
             (column, i, value)
             for column in batch.columns.values()
-            if _may_hold_refs(column)
+            if type(column) is list and _may_hold_refs(column)
             for i, value in enumerate(column)
             if isinstance(value, StoreRef)
         ]
@@ -524,8 +561,8 @@ class RayQueueClient:
     # ------------------------------------------------------------------ staleness
     @property
     def version(self) -> int:
-        """See :attr:`TransferQueue.version`."""
-        return int(self._call("metrics")["version"])
+        """See :attr:`TransferQueue.version` (one small round trip, no metrics)."""
+        return int(_unwrap(self.actor.version.remote()))
 
     def publish_version(self, version: int) -> None:
         """See :meth:`TransferQueue.publish_version`."""
@@ -571,6 +608,10 @@ class RayQueueClient:
 
     def __len__(self) -> int:
         return int(self._call("__len__"))
+
+    def close(self) -> None:
+        """See :meth:`TransferQueue.close`: blocked and later calls that change the queue fail, for every client."""
+        self._call("close")
 
     def shutdown(self) -> None:
         """Kill the queue actor (its rows are lost unless saved)."""

@@ -28,19 +28,15 @@ def estimate_nbytes(value: Any, _depth: int = 0) -> int:
     """
     if isinstance(value, _SCALARS):
         return 8
-    if isinstance(value, bytes | bytearray):
+    if isinstance(value, bytes | bytearray | str):
         return len(value)
-    if isinstance(value, memoryview):
-        return value.nbytes
-    if isinstance(value, str):
-        return len(value)
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays, torch tensors, memoryviews: one attribute read
+    if type(nbytes) is int:
+        return nbytes
     element_size = getattr(value, "element_size", None)
     numel = getattr(value, "numel", None)
-    if callable(element_size) and callable(numel):  # torch.Tensor
+    if callable(element_size) and callable(numel):  # tensor-likes without nbytes
         return int(element_size()) * int(numel())
-    nbytes = getattr(value, "nbytes", None)
-    if isinstance(nbytes, int):  # numpy.ndarray and array-likes
-        return nbytes
     if _depth < 4:
         if isinstance(value, list | tuple | set | frozenset):
             return 8 * len(value) + sum(estimate_nbytes(v, _depth + 1) for v in value)

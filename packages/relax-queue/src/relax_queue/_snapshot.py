@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from relax_queue._core import QueueCore, RetiredKeys, StoredRow
+from relax_queue._core import QueueCore, RetiredKeys, StoredRow, field_value, fields_nbytes
 from relax_queue._errors import ConfigError
 from relax_queue._metrics import Counters
 
@@ -32,7 +32,8 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
     """
     leased: dict[str, set[Any]] = {name: set() for name in core.tasks}
     for lease in core.leases.values():
-        leased[lease.task.spec.name].update(r.key for r in lease.rows)
+        # Matched to the stored row, not its key: a key requeued and put again is a new row.
+        leased[lease.task.spec.name].update(r.key for r in core.live_rows(lease))
     rows = []
     for key, row in core.rows.items():
         todo, redeliver = [], []
@@ -43,7 +44,9 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
                 deliveries[name] = ts.returned.get(key, 0) + (key in leased[name])
             elif key in ts.pending:
                 todo.append(name)
-        fields = row.fields if resolve is None else {k: resolve(v) for k, v in row.fields.items()}
+        fields = {k: field_value(row, v) for k, v in row.fields.items()}  # segments saved as plain row values
+        if resolve is not None:
+            fields = {k: resolve(v) for k, v in fields.items()}
         rows.append(
             {
                 "key": key,
@@ -83,6 +86,8 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
     unknown = [t for t in state["tasks"] if t not in core.tasks]
     if unknown:
         raise ConfigError(f"snapshot has tasks {unknown} that this queue does not register ({list(core.tasks)})")
+    _check_fits(core, state["rows"])
+    bounded = core.config.capacity.max_bytes is not None
     core.rows.clear()
     core.groups.clear()
     core.leases.clear()
@@ -106,7 +111,7 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
             item["group_id"],
             item["group_size"],
             item["tags"],
-            item["nbytes"],
+            fields_nbytes(item["fields"]) if bounded else 0,
             len(todo) + len(redeliver) + len(extra),
         )
         core.rows[row.key] = row
@@ -135,6 +140,19 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
         ts = core.tasks[name]
         ts.delivered, ts.acked, ts.staleness_hist = tc["delivered"], tc["acked"], dict(tc["staleness_hist"])
     core.notify()
+
+
+def _check_fits(core: QueueCore, rows: list[dict[str, Any]]) -> None:
+    """Refuse a snapshot that holds more than this queue's capacity (before anything is replaced)."""
+    cap = core.config.capacity
+    if cap.max_rows is not None and len(rows) > cap.max_rows:
+        raise ConfigError(f"snapshot holds {len(rows)} rows, more than this queue's capacity.max_rows={cap.max_rows}")
+    if cap.max_bytes is not None:
+        total = sum(fields_nbytes(item["fields"]) for item in rows)
+        if total > cap.max_bytes:
+            raise ConfigError(
+                f"snapshot holds {total} bytes of fields, more than this queue's capacity.max_bytes={cap.max_bytes}"
+            )
 
 
 def atomic_write(path: str | os.PathLike[str], state: dict[str, Any]) -> None:

@@ -25,7 +25,8 @@ class RowInput:
         key: unique row key; putting a key that is already stored only adds missing fields.
         fields: columns of the row (any Python objects; arrays and tensors are stored by reference).
         versions: ``(v_min, v_max)``, the oldest and newest policy version that produced the row;
-            an int ``v`` means ``(v, v)``.
+            an int ``v`` means ``(v, v)`` (ints >= 0; numpy integers are taken as ints). ``None``:
+            ``(0, 0)`` for a new row; for a stored key, the stored versions (given ones must match).
         group_id: id of the group (e.g. the GRPO prompt) the row belongs to, or ``None``.
         group_size: number of rows in the group; required with ``group_id``.
         tags: scalar metadata used by batchers (e.g. ``num_tokens``) and by producers.
@@ -33,7 +34,7 @@ class RowInput:
 
     key: Key
     fields: Mapping[str, Any]
-    versions: tuple[int, int] | int = 0
+    versions: tuple[int, int] | int | None = None
     group_id: Hashable | None = None
     group_size: int | None = None
     tags: Tags = field(default_factory=dict)
@@ -121,7 +122,9 @@ class ColumnBatch:
         lease_id: id of the lease; unique for the life of the queue (also across restores).
         keys: the row keys.
         columns: field name to the values of that field, one per row (the reader's fields; with
-            ``fields=None``, every field of the rows, which must then all carry the same fields).
+            ``fields=None``, every field of the rows, which must then all carry the same fields): a
+            list, or a slice of the array put by ``put_columns`` when every row of the batch came
+            from that one put, in order (no per-row views restacked).
         v_min: oldest policy version of each row.
         v_max: newest policy version of each row.
         group_ids: group of each row or ``None``.
@@ -137,7 +140,7 @@ class ColumnBatch:
     task: str
     lease_id: int
     keys: list[Key]
-    columns: dict[str, list[Any]]
+    columns: dict[str, Any]
     v_min: list[int]
     v_max: list[int]
     group_ids: list[Hashable | None]
@@ -152,8 +155,8 @@ class ColumnBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def column(self, name: str) -> list[Any]:
-        """Values of field ``name``, one per row.
+    def column(self, name: str) -> Any:
+        """Values of field ``name``, one per row (a list, or an array slice; see ``columns``).
 
         Raises:
             KeyError: when the reader did not ask for ``name``.
