@@ -225,7 +225,7 @@ class Controller:
         self.pipeline = build_pipeline(cfg, self.data.heldout, restore)
         self.feeder = PromptFeeder(
             self.data.streams,
-            _to_prompt,
+            self.data.to_prompt,
             self.pipeline.prompt_queue,
             self.pipeline.sample_queue,
             cfg.algorithm.group_size,
@@ -313,7 +313,7 @@ class Controller:
         if not (out / "config.json").is_file():
             items = [entry["item"] for stream in self.data.streams.values() for entry in stream.items]
             task = ray.remote(num_cpus=0)(format_warmup)
-            info = ray.get(task.remote(cfg, items, _to_prompt, str(out), cfg.trainer.seed))
+            info = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
             self.metrics.write("warmup", info)
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
 
@@ -421,9 +421,3 @@ class Controller:
             return dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
         return dict(rewards), int(version)
-
-
-def _to_prompt(item: Any) -> Any:
-    from relax_services._data import to_prompt
-
-    return to_prompt(item)

@@ -21,9 +21,9 @@ from relax_services.engines.protocols import (
     WeightPoll,
 )
 from relax_services.engines.sampling import SamplingParams, sample_tokens
-from relax_services.models import _vocab
 from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
 from relax_services.models.positions import sequence_positions
+from relax_services.models.tokens import model_pad_id
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class HFRolloutEngine:
         else:
             unique, row_to_unique = prompt_of_row, torch.arange(len(slots))
         batch = [prompts[i] for i in unique.tolist()]
-        input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], _vocab.PAD_ID, side="left")
+        input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], model_pad_id(self.model), side="left")
         media = {k: v.to(self.device) for k, v in collate_media(batch).items()}
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         positions, next_pos = sequence_positions(self.model, batch, [0] * len(batch), side="left")  # [3, U, T], [U]

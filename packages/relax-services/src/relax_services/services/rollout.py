@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from relax_queue import FixedSizeBatcher, QueueTimeoutError, RowInput
-from relax_services._policy import build_policy
+from relax_services._policy import build_policy, sampling_params
 from relax_services.config import RunConfig
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine
 from relax_services.services._base import ServiceBase
 from relax_services.weights import WeightPoller
 
@@ -38,7 +38,8 @@ class RolloutService(ServiceBase):
         self.weights = weights
         model = build_policy(cfg.model)
         self.engine = HFRolloutEngine(model, HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
-        self.params = SamplingParams(
+        self.params = sampling_params(
+            cfg.model,
             n=cfg.algorithm.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
