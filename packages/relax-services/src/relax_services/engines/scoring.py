@@ -21,7 +21,7 @@ import torch
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models.embeddings import embed_inputs
 from relax_services.models.inputs import OmniPrompt, pad_sequences
-from relax_services.models.positions import sequence_positions
+from relax_services.models.positions import position_ids_for, sequence_positions
 from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
 
@@ -110,7 +110,7 @@ class _ResponseStates:
         prefix = decoder(
             inputs_embeds=embed_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
             attention_mask=prompt_mask,
-            position_ids=positions.to(device),  # [3, U, P]
+            position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
             use_cache=True,
         )
         hidden = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
@@ -122,7 +122,9 @@ class _ResponseStates:
             chunk = decoder(
                 inputs_embeds=thinker.get_input_embeddings()(targets[:, :-1]),
                 attention_mask=torch.cat([prompt_mask[row_prompt], response_mask[:, :-1]], dim=1),
-                position_ids=(next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1),  # [3, B, L-1]
+                position_ids=position_ids_for(
+                    thinker, (next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1)
+                ),
                 past_key_values=cache,
                 use_cache=True,
             )
@@ -146,7 +148,7 @@ def score_responses(
     refer to. Response tokens that are suppressed or media ids (padding included) are masked out.
 
     Args:
-        model: A Qwen2.5-Omni thinker.
+        model: A model of a supported family (see ``relax_services.models.FAMILIES``).
         prompts: ``B`` prompts.
         responses: ``B`` response id tensors ``[L_i]``.
         temperature: Temperature the responses were sampled at (0 means 1).

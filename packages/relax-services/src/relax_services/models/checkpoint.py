@@ -111,7 +111,7 @@ def _check_sizes(path: Path, family: ModelFamily, config: Any) -> None:
             f"{path}: text config sizes are inconsistent (hidden_size {hidden}, heads {heads}, kv heads {kv})"
         )
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
-    if family.positions == "mrope":
+    if family.positions != "1d":
         rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
         section = rope.get("mrope_section") if isinstance(rope, dict) else None
         if section is not None and sum(section) != head_dim // 2:

@@ -13,9 +13,17 @@ from typing import Literal
 import transformers
 
 Modality = Literal["text", "image", "video", "audio"]
-Positions = Literal["1d", "mrope"]
+Positions = Literal["1d", "vl-mrope", "omni-mrope"]
 
-__all__ = ["FAMILIES", "Modality", "ModelFamily", "Positions", "UnsupportedArchitectureError", "family_of"]
+__all__ = [
+    "FAMILIES",
+    "Modality",
+    "ModelFamily",
+    "Positions",
+    "UnsupportedArchitectureError",
+    "family_of",
+    "family_of_model",
+]
 
 
 @dataclass(frozen=True)
@@ -27,8 +35,9 @@ class ModelFamily:
         model_class: Name of the transformers class that loads a checkpoint of the family (it is also the
             ``architectures`` entry of its ``config.json``).
         modalities: Input modalities the family's forward accepts.
-        positions: How position ids are computed: ``"1d"`` (one index per token, the causal LM's default) or
-            ``"mrope"`` (3-D time/height/width rope from the model's own ``get_rope_index``).
+        positions: How position ids are computed: ``"1d"`` (one index per real token, the causal LM's), or the
+            3-D time/height/width rope of the model's own ``get_rope_index``: ``"vl-mrope"`` (Qwen-VL's, from
+            per-token modality types and seconds per grid) or ``"omni-mrope"`` (the omni thinker's, with audio).
         placeholder_keys: Model-config keys of each media placeholder id (``image`` / ``video`` / ``audio``),
             and of the span markers, read from the checkpoint (the text config when a key is not at the top).
         never_sample: What must never be sampled: every special (added) token of the tokenizer except the
@@ -75,13 +84,13 @@ _OMNI_KEYS: tuple[tuple[str, str], ...] = (
 _ALL: tuple[ModelFamily, ...] = (
     ModelFamily("qwen2", "Qwen2ForCausalLM", ("text",), "1d"),
     ModelFamily("qwen3", "Qwen3ForCausalLM", ("text",), "1d"),
-    ModelFamily("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", ("text", "image", "video"), "mrope", _VL_KEYS),
-    ModelFamily("qwen3-vl", "Qwen3VLForConditionalGeneration", ("text", "image", "video"), "mrope", _VL_KEYS),
+    ModelFamily("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", ("text", "image", "video"), "vl-mrope", _VL_KEYS),
+    ModelFamily("qwen3-vl", "Qwen3VLForConditionalGeneration", ("text", "image", "video"), "vl-mrope", _VL_KEYS),
     ModelFamily(
         "qwen2.5-omni-thinker",
         "Qwen2_5OmniThinkerForConditionalGeneration",
         ("text", "image", "video", "audio"),
-        "mrope",
+        "omni-mrope",
         _OMNI_KEYS,
     ),
 )
@@ -89,6 +98,11 @@ _ALL: tuple[ModelFamily, ...] = (
 FAMILIES: dict[str, ModelFamily] = {f.model_class: f for f in _ALL if hasattr(transformers, f.model_class)}
 """Architecture name (``config.json`` ``architectures[0]``) → family; Qwen2.5 checkpoints are ``Qwen2ForCausalLM``.
 Families whose class the installed transformers lacks are left out."""
+
+
+def family_of_model(model: object) -> ModelFamily:
+    """The family of a loaded model, by its class (a critic's thinker included)."""
+    return family_of(type(model).__name__, where=f"model class {type(model).__module__}.{type(model).__name__}")
 
 
 class UnsupportedArchitectureError(ValueError):
