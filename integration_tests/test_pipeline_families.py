@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax_services._metrics import read_metrics
 from relax_services.checkpoint import ENGINE_FILE, CheckpointManager
@@ -33,3 +34,7 @@ def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp
     final = torch.load(latest / ENGINE_FILE, weights_only=False)["model"]
     initial = load_file(folder / "model.safetensors")
     assert any(not torch.equal(final[k], initial[k]) for k in initial)
+    # The checkpoint's Hugging Face copy holds exactly the trained weights and the folder's tokenizer.
+    exported = AutoModelForCausalLM.from_pretrained(latest / "hf", local_files_only=True).state_dict()
+    assert all(torch.equal(exported[k], final[k]) for k in final)
+    assert AutoTokenizer.from_pretrained(latest / "hf", local_files_only=True).chat_template

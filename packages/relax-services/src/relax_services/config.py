@@ -53,6 +53,10 @@ class ModelConfig(ConfigModel):
     seed: int = 0
     """Seed of the initial weights of the 'tiny-omni' folder (ignored for other sources)."""
 
+    export_hf: bool = True
+    """Also write each checkpoint's policy (and critic) in Hugging Face format, in its ``hf`` folder (weights as
+    safetensors, plus the model folder's tokenizer and processor files); ``relax export`` does it afterwards."""
+
 
 class DataConfig(ConfigModel):
     """The synthetic omni task mix (written as real media files plus a JSONL manifest)."""

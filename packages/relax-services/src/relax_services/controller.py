@@ -271,6 +271,10 @@ class Controller:
             self.feeder.resume()
             trainer.resume.remote()
         self._checkpoint_step = version
+        if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
+            from relax_services.export import HF_FOLDER, export_checkpoint
+
+            export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
         self.metrics.write("checkpoint", {"step": version, "path": str(path)})
         return path
 
