@@ -8,7 +8,7 @@ here (plus, where its forward differs, one module the engines dispatch to throug
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import transformers
 
@@ -54,7 +54,7 @@ class ModelFamily:
     never_sample: str = "special tokens except eos; media placeholders and markers"
     chat_template_required: bool = False
 
-    def load_class(self) -> type:
+    def load_class(self) -> Any:
         """The transformers class (an ``ImportError`` names the version when this transformers lacks it)."""
         cls = getattr(transformers, self.model_class, None)
         if cls is None:
@@ -62,7 +62,7 @@ class ModelFamily:
                 f"transformers {transformers.__version__} has no {self.model_class} (family {self.name}); "
                 "upgrade transformers"
             )
-        return cls  # type: ignore[no-any-return]
+        return cls
 
 
 _VL_KEYS: tuple[tuple[str, str], ...] = (

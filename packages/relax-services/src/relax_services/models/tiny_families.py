@@ -42,11 +42,11 @@ def _text_config(cls_name: str, tokenizer: Any, **extra: Any) -> Any:
 
 
 def _qwen2(tokenizer: Any) -> Any:
-    return transformers.Qwen2ForCausalLM(_text_config("Qwen2Config", tokenizer))
+    return transformers.Qwen2ForCausalLM(_text_config("Qwen2Config", tokenizer))  # type: ignore[no-untyped-call]
 
 
 def _qwen3(tokenizer: Any) -> Any:
-    return transformers.Qwen3ForCausalLM(_text_config("Qwen3Config", tokenizer, head_dim=16))
+    return transformers.Qwen3ForCausalLM(_text_config("Qwen3Config", tokenizer, head_dim=16))  # type: ignore[no-untyped-call]
 
 
 def _qwen25_vl(tokenizer: Any) -> Any:
@@ -77,7 +77,7 @@ def _qwen25_vl(tokenizer: Any) -> Any:
         vision_start_token_id=tid("<|vision_bos|>"),
         vision_end_token_id=tid("<|vision_eos|>"),
     )
-    return transformers.Qwen2_5_VLForConditionalGeneration(config)
+    return transformers.Qwen2_5_VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]
 
 
 TINY_FAMILIES: dict[str, Callable[[Any], Any]] = {
