@@ -38,3 +38,30 @@ def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp
     exported = AutoModelForCausalLM.from_pretrained(latest / "hf", local_files_only=True).state_dict()
     assert all(torch.equal(exported[k], final[k]) for k in final)
     assert AutoTokenizer.from_pretrained(latest / "hf", local_files_only=True).chat_template
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("family", "tasks"), [("qwen3", "[text]"), ("qwen2.5-vl", "[image, text]")])
+def test_tau0_pipeline_equals_sequential_trainer_for_a_family(
+    family: str, tasks: str, small_config, run_pipeline, sequential_weights, tmp_path: Path
+) -> None:
+    folder = write_tiny_checkpoint(tmp_path / family, family, seed=0)
+    steps = 2
+    cfg = small_config(
+        f"model.source={folder}",
+        "staleness.tau=0",
+        f"trainer.total_steps={steps}",
+        "data.adaptive_weights=false",
+        f"data.tasks={tasks}",
+        "algorithm.kl_coef=0.0",
+    )
+    result = run_pipeline(cfg)
+    assert result.staleness_hist == {0: steps * cfg.samples_per_step}
+    latest = CheckpointManager(result.run_dir / "checkpoints").latest()
+    assert latest is not None
+    pipeline_weights = CheckpointManager.load_engine(latest)["model"]
+    expected = sequential_weights(cfg, tmp_path / "sequential", steps)
+    initial = load_file(folder / "model.safetensors")
+    assert any(not torch.equal(initial[k], expected[k]) for k in initial), "the reference loop did not train"
+    mismatched = [k for k in expected if not torch.equal(pipeline_weights[k], expected[k])]
+    assert not mismatched, f"{len(mismatched)} tensors differ, e.g. {mismatched[:3]}"
