@@ -121,3 +121,16 @@ def test_prompts_are_the_chat_template_with_each_placeholder_expanded(tmp_path: 
     # The synthetic answers are single tokens of the tokenizer.
     for answer in ("r", "g", "l", "h", "u", "d", "7"):
         assert len(CKPT.tokenizer.encode(answer, add_special_tokens=False)) == 1
+
+
+def test_relax_train_refuses_a_bad_model_folder_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relax_services.cli import main
+
+    path = _copy(tmp_path)
+    _edit_config(path, architectures=["GPT2LMHeadModel"])
+    assert main(["train", f"model.source={path}", f"run.output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert "model.source" in err and "'GPT2LMHeadModel'" in err and "supported:" in err
+    assert not (tmp_path / "runs").exists()  # no run folder, hence no Ray and no service

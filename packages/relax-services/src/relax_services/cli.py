@@ -24,6 +24,13 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
+    from relax_services.models import CheckpointError, UnsupportedArchitectureError, open_checkpoint
+
+    try:  # the model folder is checked before a run folder, Ray or any service exists
+        open_checkpoint(cfg.model.source, cfg.model.seed)
+    except (CheckpointError, UnsupportedArchitectureError) as exc:
+        print(f"relax train: model.source: {exc}", file=sys.stderr)
+        return 2
     run_dir = make_run_dir(cfg)
     print(f"relax train: run folder {run_dir}", flush=True)
     try:
