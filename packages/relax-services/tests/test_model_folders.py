@@ -77,6 +77,13 @@ def test_unknown_architecture_names_it_and_the_supported_list(tmp_path: Path) ->
     assert "Qwen2ForCausalLM" in str(info.value) and "Qwen2_5OmniThinkerForConditionalGeneration" in str(info.value)
 
 
+def test_qwen3_vl_is_refused_with_its_reason(tmp_path: Path) -> None:
+    path = _copy(tmp_path)
+    _edit_config(path, architectures=["Qwen3VLForConditionalGeneration"])
+    with pytest.raises(UnsupportedArchitectureError, match="deepstack"):
+        validate_checkpoint(path)
+
+
 def test_vocabulary_smaller_than_the_placeholder_ids_is_rejected(tmp_path: Path) -> None:
     path = _copy(tmp_path)
     _edit_config(path, text_config__vocab_size=6)  # the audio placeholder is id 9
