@@ -19,11 +19,11 @@ from relax_core import (
     outcome_token_rewards,
     value_loss,
 )
-from relax_services._data import prepare_data, to_prompt
-from relax_services._policy import build_policy, build_train_engine, build_value_engine
+from relax_services._data import prepare_data
+from relax_services._policy import build_policy, build_train_engine, build_value_engine, checkpoint_of, sampling_params
 from relax_services.config import RunConfig, load_run_config
 from relax_services.controller import Controller, RunResult
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, LossInputs, SamplingParams, TrainSample
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, LossInputs, TrainSample
 from relax_services.feeder import TaskStream
 from relax_services.services import decode_response, sampling_seed
 
@@ -76,9 +76,13 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
     choose = random.Random(cfg.data.seed)
     policy = build_train_engine(cfg)
     rollout = HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
-    params = SamplingParams(
-        n=cfg.algorithm.group_size, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature
+    params = sampling_params(
+        cfg.model,
+        n=cfg.algorithm.group_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
     )
+    tokenizer = checkpoint_of(cfg.model).tokenizer
     index = 0
     for step in range(steps):
         groups = []
@@ -92,11 +96,11 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
         for start in range(0, len(groups), per_call):
             chunk = groups[start : start + per_call]
             rollout.generator.manual_seed(sampling_seed(cfg.trainer.seed, [k for k, _ in chunk]))
-            prompts = [to_prompt(item) for _, item in chunk]
+            prompts = [data.to_prompt(item) for _, item in chunk]
             for (key, item), prompt, completions in zip(chunk, prompts, rollout.generate(prompts, params), strict=True):
                 for c in completions:
                     samples.append(TrainSample(prompt=prompt, response_ids=torch.tensor(c.token_ids)))
-                    scores.append(exact_match_reward(decode_response(c.token_ids), item["answer"]))
+                    scores.append(exact_match_reward(decode_response(c.token_ids, tokenizer), item["answer"]))
                     group_ids.append(key)
                     behaviour.append(torch.tensor(c.logprobs))
         if critic is None:

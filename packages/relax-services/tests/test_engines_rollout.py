@@ -17,10 +17,13 @@ from relax_services.engines import (
     sample_tokens,
     truncate,
 )
-from relax_services.models import SUPPRESSED_IDS, OmniPrompt, build_tiny_omni
+from relax_services.models import DEFAULT_SOURCE, OmniPrompt, build_tiny_omni, open_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
 
 MODALITIES = ["text", "image", "video", "audio"]
+
+TOKENS = open_checkpoint(DEFAULT_SOURCE).tokens  # the default checkpoint's ids, read from its tokenizer
+SUPPRESSED_IDS = TOKENS.never_sample
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,20 @@ def test_engine_satisfies_protocol(model: torch.nn.Module) -> None:
     assert isinstance(HFRolloutEngine(model), RolloutEngine)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(n=3, max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(
+            suppressed_ids=SUPPRESSED_IDS,
+            eos_id=TOKENS.eos_id,
+            n=3,
+            max_new_tokens=10,
+            temperature=0.7,
+            top_k=20,
+            top_p=0.9,
+        )
+    ],
+)
 def test_behaviour_logprobs_equal_a_fresh_full_forward(
     model: torch.nn.Module, prompts: list[OmniPrompt], params: SamplingParams
 ) -> None:
@@ -75,7 +91,7 @@ def test_behaviour_logprobs_equal_a_fresh_full_forward(
 
 
 def test_greedy_with_cache_equals_greedy_without_cache(model: torch.nn.Module, prompts: list[OmniPrompt]) -> None:
-    params = SamplingParams(n=2, max_new_tokens=8, temperature=0.0)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=2, max_new_tokens=8, temperature=0.0)
     groups = HFRolloutEngine(model).generate(prompts, params)
     allowed = torch.tensor([i for i in range(64) if i not in SUPPRESSED_IDS])
     for prompt, group in zip(prompts, groups, strict=True):
@@ -91,7 +107,7 @@ def test_greedy_with_cache_equals_greedy_without_cache(model: torch.nn.Module, p
 def test_group_sharing_gives_the_same_samples_as_repeated_prompts(
     model: torch.nn.Module, prompts: list[OmniPrompt]
 ) -> None:
-    params = SamplingParams(n=4, max_new_tokens=12)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=4, max_new_tokens=12)
     shared = HFRolloutEngine(model, HFRolloutConfig(seed=5, share_prompt=True)).generate(prompts, params)
     repeated = HFRolloutEngine(model, HFRolloutConfig(seed=5, share_prompt=False)).generate(prompts, params)
     for gs, gr in zip(shared, repeated, strict=True):
@@ -106,7 +122,7 @@ def test_finish_reasons_and_eos(model: torch.nn.Module, prompts: list[OmniPrompt
     biased = build_tiny_omni(seed=0)
     with torch.no_grad():
         biased.lm_head.weight[2] = biased.lm_head.weight[2] + 0.4 * biased.lm_head.weight.abs().mean()
-    params = SamplingParams(n=8, max_new_tokens=6)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=8, max_new_tokens=6)
     groups = HFRolloutEngine(biased).generate(prompts, params)
     reasons = {c.finish_reason for g in groups for c in g}
     assert reasons == {"stop", "length"}  # the bias makes both happen
@@ -138,7 +154,7 @@ def _model_with(state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
 def test_switch_tags_versions_and_recomputes_the_cache(model: torch.nn.Module, prompts: list[OmniPrompt]) -> None:
     new_state = _perturbed_state(model, seed=1)
     new_model = _model_with(new_state)
-    params = SamplingParams(n=2, max_new_tokens=8, temperature=1.3)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=2, max_new_tokens=8, temperature=1.3)
     engine = HFRolloutEngine(build_tiny_omni(seed=0), HFRolloutConfig(partial_rollout="switch"))
     # Poll 1 is at the start of generate, poll k + 1 after decode step k: the switch lands after 3 tokens.
     groups = engine.generate(prompts, params, poll_weights=_Poller(new_state, version=1, at=4))
@@ -161,7 +177,7 @@ def test_abort_resume_restarts_unfinished_samples_on_new_weights(
 ) -> None:
     new_state = _perturbed_state(model, seed=2)
     new_model = _model_with(new_state)
-    params = SamplingParams(n=2, max_new_tokens=8)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=2, max_new_tokens=8)
     engine = HFRolloutEngine(build_tiny_omni(seed=0), HFRolloutConfig(partial_rollout="abort_resume"))
     groups = engine.generate(prompts, params, poll_weights=_Poller(new_state, version=3, at=3))
     restarted = 0
@@ -180,7 +196,7 @@ def test_abort_resume_restarts_unfinished_samples_on_new_weights(
 
 def test_finish_old_applies_weights_only_at_the_start(model: torch.nn.Module, prompts: list[OmniPrompt]) -> None:
     engine = HFRolloutEngine(build_tiny_omni(seed=0), HFRolloutConfig(partial_rollout="finish_old"))
-    params = SamplingParams(n=2, max_new_tokens=6)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=2, max_new_tokens=6)
     poller = _Poller(_perturbed_state(model, seed=3), version=1, at=2)
     first = engine.generate(prompts, params, poll_weights=poller)
     assert poller.calls == 1 and {v for g in first for c in g for v in c.versions} == {0}
@@ -213,6 +229,6 @@ def test_sampling_params_validation() -> None:
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="eos_id"):
-        SamplingParams(suppressed_ids=(2,))
+        SamplingParams(suppressed_ids=(2,), eos_id=2)
     with pytest.raises(ValueError, match="partial_rollout"):
         HFRolloutConfig(partial_rollout="later")  # type: ignore[arg-type]

@@ -20,8 +20,11 @@ from relax_services.engines import (
     TrainEngine,
     TrainSample,
 )
-from relax_services.models import SUPPRESSED_IDS, OmniPrompt, build_tiny_omni, build_value_model
+from relax_services.models import DEFAULT_SOURCE, OmniPrompt, build_tiny_omni, build_value_model, open_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
+
+TOKENS = open_checkpoint(DEFAULT_SOURCE).tokens  # the default checkpoint's ids, read from its tokenizer
+SUPPRESSED_IDS = TOKENS.never_sample
 
 
 def _samples(n: int = 4, seed: int = 0) -> list[TrainSample]:
@@ -57,11 +60,13 @@ def _grads(engine: TorchTrainEngine) -> dict[str, torch.Tensor]:
 
 
 def test_engine_satisfies_protocol() -> None:
-    assert isinstance(TorchTrainEngine(build_tiny_omni(0)), TrainEngine)
+    assert isinstance(
+        TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS)), TrainEngine
+    )
 
 
 def test_steps_on_a_supervised_target_decrease_the_loss() -> None:
-    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(lr=1e-2))
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, lr=1e-2))
     batch = _samples(4)
     losses = [engine.step(batch, nll_token_mean)["loss"] for _ in range(6)]
     assert losses[-1] < 0.7 * losses[0]
@@ -76,7 +81,7 @@ def test_accumulating_two_micro_batches_equals_one_batch_of_two(loss_fn: object,
     for micro in (2, 1):
         engine = TorchTrainEngine(
             build_tiny_omni(0),
-            TorchTrainConfig(micro_batch_size=micro, loss_weighting=weighting),  # type: ignore[arg-type]
+            TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, micro_batch_size=micro, loss_weighting=weighting),  # type: ignore[arg-type]
         )
         metrics = engine.accumulate_gradients(batch, loss_fn)  # type: ignore[arg-type]
         grads.append((_grads(engine), metrics["loss"]))
@@ -89,7 +94,7 @@ def test_accumulating_two_micro_batches_equals_one_batch_of_two(loss_fn: object,
 
 def test_masked_tokens_get_zero_gradient() -> None:
     batch = _samples(2)
-    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(micro_batch_size=8))
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, micro_batch_size=8))
     engine.accumulate_gradients(batch, pg_token_mean)
     grads = _grads(engine)
     # Suppressed ids are outside the support: their output rows never receive gradient.
@@ -100,7 +105,9 @@ def test_masked_tokens_get_zero_gradient() -> None:
     gen = torch.Generator().manual_seed(9)
     junk = TrainSample(
         synthetic_prompt("image", [20], gen),
-        torch.tensor([0, 7, 0, 0, 11]),
+        torch.tensor(
+            [TOKENS.pad_id, TOKENS.placeholders["image"], TOKENS.pad_id, TOKENS.pad_id, TOKENS.placeholders["audio"]]
+        ),
         {"advantages": torch.full((5,), 100.0), "reward": torch.tensor(0.0)},
     )
     engine.model.zero_grad(set_to_none=True)
@@ -113,10 +120,12 @@ def test_trainer_logprobs_match_rollout_behaviour_logprobs() -> None:
     model = build_tiny_omni(0)
     gen = torch.Generator().manual_seed(3)
     prompts = [synthetic_prompt(k, [14, 15], gen) for k in ("text", "image", "video", "audio")]
-    params = SamplingParams(n=2, max_new_tokens=7, temperature=0.8)
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=2, max_new_tokens=7, temperature=0.8)
     groups = HFRolloutEngine(model).generate(prompts, params)
     samples = [TrainSample(p, torch.tensor(c.token_ids)) for p, g in zip(prompts, groups, strict=True) for c in g]
-    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(temperature=0.8, micro_batch_size=3))
+    engine = TorchTrainEngine(
+        build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, temperature=0.8, micro_batch_size=3)
+    )
     logprobs, mask = engine.compute_logprobs(samples)
     behaviour = [c.logprobs for g in groups for c in g]
     for i, lp in enumerate(behaviour):
@@ -132,7 +141,7 @@ def test_critic_values_are_the_value_head_at_the_columns_that_predict_each_respo
     critic = build_value_model(build_tiny_omni(0))
     with torch.no_grad():  # a non-zero head, so the check is not 0 == 0
         critic.value_head.weight.normal_(generator=gen)
-    engine = TorchValueEngine(critic, TorchTrainConfig(lr=3e-3, micro_batch_size=3))
+    engine = TorchValueEngine(critic, TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, lr=3e-3, micro_batch_size=3))
     values, mask = engine.compute_values(batch)
     seen: list[torch.Tensor] = []  # what the LM head reads in a plain forward of the thinker
     hook = critic.thinker.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
@@ -164,7 +173,9 @@ def test_critic_values_are_the_value_head_at_the_columns_that_predict_each_respo
 
 
 def test_lr_schedule_warmup_then_cosine() -> None:
-    cfg = TorchTrainConfig(lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)
+    cfg = TorchTrainConfig(
+        suppressed_ids=SUPPRESSED_IDS, lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1
+    )
     engine = TorchTrainEngine(build_tiny_omni(0), cfg)
     batch = _samples(1)
     lrs = [engine.step(batch, nll_token_mean)["lr"] for _ in range(7)]
@@ -173,13 +184,13 @@ def test_lr_schedule_warmup_then_cosine() -> None:
 
 
 def test_linear_schedule_without_warmup() -> None:
-    cfg = TorchTrainConfig(lr=2.0, schedule="linear", total_steps=4, min_lr_ratio=0.5)
+    cfg = TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, lr=2.0, schedule="linear", total_steps=4, min_lr_ratio=0.5)
     assert [cfg.lr_factor(k) for k in range(6)] == pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5, 0.5])
 
 
 def test_state_dict_round_trip_continues_identically() -> None:
     batch = _samples(3)
-    cfg = TorchTrainConfig(lr=1e-3, warmup_steps=3)
+    cfg = TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, lr=1e-3, warmup_steps=3)
     a = TorchTrainEngine(build_tiny_omni(0), cfg)
     for _ in range(2):
         a.step(batch, pg_token_mean)
@@ -208,7 +219,9 @@ def test_steps_equal_a_plain_torch_loop() -> None:
     for prompt, response in ((first, [30, 31, 2]), (twin, [40, 2])):
         fields = {"advantages": torch.tensor([0.5] * len(response)), "reward": torch.tensor(1.0)}
         batch.append(TrainSample(prompt, torch.tensor(response), fields))
-    cfg = TorchTrainConfig(lr=1e-3, eps=1e-3, grad_clip=0.5, micro_batch_size=2, temperature=0.9)
+    cfg = TorchTrainConfig(
+        suppressed_ids=SUPPRESSED_IDS, lr=1e-3, eps=1e-3, grad_clip=0.5, micro_batch_size=2, temperature=0.9
+    )
     engine = TorchTrainEngine(build_tiny_omni(0), cfg)
     ref = build_tiny_omni(0).train()
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, eps=1e-3, weight_decay=0.0)
@@ -236,7 +249,7 @@ def test_minibatches_and_epochs_are_optimizer_steps_within_one_version() -> None
     """One update with 2 minibatches × 2 epochs equals four single-batch steps on the halves in that order,
     with the LR schedule and the version advancing once."""
     batch = _samples(4)
-    cfg = TorchTrainConfig(lr=1e-3, warmup_steps=4, grad_clip=0.5, micro_batch_size=1)
+    cfg = TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, lr=1e-3, warmup_steps=4, grad_clip=0.5, micro_batch_size=1)
     multi = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(cfg, minibatches=2, epochs=2))
     metrics = multi.step(batch, pg_token_mean)
     assert multi.version == 1 and metrics["version"] == 1.0
@@ -258,7 +271,7 @@ def test_config_validation_and_errors() -> None:
         TorchTrainConfig(schedule="cosine", total_steps=0)
     with pytest.raises(ValueError, match="loss_weighting"):
         TorchTrainConfig(loss_weighting="mean")  # type: ignore[arg-type]
-    engine = TorchTrainEngine(build_tiny_omni(0))
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS))
     assert not engine.autocast_enabled  # CPU
     with pytest.raises(ValueError, match="scalar"):
         engine.step(_samples(1), lambda inputs: inputs.logprobs)
@@ -268,8 +281,10 @@ def test_config_validation_and_errors() -> None:
 
 def test_forced_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
     batch = _samples(2)
-    fp32, _ = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(autocast="off")).compute_logprobs(batch)
-    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(autocast="bf16"))
+    fp32, _ = TorchTrainEngine(
+        build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, autocast="off")
+    ).compute_logprobs(batch)
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, autocast="bf16"))
     assert engine.autocast_enabled
     bf16, mask = engine.compute_logprobs(batch)
     assert bf16.dtype == torch.float32  # log-softmax is taken in float32 whatever the forward dtype
@@ -280,7 +295,7 @@ def test_forced_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
 
 def test_scores_carry_the_whole_distribution_and_the_loss_sees_it() -> None:
     batch = _samples(4)
-    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(micro_batch_size=3))
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, micro_batch_size=3))
     scores = engine.compute_scores(batch)
     assert scores.dist is not None and scores.dist.shape == (*scores.logprobs.shape, 64)
     for i, s in enumerate(batch):  # each position is a distribution, and the token's log-prob is read from it

@@ -7,21 +7,27 @@ import torch
 
 from relax_services.engines.scoring import distinct_prompts
 from relax_services.models import (
-    SUPPRESSED_IDS,
+    DEFAULT_SOURCE,
+    CheckpointError,
     OmniPrompt,
     TinyOmniConfig,
     audio_token_count,
     build_tiny_omni,
+    check_placeholders,
     collate_media,
+    copy_side_files,
     load_model,
     num_parameters,
+    open_checkpoint,
     pad_sequences,
     rope_positions,
     sequence_positions,
 )
-from relax_services.models import _vocab as vocab
 from relax_services.models.embeddings import embed_inputs
 from relax_services.models.synthetic import synthetic_prompt
+
+CKPT = open_checkpoint(DEFAULT_SOURCE)
+TOKENS = CKPT.tokens
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +45,19 @@ def _plain_logits(model: torch.nn.Module, prompt: OmniPrompt) -> torch.Tensor:
 def test_tiny_model_has_the_documented_size_and_token_ids(model: torch.nn.Module) -> None:
     assert 400_000 < num_parameters(model) < 460_000  # DESIGN.md: ≈ 0.43 M
     cfg = model.config
-    assert cfg.text_config.vocab_size == 64
-    assert (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id) == (7, 8, 11)
-    assert (cfg.vision_start_token_id, cfg.vision_end_token_id) == (5, 6)
-    assert (cfg.audio_start_token_id, cfg.audio_end_token_id, cfg.user_token_id) == (9, 10, 3)
+    assert cfg.text_config.vocab_size == 64 == len(CKPT.tokenizer)
+    tid = CKPT.tokenizer.convert_tokens_to_ids
+    assert [cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id] == tid(["<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>"])
+    assert [cfg.vision_start_token_id, cfg.vision_end_token_id] == tid(["<|vision_bos|>", "<|vision_eos|>"])
+    assert [cfg.audio_start_token_id, cfg.audio_end_token_id, cfg.user_token_id] == tid(
+        ["<|audio_bos|>", "<|audio_eos|>", "user"]
+    )
     gen = model.generation_config
-    assert (gen.pad_token_id, gen.bos_token_id, gen.eos_token_id) == (0, 1, 2)
-    assert 2 not in SUPPRESSED_IDS and set(SUPPRESSED_IDS) == {0, 1, *range(3, 12)}
+    assert [gen.pad_token_id, gen.eos_token_id] == tid(["<|endoftext|>", "<|im_end|>"])
+    # Never sampled: every special token of the tokenizer but the eos (hand-listed strings).
+    specials = ["<|endoftext|>", "<|im_start|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"]
+    specials += ["<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
+    assert TOKENS.eos_id not in TOKENS.never_sample and set(TOKENS.never_sample) == set(tid(specials))
 
 
 def test_build_is_deterministic_and_leaves_global_rng_alone() -> None:
@@ -88,20 +100,23 @@ def test_media_token_counts(model: torch.nn.Module) -> None:
 
 
 def test_prompt_validation_errors() -> None:
-    ids = torch.tensor([1, 3, 9, 11, 11, 10, 4])
+    ph = TOKENS.placeholders
+    ids = torch.tensor([1, 10, ph["audio_start"], ph["audio"], ph["audio"], ph["audio_end"], 11])
     with pytest.raises(ValueError, match="no input_features"):
-        OmniPrompt(input_ids=ids)
+        check_placeholders(OmniPrompt(input_ids=ids), TOKENS)
     with pytest.raises(ValueError, match="audio placeholder tokens"):
-        OmniPrompt(
+        prompt = OmniPrompt(
             input_ids=ids,
             input_features=torch.zeros(1, 128, 100),
             feature_attention_mask=torch.ones(1, 100, dtype=torch.long),
         )
+        check_placeholders(prompt, TOKENS)
+    image_ids = torch.tensor([1, 10, ph["vision_start"], ph["image"], ph["vision_end"], 11])
     with pytest.raises(ValueError, match="image"):
-        OmniPrompt(input_ids=torch.tensor([1, 3, 5, 7, 6, 4]))
+        check_placeholders(OmniPrompt(input_ids=image_ids), TOKENS)
     with pytest.raises(ValueError, match="patches"):
         OmniPrompt(
-            input_ids=torch.tensor([1, 3, 5, 7, 6, 4]),
+            input_ids=image_ids,
             pixel_values=torch.zeros(15, 1176),
             image_grid_thw=torch.tensor([[1, 4, 4]]),
         )
@@ -113,7 +128,7 @@ def test_left_padded_batch_matches_each_prompt_alone(model: torch.nn.Module) -> 
         synthetic_prompt(kind, [12 + i] * (i + 1), gen)
         for i, kind in enumerate(["text", "image", "video", "audio", "image"])
     ]
-    ids, mask = pad_sequences([p.input_ids for p in prompts], vocab.PAD_ID, side="left")
+    ids, mask = pad_sequences([p.input_ids for p in prompts], TOKENS.pad_id, side="left")
     media = collate_media(prompts)
     positions = rope_positions(model, ids, mask, media)
     with torch.no_grad():
@@ -133,7 +148,7 @@ def test_cached_sequence_positions_equal_the_models_rope_index(model: torch.nn.M
         torch.cat([p.input_ids, torch.randint(12, 48, (k,), generator=gen)])
         for p, k in zip(prompts, suffixes, strict=True)
     ]
-    ids, mask = pad_sequences(seqs, vocab.PAD_ID, side=side)
+    ids, mask = pad_sequences(seqs, TOKENS.pad_id, side=side)
     expected = rope_positions(model, ids, mask, collate_media(prompts))
     for _ in range(2):  # cold and cached
         positions, next_positions = sequence_positions(model, prompts, suffixes, side=side)
@@ -145,10 +160,13 @@ def test_cached_sequence_positions_equal_the_models_rope_index(model: torch.nn.M
 def test_save_pretrained_round_trip(model: torch.nn.Module, tmp_path: object) -> None:
     path = tmp_path / "ckpt"  # type: ignore[operator]
     model.save_pretrained(path)
+    with pytest.raises(CheckpointError, match="no tokenizer"):  # weights alone are not a checkpoint
+        load_model(path)
+    copy_side_files(CKPT.path, path)
     loaded = load_model(path)
     prompt = synthetic_prompt("video", [13, 14], torch.Generator().manual_seed(1))
     torch.testing.assert_close(_plain_logits(loaded, prompt), _plain_logits(model, prompt), atol=0, rtol=0)
-    assert loaded.config.vision_start_token_id == vocab.VISION_START_ID
+    assert loaded.config.vision_start_token_id == TOKENS.placeholders["vision_start"]
 
 
 def test_load_model_rejects_a_non_checkpoint(tmp_path: object) -> None:
@@ -162,7 +180,7 @@ def test_deduplicated_media_embeddings_match_the_models_own_merge(model: torch.n
     # Rows of a group: the same object, a content-equal copy, and the other prompts interleaved.
     copy = OmniPrompt(**{k: v.clone() for k, v in {"input_ids": base[0].input_ids, **base[0].media()}.items()})
     prompts = [base[0], base[1], copy, base[2], base[0], base[3], base[1]]
-    ids, mask = pad_sequences([p.input_ids for p in prompts], vocab.PAD_ID, side="right")
+    ids, mask = pad_sequences([p.input_ids for p in prompts], TOKENS.pad_id, side="right")
     media = collate_media(prompts)
     positions = rope_positions(model, ids, mask, media)
     encoded: list[int] = []

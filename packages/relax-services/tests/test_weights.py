@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
-from relax_services.models import build_tiny_omni, text_prompt
+from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint, text_prompt
 from relax_services.weights import (
     InProcessWeightStore,
     RayWeightStore,
@@ -16,6 +16,8 @@ from relax_services.weights import (
     WeightStore,
     state_dict_bytes,
 )
+
+TOKENS = open_checkpoint(DEFAULT_SOURCE).tokens
 
 
 def _weights(value: float) -> dict[str, torch.Tensor]:
@@ -65,7 +67,11 @@ def test_poller_drives_a_rollout_engine_switch() -> None:
     assert poller() is None
     new = build_tiny_omni(1).state_dict()
     store.publish(7, new)
-    groups = engine.generate([text_prompt([1, 3, 20, 4])], SamplingParams(n=2, max_new_tokens=4), poller)
+    groups = engine.generate(
+        [text_prompt([1, 3, 20, 4])],
+        SamplingParams(n=2, max_new_tokens=4, suppressed_ids=TOKENS.never_sample, eos_id=TOKENS.eos_id),
+        poller,
+    )
     # Published before the call: picked up at its start.
     assert engine.version == 7 and {v for c in groups[0] for v in c.versions} == {7}
     assert set(poller.sync_seconds) == {7}

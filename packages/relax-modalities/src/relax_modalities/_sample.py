@@ -16,7 +16,15 @@ from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
 from relax_modalities._mel_stream import log_mel_stream
 from relax_modalities._video import VideoFeatures, VideoSettings, load_video
 from relax_modalities.synthetic._manifest import MediaRef, TaskItem
-from relax_modalities.text import TINY_TEMPLATE, ChatBuilder, ChatTemplate, MediaSlot, Tokenizer
+from relax_modalities.text import (
+    TINY_TEMPLATE,
+    ChatBuilder,
+    ChatTemplate,
+    CheckpointTemplate,
+    MediaSlot,
+    TemplateChat,
+    Tokenizer,
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +35,9 @@ class ProcessorSettings:
         image: image path settings.
         audio: audio path settings.
         video: video path settings.
-        template: chat strings (tiny vocabulary by default, `ChatTemplate.qwen()` for the real model).
+        template: how prompts are rendered: a `CheckpointTemplate` renders with the tokenizer's own chat
+            template (the checkpoint's placeholder ids given); a `ChatTemplate` renders fixed strings (the
+            standalone tiny vocabulary's by default, `ChatTemplate.qwen()` for Qwen's tokenizers).
         system: optional system message (only for templates with a system turn).
         use_audio_in_video: render a video's sound track (``audio_track=True``) interleaved with its
             frames in time chunks, as Qwen2.5-Omni's ``use_audio_in_video``; pass the same flag to
@@ -40,7 +50,7 @@ class ProcessorSettings:
     image: ImageSettings = field(default_factory=ImageSettings)
     audio: AudioSettings = field(default_factory=AudioSettings)
     video: VideoSettings = field(default_factory=VideoSettings)
-    template: ChatTemplate = TINY_TEMPLATE
+    template: ChatTemplate | CheckpointTemplate = TINY_TEMPLATE
     system: str | None = None
     use_audio_in_video: bool = False
     position_id_per_seconds: int = 25
@@ -136,13 +146,18 @@ class SampleProcessor:
     """Turns manifest items into thinker kwargs; holds the tokenizer, settings and chat builder.
 
     Args:
-        tokenizer: a `Tokenizer` (e.g. `TinyTokenizer`).
+        tokenizer: a `Tokenizer` (a checkpoint's ``AutoTokenizer``, or `TinyTokenizer`).
         settings: modality and template settings.
     """
 
     def __init__(self, tokenizer: Tokenizer, settings: ProcessorSettings | None = None) -> None:
         self.settings = settings or ProcessorSettings()
-        self.builder = ChatBuilder(tokenizer, self.settings.template)
+        template = self.settings.template
+        self.builder: ChatBuilder | TemplateChat = (
+            TemplateChat(tokenizer, template)  # type: ignore[arg-type]
+            if isinstance(template, CheckpointTemplate)
+            else ChatBuilder(tokenizer, template)
+        )
 
     def __call__(self, item: TaskItem | Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Process one item; see `process_sample` for the returned keys.

@@ -3,46 +3,96 @@ and turned into model-ready prompts by relax-modalities' data paths."""
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from relax_modalities import MediaError, SampleProcessor
+from relax_modalities import (
+    AudioSettings,
+    ImageSettings,
+    MediaError,
+    ProcessorSettings,
+    SampleProcessor,
+    VideoSettings,
+)
 from relax_modalities.synthetic import TaskItem, read_manifest, write_synthetic_tasks
-from relax_modalities.text import TinyTokenizer
-from relax_services.config import RunConfig
+from relax_modalities.text import CheckpointTemplate
+from relax_services.config import ModelConfig, RunConfig
 from relax_services.feeder import TaskStream
-from relax_services.models import OmniPrompt
+from relax_services.models import Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
 from relax_services.rows import DataItem, HeldoutItem
 
-__all__ = ["RunData", "prepare_data", "to_prompt"]
+__all__ = ["PromptBuilder", "RunData", "prepare_data", "processor_settings"]
 
 _HELDOUT_SEED_OFFSET = 1_000_003
 
 
+def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
+    """relax-modalities' settings for a checkpoint: its chat template and placeholder ids, the vision geometry and
+    mel bins of its model config, and the pixel budget, normalisation and audio framing of its
+    ``preprocessor_config.json`` (the processors' defaults where a key is absent)."""
+    pre, config = ckpt.preprocessor, ckpt.config
+    vision = getattr(config, "vision_config", None)
+    audio = getattr(config, "audio_config", None)
+    image = ImageSettings()
+    image = replace(
+        image,
+        patch_size=int(getattr(vision, "patch_size", pre.get("patch_size", image.patch_size))),
+        merge_size=int(getattr(vision, "spatial_merge_size", pre.get("merge_size", image.merge_size))),
+        temporal_patch_size=int(getattr(vision, "temporal_patch_size", image.temporal_patch_size)),
+        min_pixels=int(pre.get("min_pixels", image.min_pixels)),
+        max_pixels=int(pre.get("max_pixels", image.max_pixels)),
+        image_mean=tuple(pre.get("image_mean", image.image_mean)),
+        image_std=tuple(pre.get("image_std", image.image_std)),
+    )
+    sound = AudioSettings()
+    sound = replace(
+        sound,
+        sampling_rate=int(pre.get("sampling_rate", sound.sampling_rate)),
+        n_fft=int(pre.get("n_fft", sound.n_fft)),
+        hop_length=int(pre.get("hop_length", sound.hop_length)),
+        num_mel_bins=int(getattr(audio, "num_mel_bins", pre.get("feature_size", sound.num_mel_bins))),
+    )
+    template = CheckpointTemplate.of(ckpt.tokens.placeholders)
+    return ProcessorSettings(image=image, audio=sound, video=VideoSettings(vision=image), template=template)
+
+
+@dataclass
+class PromptBuilder:
+    """Task item (or its feeder entry) → the model's inputs, through relax-modalities' data paths with the
+    checkpoint's tokenizer, chat template and processor settings. Pickles as its model config only (each process
+    reads the checkpoint folder once)."""
+
+    model: ModelConfig
+    _processor: SampleProcessor | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"model": self.model, "_processor": None}
+
+    def _ready(self) -> tuple[SampleProcessor, Checkpoint]:
+        ckpt = open_checkpoint(self.model.source, self.model.seed)
+        if self._processor is None:
+            self._processor = SampleProcessor(ckpt.tokenizer, processor_settings(ckpt))
+        return self._processor, ckpt
+
+    def __call__(self, item: DataItem | TaskItem) -> OmniPrompt:
+        processor, ckpt = self._ready()
+        task_item: TaskItem = item["item"] if isinstance(item, dict) else item
+        kwargs = processor(task_item)
+        kwargs.pop("attention_mask")
+        kwargs["input_ids"] = kwargs["input_ids"][0]  # [T]
+        return check_placeholders(OmniPrompt(**kwargs), ckpt.tokens)
+
+
 @dataclass
 class RunData:
-    """Training streams per task, the held-out set, and each task's chance level."""
+    """Training streams per task, the held-out set, each task's chance level, and the prompt builder."""
 
     streams: dict[str, TaskStream]
     heldout: list[HeldoutItem]
     chance: dict[str, float]
     skipped_heldout: dict[str, int]
-
-
-@functools.cache
-def _processor() -> SampleProcessor:
-    return SampleProcessor(TinyTokenizer())
-
-
-def to_prompt(item: DataItem | TaskItem) -> OmniPrompt:
-    """A task item (or its feeder entry) to the thinker's inputs, through relax-modalities' data paths."""
-    task_item: TaskItem = item["item"] if isinstance(item, dict) else item
-    kwargs = _processor()(task_item)
-    kwargs.pop("attention_mask")
-    kwargs["input_ids"] = kwargs["input_ids"][0]  # [T]
-    return OmniPrompt(**kwargs)
+    to_prompt: PromptBuilder
 
 
 def _as_entry(item: TaskItem) -> DataItem:
@@ -50,7 +100,13 @@ def _as_entry(item: TaskItem) -> DataItem:
 
 
 def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
-    """Write (or reuse) the synthetic task files and build the training streams and held-out prompts."""
+    """Write (or reuse) the synthetic task files and build the training streams and held-out prompts.
+
+    The checkpoint is validated first (:func:`~relax_services.models.validate_checkpoint`), so a bad
+    ``model.source`` fails here, before any service starts.
+    """
+    open_checkpoint(cfg.model.source, cfg.model.seed)  # validated before any file is written or service started
+    to_prompt = PromptBuilder(cfg.model)
     root = cfg.data.data_dir or run_dir / "data"
     tasks: list[str] = list(cfg.data.tasks)
     train = _manifest(root / "train", tasks, cfg.data.train_per_task, cfg.data.seed, cfg.data.difficulty)
@@ -69,7 +125,7 @@ def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
         except MediaError as exc:  # a bad held-out file is skipped and counted, like a bad training file
             skipped[exc.modality] = skipped.get(exc.modality, 0) + 1
     chance = {item.task: item.chance for item in heldout_items}
-    return RunData(streams, heldout, chance, skipped)
+    return RunData(streams, heldout, chance, skipped, to_prompt)
 
 
 def _manifest(folder: Path, tasks: list[str], n: int, seed: int, difficulty: int) -> list[TaskItem]:

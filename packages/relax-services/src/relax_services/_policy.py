@@ -1,32 +1,45 @@
-"""The policy model every service builds: the tiny omni thinker, or a local transformers checkpoint."""
+"""The policy model every service builds, from the run's checkpoint folder (the default one included)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from relax_services.config import ModelConfig, RunConfig
 from relax_services.engines import (
     HFRolloutConfig,
     HFRolloutEngine,
+    SamplingParams,
     TorchTrainConfig,
     TorchTrainEngine,
     TorchValueEngine,
 )
 from relax_services.engines.registry import RolloutEngineOptions
-from relax_services.models import OmniModel, build_tiny_omni, build_value_model, load_model
+from relax_services.models import Checkpoint, build_value_model, open_checkpoint
 
-__all__ = ["build_hf_rollout_engine", "build_policy", "build_train_engine", "build_value_engine"]
+__all__ = [
+    "build_hf_rollout_engine",
+    "build_policy",
+    "build_train_engine",
+    "build_value_engine",
+    "checkpoint_of",
+    "sampling_params",
+]
 
 
-def build_policy(cfg: ModelConfig) -> OmniModel:
-    """Same weights in every process for the same config: built from ``cfg.seed`` or loaded from disk."""
-    if cfg.source == "tiny-omni":
-        return build_tiny_omni(seed=cfg.seed)
-    path = Path(cfg.source)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model.source={cfg.source!r} is neither 'tiny-omni' nor a local checkpoint directory")
-    return load_model(path)
+def checkpoint_of(cfg: ModelConfig) -> Checkpoint:
+    """The run's validated checkpoint folder (``"tiny-omni"``: the default one, written once from ``cfg.seed``)."""
+    return open_checkpoint(cfg.source, cfg.seed)
+
+
+def build_policy(cfg: ModelConfig) -> Any:
+    """Same weights in every process for the same config: the checkpoint folder loaded by its family's class."""
+    return checkpoint_of(cfg).load_model()
+
+
+def sampling_params(cfg: ModelConfig, **kwargs: Any) -> SamplingParams:
+    """Sampling parameters with the checkpoint's eos and never-sample ids."""
+    tokens = checkpoint_of(cfg).tokens
+    return SamplingParams(suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id, **kwargs)
 
 
 def build_hf_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions) -> HFRolloutEngine:
@@ -35,7 +48,7 @@ def build_hf_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions) -> HF
     return HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=mode))
 
 
-def build_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TorchTrainEngine:
+def build_train_engine(cfg: RunConfig, model: Any = None) -> TorchTrainEngine:
     """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
     weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
     return TorchTrainEngine(model if model is not None else build_policy(cfg.model), _train_config(cfg))
@@ -64,5 +77,6 @@ def _train_config(cfg: RunConfig) -> TorchTrainConfig:
         total_steps=opt.total_steps or cfg.trainer.total_steps,
         min_lr_ratio=opt.min_lr_ratio,
         temperature=cfg.rollout.temperature,
+        suppressed_ids=checkpoint_of(cfg.model).tokens.never_sample,
         seed=cfg.trainer.seed,
     )

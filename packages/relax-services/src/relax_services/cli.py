@@ -1,4 +1,5 @@
-"""The ``relax`` command line: ``relax train``, ``relax bench pipeline``, ``relax bench train``, ``relax plan``."""
+"""The ``relax`` command line: ``relax train``, ``relax export``, ``relax bench pipeline``, ``relax bench train``,
+``relax plan``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
+    from relax_services.models import CheckpointError, UnsupportedArchitectureError, open_checkpoint
+
+    try:  # the model folder is checked before a run folder, Ray or any service exists
+        open_checkpoint(cfg.model.source, cfg.model.seed)
+    except (CheckpointError, UnsupportedArchitectureError) as exc:
+        print(f"relax train: model.source: {exc}", file=sys.stderr)
+        return 2
     run_dir = make_run_dir(cfg)
     print(f"relax train: run folder {run_dir}", flush=True)
     try:
@@ -41,6 +49,18 @@ def _train(args: argparse.Namespace) -> int:
     text = format_summary(result)
     (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
     print(text, flush=True)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from relax_services.export import export_run
+
+    try:
+        out = export_run(args.run_dir, args.out_dir, args.step)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"relax export: {exc}", file=sys.stderr)
+        return 2
+    print(f"relax export: wrote {out}", flush=True)
     return 0
 
 
@@ -82,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ray-address", default=None, help="join an existing Ray cluster instead of starting one")
     train.add_argument("--resume", action="store_true", help="resume from the run folder's last checkpoint")
     train.set_defaults(func=_train)
+    export = sub.add_parser(
+        "export",
+        help="write a run checkpoint's policy as a Hugging Face folder",
+        description="Export checkpoint STEP (default: the newest) of RUN_DIR to OUT_DIR in Hugging Face format.",
+    )
+    export.add_argument("run_dir", type=Path, help="a run folder written by relax train")
+    export.add_argument("out_dir", type=Path, help="folder to write (replaced when it exists)")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
+    export.set_defaults(func=_export)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     pipe = bench_sub.add_parser("pipeline", help="the same task and seeds at τ = 0 and τ > 0, side by side")

@@ -47,11 +47,17 @@ class ModelConfig(ConfigModel):
     """Which policy model to train."""
 
     source: str = "tiny-omni"
-    """'tiny-omni' builds the ≈0.4 M-parameter Qwen2.5-Omni thinker from a config in code; any other value is
-    a local transformers checkpoint directory."""
+    """A local Hugging Face checkpoint folder (config.json, weights, tokenizer with its chat template, optional
+    preprocessor_config.json) of a supported family (``relax_services.models.FAMILIES``). 'tiny-omni' is the
+    default ≈0.4 M-parameter Qwen2.5-Omni thinker: a folder written once under ``$RELAX_CACHE_DIR`` (default
+    ``~/.cache/relax``) from a config and a locally built tokenizer, then read like any other."""
 
     seed: int = 0
-    """Seed of the initial weights (tiny-omni only)."""
+    """Seed of the initial weights of the 'tiny-omni' folder (ignored for other sources)."""
+
+    export_hf: bool = True
+    """Also write each checkpoint's policy (and critic) in Hugging Face format, in its ``hf`` folder (weights as
+    safetensors, plus the model folder's tokenizer and processor files); ``relax export`` does it afterwards."""
 
 
 class DataConfig(ConfigModel):

@@ -30,10 +30,10 @@ from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGav
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
 from relax_services.progress import Progress, ProgressState
-from relax_services.rows import DataItem, prompt_key_of
+from relax_services.rows import prompt_key_of
 
 if TYPE_CHECKING:
-    from relax_services.models import OmniPrompt
+    pass
 
 __all__ = ["Controller", "RunResult", "init_ray", "make_run_dir"]
 
@@ -229,7 +229,7 @@ class Controller:
         self.pipeline = build_pipeline(cfg, self.data.heldout, restore)
         self.feeder = PromptFeeder(
             self.data.streams,
-            _to_prompt,
+            self.data.to_prompt,
             self.pipeline.prompt_queue,
             self.pipeline.sample_queue,
             cfg.algorithm.group_size,
@@ -275,6 +275,10 @@ class Controller:
             self.feeder.resume()
             trainer.resume.remote()
         self._checkpoint_step = version
+        if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
+            from relax_services.export import HF_FOLDER, export_checkpoint
+
+            export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
         self.metrics.write("checkpoint", {"step": version, "path": str(path)})
         return path
 
@@ -317,7 +321,7 @@ class Controller:
         if not (out / "config.json").is_file():
             items = [entry["item"] for stream in self.data.streams.values() for entry in stream.items]
             task = ray.remote(num_cpus=0)(format_warmup)
-            info = ray.get(task.remote(cfg, items, _to_prompt, str(out), cfg.trainer.seed))
+            info = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
             self.metrics.write("warmup", info)
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
 
@@ -425,9 +429,3 @@ class Controller:
             return dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
         return dict(rewards), int(version)
-
-
-def _to_prompt(item: DataItem) -> OmniPrompt:
-    from relax_services._data import to_prompt
-
-    return to_prompt(item)

@@ -2,7 +2,7 @@
 followed by the end-of-answer token — with the option drawn uniformly at random, never the correct answer.
 
 After it, a greedy policy answers with a valid option at about the task's chance level, so the RL reward starts
-from chance instead of from the near-zero rate of hitting "option, then end" by sampling a 64-token vocabulary.
+from chance instead of from the near-zero rate of hitting "option, then end" by sampling the whole vocabulary.
 The warmed-up model is saved as a local transformers checkpoint that every service then loads.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from relax_services._policy import build_policy, build_train_engine
+from relax_services._policy import build_policy, build_train_engine, checkpoint_of
 from relax_services.config import RunConfig
 from relax_services.engines import LossInputs, TrainSample
-from relax_services.models import EOS_ID
+from relax_services.models import copy_side_files
 
 __all__ = ["format_warmup"]
 
@@ -29,7 +29,8 @@ def _nll(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
 
 
 def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir: str, seed: int = 0) -> dict[str, Any]:
-    """Train ``cfg.trainer.warmup_format_steps`` supervised steps on random valid options; save to ``out_dir``.
+    """Train ``cfg.trainer.warmup_format_steps`` supervised steps on random valid options; save to ``out_dir``
+    as a checkpoint folder (weights, configs, and the source checkpoint's tokenizer and preprocessor config).
 
     Args:
         items: Training task items (with ``options``); their answers are not used.
@@ -39,10 +40,9 @@ def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir:
     Returns:
         ``{"path", "steps", "nll"}`` (the last step's loss).
     """
-    from relax_modalities.text import TinyTokenizer
-
     torch.set_num_threads(1)
-    tokenizer = TinyTokenizer()
+    ckpt = checkpoint_of(cfg.model)
+    tokenizer, eos_id = ckpt.tokenizer, ckpt.tokens.eos_id
     rng = random.Random(seed)
     warm_cfg = cfg.model_copy(
         update={
@@ -57,10 +57,11 @@ def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir:
     for _ in range(cfg.trainer.warmup_format_steps):
         batch = []
         for prompt, options in rng.sample(prompts, min(batch_size, len(prompts))):
-            target = [*tokenizer.encode(rng.choice(options)), EOS_ID]
+            target = [*tokenizer.encode(rng.choice(options), add_special_tokens=False), eos_id]
             batch.append(TrainSample(prompt=prompt, response_ids=torch.tensor(target)))
         metrics = engine.step(batch, _nll)
     path = Path(out_dir)
     model: Any = engine.model
     model.save_pretrained(path)
+    copy_side_files(ckpt.path, path)
     return {"path": str(path), "steps": cfg.trainer.warmup_format_steps, "nll": metrics.get("nll", float("nan"))}

@@ -1,9 +1,11 @@
-"""Text path: the tokenizer protocol, the tiny 64-token vocabulary and the chat builder.
+"""Text path: the tokenizer protocol, chat rendering, and a small standalone character vocabulary.
 
-The tiny vocabulary is what the CPU-scale Qwen2.5-Omni thinker is built against: its special ids
-are constants (`TINY_VOCAB`, `TINY_SPECIAL_IDS`) and `never_sample_ids()` lists the ids a policy
-must never emit. `ChatBuilder` renders a user turn with the right number of placeholder tokens per
-media item.
+`TemplateChat` renders a user turn with a checkpoint's own chat template (``apply_chat_template``) and expands
+each media placeholder to the item's token count; the placeholder ids come from the checkpoint
+(`CheckpointTemplate`). `ChatBuilder` renders fixed template strings (`ChatTemplate`) instead, for tokenizers
+without a chat template. `TinyTokenizer` / `TINY_VOCAB` are a dependency-free 64-token character vocabulary for
+using and testing this package on its own; nothing in the data path assumes them when a checkpoint's tokenizer
+and template are given.
 """
 
 from relax_modalities.text._chat import (
@@ -12,9 +14,12 @@ from relax_modalities.text._chat import (
     ChatBuilder,
     ChatPrompt,
     ChatTemplate,
+    ChatTemplateTokenizer,
+    CheckpointTemplate,
     MediaSlot,
     Modality,
     PlaceholderSpan,
+    TemplateChat,
     build_chat,
 )
 from relax_modalities.text._tokenizer import (
@@ -56,8 +61,11 @@ __all__ += [  # chat
     "ChatBuilder",
     "ChatPrompt",
     "ChatTemplate",
+    "ChatTemplateTokenizer",
+    "CheckpointTemplate",
     "MediaSlot",
     "Modality",
     "PlaceholderSpan",
+    "TemplateChat",
     "build_chat",
 ]

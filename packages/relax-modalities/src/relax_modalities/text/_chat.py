@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from relax_modalities.text._tokenizer import Tokenizer
 
@@ -226,3 +226,126 @@ def build_chat(
     """One-shot form of `ChatBuilder.build` (build a `ChatBuilder` once when rendering many prompts)."""
     builder = ChatBuilder(tokenizer, template)
     return builder.build(user_text, media, system=system, add_generation_prompt=add_generation_prompt)
+
+
+class ChatTemplateTokenizer(Tokenizer, Protocol):
+    """A `Tokenizer` that also renders chats with its own (Jinja) chat template, as transformers' tokenizers do."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        """Render ``conversation`` (a list of ``{"role", "content"}`` messages)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CheckpointTemplate:
+    """Render with the tokenizer's own chat template; the ids of the media tokens it emits come from the model.
+
+    The template renders each media part (``{"type": "image"}`` …) as one placeholder token, as transformers'
+    processors expect; `TemplateChat` then expands it to the item's token count.
+
+    Attributes:
+        placeholders: ``(role, id)`` pairs: ``image``, ``video``, ``audio`` placeholders and the ``vision_start``,
+            ``vision_end``, ``audio_start``, ``audio_end`` markers the checkpoint has (from its model config).
+    """
+
+    placeholders: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, placeholders: Mapping[str, int]) -> CheckpointTemplate:
+        """From a role → id mapping."""
+        return cls(tuple(sorted(placeholders.items())))
+
+
+class TemplateChat:
+    """Renders a user turn through the tokenizer's chat template and expands each media placeholder.
+
+    Same interface as `ChatBuilder`. A video slot with ``interleave`` replaces its video placeholder by
+    ``audio_start [video × v_j, audio × a_j]… audio_end`` inside the template's vision markers.
+
+    Args:
+        tokenizer: a tokenizer with a chat template (``apply_chat_template``).
+        template: the checkpoint's placeholder ids.
+
+    Raises:
+        ValueError: when the tokenizer has no chat template.
+    """
+
+    def __init__(self, tokenizer: ChatTemplateTokenizer, template: CheckpointTemplate) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "the tokenizer has no chat template; render prompts with a ChatTemplate (plain strings) instead"
+            )
+        self.tokenizer = tokenizer
+        self.ids = dict(template.placeholders)
+        self._modality_of = {self.ids[m]: m for m in MODALITIES if m in self.ids}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._response_end_ids = [] if eos is None else [int(eos)]
+
+    def placeholder_id(self, modality: Modality) -> int:
+        """Id of the placeholder token of ``modality``."""
+        try:
+            return self.ids[modality]
+        except KeyError:
+            raise ValueError(f"this checkpoint has no {modality} placeholder") from None
+
+    def build(
+        self,
+        user_text: str,
+        media: Sequence[MediaSlot] = (),
+        *,
+        system: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> ChatPrompt:
+        """Render one user turn (media parts first, then text) and the generation prompt.
+
+        Raises:
+            ValueError: when the template renders a different number of placeholders than there are media items.
+        """
+        for slot in media:
+            self.placeholder_id(slot.modality)
+        content: list[dict[str, str]] = [{"type": slot.modality} for slot in media]
+        content.append({"type": "text", "text": user_text})
+        messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
+        messages.append({"role": "user", "content": content})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        rendered: list[int] = list(self.tokenizer.encode(text, add_special_tokens=False))  # type: ignore[call-arg]
+        ids: list[int] = []
+        spans: list[PlaceholderSpan] = []
+        pending = list(media)
+        for token in rendered:
+            modality = self._modality_of.get(token)
+            if modality is None:
+                ids.append(token)
+                continue
+            if not pending or pending[0].modality != modality:
+                raise ValueError(
+                    f"the chat template rendered a {modality} placeholder where the prompt's media are "
+                    f"{[s.modality for s in media]}"
+                )
+            slot = pending.pop(0)
+            if slot.interleave is not None:
+                self._interleaved(slot.interleave, ids, spans)
+            else:
+                spans.append(PlaceholderSpan(modality, len(ids), slot.num_tokens))
+                ids += [token] * slot.num_tokens
+        if pending:
+            raise ValueError(f"the chat template rendered no placeholder for {len(pending)} media item(s)")
+        return ChatPrompt(input_ids=ids, spans=spans)
+
+    def _interleaved(self, chunks: Sequence[tuple[int, int]], ids: list[int], spans: list[PlaceholderSpan]) -> None:
+        video_pad, audio_pad = self.placeholder_id("video"), self.placeholder_id("audio")
+        ids.append(self.ids["audio_start"])
+        for n_video, n_audio in chunks:
+            pieces: tuple[tuple[Modality, int, int], ...] = (
+                ("video", video_pad, n_video),
+                ("audio", audio_pad, n_audio),
+            )
+            for modality, pad, n in pieces:
+                if n > 0:
+                    spans.append(PlaceholderSpan(modality, len(ids), n))
+                    ids += [pad] * n
+        ids.append(self.ids["audio_end"])
+
+    def response_ids(self, response: str) -> list[int]:
+        """Ids of an assistant response followed by the tokenizer's eos."""
+        return list(self.tokenizer.encode(response, add_special_tokens=False)) + self._response_end_ids  # type: ignore[call-arg]

@@ -36,7 +36,6 @@ from torch.distributed.tensor import DTensor
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.engines.torch_train import TorchTrainConfig, _pad_to, _stack_fields
-from relax_services.models import _vocab
 from relax_services.models.value import ValueModel
 
 __all__ = ["FSDPConfig", "FSDPTrainEngine", "FSDPValueEngine", "decoder_blocks"]
@@ -245,7 +244,7 @@ class FSDPTrainEngine:
         """Per-sample weights before normalisation: unmasked response tokens, or 1 per sample."""
         if self.config.loss_weighting == "samples":
             return [1.0] * len(batch)
-        banned = torch.tensor(sorted(set(self.config.suppressed_ids) | set(_vocab.MEDIA_IDS)))
+        banned = torch.tensor(sorted(self.config.suppressed_ids), dtype=torch.long)
         return [float((~torch.isin(s.response_ids, banned)).sum()) for s in batch]
 
     # -- TrainEngine ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Built-in rollout engine: batched incremental decoding of a transformers Qwen2.5-Omni thinker.
+"""Built-in rollout engine: batched incremental decoding of a transformers model of any supported family.
 
 Each prompt is prefilled once with its media, its KV cache is then gathered to the ``n`` rows of its
 group (prompt sharing), and all rows decode in lock step, one forward per token; finished rows are
@@ -21,9 +21,9 @@ from relax_services.engines.protocols import (
     WeightPoll,
 )
 from relax_services.engines.sampling import SamplingParams, sample_tokens
-from relax_services.models import _vocab
 from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
-from relax_services.models.positions import sequence_positions
+from relax_services.models.positions import forward_media, position_ids_for, sequence_positions
+from relax_services.models.tokens import model_pad_id
 
 
 @dataclass(frozen=True)
@@ -219,15 +219,15 @@ class HFRolloutEngine:
         else:
             unique, row_to_unique = prompt_of_row, torch.arange(len(slots))
         batch = [prompts[i] for i in unique.tolist()]
-        input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], _vocab.PAD_ID, side="left")
-        media = {k: v.to(self.device) for k, v in collate_media(batch).items()}
+        input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], model_pad_id(self.model), side="left")
+        media = {k: v.to(self.device) for k, v in forward_media(self.model, collate_media(batch)).items()}
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         positions, next_pos = sequence_positions(self.model, batch, [0] * len(batch), side="left")  # [3, U, T], [U]
         positions, next_pos = positions.to(self.device), next_pos.to(self.device)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=positions,
+            position_ids=position_ids_for(self.model, positions),
             use_cache=True,
             **media,
         )
@@ -252,7 +252,7 @@ class HFRolloutEngine:
         out = self.model(
             input_ids=tokens.view(rows, 1).to(self.device),
             attention_mask=state.attention_mask,
-            position_ids=position_ids,
+            position_ids=position_ids_for(self.model, position_ids),
             past_key_values=state.cache,
             use_cache=True,
         )
@@ -279,7 +279,7 @@ class HFRolloutEngine:
         res = self.model(
             input_ids=generated.to(self.device),
             attention_mask=fresh.attention_mask,
-            position_ids=position_ids,
+            position_ids=position_ids_for(self.model, position_ids),
             past_key_values=fresh.cache,
             use_cache=True,
         )

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-
-from relax_services.models import _vocab
 
 
 @dataclass(frozen=True)
@@ -16,12 +14,13 @@ class SamplingParams:
 
     Attributes:
         n: Completions per prompt (the GRPO group size); they share one prompt forward.
-        max_new_tokens: Generated tokens per completion at most (``<|eos|>`` included).
+        max_new_tokens: Generated tokens per completion at most (the eos included).
         temperature: Softmax temperature; ``0`` is greedy (argmax).
         top_k: Keep only the ``top_k`` most likely ids; ``0`` keeps all.
         top_p: Nucleus sampling: keep the smallest set of ids whose probability reaches ``top_p``; ``1`` keeps all.
-        suppressed_ids: Ids never sampled (their logits are set to −∞ before anything else).
-        eos_id: Id that ends a completion.
+        suppressed_ids: Ids never sampled (their logits are set to −∞ before anything else): the checkpoint's
+            never-sample ids (:attr:`~relax_services.models.TokenIds.never_sample`).
+        eos_id: Id that ends a completion (the checkpoint's eos); ``None``: completions run to ``max_new_tokens``.
     """
 
     n: int = 1
@@ -29,8 +28,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    suppressed_ids: tuple[int, ...] = field(default=_vocab.SUPPRESSED_IDS)
-    eos_id: int = _vocab.EOS_ID
+    suppressed_ids: tuple[int, ...] = ()
+    eos_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -43,7 +42,7 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.eos_id in self.suppressed_ids:
+        if self.eos_id is not None and self.eos_id in self.suppressed_ids:
             raise ValueError(f"SamplingParams.eos_id {self.eos_id} is also in suppressed_ids")
 
     @property

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from relax_services.engines.sampling import policy_logprobs
-from relax_services.models import _vocab
 from relax_services.models.embeddings import embed_inputs
 from relax_services.models.inputs import OmniPrompt, pad_sequences
-from relax_services.models.positions import sequence_positions
+from relax_services.models.positions import position_ids_for, sequence_positions
+from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
 
 
@@ -90,12 +90,13 @@ class _ResponseStates:
     ) -> _ResponseStates:
         if len(prompts) != len(responses) or not prompts:
             raise ValueError(f"need as many responses as prompts (> 0), got {len(prompts)} and {len(responses)}")
-        # Suppressed and media ids in a response are never scored; they are fed as padding so that a stray
-        # placeholder id cannot be taken for media by the forward.
-        banned = torch.tensor(sorted(set(suppressed_ids) | set(_vocab.MEDIA_IDS)), dtype=torch.long)
+        # Suppressed ids (media placeholders and markers among them) in a response are never scored; they are fed
+        # as padding so that a stray placeholder id cannot be taken for media by the forward.
+        pad_id = model_pad_id(thinker)
+        banned = torch.tensor(sorted(suppressed_ids), dtype=torch.long)
         kept = [~torch.isin(r.long().cpu(), banned) for r in responses]
-        clean = [torch.where(k, r.long().cpu(), _vocab.PAD_ID) for r, k in zip(responses, kept, strict=True)]
-        targets, response_mask = pad_sequences(clean, _vocab.PAD_ID, side="right")  # [B, L]
+        clean = [torch.where(k, r.long().cpu(), pad_id) for r, k in zip(responses, kept, strict=True)]
+        targets, response_mask = pad_sequences(clean, pad_id, side="right")  # [B, L]
         kept_padded, _ = pad_sequences([k.long() for k in kept], 0, side="right")  # [B, L]
         targets, response_mask = targets.to(device), response_mask.to(device)
         decoder = thinker.model  # the text decoder: final hidden states, no LM head
@@ -103,13 +104,13 @@ class _ResponseStates:
         # Each distinct prompt once, left-padded so every prompt ends in the last column.
         distinct, row_prompt = distinct_prompts(prompts)
         row_prompt = row_prompt.to(device)
-        ids, prompt_mask = pad_sequences([p.input_ids for p in distinct], _vocab.PAD_ID, side="left")  # [U, P]
+        ids, prompt_mask = pad_sequences([p.input_ids for p in distinct], pad_id, side="left")  # [U, P]
         ids, prompt_mask = ids.to(device), prompt_mask.to(device)
         positions, next_pos = sequence_positions(thinker, distinct, [0] * len(distinct), side="left")
         prefix = decoder(
             inputs_embeds=embed_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
             attention_mask=prompt_mask,
-            position_ids=positions.to(device),  # [3, U, P]
+            position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
             use_cache=True,
         )
         hidden = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
@@ -121,7 +122,9 @@ class _ResponseStates:
             chunk = decoder(
                 inputs_embeds=thinker.get_input_embeddings()(targets[:, :-1]),
                 attention_mask=torch.cat([prompt_mask[row_prompt], response_mask[:, :-1]], dim=1),
-                position_ids=(next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1),  # [3, B, L-1]
+                position_ids=position_ids_for(
+                    thinker, (next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1)
+                ),
                 past_key_values=cache,
                 use_cache=True,
             )
@@ -135,7 +138,7 @@ def score_responses(
     prompts: Sequence[OmniPrompt],
     responses: Sequence[torch.Tensor],
     temperature: float = 1.0,
-    suppressed_ids: Sequence[int] = _vocab.SUPPRESSED_IDS,
+    suppressed_ids: Sequence[int] = (),
     device: torch.device | str = "cpu",
 ) -> TokenScores:
     """Log-probs and entropy of each response given its prompt and media.
@@ -145,11 +148,11 @@ def score_responses(
     refer to. Response tokens that are suppressed or media ids (padding included) are masked out.
 
     Args:
-        model: A Qwen2.5-Omni thinker.
+        model: A model of a supported family (see ``relax_services.models.FAMILIES``).
         prompts: ``B`` prompts.
         responses: ``B`` response id tensors ``[L_i]``.
         temperature: Temperature the responses were sampled at (0 means 1).
-        suppressed_ids: Ids outside the support.
+        suppressed_ids: Ids outside the support: the checkpoint's never-sample ids (media placeholders included).
         device: Device of ``model``.
 
     Returns:
@@ -175,7 +178,7 @@ def score_values(
     model: ValueModel,
     prompts: Sequence[OmniPrompt],
     responses: Sequence[torch.Tensor],
-    suppressed_ids: Sequence[int] = _vocab.SUPPRESSED_IDS,
+    suppressed_ids: Sequence[int] = (),
     device: torch.device | str = "cpu",
 ) -> TokenScores:
     """Critic values at each response position: ``values[b, j]`` is ``V`` of the state before response token

@@ -7,14 +7,13 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
-from relax_services.models import _vocab
 from relax_services.models.value import ValueModel
 
 LossWeighting = Literal["tokens", "samples"]
@@ -65,7 +64,7 @@ class TorchTrainConfig:
     total_steps: int = 0
     min_lr_ratio: float = 0.0
     temperature: float = 1.0
-    suppressed_ids: tuple[int, ...] = field(default=_vocab.SUPPRESSED_IDS)
+    suppressed_ids: tuple[int, ...] = ()
     autocast: Literal["auto", "bf16", "off"] = "auto"
     device: str = "cpu"
     seed: int = 0
@@ -305,7 +304,7 @@ class TorchTrainEngine:
         if self.config.loss_weighting == "samples":
             counts = [float(len(m)) for m in micro_batches]
         else:
-            banned = torch.tensor(sorted(set(self.config.suppressed_ids) | set(_vocab.MEDIA_IDS)))
+            banned = torch.tensor(sorted(self.config.suppressed_ids), dtype=torch.long)
             counts = [float(sum(int((~torch.isin(s.response_ids, banned)).sum()) for s in m)) for m in micro_batches]
         total = sum(counts)
         if total == 0:

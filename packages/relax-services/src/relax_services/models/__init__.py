@@ -1,24 +1,68 @@
-"""Models the engines drive: the default tiny omni thinker, checkpoint loading, and model inputs."""
+"""Models the engines drive: checkpoint folders and their families, the default tiny omni thinker, and model inputs.
 
-from relax_services.models._vocab import EOS_ID, PAD_ID, SUPPRESSED_IDS, VOCAB_SIZE
+Every model is a local Hugging Face checkpoint folder; its tokenizer, chat template and every token id come from
+the folder (:func:`open_checkpoint`), never from constants.
+"""
+
+from relax_services.models.checkpoint import (
+    DEFAULT_SOURCE,
+    Checkpoint,
+    CheckpointError,
+    CheckpointNotFoundError,
+    copy_side_files,
+    load_model,
+    open_checkpoint,
+    resolve_source,
+    validate_checkpoint,
+)
+from relax_services.models.families import FAMILIES, ModelFamily, UnsupportedArchitectureError, family_of
 from relax_services.models.inputs import (
     OmniPrompt,
     audio_token_count,
+    check_placeholders,
     collate_media,
     pad_sequences,
     text_prompt,
 )
 from relax_services.models.positions import prompt_positions, rope_positions, sequence_positions
-from relax_services.models.tiny_omni import OmniModel, TinyOmniConfig, build_tiny_omni, load_model, num_parameters
+from relax_services.models.tiny_omni import (
+    OmniModel,
+    TinyOmniConfig,
+    build_tiny_omni,
+    num_parameters,
+    tiny_omni_checkpoint,
+    write_tiny_omni,
+)
+from relax_services.models.tokens import TokenIds, token_ids_from
 from relax_services.models.value import ValueModel, build_value_model
 
-# tiny omni model
+# checkpoints and families
 __all__ = [
+    "DEFAULT_SOURCE",
+    "FAMILIES",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "ModelFamily",
+    "TokenIds",
+    "UnsupportedArchitectureError",
+    "copy_side_files",
+    "family_of",
+    "load_model",
+    "open_checkpoint",
+    "resolve_source",
+    "token_ids_from",
+    "validate_checkpoint",
+]
+
+# the default tiny omni model
+__all__ += [
     "OmniModel",
     "TinyOmniConfig",
     "build_tiny_omni",
-    "load_model",
     "num_parameters",
+    "tiny_omni_checkpoint",
+    "write_tiny_omni",
 ]
 
 # critic
@@ -31,18 +75,11 @@ __all__ += [
 __all__ += [
     "OmniPrompt",
     "audio_token_count",
+    "check_placeholders",
     "collate_media",
     "pad_sequences",
     "prompt_positions",
     "rope_positions",
     "sequence_positions",
     "text_prompt",
-]
-
-# vocabulary
-__all__ += [
-    "EOS_ID",
-    "PAD_ID",
-    "SUPPRESSED_IDS",
-    "VOCAB_SIZE",
 ]

@@ -14,7 +14,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 import torch
 
-from relax_services.models import _vocab
+from relax_services.models.tokens import TokenIds
 
 _MEDIA_FIELDS = (
     "pixel_values",
@@ -37,7 +37,7 @@ class OmniPrompt:
     """One chat prompt: token ids with media placeholders, and the media tensors that fill them.
 
     Attributes:
-        input_ids: ``[T]`` int64 ids, ending with ``<|assistant|>``.
+        input_ids: ``[T]`` int64 ids, ending with the chat template's generation prompt.
         pixel_values: ``[P_img, C·t·p·p]`` flattened image patches of all images, in prompt order.
         image_grid_thw: ``[n_img, 3]`` patch grid (t, h, w) per image.
         pixel_values_videos: ``[P_vid, C·t·p·p]`` flattened video patches.
@@ -61,40 +61,23 @@ class OmniPrompt:
         object.__setattr__(self, "input_ids", ids)
         if ids.ndim != 1 or ids.numel() == 0:
             raise ValueError(f"OmniPrompt.input_ids must be a non-empty 1-D sequence, got shape {tuple(ids.shape)}")
-        self._check_vision("image", _vocab.IMAGE_PAD_ID, self.pixel_values, self.image_grid_thw)
-        self._check_vision("video", _vocab.VIDEO_PAD_ID, self.pixel_values_videos, self.video_grid_thw)
+        for kind, pixels, grid in (
+            ("image", self.pixel_values, self.image_grid_thw),
+            ("video", self.pixel_values_videos, self.video_grid_thw),
+        ):
+            if (pixels is None) != (grid is None):
+                raise ValueError(f"OmniPrompt {kind}: pixels and grid must both be set")
+            if pixels is not None and grid is not None and int(grid.prod(-1).sum()) != pixels.shape[0]:
+                raise ValueError(
+                    f"OmniPrompt {kind}: {pixels.shape[0]} patches, but grid {grid.tolist()} has "
+                    f"{int(grid.prod(-1).sum())} patches"
+                )
         if self.video_grid_thw is not None and (
             self.video_second_per_grid is None or len(self.video_second_per_grid) != len(self.video_grid_thw)
         ):
             raise ValueError("OmniPrompt.video_second_per_grid must give one value per video")
-        n_audio_tokens = int((ids == _vocab.AUDIO_PAD_ID).sum())
-        if self.input_features is None:
-            if n_audio_tokens:
-                raise ValueError(f"OmniPrompt has {n_audio_tokens} audio placeholder tokens but no input_features")
-            return
-        if self.feature_attention_mask is None or self.input_features.ndim != 3:
+        if self.input_features is not None and (self.feature_attention_mask is None or self.input_features.ndim != 3):
             raise ValueError("OmniPrompt.input_features must be [n_aud, n_mels, L] with a feature_attention_mask")
-        expected = sum(audio_token_count(int(n)) for n in self.feature_attention_mask.sum(-1))
-        if expected != n_audio_tokens:
-            raise ValueError(
-                f"OmniPrompt has {n_audio_tokens} audio placeholder tokens but its features need {expected}"
-            )
-
-    def _check_vision(self, kind: str, pad_id: int, pixels: torch.Tensor | None, grid: torch.Tensor | None) -> None:
-        # The placeholder count depends on the tower's merge size; the model checks it against the features.
-        n_tokens = int((self.input_ids == pad_id).sum())
-        if pixels is None or grid is None:
-            if n_tokens or pixels is not None or grid is not None:
-                raise ValueError(
-                    f"OmniPrompt has {n_tokens} {kind} placeholder tokens; pixels and grid must both be set"
-                )
-            return
-        n_patches = int(grid.prod(-1).sum())
-        if n_tokens == 0 or n_patches != pixels.shape[0]:
-            raise ValueError(
-                f"OmniPrompt {kind}: {n_tokens} placeholder tokens and {pixels.shape[0]} patches, "
-                f"but grid {grid.tolist()} has {n_patches} patches"
-            )
 
     @property
     def num_tokens(self) -> int:
@@ -148,6 +131,40 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> bytes:
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         digest.update(t.detach().cpu().contiguous().numpy().tobytes())
     return digest.digest()
+
+
+def check_placeholders(prompt: OmniPrompt, tokens: TokenIds) -> OmniPrompt:
+    """Checks that ``prompt``'s placeholder counts match its media, with the checkpoint's placeholder ids.
+
+    An image or video needs at least one placeholder and pixels for each of its ids (the model checks the exact
+    count, which depends on the tower's merge size); audio needs exactly the encoder's output length.
+
+    Returns:
+        ``prompt``.
+
+    Raises:
+        ValueError: naming the modality and the counts.
+    """
+    ids = prompt.input_ids
+    for kind, pixels in (("image", prompt.pixel_values), ("video", prompt.pixel_values_videos)):
+        pad = tokens.placeholder(kind)
+        n_tokens = 0 if pad is None else int((ids == pad).sum())
+        if (n_tokens == 0) != (pixels is None):
+            raise ValueError(
+                f"OmniPrompt has {n_tokens} {kind} placeholder tokens; "
+                f"{'pixels and grid must both be set' if pixels is None else 'but has ' + kind + ' pixels'}"
+            )
+    pad = tokens.placeholder("audio")
+    n_audio = 0 if pad is None else int((ids == pad).sum())
+    mask = prompt.feature_attention_mask
+    if prompt.input_features is None or mask is None:
+        if n_audio:
+            raise ValueError(f"OmniPrompt has {n_audio} audio placeholder tokens but no input_features")
+        return prompt
+    expected = sum(audio_token_count(int(n)) for n in mask.sum(-1))
+    if expected != n_audio:
+        raise ValueError(f"OmniPrompt has {n_audio} audio placeholder tokens but its features need {expected}")
+    return prompt
 
 
 def text_prompt(input_ids: Sequence[int]) -> OmniPrompt:

@@ -1,4 +1,5 @@
-"""3-D (time, height, width) rope positions of the Qwen2.5-Omni thinker, with per-prompt caching.
+"""Rope positions of every family (3-D time/height/width for the Qwen VL and omni models, 1-D for text causal LMs),
+with per-prompt caching. Always ``[3, B, T]``; :func:`position_ids_for` gives a model the form its forward takes.
 
 Positions depend only on a prompt's token ids and media *shapes* (grids, seconds per grid, audio lengths),
 never on pixel or audio values, and text after the last media block continues at ``max(previous) + 1``.
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from relax_services.models.families import family_of_model
 from relax_services.models.inputs import OmniPrompt
 
 _CACHE_SIZE = 4096
@@ -26,10 +28,11 @@ _lock = threading.Lock()
 def rope_positions(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, Any]
 ) -> torch.Tensor:
-    """Rope positions of a padded batch, exactly as the model computes them (``get_rope_index``).
+    """Rope positions of a padded batch, exactly as the model computes them (its ``get_rope_index``, or one index
+    per real token for a 1-D family), with its family's arguments.
 
     Args:
-        model: A Qwen2.5-Omni thinker.
+        model: A model of a supported family.
         input_ids: ``[B, T]``.
         attention_mask: ``[B, T]`` 1 on real tokens; pads get position 1.
         media: The batch's media kwargs from :func:`~relax_services.models.collate_media`.
@@ -37,6 +40,25 @@ def rope_positions(
     Returns:
         ``[3, B, T]`` int64 positions.
     """
+    kind = family_of_model(model).positions
+    if kind == "1d":
+        flat = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # [B, T]
+        return flat[None].expand(3, -1, -1).clone()
+    if kind == "vl-mrope":
+        cfg = model.config
+        types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
+        types[input_ids == cfg.image_token_id] = 1
+        types[input_ids == cfg.video_token_id] = 2
+        vl_positions: torch.Tensor
+        vl_positions, _ = model.model.get_rope_index(
+            input_ids,
+            mm_token_type_ids=types,
+            image_grid_thw=media.get("image_grid_thw"),
+            video_grid_thw=media.get("video_grid_thw"),
+            second_per_grid_ts=media.get("video_second_per_grid"),
+            attention_mask=attention_mask,
+        )
+        return vl_positions
     mask = media.get("feature_attention_mask")
     positions: torch.Tensor
     positions, _ = model.get_rope_index(
@@ -59,13 +81,14 @@ def _key(model: Any, prompt: OmniPrompt) -> tuple[Any, ...]:
 
     audio = prompt.feature_attention_mask
     return (
-        model.spatial_merge_size,
-        cfg.position_id_per_seconds,
-        cfg.image_token_id,
-        cfg.video_token_id,
-        cfg.audio_token_id,
-        cfg.vision_start_token_id,
-        cfg.audio_start_token_id,
+        type(model).__name__,
+        getattr(model, "spatial_merge_size", None),
+        getattr(cfg, "position_id_per_seconds", None),
+        getattr(cfg, "image_token_id", None),
+        getattr(cfg, "video_token_id", None),
+        getattr(cfg, "audio_token_id", None),
+        getattr(cfg, "vision_start_token_id", None),
+        getattr(cfg, "audio_start_token_id", None),
         prompt.input_ids.cpu().numpy().tobytes(),
         flat(prompt.image_grid_thw),
         flat(prompt.video_grid_thw),
@@ -125,3 +148,17 @@ def sequence_positions(
         out[:, i, start + prompt.num_tokens : start + lengths[i]] = torch.arange(nxt, nxt + int(suffix))
         next_positions[i] = nxt + int(suffix)
     return out, next_positions
+
+
+def position_ids_for(model: Any, positions: torch.Tensor) -> torch.Tensor:
+    """``[3, B, T]`` positions in the form the model's forward takes: as they are for the 3-D rope families,
+    ``[B, T]`` (one component; the three are equal) for a 1-D family."""
+    return positions[0] if family_of_model(model).positions == "1d" else positions
+
+
+def forward_media(model: Any, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Collated media kwargs under the names the family's forward takes (positions are always passed explicitly,
+    so the seconds per video grid only matter to :func:`rope_positions`)."""
+    if family_of_model(model).positions == "vl-mrope":
+        return {k: v for k, v in media.items() if k != "video_second_per_grid"}
+    return media

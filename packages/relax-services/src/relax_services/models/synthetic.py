@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from relax_services.models import _vocab
 from relax_services.models.inputs import OmniPrompt, audio_token_count
+from relax_services.models.tokens import TokenIds
 
 MODALITIES = ("text", "image", "video", "audio")
 _PATCH_DIM = 3 * 2 * 14 * 14  # channels · temporal patch · patch · patch
@@ -23,8 +23,10 @@ def synthetic_prompt(
     generator: torch.Generator | None = None,
     num_mel_bins: int = 128,
     audio_frames: int = 100,
+    *,
+    tokens: TokenIds | None = None,
 ) -> OmniPrompt:
-    """Builds ``<|bos|> <|user|> [media] text <|assistant|>`` with random media of the given modality.
+    """Builds ``[media block] text`` with random media of the given modality (no chat turn around it).
 
     Args:
         modality: One of ``"text"``, ``"image"``, ``"video"``, ``"audio"``.
@@ -32,20 +34,24 @@ def synthetic_prompt(
         generator: RNG for the random media.
         num_mel_bins: Mel bins of the audio features.
         audio_frames: Log-mel frames of the audio clip (100 per second).
+        tokens: Placeholder and marker ids; default: the default model's (``"tiny-omni"``).
 
     Returns:
         A validated prompt.
     """
     if modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES}, got {modality!r}")
-    head = [_vocab.BOS_ID, _vocab.USER_ID]
-    tail = [*text_ids, _vocab.ASSISTANT_ID]
+    if tokens is None:
+        from relax_services.models.checkpoint import DEFAULT_SOURCE, open_checkpoint
+
+        tokens = open_checkpoint(DEFAULT_SOURCE).tokens
+    ph = tokens.placeholders
     media: dict[str, torch.Tensor] = {}
     block: list[int] = []
     if modality == "image":
         grid = torch.tensor([[1, 4, 4]])
         media = {"pixel_values": torch.randn(16, _PATCH_DIM, generator=generator), "image_grid_thw": grid}
-        block = [_vocab.VISION_START_ID, *[_vocab.IMAGE_PAD_ID] * 4, _vocab.VISION_END_ID]
+        block = [ph["vision_start"], *[ph["image"]] * 4, ph["vision_end"]]
     elif modality == "video":
         grid = torch.tensor([[2, 4, 4]])
         media = {
@@ -53,13 +59,13 @@ def synthetic_prompt(
             "video_grid_thw": grid,
             "video_second_per_grid": torch.tensor([1.0]),
         }
-        block = [_vocab.VISION_START_ID, *[_vocab.VIDEO_PAD_ID] * 8, _vocab.VISION_END_ID]
+        block = [ph["vision_start"], *[ph["video"]] * 8, ph["vision_end"]]
     elif modality == "audio":
         media = {
             "input_features": torch.randn(1, num_mel_bins, audio_frames, generator=generator),
             "feature_attention_mask": torch.ones(1, audio_frames, dtype=torch.long),
         }
         n = audio_token_count(audio_frames)
-        block = [_vocab.AUDIO_START_ID, *[_vocab.AUDIO_PAD_ID] * n, _vocab.AUDIO_END_ID]
-    ids = torch.tensor(head + block + tail, dtype=torch.long)
+        block = [ph["audio_start"], *[ph["audio"]] * n, ph["audio_end"]]
+    ids = torch.tensor([*block, *text_ids], dtype=torch.long)
     return OmniPrompt(input_ids=ids, **media)

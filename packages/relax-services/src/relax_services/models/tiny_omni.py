@@ -1,13 +1,21 @@
-"""The default policy: a Qwen2.5-Omni thinker of ≈0.43 M parameters, built offline from a config in code.
+"""The default policy: a Qwen2.5-Omni thinker of ≈0.43 M parameters, written once as an ordinary checkpoint folder.
 
-Any local transformers checkpoint directory of the same architecture goes through :func:`load_model`, so the
-engines never special-case the tiny model.
+:func:`tiny_omni_checkpoint` writes the model (random weights from a seed), its locally built tokenizer with a
+chat template, its generation config and its preprocessor config into a cache folder, and every later run reads
+that folder back through :func:`~relax_services.models.checkpoint.open_checkpoint`, the path a user's checkpoint
+takes. No token id is fixed here: every id is read from the tokenizer this module builds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
@@ -17,17 +25,29 @@ from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
     Qwen2_5OmniVisionEncoderConfig,
 )
 
-from relax_services.models import _vocab
+from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
+
+__all__ = [
+    "OmniModel",
+    "TinyOmniConfig",
+    "build_tiny_omni",
+    "cache_dir",
+    "num_parameters",
+    "tiny_omni_checkpoint",
+    "write_tiny_omni",
+]
 
 OmniModel = Qwen2_5OmniThinkerForConditionalGeneration
-"""The model class every engine drives (ids in, logits out)."""
+"""The class of the default model."""
+
+_FORMAT = 2  # bump when the folder's content changes, so old cache folders are not reused
 
 
 @dataclass(frozen=True)
 class TinyOmniConfig:
     """Shape of the tiny omni thinker; the defaults are the measured ≈0.43 M-parameter model of DESIGN.md.
 
-    Token ids are not configurable: they are fixed by the shared 64-token vocabulary.
+    The vocabulary and every special id come from the tokenizer (:func:`build_tiny_tokenizer`).
 
     Attributes:
         hidden_size: Text decoder width; also the vision and audio encoders' output width.
@@ -99,10 +119,11 @@ class TinyOmniConfig:
                 f"TinyOmniConfig.attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}"
             )
 
-    def to_hf_config(self) -> Qwen2_5OmniThinkerConfig:
-        """Builds the transformers thinker config, with every special-token id the model reads set."""
+    def to_hf_config(self, tokenizer: Any) -> Qwen2_5OmniThinkerConfig:
+        """Builds the transformers thinker config; every special-token id is looked up in ``tokenizer``."""
+        tid = tokenizer.convert_tokens_to_ids
         text = Qwen2_5OmniTextConfig(
-            vocab_size=_vocab.VOCAB_SIZE,
+            vocab_size=len(tokenizer),
             hidden_size=self.hidden_size,
             intermediate_size=self.ffn_size,
             num_hidden_layers=self.num_layers,
@@ -114,9 +135,9 @@ class TinyOmniConfig:
                 "rope_theta": self.rope_theta,
                 "mrope_section": list(self.mrope_section),
             },
-            pad_token_id=_vocab.PAD_ID,
-            bos_token_id=_vocab.BOS_ID,
-            eos_token_id=_vocab.EOS_ID,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.pad_token_id,  # Qwen's tokenizers have no bos; its configs name <|endoftext|>
+            eos_token_id=tokenizer.eos_token_id,
         )
         vision = Qwen2_5OmniVisionEncoderConfig(
             depth=self.vision_depth,
@@ -142,60 +163,108 @@ class TinyOmniConfig:
             audio_config=audio,
             vision_config=vision,
             text_config=text,
-            audio_token_index=_vocab.AUDIO_PAD_ID,
-            image_token_index=_vocab.IMAGE_PAD_ID,
-            video_token_index=_vocab.VIDEO_PAD_ID,
-            audio_start_token_id=_vocab.AUDIO_START_ID,
-            audio_end_token_id=_vocab.AUDIO_END_ID,
-            user_token_id=_vocab.USER_ID,
+            audio_token_index=tid("<|AUDIO|>"),
+            image_token_index=tid("<|IMAGE|>"),
+            video_token_index=tid("<|VIDEO|>"),
+            audio_start_token_id=tid("<|audio_bos|>"),
+            audio_end_token_id=tid("<|audio_eos|>"),
+            user_token_id=tid("user"),
         )
         # Not constructor fields of the thinker config, but read by its rope-index computation.
-        config.vision_start_token_id = _vocab.VISION_START_ID
-        config.vision_end_token_id = _vocab.VISION_END_ID
+        config.vision_start_token_id = tid("<|vision_bos|>")
+        config.vision_end_token_id = tid("<|vision_eos|>")
         config._attn_implementation = self.attn_implementation
         return config
 
+    def preprocessor_config(self) -> dict[str, Any]:
+        """``preprocessor_config.json``: Qwen2.5-Omni's image processor and Whisper feature extractor settings,
+        with this model's patch geometry and mel bins (the other values are the processors' own defaults)."""
+        return {
+            "processor_class": "Qwen2_5OmniProcessor",
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "feature_extractor_type": "WhisperFeatureExtractor",
+            "patch_size": self.patch_size,
+            "merge_size": self.spatial_merge_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "min_pixels": 56 * 56,
+            "max_pixels": 28 * 28 * 1280,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "feature_size": self.num_mel_bins,
+            "sampling_rate": 16000,
+            "n_fft": 400,
+            "hop_length": 160,
+            "chunk_length": 30,
+            "padding_value": 0.0,
+            "return_attention_mask": True,
+        }
 
-def build_tiny_omni(seed: int = 0, config: TinyOmniConfig | None = None) -> OmniModel:
-    """Builds the tiny omni thinker with deterministic random weights; no download.
+
+def cache_dir() -> Path:
+    """Where the default checkpoint is written: ``$RELAX_CACHE_DIR``, else ``~/.cache/relax``."""
+    root = os.environ.get("RELAX_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "relax"
+
+
+def write_tiny_omni(path: str | Path, seed: int = 0, config: TinyOmniConfig | None = None) -> Path:
+    """Writes the tiny omni thinker as a checkpoint folder: weights (safetensors), ``config.json``,
+    ``generation_config.json``, the tokenizer with its chat template, and ``preprocessor_config.json``.
 
     Args:
-        seed: Seeds the weight initialisation (the global torch RNG state is restored afterwards).
+        path: Folder to write (created).
+        seed: Seeds the weight initialisation (the global torch RNG state is left as it was).
         config: Model shape; defaults to :class:`TinyOmniConfig` ().
 
     Returns:
-        The model in eval mode, float32, on CPU, with its generation config's pad/bos/eos set.
+        ``path``.
     """
     config = config or TinyOmniConfig()
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = OmniModel(config.to_hf_config())
+        model = OmniModel(config.to_hf_config(tokenizer))
     generation = model.generation_config
-    generation.pad_token_id = _vocab.PAD_ID
-    generation.bos_token_id = _vocab.BOS_ID
-    generation.eos_token_id = _vocab.EOS_ID
-    torch.nn.Module.eval(model)
-    return model
+    generation.pad_token_id = tokenizer.pad_token_id
+    generation.bos_token_id = tokenizer.pad_token_id
+    generation.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps(config.preprocessor_config(), indent=2) + "\n")
+    return path
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> OmniModel:
-    """Loads a Qwen2.5-Omni thinker from a local transformers checkpoint directory (``save_pretrained``).
+def tiny_omni_checkpoint(seed: int = 0, config: TinyOmniConfig | None = None) -> Path:
+    """The default checkpoint folder for ``seed``, written on first use under :func:`cache_dir`.
 
-    Args:
-        path: Directory holding ``config.json`` and the weights; nothing is downloaded.
-        dtype: Parameter dtype to load in.
-
-    Returns:
-        The model in eval mode.
-
-    Raises:
-        FileNotFoundError: If ``path`` is not a directory with a ``config.json``.
+    The folder's name digests the shape, the seed and the format, so a changed default never reuses an old folder.
+    Concurrent first uses (several processes of one run) are safe: each writes a private folder and renames it
+    into place; the first rename wins and the others are discarded.
     """
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a transformers checkpoint directory (no config.json)")
-    model: OmniModel = OmniModel.from_pretrained(path, dtype=dtype, local_files_only=True)
-    torch.nn.Module.eval(model)
+    config = config or TinyOmniConfig()
+    key = json.dumps({"format": _FORMAT, "seed": seed, **asdict(config)}, sort_keys=True)
+    folder = cache_dir() / "models" / f"tiny-omni-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if (folder / "config.json").is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        write_tiny_omni(tmp, seed, config)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process renamed its copy first
+            if not (folder / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def build_tiny_omni(seed: int = 0, config: TinyOmniConfig | None = None) -> OmniModel:
+    """The default model for ``seed``: its checkpoint folder (written once) loaded like any user checkpoint."""
+    from relax_services.models.checkpoint import load_model
+
+    model: OmniModel = load_model(tiny_omni_checkpoint(seed, config))
     return model
 
 

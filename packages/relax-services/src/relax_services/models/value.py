@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
-from relax_services.models.tiny_omni import OmniModel
-
 
 class ValueModel(torch.nn.Module):
-    """``V(prompt, response[:j])`` for every response position ``j`` of a Qwen2.5-Omni thinker.
+    """``V(prompt, response[:j])`` for every response position ``j``, on a model of any supported family.
 
     Attributes:
         thinker: The backbone (media encoders and text decoder; its language-model head is unused).
         value_head: ``hidden_size → 1`` linear map of the final-norm hidden state.
     """
 
-    def __init__(self, thinker: OmniModel) -> None:
+    def __init__(self, thinker: Any) -> None:
         super().__init__()
         self.thinker = thinker
         hidden = int(thinker.lm_head.in_features)  # the decoder width the LM head reads
@@ -36,6 +35,6 @@ class ValueModel(torch.nn.Module):
         return values
 
 
-def build_value_model(policy: OmniModel) -> ValueModel:
+def build_value_model(policy: Any) -> ValueModel:
     """A critic initialised from the policy's weights (a copy; the policy is not shared) and a zero value head."""
     return ValueModel(copy.deepcopy(policy))

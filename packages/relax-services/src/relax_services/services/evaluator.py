@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from relax_core import build_reward
+from relax_services._policy import checkpoint_of, sampling_params
 from relax_services.config import RunConfig
-from relax_services.engines import RolloutEngine, SamplingParams
+from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
 from relax_services.rows import HeldoutItem
 from relax_services.services._base import HealthHandle, ServiceBase
@@ -42,7 +43,8 @@ class EvalService(ServiceBase):
         # rollout.engine, finishing each greedy pass on the weights it started with
         self.engine: RolloutEngine = make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
         self.scorer = build_reward(cfg.reward)
-        self.params = SamplingParams(n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
+        self.params = sampling_params(cfg.model, n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
+        self.tokenizer = checkpoint_of(cfg.model).tokenizer
         self._next_version = 0
         self.batch = 64
 
@@ -52,7 +54,7 @@ class EvalService(ServiceBase):
         for start in range(0, len(self.heldout), self.batch):
             chunk = self.heldout[start : start + self.batch]
             outs = self.engine.generate([p for _, p, _ in chunk], self.params)
-            responses = [decode_response(group[0].token_ids) for group in outs]
+            responses = [decode_response(group[0].token_ids, self.tokenizer) for group in outs]
             results = self.scorer.score(responses, [a for _, _, a in chunk])
             for (task, _, _), result in zip(chunk, results, strict=True):
                 by_task[task].append(result.reward)

@@ -7,19 +7,19 @@ A reward function that raises marks that sample as failed (reward = ``failure_re
 from __future__ import annotations
 
 from relax_core import build_reward
-from relax_modalities.text import TinyTokenizer
+from relax_modalities.text import Tokenizer
 from relax_queue import FixedSizeBatcher, QueueClient, QueueTimeoutError
+from relax_services._policy import checkpoint_of
 from relax_services.config import RunConfig
 from relax_services.services._base import HealthHandle, ServiceBase
 
 __all__ = ["RewardService", "decode_response"]
 
-_TOKENIZER = TinyTokenizer()
 
-
-def decode_response(token_ids: list[int]) -> str:
-    """Response text as the reward sees it: special tokens (the end-of-answer among them) removed."""
-    return _TOKENIZER.decode(token_ids, skip_special_tokens=True)
+def decode_response(token_ids: list[int], tokenizer: Tokenizer) -> str:
+    """Response text as the reward sees it: the checkpoint's tokenizer decodes it, special tokens (the eos among
+    them) removed."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
 class RewardService(ServiceBase):
@@ -36,6 +36,7 @@ class RewardService(ServiceBase):
     ) -> None:
         super().__init__(name, health)
         self.scorer = build_reward(cfg.reward)
+        self.tokenizer = checkpoint_of(cfg.model).tokenizer
         self.queue = sample_queue
         self.reader = sample_queue.reader(
             "reward", fields=["response", "meta"], batcher=FixedSizeBatcher(batch_rows, partial=True)
@@ -47,7 +48,7 @@ class RewardService(ServiceBase):
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
             return
-        responses = [decode_response(ids) for ids in batch.column("response")]
+        responses = [decode_response(ids, self.tokenizer) for ids in batch.column("response")]
         answers = [meta["answer"] for meta in batch.column("meta")]
         results = self.scorer.score(responses, answers)
         self.queue.add_fields_many(

@@ -7,8 +7,9 @@ import hashlib
 import time
 
 from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, RowInput
+from relax_services._policy import sampling_params
 from relax_services.config import RunConfig
-from relax_services.engines import RolloutEngine, SamplingParams
+from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import make_rollout_engine
 from relax_services.rows import RolloutFields, as_prompt_row, sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
@@ -44,7 +45,8 @@ class RolloutService(ServiceBase):
         self.sample_queue = sample_queue
         self.weights = weights
         self.engine: RolloutEngine = make_rollout_engine(cfg)  # rollout.engine, from the engine registry
-        self.params = SamplingParams(
+        self.params = sampling_params(
+            cfg.model,
             n=cfg.algorithm.group_size,
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,

@@ -1,0 +1,210 @@
+"""Local Hugging Face checkpoint folders: validation, the tokenizer and ids they carry, and model loading.
+
+Every model a run trains — the default tiny thinker included — is a folder in Hugging Face format: ``config.json``
+(whose ``architectures`` names the family, see :mod:`~relax_services.models.families`), weights, tokenizer files
+with a chat template, ``generation_config.json`` and, for media families, ``preprocessor_config.json``.
+:func:`validate_checkpoint` checks a folder without allocating any weight, so a bad ``model.source`` fails before
+a service starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax_services.models.families import ModelFamily, family_of
+from relax_services.models.tokens import TokenIds, token_ids_from
+
+__all__ = [
+    "DEFAULT_SOURCE",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "copy_side_files",
+    "load_model",
+    "open_checkpoint",
+    "resolve_source",
+    "validate_checkpoint",
+]
+
+DEFAULT_SOURCE = "tiny-omni"
+"""``model.source`` of the default model: the tiny thinker's cache folder (written on first use)."""
+
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is incomplete or inconsistent; the message names the path and the problem."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The folder, or its ``config.json``, does not exist."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated checkpoint folder and what it carries (no weights).
+
+    Attributes:
+        path: The folder.
+        family: Its model family.
+        config: The transformers model config.
+        tokenizer: The tokenizer (``AutoTokenizer``), with its chat template when it has one.
+        tokens: Every id the engines and data paths use.
+        preprocessor: ``preprocessor_config.json`` as a dict (empty when absent).
+    """
+
+    path: Path
+    family: ModelFamily
+    config: Any
+    tokenizer: Any
+    tokens: TokenIds
+    preprocessor: dict[str, Any]
+
+    def load_model(self, dtype: torch.dtype = torch.float32) -> Any:
+        """The model, through its family's transformers class, in eval mode."""
+        return load_model(self.path, dtype)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer carries a chat template (else prompts are rendered as plain text)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def resolve_source(source: str | Path, seed: int = 0) -> Path:
+    """The folder of ``model.source``: ``"tiny-omni"`` is the default checkpoint (written once), else a path."""
+    if str(source) == DEFAULT_SOURCE:
+        from relax_services.models.tiny_omni import tiny_omni_checkpoint
+
+        return tiny_omni_checkpoint(seed)
+    return Path(source).expanduser().resolve()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot be read as JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _check_sizes(path: Path, family: ModelFamily, config: Any) -> None:
+    text = getattr(config, "text_config", None) or config
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    if hidden <= 0 or heads <= 0 or heads % kv:
+        raise CheckpointError(
+            f"{path}: text config sizes are inconsistent (hidden_size {hidden}, heads {heads}, kv heads {kv})"
+        )
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    if family.positions != "1d":
+        rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+        section = rope.get("mrope_section") if isinstance(rope, dict) else None
+        if section is not None and sum(section) != head_dim // 2:
+            raise CheckpointError(f"{path}: mrope_section {list(section)} must sum to head_dim / 2 = {head_dim // 2}")
+
+
+def validate_checkpoint(path: str | Path) -> Checkpoint:
+    """Checks a checkpoint folder and reads its config, tokenizer and ids; allocates no weight.
+
+    Checked: the folder exists and has ``config.json`` with a supported ``architectures`` entry, weight files and
+    tokenizer files; the tokenizer's ids, the eos, pad and every media placeholder fit the model's vocabulary; the
+    text sizes are consistent (heads divide the width; the multimodal rope sections sum to half the head dim).
+
+    Raises:
+        CheckpointError: naming the path and what is missing or wrong.
+        UnsupportedArchitectureError: for an architecture outside :data:`~relax_services.models.families.FAMILIES`.
+    """
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointNotFoundError(f"model checkpoint {path} does not exist or is not a folder (no config.json)")
+    raw = _read_json(path / "config.json") if (path / "config.json").is_file() else None
+    if raw is None:
+        raise CheckpointNotFoundError(f"{path} is not a Hugging Face checkpoint folder: no config.json")
+    architectures = raw.get("architectures") or []
+    if not architectures:
+        raise CheckpointError(f"{path / 'config.json'} names no architecture ('architectures' is empty)")
+    family = family_of(str(architectures[0]), where=str(path / "config.json"))
+    if not any((path / name).is_file() for name in _WEIGHT_FILES):
+        raise CheckpointError(f"{path}: no weights (expected one of {', '.join(_WEIGHT_FILES)})")
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise CheckpointError(f"{path}: no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    _check_sizes(path, family, config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises several types for unreadable tokenizer files
+        raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:  # no generation_config.json: the model config's ids stand in
+        generation = GenerationConfig.from_model_config(getattr(config, "text_config", None) or config)
+    try:
+        tokens = token_ids_from(tokenizer, config, generation, family.placeholder_keys)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    if len(tokenizer) > tokens.vocab_size:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only {tokens.vocab_size}"
+        )
+    preprocessor_file = path / "preprocessor_config.json"
+    preprocessor = _read_json(preprocessor_file) if preprocessor_file.is_file() else {}
+    return Checkpoint(path, family, config, tokenizer, tokens, preprocessor)
+
+
+@functools.cache
+def _open(path: Path) -> Checkpoint:
+    return validate_checkpoint(path)
+
+
+def open_checkpoint(source: str | Path, seed: int = 0) -> Checkpoint:
+    """The validated checkpoint of ``model.source`` (``"tiny-omni"`` or a folder), read once per process."""
+    return _open(resolve_source(source, seed))
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+    """Loads a checkpoint folder through its family's transformers class (validated first), in eval mode.
+
+    Raises:
+        CheckpointError: for a folder :func:`validate_checkpoint` rejects.
+    """
+    ckpt = _open(Path(path).expanduser().resolve())
+    model = ckpt.family.load_class().from_pretrained(ckpt.path, dtype=dtype, local_files_only=True)
+    torch.nn.Module.eval(model)
+    return model
+
+
+_MODEL_FILES = ("config.json", "generation_config.json")
+
+
+def copy_side_files(source: str | Path, dest: str | Path) -> list[str]:
+    """Copies a checkpoint folder's tokenizer, chat template and processor files (everything but the weights and
+    the model / generation configs) into ``dest``, so a folder of new weights is a complete checkpoint.
+
+    Returns:
+        The names copied.
+    """
+    source, dest = Path(source), Path(dest)
+    copied = []
+    for f in sorted(source.iterdir()):
+        skip = f.name in _MODEL_FILES or f.name.startswith("model") or f.name.startswith("pytorch_model")
+        if f.is_file() and not skip:
+            shutil.copy2(f, dest / f.name)
+            copied.append(f.name)
+    return copied

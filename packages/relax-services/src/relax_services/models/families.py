@@ -1,0 +1,133 @@
+"""The model families relax trains, in one explicit table: what each supports, how its positions are computed,
+which of its token ids are never sampled, and the transformers class that loads it.
+
+A checkpoint's family is found from ``config.json``'s ``architectures`` entry. Adding a family is one entry
+here (plus, where its forward differs, one module the engines dispatch to through :attr:`ModelFamily.positions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import transformers
+
+Modality = Literal["text", "image", "video", "audio"]
+Positions = Literal["1d", "vl-mrope", "omni-mrope"]
+
+__all__ = [
+    "FAMILIES",
+    "Modality",
+    "ModelFamily",
+    "Positions",
+    "UnsupportedArchitectureError",
+    "family_of",
+    "family_of_model",
+]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family.
+
+    Attributes:
+        name: Short family name (``"qwen2.5-omni-thinker"``).
+        model_class: Name of the transformers class that loads a checkpoint of the family (it is also the
+            ``architectures`` entry of its ``config.json``).
+        modalities: Input modalities the family's forward accepts.
+        positions: How position ids are computed: ``"1d"`` (one index per real token, the causal LM's), or the
+            3-D time/height/width rope of the model's own ``get_rope_index``: ``"vl-mrope"`` (Qwen-VL's, from
+            per-token modality types and seconds per grid) or ``"omni-mrope"`` (the omni thinker's, with audio).
+        placeholder_keys: Model-config keys of each media placeholder id (``image`` / ``video`` / ``audio``),
+            and of the span markers, read from the checkpoint (the text config when a key is not at the top).
+        never_sample: What must never be sampled: every special (added) token of the tokenizer except the
+            end-of-turn ids, and every placeholder and marker id named in ``placeholder_keys``.
+        chat_template_required: A checkpoint of the family must ship a chat template (else prompts are
+            rendered in the documented plain-text mode).
+    """
+
+    name: str
+    model_class: str
+    modalities: tuple[Modality, ...]
+    positions: Positions
+    placeholder_keys: tuple[tuple[str, str], ...] = ()
+    never_sample: str = "special tokens except eos; media placeholders and markers"
+    chat_template_required: bool = False
+
+    def load_class(self) -> Any:
+        """The transformers class (an ``ImportError`` names the version when this transformers lacks it)."""
+        cls = getattr(transformers, self.model_class, None)
+        if cls is None:
+            raise ImportError(
+                f"transformers {transformers.__version__} has no {self.model_class} (family {self.name}); "
+                "upgrade transformers"
+            )
+        return cls
+
+
+_VL_KEYS: tuple[tuple[str, str], ...] = (
+    ("image", "image_token_id"),
+    ("video", "video_token_id"),
+    ("vision_start", "vision_start_token_id"),
+    ("vision_end", "vision_end_token_id"),
+)
+_OMNI_KEYS: tuple[tuple[str, str], ...] = (
+    ("image", "image_token_id"),
+    ("video", "video_token_id"),
+    ("audio", "audio_token_id"),
+    ("vision_start", "vision_start_token_id"),
+    ("vision_end", "vision_end_token_id"),
+    ("audio_start", "audio_start_token_id"),
+    ("audio_end", "audio_end_token_id"),
+)
+
+_ALL: tuple[ModelFamily, ...] = (
+    ModelFamily("qwen2", "Qwen2ForCausalLM", ("text",), "1d"),
+    ModelFamily("qwen3", "Qwen3ForCausalLM", ("text",), "1d"),
+    ModelFamily("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", ("text", "image", "video"), "vl-mrope", _VL_KEYS),
+    ModelFamily(
+        "qwen2.5-omni-thinker",
+        "Qwen2_5OmniThinkerForConditionalGeneration",
+        ("text", "image", "video", "audio"),
+        "omni-mrope",
+        _OMNI_KEYS,
+    ),
+)
+
+FAMILIES: dict[str, ModelFamily] = {f.model_class: f for f in _ALL if hasattr(transformers, f.model_class)}
+"""Architecture name (``config.json`` ``architectures[0]``) → family; Qwen2.5 checkpoints are ``Qwen2ForCausalLM``.
+Families whose class the installed transformers lacks are left out."""
+
+
+def family_of_model(model: object) -> ModelFamily:
+    """The family of a loaded model, by its class (a critic's thinker included)."""
+    return family_of(type(model).__name__, where=f"model class {type(model).__module__}.{type(model).__name__}")
+
+
+# Not in the table yet, with the reason (named in the error):
+_NOT_YET: dict[str, str] = {
+    "Qwen3VLForConditionalGeneration": (
+        "Qwen3-VL's deepstack adds vision features inside decoder layers, which the trainer's shared-prompt scoring "
+        "(media embedded once, the decoder run on input embeddings) does not do yet"
+    ),
+}
+
+
+class UnsupportedArchitectureError(ValueError):
+    """A checkpoint's architecture is not in :data:`FAMILIES`."""
+
+
+def family_of(architecture: str, where: str = "") -> ModelFamily:
+    """The family of an architecture name.
+
+    Raises:
+        UnsupportedArchitectureError: naming the architecture, ``where`` it came from and the supported list.
+    """
+    try:
+        return FAMILIES[architecture]
+    except KeyError:
+        at = f" ({where})" if where else ""
+        why = f" ({_NOT_YET[architecture]})" if architecture in _NOT_YET else ""
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {architecture!r}{at}{why}; supported: {', '.join(sorted(FAMILIES))}"
+        ) from None

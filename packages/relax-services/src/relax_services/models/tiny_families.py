@@ -1,0 +1,111 @@
+"""Tiny random checkpoints of every family, with the locally built tokenizer and chat template (tests, smoke runs).
+
+Each is an ordinary checkpoint folder (``save_pretrained`` of model and tokenizer), so it goes through exactly the
+loading, validation and engine code a real checkpoint of its family takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from relax_services.models.tiny_omni import write_tiny_omni
+from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
+
+__all__ = ["TINY_FAMILIES", "write_tiny_checkpoint"]
+
+_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+}
+
+
+def _text_config(cls_name: str, tokenizer: Any, **extra: Any) -> Any:
+    cls = getattr(transformers, cls_name)
+    return cls(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        **_TEXT,
+        **extra,
+    )
+
+
+def _qwen2(tokenizer: Any) -> Any:
+    return transformers.Qwen2ForCausalLM(_text_config("Qwen2Config", tokenizer))  # type: ignore[no-untyped-call]
+
+
+def _qwen3(tokenizer: Any) -> Any:
+    return transformers.Qwen3ForCausalLM(_text_config("Qwen3Config", tokenizer, head_dim=16))  # type: ignore[no-untyped-call]
+
+
+def _qwen25_vl(tokenizer: Any) -> Any:
+    tid = tokenizer.convert_tokens_to_ids
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": tokenizer.pad_token_id,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+            **_TEXT,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 4,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 64,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=tid("<|IMAGE|>"),
+        video_token_id=tid("<|VIDEO|>"),
+        vision_start_token_id=tid("<|vision_bos|>"),
+        vision_end_token_id=tid("<|vision_eos|>"),
+    )
+    return transformers.Qwen2_5_VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]
+
+
+TINY_FAMILIES: dict[str, Callable[[Any], Any]] = {
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "qwen2.5-vl": _qwen25_vl,
+}
+"""Family name → builder of a tiny random model of it (the omni thinker is :func:`write_tiny_omni`'s)."""
+
+
+def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0) -> Path:
+    """Writes a tiny random checkpoint of ``family`` (a :data:`TINY_FAMILIES` name or ``"qwen2.5-omni-thinker"``).
+
+    Raises:
+        ValueError: for another family name.
+    """
+    path = Path(path)
+    if family == "qwen2.5-omni-thinker":
+        return write_tiny_omni(path, seed)
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"no tiny checkpoint for family {family!r}; known: {[*TINY_FAMILIES, 'qwen2.5-omni-thinker']}")
+    tokenizer = build_tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TINY_FAMILIES[family](tokenizer)
+    generation = model.generation_config
+    generation.pad_token_id = tokenizer.pad_token_id
+    generation.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

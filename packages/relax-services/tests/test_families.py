@@ -1,0 +1,93 @@
+"""Every family through the engines: tiny random checkpoints (the shared helper, with the locally built tokenizer
+and chat template) give rollout and trainer log-probs equal to a plain transformers forward."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from relax_modalities.synthetic import MediaRef, TaskItem
+from relax_services._data import PromptBuilder
+from relax_services.config import ModelConfig
+from relax_services.engines import HFRolloutEngine, SamplingParams, TorchTrainConfig, TorchTrainEngine, TrainSample
+from relax_services.models import FAMILIES, OmniPrompt, load_model, open_checkpoint
+from relax_services.models.tiny_families import write_tiny_checkpoint
+
+FAMILY_MEDIA = {
+    "qwen2": "text",
+    "qwen3": "text",
+    "qwen2.5-vl": "image",
+    "qwen2.5-omni-thinker": "image",
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {name: write_tiny_checkpoint(root / name, name, seed=3) for name in FAMILY_MEDIA}
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("media") / "green.png"
+    rng = torch.Generator().manual_seed(0)
+    pixels = (torch.rand(56, 84, 3, generator=rng) * 255).to(torch.uint8).numpy()
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _prompt(folder: Path, media: str, image: Path) -> OmniPrompt:
+    refs = (MediaRef("image", str(image)),) if media == "image" else ()
+    item = TaskItem(id="x", task=media, prompt="3+4=" if media == "text" else "which colour? r g", media=refs)
+    return PromptBuilder(ModelConfig(source=str(folder)))(item)
+
+
+def _reference_logprobs(model: torch.nn.Module, prompt: OmniPrompt, response: list[int], banned: tuple[int, ...]):
+    """One plain transformers forward of prompt + response (positions computed by transformers itself)."""
+    ids = torch.cat([prompt.input_ids, torch.tensor(response)])[None]
+    media = {k: v for k, v in prompt.media().items() if k != "video_second_per_grid"}
+    if type(model).__name__.startswith("Qwen2_5_VL"):
+        media["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **media).logits[0].double()
+    logits = logits[prompt.num_tokens - 1 : -1]  # [L, V] predicting each response token
+    logits[:, list(banned)] = -math.inf
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp[torch.arange(len(response)), torch.tensor(response)].float()
+
+
+@pytest.mark.parametrize("family", list(FAMILY_MEDIA))
+def test_rollout_and_trainer_logprobs_equal_a_plain_forward(
+    family: str, folders: dict[str, Path], image_file: Path
+) -> None:
+    ckpt = open_checkpoint(folders[family])
+    assert ckpt.family.name == family and ckpt.family in FAMILIES.values()
+    tokens = ckpt.tokens
+    prompt = _prompt(folders[family], FAMILY_MEDIA[family], image_file)
+    if FAMILY_MEDIA[family] == "image":
+        assert int((prompt.input_ids == tokens.placeholders["image"]).sum()) == 6  # 56 × 84 px: 2 × 3 tokens
+    model = load_model(folders[family])
+    params = SamplingParams(n=3, max_new_tokens=6, suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id)
+    completions = HFRolloutEngine(model).generate([prompt, prompt], params)
+    engine = TorchTrainEngine(load_model(folders[family]), TorchTrainConfig(suppressed_ids=tokens.never_sample))
+    samples = [TrainSample(prompt, torch.tensor(c.token_ids)) for group in completions for c in group]
+    trainer_logp, mask = engine.compute_logprobs(samples)
+    for row, c in enumerate(c for group in completions for c in group):
+        assert not set(c.token_ids) & set(tokens.never_sample)
+        ref = _reference_logprobs(model, prompt, c.token_ids, tokens.never_sample)
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
+        n = len(c.token_ids)
+        torch.testing.assert_close(trainer_logp[row, :n], ref, atol=1e-5, rtol=0)
+        assert mask[row, :n].all()
+
+
+def test_text_family_never_samples_the_tokenizers_specials(folders: dict[str, Path]) -> None:
+    ckpt = open_checkpoint(folders["qwen3"])
+    tok = ckpt.tokenizer
+    specials = {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    assert ckpt.tokens.placeholders == {}
+    assert set(ckpt.tokens.never_sample) == specials - {tok.eos_token_id}
