@@ -23,11 +23,13 @@ import torch
 from relax_services.engines import HFRolloutEngine, SamplingParams
 from relax_services.engines.vllm_checkpoint import export_text_decoder
 from relax_services.engines.vllm_rollout import VLLMRolloutConfig, VLLMRolloutEngine
-from relax_services.models import TinyOmniConfig, build_tiny_omni
+from relax_services.models import OmniPrompt, TinyOmniConfig, build_tiny_omni
 from relax_services.models.synthetic import synthetic_prompt
 
 
-def _tokens_per_s(engine: HFRolloutEngine | VLLMRolloutEngine, prompts: list, params: SamplingParams, repeats: int) -> float:  # type: ignore[type-arg]
+def _tokens_per_s(
+    engine: HFRolloutEngine | VLLMRolloutEngine, prompts: list[OmniPrompt], params: SamplingParams, repeats: int
+) -> float:
     engine.generate(prompts, params)  # warm-up
     rates = []
     for _ in range(repeats):
@@ -60,8 +62,8 @@ def main() -> None:
     thinker = build_tiny_omni(seed=0, config=config)
     gen = torch.Generator().manual_seed(0)
     prompts = [synthetic_prompt("text", [12 + i % 20, 40 + i % 9, 20 + i % 7], gen) for i in range(args.prompts)]
-    # Stop only at the length limit: both engines then generate the same number of tokens.
-    params = SamplingParams(n=args.n, max_new_tokens=args.tokens, temperature=1.0, eos_id=3)
+    # Rates count the tokens each engine produced (a completion may stop early at eos).
+    params = SamplingParams(n=args.n, max_new_tokens=args.tokens, temperature=1.0)
 
     hf = HFRolloutEngine(thinker)
     hf_rate = _tokens_per_s(hf, prompts, params, args.repeats)

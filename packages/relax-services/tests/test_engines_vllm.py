@@ -35,7 +35,9 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 _skip_without_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (extra relax-services[vllm])")
 # vLLM and the libraries it imports warn about their own deprecated calls (torch.jit, pydantic, ...) while the
 # engine is built; they are not this project's to fix.
-_vllm_warnings = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning")
+_vllm_warnings = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+)
 
 
 def needs_vllm(test):  # type: ignore[no-untyped-def]
@@ -251,7 +253,8 @@ def from_disk(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, torch
 
 @needs_vllm
 def test_weight_update_equals_loading_the_weights_from_disk(
-    engine: VLLMRolloutEngine, from_disk: tuple[dict[str, torch.Tensor], dict[str, list]]  # type: ignore[type-arg]
+    engine: VLLMRolloutEngine,
+    from_disk: tuple[dict[str, torch.Tensor], dict[str, list]],  # type: ignore[type-arg]
 ) -> None:
     state, disk = from_disk
     version = _at(engine, state)

@@ -74,14 +74,16 @@ def export_text_decoder(thinker: torch.nn.Module, path: str | Path, tokenizer: A
         pad_token_id=text.pad_token_id,
         bos_token_id=text.bos_token_id,
         eos_token_id=text.eos_token_id,
-        torch_dtype=str(embed.dtype).removeprefix("torch."),
+        dtype=str(embed.dtype).removeprefix("torch."),
     )
-    model = Qwen2ForCausalLM(config).to(embed.dtype)
+    model = Qwen2ForCausalLM(config).to(embed.dtype)  # type: ignore[no-untyped-call]
     state = dict(text_decoder_weights(thinker.state_dict()))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"export_text_decoder: weights do not match Qwen2 (missing {missing}, unexpected {unexpected})")
+        raise ValueError(
+            f"export_text_decoder: weights do not match Qwen2 (missing {missing}, unexpected {unexpected})"
+        )
     if config.tie_word_embeddings:
         model.tie_weights()
     path = Path(path)

@@ -1,4 +1,4 @@
-"""Rollout engine on vLLM (``relax-services[vllm]``), behind the :class:`~relax_services.engines.RolloutEngine` protocol.
+"""Rollout engine on vLLM (extra ``relax-services[vllm]``) behind the ``RolloutEngine`` protocol.
 
 **Offline ``LLM``, stepped by hand, not the async engine.** The Rollout service is a synchronous actor whose
 :meth:`~relax_services.engines.RolloutEngine.generate` must apply weights at safe points *between* decode steps.
@@ -209,9 +209,7 @@ class VLLMRolloutEngine:
         )
         if not self.config.in_process:
             weights = list(weights)  # crosses a process boundary: the iterator itself cannot
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-        )
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self._version = version
         self.sync_seconds[version] = time.perf_counter() - start
@@ -241,8 +239,10 @@ class VLLMRolloutEngine:
     def _check(self, prompts: Sequence[OmniPrompt], params: SamplingParams) -> None:
         if any(p.media() for p in prompts):
             raise ValueError("VLLMRolloutEngine takes text prompts only (a prompt has media tensors)")
-        if self.config.logprobs_mode == "processed_logprobs" and not params.greedy and (
-            params.top_k or params.top_p < 1
+        if (
+            self.config.logprobs_mode == "processed_logprobs"
+            and not params.greedy
+            and (params.top_k or params.top_p < 1)
         ):
             raise ValueError(
                 "VLLMRolloutEngine with logprobs_mode='processed_logprobs' cannot give behaviour log-probs before "
@@ -251,7 +251,9 @@ class VLLMRolloutEngine:
             )
         bad = [i for i in params.suppressed_ids if not 0 <= i < self.vocab_size]
         if bad or not 0 <= params.eos_id < self.vocab_size:
-            raise ValueError(f"SamplingParams ids {bad or [params.eos_id]} are outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(
+                f"SamplingParams ids {bad or [params.eos_id]} are outside the vocabulary [0, {self.vocab_size})"
+            )
 
     def generate(
         self,
@@ -283,7 +285,9 @@ class VLLMRolloutEngine:
             self._next_request += 1
             seed = request_seed(self.config.seed, call, slot, segments[slot])
             budget = params.max_new_tokens - len(out[slot].token_ids)
-            engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, self._sampling_params(params, budget, seed))
+            engine.add_request(
+                request_id, {"prompt_token_ids": prompt_ids}, self._sampling_params(params, budget, seed)
+            )
             active[request_id] = slot
 
         for slot in range(n_slots):
