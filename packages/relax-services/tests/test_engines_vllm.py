@@ -99,6 +99,8 @@ def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match=r"relax-services\[vllm\]"):
         VLLMRolloutEngine("/nonexistent")
+    with pytest.raises(ImportError, match=r"relax-services\[vllm\]"):
+        VLLMRolloutEngine.from_model(build_tiny_omni(seed=0), "/nonexistent")
 
 
 @pytest.mark.parametrize(
@@ -342,3 +344,23 @@ def test_partial_rollout_modes(engine: VLLMRolloutEngine, mode: str) -> None:
                 assert k == 0 and c.num_restarts == 1
                 assert c.token_ids == _greedy_continuation(new, ids, params.max_new_tokens, params.eos_id)
     assert switched > 0
+
+
+@needs_vllm
+def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -> None:
+    """A long prompt cached under old weights must be recomputed under new ones (stale KV would change tokens)."""
+    from relax_services.models import _vocab, text_prompt
+
+    gen = torch.Generator().manual_seed(5)
+    allowed = torch.tensor([i for i in range(64) if i not in SUPPRESSED_IDS])
+    body = allowed[torch.randint(len(allowed), (200,), generator=gen)].tolist()
+    prompts = [text_prompt([_vocab.BOS_ID, _vocab.USER_ID, *body, _vocab.ASSISTANT_ID])]
+    params = SamplingParams(n=2, max_new_tokens=8, temperature=0.0)
+    old = _thinker()
+    new_state = _perturbed(old, seed=3)
+    _at(engine, old.state_dict())
+    engine.generate(prompts, params)  # fills the prefix cache under the old weights
+    _at(engine, new_state)
+    got = engine.generate(prompts, params)
+    expected = _greedy_continuation(_thinker(new_state), prompts[0].input_ids.tolist(), 8, params.eos_id)
+    assert [c.token_ids for c in got[0]] == [expected, expected]

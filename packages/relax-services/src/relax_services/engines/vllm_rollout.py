@@ -59,7 +59,7 @@ import torch
 
 from relax_services.engines.protocols import PARTIAL_ROLLOUT_MODES, Completion, PartialRolloutMode, WeightPoll
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, truncate
-from relax_services.engines.vllm_checkpoint import ENCODER_PREFIXES, chain_buckets
+from relax_services.engines.vllm_checkpoint import ENCODER_PREFIXES, chain_buckets, export_text_decoder
 from relax_services.models.inputs import OmniPrompt
 
 LogprobsMode = Literal["processed_logprobs", "raw_logits"]
@@ -181,6 +181,18 @@ class VLLMRolloutEngine:
         self.vocab_size: int = self.llm.llm_engine.model_config.get_vocab_size()
         self.sync_seconds: dict[int, float] = {}
         self.last_stats: dict[str, float] = {}
+
+    @classmethod
+    def from_model(
+        cls, model: torch.nn.Module, folder: str | Path, config: VLLMRolloutConfig | None = None, version: int = 0
+    ) -> VLLMRolloutEngine:
+        """Exports ``model``'s text decoder to ``folder`` (a Qwen2 checkpoint) and starts an engine on it.
+
+        This is how a Rollout service holding the policy (a Qwen2.5-Omni thinker) gets a vLLM engine; later
+        weights arrive through :meth:`load_weights` under the thinker's own parameter names.
+        """
+        import_vllm()  # fail before writing anything
+        return cls(export_text_decoder(model, folder), config, version)
 
     @property
     def version(self) -> int:
