@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_services.engines import HFRolloutEngine, RolloutEngine, SamplingParams, truncate
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, RolloutEngine, SamplingParams, truncate
 from relax_services.engines.vllm_checkpoint import chain_buckets, export_text_decoder, text_decoder_weights
 from relax_services.engines.vllm_rollout import VLLMRolloutConfig, VLLMRolloutEngine, request_seed
 from relax_services.models import SUPPRESSED_IDS, OmniPrompt, TinyOmniConfig, build_tiny_omni
@@ -364,3 +364,20 @@ def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -
     got = engine.generate(prompts, params)
     expected = _greedy_continuation(_thinker(new_state), prompts[0].input_ids.tolist(), 8, params.eos_id)
     assert [c.token_ids for c in got[0]] == [expected, expected]
+
+
+@pytest.mark.gpu
+@needs_vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_greedy_parity_on_cuda(engine: VLLMRolloutEngine) -> None:
+    """On a CUDA build of vLLM the module's engine runs on the GPU: same greedy tokens as transformers on CUDA."""
+    from vllm.platforms import current_platform
+
+    assert current_platform.is_cuda()
+    thinker = _thinker()
+    _at(engine, thinker.state_dict())
+    params = SamplingParams(n=2, max_new_tokens=12, temperature=0.0)
+    prompts = _text_prompts()
+    got = engine.generate(prompts, params)
+    expected = HFRolloutEngine(_thinker(), HFRolloutConfig(device="cuda")).generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in g] for g in expected]
