@@ -154,7 +154,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(ckpt: Path) -> Iterator[VLLMRolloutEngine]:
     eng = VLLMRolloutEngine(ckpt, VLLMRolloutConfig(max_model_len=256, max_num_seqs=64))
     yield eng
-    del eng.llm
+    eng.close()
 
 
 def _at(engine: VLLMRolloutEngine, state: dict[str, torch.Tensor], mode: str = "finish_old") -> int:
@@ -232,24 +232,33 @@ _DISK_SCRIPT = textwrap.dedent(
     import torch
     gen = torch.Generator().manual_seed(0)
     prompts = [synthetic_prompt("text", [12 + i, 40 + i, 20 + 2 * i][: 1 + i % 3], gen) for i in range(6)]
-    engine = VLLMRolloutEngine(sys.argv[1], VLLMRolloutConfig(max_model_len=256, logprobs_mode="raw_logits"))
+    from relax_services.models import TinyOmniConfig, build_tiny_omni
+    config = VLLMRolloutConfig(max_model_len=256, logprobs_mode="raw_logits", in_process=False)
+    engine = VLLMRolloutEngine(sys.argv[1], config)
     greedy = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=12, temperature=0.0))
     topk = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=8, temperature=0.8, top_k=6, top_p=0.9))
+    # Multi-process engine: the update is staged as a safetensors file for the worker process.
+    base = build_tiny_omni(seed=0, config=TinyOmniConfig(**json.loads(sys.argv[3])))
+    engine.load_weights(base.state_dict(), 1)
+    greedy_base = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=12, temperature=0.0))
+    engine.close()
     dump = lambda groups: [[[c.token_ids, c.logprobs, c.sampling_logprobs] for c in g] for g in groups]
-    json.dump({"greedy": dump(greedy), "topk": dump(topk)}, open(sys.argv[2], "w"))
+    out = {"greedy": dump(greedy), "topk": dump(topk), "greedy_base": dump(greedy_base)}
+    json.dump(out, open(sys.argv[2], "w"))
     """
 )
 
 
 @pytest.fixture(scope="module")
 def from_disk(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, torch.Tensor], dict[str, list]]:  # type: ignore[type-arg]
-    """A fresh vLLM engine (own process, ``raw_logits`` mode) loading perturbed weights from disk."""
+    """A fresh multi-process vLLM engine (own process, ``raw_logits`` mode) loading perturbed weights from disk."""
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed (extra relax-services[vllm])")
     state = _perturbed(_thinker(), seed=1)
     folder = tmp_path_factory.mktemp("disk")
     path = export_text_decoder(_thinker(state), folder / "ckpt")
-    subprocess.run([sys.executable, "-c", _DISK_SCRIPT, str(path), str(folder / "out.json")], check=True)
+    shape = json.dumps({**dataclasses.asdict(TINY32), "mrope_section": list(TINY32.mrope_section)})
+    subprocess.run([sys.executable, "-c", _DISK_SCRIPT, str(path), str(folder / "out.json"), shape], check=True)
     return state, json.loads((folder / "out.json").read_text())
 
 
@@ -292,6 +301,17 @@ def test_raw_logits_mode_gives_behaviour_and_truncated_logprobs(
             trunc = truncate(torch.log_softmax(logits, -1), 6, 0.9)
             ref_s = trunc[torch.arange(len(tokens)), torch.tensor(tokens)].float()
             torch.testing.assert_close(torch.tensor(sampling), ref_s, atol=LOGPROB_ATOL, rtol=0)
+
+
+@needs_vllm
+def test_multiprocess_engine_takes_staged_weight_updates(
+    from_disk: tuple[dict[str, torch.Tensor], dict[str, list]],  # type: ignore[type-arg]
+) -> None:
+    _, disk = from_disk
+    params = SamplingParams(n=2, max_new_tokens=12, temperature=0.0)
+    expected = HFRolloutEngine(_thinker()).generate(_text_prompts(), params)
+    assert [[tokens for tokens, _, _ in g] for g in disk["greedy_base"]] == [[c.token_ids for c in g] for g in expected]
+    assert disk["greedy_base"] != disk["greedy"]  # the update changed the generation
 
 
 def _switching_poll(engine: VLLMRolloutEngine, state: dict[str, torch.Tensor], after: int):  # type: ignore[no-untyped-def]

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,8 +99,9 @@ class VLLMRolloutConfig:
         memory_fraction: vLLM's ``gpu_memory_utilization`` (on CPU: the fraction of host memory it reserves).
         enforce_eager: Skip CUDA graphs / torch.compile (start-up time against decode speed).
         enable_prefix_caching: Reuse KV of shared prompt prefixes (a GRPO group shares its prompt).
-        in_process: Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weights are
-            then handed to the worker without serialisation and start-up spawns no extra process.
+        in_process: Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): with one
+            tensor-parallel rank, weights are then streamed to the worker without serialisation and start-up spawns
+            no extra process. Otherwise each update is staged as a safetensors file the workers read.
         skip_weight_prefixes: State-dict entries never sent to vLLM (the omni encoders the text export lacks).
     """
 
@@ -155,9 +158,8 @@ class VLLMRolloutEngine:
     def __init__(self, model_path: str | Path, config: VLLMRolloutConfig | None = None, version: int = 0) -> None:
         self.config = config or VLLMRolloutConfig()
         vllm = import_vllm()
-        if self.config.in_process:
-            # Read by vLLM when the engine is built; the engine core then shares this process.
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # Read by vLLM when the engine is built: with "0" the engine core shares this process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.config.in_process else "1"
         raw = self.config.logprobs_mode == "raw_logits"
         self.llm = vllm.LLM(
             model=str(model_path),
@@ -178,6 +180,7 @@ class VLLMRolloutEngine:
         self._version = version
         self._calls = 0
         self._next_request = 0
+        self._staging: str | None = None
         self.vocab_size: int = self.llm.llm_engine.model_config.get_vocab_size()
         self.sync_seconds: dict[int, float] = {}
         self.last_stats: dict[str, float] = {}
@@ -216,15 +219,43 @@ class VLLMRolloutEngine:
             raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
         start = time.perf_counter()
         skip = self.config.skip_weight_prefixes
-        weights: Iterable[tuple[str, torch.Tensor]] = (
-            (name, tensor) for name, tensor in chain_buckets(buckets) if not name.startswith(skip)
-        )
-        if not self.config.in_process:
-            weights = list(weights)  # crosses a process boundary: the iterator itself cannot
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        weights = ((name, tensor) for name, tensor in chain_buckets(buckets) if not name.startswith(skip))
+        if self.config.in_process and self.config.tensor_parallel_size == 1:
+            # The worker lives in this process: it consumes the stream directly, one bucket at a time.
+            kwargs: dict[str, Any] = {"weights_iterator": weights}
+        else:
+            # Workers in other processes get RPC arguments through msgpack, which turns tensors inside an
+            # argument list into plain lists; stage the weights as one safetensors file that every rank reads.
+            kwargs = {"weights_path": self._stage(weights)}
+        self.llm.collective_rpc("reload_weights", kwargs={**kwargs, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self._version = version
         self.sync_seconds[version] = time.perf_counter() - start
+
+    def _stage(self, weights: Iterable[tuple[str, torch.Tensor]]) -> str:
+        from safetensors.torch import save_file
+
+        if self._staging is None:
+            self._staging = tempfile.mkdtemp(prefix="relax-vllm-weights-")
+        seen: set[int] = set()
+        tensors: dict[str, torch.Tensor] = {}
+        for name, tensor in weights:
+            tensor = tensor.detach().to("cpu").contiguous()
+            if tensor.data_ptr() in seen:  # safetensors refuses shared storage (tied weights)
+                tensor = tensor.clone()
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor
+        save_file(tensors, os.path.join(self._staging, "model.safetensors"))
+        return self._staging
+
+    def close(self) -> None:
+        """Shuts vLLM down and removes the weight staging folder."""
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
 
     def _sampling_params(self, params: SamplingParams, max_tokens: int, seed: int) -> Any:
         raw = self.config.logprobs_mode == "raw_logits"
