@@ -37,7 +37,10 @@ So:
 
 **Weights** are reloaded in place through the worker's ``reload_weights(weights_iterator=...,
 is_checkpoint_format=True)`` (vLLM's own ``load_weights`` name mapping, one pass over a possibly bucketed stream),
-then the prefix cache is reset; seconds per version are kept in :attr:`VLLMRolloutEngine.sync_seconds`. On GPUs
+then the prefix cache is reset; seconds per version are kept in :attr:`VLLMRolloutEngine.sync_seconds`. With
+the engine core in this process and one rank the stream goes straight to the worker; with worker processes
+(``in_process=False`` or tensor parallelism) vLLM's msgpack RPC would turn the tensors into lists, so the update is
+staged as one safetensors file that every rank reads (``weights_path=``). On GPUs
 vLLM's NCCL / CUDA-IPC weight transfer would replace the copy through the driver process; not wired here.
 
 **Seeding**: every request gets its own vLLM seed from ``(config.seed, call index, slot, segment)``, so a
