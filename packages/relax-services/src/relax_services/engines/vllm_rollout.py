@@ -43,9 +43,9 @@ the engine core in this process and one rank the stream goes straight to the wor
 staged as one safetensors file that every rank reads (``weights_path=``). On GPUs
 vLLM's NCCL / CUDA-IPC weight transfer would replace the copy through the driver process; not wired here.
 
-**Seeding**: every request gets its own vLLM seed from ``(config.seed, call index, slot, segment)``, so a
-completion does not depend on which other requests share its batch, and the same engine seed and call order give
-the same samples. ``temperature = 0`` is greedy evaluation through the same engine.
+**Seeding**: every request gets its own vLLM seed from ``(config.seed, call index, slot, segment)``, so its
+samples are fixed by that seed rather than by how the scheduler batches requests, and the same engine seed and call
+order give the same samples (:meth:`VLLMRolloutEngine.rng_state` checkpoints the call index). ``temperature = 0`` is greedy evaluation through the same engine.
 """
 
 from __future__ import annotations
