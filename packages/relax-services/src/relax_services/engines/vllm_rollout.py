@@ -45,7 +45,8 @@ vLLM's NCCL / CUDA-IPC weight transfer would replace the copy through the driver
 
 **Seeding**: every request gets its own vLLM seed from ``(config.seed, call index, slot, segment)``, so its
 samples are fixed by that seed rather than by how the scheduler batches requests, and the same engine seed and call
-order give the same samples (:meth:`VLLMRolloutEngine.rng_state` checkpoints the call index). ``temperature = 0`` is greedy evaluation through the same engine.
+order give the same samples (:meth:`VLLMRolloutEngine.rng_state` checkpoints the call index).
+``temperature = 0`` is greedy evaluation through the same engine.
 """
 
 from __future__ import annotations
