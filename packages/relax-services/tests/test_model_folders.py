@@ -141,3 +141,35 @@ def test_relax_train_refuses_a_bad_model_folder_before_starting_anything(
     err = capsys.readouterr().err
     assert "model.source" in err and "'GPT2LMHeadModel'" in err and "supported:" in err
     assert not (tmp_path / "runs").exists()  # no run folder, hence no Ray and no service
+
+
+_RANK_SCRIPT = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+from relax_services.models.tiny_omni import TinyOmniConfig, tiny_omni_checkpoint
+print(tiny_omni_checkpoint(7, TinyOmniConfig()))
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_of_a_process_group_each_get_a_complete_default_folder(tmp_path: Path) -> None:
+    """transformers' save_pretrained writes nothing on ranks other than 0 of an initialised process group; the
+    default folder must come out complete whichever rank writes it first."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RELAX_CACHE_DIR": str(tmp_path / "cache")}
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK_SCRIPT, init, str(rank)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
+    folders = {p.communicate(timeout=280)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    (folder,) = folders
+    validate_checkpoint(Path(folder))
+    assert (Path(folder) / "model.safetensors").is_file()

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
@@ -40,7 +41,7 @@ __all__ = [
 OmniModel = Qwen2_5OmniThinkerForConditionalGeneration
 """The class of the default model."""
 
-_FORMAT = 2  # bump when the folder's content changes, so old cache folders are not reused
+_FORMAT = 3  # bump when the folder's content changes, so old cache folders are not reused
 
 
 @dataclass(frozen=True)
@@ -228,10 +229,20 @@ def write_tiny_omni(path: str | Path, seed: int = 0, config: TinyOmniConfig | No
     generation.pad_token_id = tokenizer.pad_token_id
     generation.bos_token_id = tokenizer.pad_token_id
     generation.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(path)
+    # Not model.save_pretrained: under an initialised process group (an FSDP rank building its model) it writes
+    # the weights on rank 0 only, and the other ranks' folders would be left without config or weights.
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(path)
+    generation.save_pretrained(path)
+    safetensors.torch.save_model(model, str(path / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(path)
     (path / "preprocessor_config.json").write_text(json.dumps(config.preprocessor_config(), indent=2) + "\n")
     return path
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
 def tiny_omni_checkpoint(seed: int = 0, config: TinyOmniConfig | None = None) -> Path:
@@ -244,17 +255,21 @@ def tiny_omni_checkpoint(seed: int = 0, config: TinyOmniConfig | None = None) ->
     config = config or TinyOmniConfig()
     key = json.dumps({"format": _FORMAT, "seed": seed, **asdict(config)}, sort_keys=True)
     folder = cache_dir() / "models" / f"tiny-omni-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (folder / "config.json").is_file():
+    if _complete(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         write_tiny_omni(tmp, seed, config)
+        if not _complete(tmp):
+            raise RuntimeError(f"writing the default checkpoint into {tmp} left it without config or weights")
         try:
             tmp.rename(folder)
-        except OSError:  # another process renamed its copy first
-            if not (folder / "config.json").is_file():
-                raise
+        except OSError as exc:  # another process renamed its copy first
+            if not _complete(folder):
+                raise RuntimeError(
+                    f"an incomplete default checkpoint folder {folder} is in the way; remove it"
+                ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
