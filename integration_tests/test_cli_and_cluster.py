@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "OMP_NUM_THREADS": "1"}
+# Ray's memory monitor kills workers when the whole machine's memory use passes its threshold, other tenants'
+# processes included: these runs need a few GB, so their outcome must not depend on what else runs here.
+ENV = {
+    **os.environ,
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "OMP_NUM_THREADS": "1",
+    "RAY_memory_monitor_refresh_ms": "0",
+}
 FAST = [
     "data.train_per_task=8",
     "data.eval_per_task=4",

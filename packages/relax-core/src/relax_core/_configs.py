@@ -13,8 +13,7 @@ import pydantic
 from pydantic_core import PydanticCustomError
 
 from relax_core._config_base import ConfigModel, load_config
-from relax_core._kl import KLEstimator
-from relax_core._masked import LossAggMode
+from relax_core._names import KLEstimator, LossAggMode
 from relax_core._presets import PRESET_NAMES, PresetName, preset_data
 
 __all__ = [

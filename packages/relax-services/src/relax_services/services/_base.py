@@ -24,14 +24,15 @@ class HealthMonitor:
     """Collects heartbeats (a Ray actor with ``num_cpus=0``; plain object in unit tests).
 
     A beat carries the service's progress counter (work-loop iterations), so a hung loop is told apart from a
-    live process: its counter stops moving.
+    live process: its counter stops moving. Times are this process's monotonic clock; :meth:`snapshot` turns them
+    into ages, so the reader compares durations, never clocks of two processes or nodes.
     """
 
     def __init__(self) -> None:
         self._beats: dict[str, dict[str, Any]] = {}
 
     def beat(self, name: str, progress: int, pid: int, error: str | None = None) -> None:
-        now = time.time()
+        now = time.monotonic()
         entry = self._beats.get(name)
         if entry is None or entry["pid"] != pid or entry["progress"] != progress:
             self._beats[name] = {"progress": progress, "pid": pid, "changed": now, "beat": now, "error": error}
@@ -44,7 +45,12 @@ class HealthMonitor:
         self._beats.pop(name, None)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: dict(entry) for name, entry in self._beats.items()}
+        """Each service's last beat, with ``since_change_s`` (since its progress last moved) and ``since_beat_s``."""
+        now = time.monotonic()
+        return {
+            name: {**entry, "since_change_s": now - entry["changed"], "since_beat_s": now - entry["beat"]}
+            for name, entry in self._beats.items()
+        }
 
 
 class ServiceBase:
@@ -133,6 +139,11 @@ class ServiceBase:
             if held() >= target or self.stopping:
                 return
             reader.renew(batch)
+            # Waiting for the trainer is not a hang of this service (right after a restart the trainer may take
+            # a while to republish): the wait counts as progress; a trainer that never publishes is caught as
+            # the trainer's own hang.
+            self._progress += 1
+            self._beat()
             self._stop.wait(0.05)
 
     def record(self, kind: str, **values: Any) -> None:
