@@ -48,3 +48,13 @@ def test_no_hang_is_declared_within_the_timeout_of_a_restart() -> None:
     assert manager.judge({"rollout-0": {"pid": 99, "since_change_s": 60.0}}, services, t0 + 70) == {}  # old pid
     raised = {"reward-0": {"pid": 12, "since_change_s": 0.1, "error": "RuntimeError: boom"}}
     assert manager.judge(raised, services, now=t0 + 1.0) == {"reward-0": "work loop raised: RuntimeError: boom"}
+
+
+def test_the_monitor_actor_does_not_import_the_model_stack() -> None:
+    """Its process imports only its own module (it used to import every service, torch and transformers)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, relax_services._health_monitor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

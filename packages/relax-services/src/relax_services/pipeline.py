@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_queue import BoundedStaleness, Capacity, QueueConfig, TaskSpec, create_ray_queue
+from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.services import (
@@ -26,7 +27,6 @@ from relax_services.services import (
     RolloutService,
     TrainerService,
 )
-from relax_services.services._base import HealthMonitor
 from relax_services.weights import RayWeightStore
 
 __all__ = ["ALGORITHM_BUILDERS", "Pipeline", "ServiceSpec", "build_pipeline"]
