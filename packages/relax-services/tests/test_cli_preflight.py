@@ -117,3 +117,19 @@ def test_resume_continues_the_saved_config_with_safe_overrides_only(tmp_path: Pa
     assert cfg.optimizer.total_steps == 300
     with pytest.raises(ConfigError, match=r"algorithm.group_size: cannot change on --resume"):
         resume_config(run_dir, None, [*named, "algorithm.group_size=4"])
+
+
+def test_sigterm_during_start_up_is_handled(tmp_path: Path) -> None:
+    """A signal while torch and Ray are imported used to abort with a core dump (rc 134)."""
+    import signal
+
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", f"run.output_dir={tmp_path}", "run.name=early"]
+    cmd += ["trainer.total_steps=1", "trainer.warmup_format_steps=0", "data.train_per_task=4", "data.eval_per_task=2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # printed once the config is checked, just before the heavy imports
+    assert "run folder" in line, line
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), (proc.returncode, err[-2000:])  # 1: before Ray; 0: a run stopped cleanly
+    assert "Traceback" not in err and "SIGTERM" in out + err, (out[-2000:], err[-2000:])

@@ -87,11 +87,16 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     print(f"relax train: run folder {run_dir}", flush=True)
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
-    if signals.reason is not None:
-        print(f"relax train: {signals.reason} before the run started; nothing was run", file=sys.stderr)
-        return 1
-    from relax_services.controller import Controller, init_ray
+    from relax_services.controller import Controller, init_ray  # the heavy imports (torch, transformers, ray)
     from relax_services.summary import format_summary
+
+    if signals.reason is not None:  # arrived during the imports: stop before Ray starts
+        print(
+            f"relax train: {signals.reason} before the run started; nothing was run "
+            f"(the folder {run_dir} holds no checkpoint)",
+            file=sys.stderr,
+        )
+        return 1
 
     try:
         started = init_ray(cfg.run.ray_address)
