@@ -58,3 +58,18 @@ def test_the_monitor_actor_does_not_import_the_model_stack() -> None:
     probe = "import sys, relax_services._health_monitor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_memory_monitor_kills_are_recognised() -> None:
+    """Ray's own words when its memory monitor kills a worker (from the raylet), through an exception chain."""
+    from relax_services.health import memory_kill
+
+    try:
+        try:
+            raise RuntimeError("1 worker(s) were killed due to the node running low on memory.")
+        except RuntimeError as inner:
+            raise ValueError("service reward-0 failed 4 times; last: process died") from inner
+    except ValueError as outer:
+        assert memory_kill(outer)
+    assert memory_kill(RuntimeError("last: killed by Ray's memory monitor (the node ran low on memory)"))
+    assert not memory_kill(RuntimeError("process died"))

@@ -37,16 +37,6 @@ class _StartupSignals:
             signal.signal(sig, handler)
 
 
-def _memory_kill(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is Ray's memory monitor killing a worker."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if type(seen).__name__ == "OutOfMemoryError" or "memory monitor" in str(seen).lower():
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 _MEMORY_HINT = (
     "Ray's memory monitor killed a service: this machine's memory use (every process on it counts, not only "
     "this run's) passed Ray's threshold (RAY_memory_usage_threshold, default 0.95). Free memory, or raise the "
@@ -88,6 +78,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
     from relax_services.controller import Controller, init_ray  # the heavy imports (torch, transformers, ray)
+    from relax_services.health import memory_kill
     from relax_services.summary import format_summary
 
     if signals.reason is not None:  # arrived during the imports: stop before Ray starts
@@ -110,7 +101,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
             controller.request_stop(signals.reason)
         result = controller.run()
     except Exception as exc:
-        if _memory_kill(exc):
+        if memory_kill(exc):
             print(f"relax train: {_MEMORY_HINT}\n  ({type(exc).__name__}: {str(exc).splitlines()[0]})", file=sys.stderr)
             return 1
         raise

@@ -407,7 +407,8 @@ class Controller:
         out = self.run_dir / "warmup_model"
         if not (out / "config.json").is_file():
             items = [entry["item"] for stream in self.data.streams.values() for entry in stream.items]
-            task = ray.remote(num_cpus=0)(format_warmup)
+            # max_calls=1: its process exits when the warm-up is done instead of idling with the model stack loaded
+            task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
             info = ray.get(task.remote(cfg, items, _to_prompt, str(out), cfg.trainer.seed))
             self.metrics.write("warmup", info)
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})

@@ -14,7 +14,20 @@ from typing import Any
 from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
 
-__all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError"]
+__all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError", "memory_kill"]
+
+_MEMORY_WORDS = ("memory monitor", "due to memory pressure", "running low on memory")
+
+
+def memory_kill(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is Ray's memory monitor killing a worker (its error texts)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen).lower()
+        if type(seen).__name__ == "OutOfMemoryError" or any(w in text for w in _MEMORY_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class ServiceGaveUpError(RuntimeError):
@@ -41,6 +54,7 @@ class HealthManager:
         self.metrics = metrics
         self.events: list[dict[str, Any]] = []
         self._down_since: dict[str, float] = {}
+        self._down_reason: dict[str, str] = {}
         self._started: dict[str, float] = {}  # service -> monotonic time it was (re)started
         self._restarting: dict[str, threading.Thread] = {}
         self._restart_errors: dict[str, BaseException] = {}
@@ -83,8 +97,10 @@ class HealthManager:
         for name, ref in refs.items():
             try:
                 out[name] = ray.get(ref, timeout=30)
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as exc:
                 self._down_since.setdefault(name, time.monotonic())
+                if memory_kill(exc):
+                    self._down_reason[name] = "killed by Ray's memory monitor (the node ran low on memory)"
                 out[name] = []
             except ray.exceptions.GetTimeoutError:
                 out[name] = []
@@ -108,7 +124,7 @@ class HealthManager:
             beat = beats.get(name)
             since_start = now - self._started.get(name, now)
             if name in self._down_since:
-                failed[name] = "process died"
+                failed[name] = self._down_reason.pop(name, "process died")
             elif beat is not None and beat.get("error"):
                 failed[name] = f"work loop raised: {beat['error']}"
             elif (
