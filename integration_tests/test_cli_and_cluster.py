@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "OMP_NUM_THREADS": "1"}
+# Ray's memory monitor kills workers when the whole machine's memory use passes its threshold, other tenants'
+# processes included: these runs need a few GB, so their outcome must not depend on what else runs here.
+ENV = {
+    **os.environ,
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "OMP_NUM_THREADS": "1",
+    "RAY_memory_monitor_refresh_ms": "0",
+}
 FAST = [
     "data.train_per_task=8",
     "data.eval_per_task=4",
@@ -163,3 +170,42 @@ def test_unreachable_ray_address_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "cannot reach the Ray cluster" in proc.stderr and "127.0.0.1:9" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_sigkill_of_the_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
+    """Ray's dashboard and runtime-env agents used to live on under PID 1 after a SIGKILL of ``relax train``."""
+    import signal
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", *FAST, "trainer.total_steps=100000"]
+    cmd += [f"run.output_dir={tmp_path}", "run.name=kill"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
+    metrics = tmp_path / "kill" / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (metrics.is_file() and '"kind": "train"' in metrics.read_text()):
+        time.sleep(1)
+    assert proc.poll() is None
+    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(family) > 5  # Ray's own processes and one per service
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    def survivors() -> list[tuple[int, str]]:
+        out = []
+        for pid in family:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append((pid, p.name()))
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    deadline = time.monotonic() + 30
+    while survivors() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not survivors(), survivors()

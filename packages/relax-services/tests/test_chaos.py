@@ -32,3 +32,17 @@ def test_fault_table_times_detection_and_recovery() -> None:
     assert table[1].split()[:5] == ["critic", "kill", "4", "1.5s", "4.0s"]
     assert table[2].split()[3:5] == ["no", "no"]  # the reward hang was never detected
     assert "all recovered: NO" in table[-1] and "prompts lost 0, duplicated 0" in table[-1]
+
+
+def test_a_fault_absorbed_by_a_global_restart_counts_as_recovered() -> None:
+    """The killed Reward's in-place restarts ran out, so a global restart replaced every service, it included."""
+    events = [
+        {"event": "injected", "service": "reward", "fault": "kill", "step": 4, "time": 10.0},
+        {"event": "detected", "service": "reward", "time": 11.0},
+        {"event": "global_restart", "service": "run", "time": 12.0},
+        {"event": "recovered", "service": "run", "time": 30.5},
+    ]
+    lines = fault_table(events, {"lost": 0, "duplicated": 0}).splitlines()
+    assert "replaced by a global restart" in lines[1]
+    assert "20.5s" in lines[1]
+    assert "all recovered: yes" in lines[-1]

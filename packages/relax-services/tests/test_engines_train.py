@@ -322,3 +322,51 @@ def test_scores_carry_the_whole_distribution_and_the_loss_sees_it() -> None:
     assert seen["ref"].shape == seen["dist"].shape == (2, seen["mask"].shape[1], 64)
     valid = seen["mask"].bool()
     torch.testing.assert_close(seen["ref"][valid], seen["dist"].detach()[valid], atol=1e-5, rtol=0)
+
+
+def _large_image_samples() -> list[TrainSample]:
+    """4 samples whose images have 16 × 16 patches each: enough rows that torch splits the vision tower's
+    gradient reductions across intra-op threads."""
+    gen = torch.Generator().manual_seed(0)
+    side = 16
+    out = []
+    for _ in range(4):
+        ph = TOKENS.placeholders
+        ids = [ph["vision_start"], *[ph["image"]] * (side * side // 4), ph["vision_end"], 20]
+        prompt = OmniPrompt(
+            input_ids=torch.tensor(ids),
+            pixel_values=torch.randn(side * side, 3 * 2 * 14 * 14, generator=gen),
+            image_grid_thw=torch.tensor([[1, side, side]]),
+        )
+        allowed = torch.tensor([i for i in range(TOKENS.vocab_size) if i not in SUPPRESSED_IDS])
+        response = allowed[torch.randint(len(allowed), (4,), generator=gen)]
+        response[-1] = TOKENS.eos_id
+        adv = torch.randn(response.shape, generator=gen)
+        out.append(TrainSample(prompt, response, {"advantages": adv, "reward": torch.tensor(1.0)}))
+    return out
+
+
+def _update_at(process_threads: int, engine_threads: int | None) -> dict[str, torch.Tensor]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(process_threads)
+    try:
+        engine = TorchTrainEngine(
+            build_tiny_omni(0), TorchTrainConfig(micro_batch_size=4, intra_op_threads=engine_threads)
+        )
+        engine.step(_large_image_samples(), pg_token_mean)
+        return engine.policy_state()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_update_gives_the_same_bits_whatever_the_process_thread_count() -> None:
+    """The τ = 0 guarantee across processes: the Trainer service and a reference loop in a process started with
+    another ``OMP_NUM_THREADS`` must compute the same weights. Without a fixed engine thread count the vision
+    tower differs (the control below), so the comparison is sensitive to the thread count."""
+    one, two = _update_at(1, engine_threads=None), _update_at(2, engine_threads=None)
+    assert any(not torch.equal(one[k], two[k]) for k in one), "control: the thread count no longer matters here"
+    pinned_one, pinned_two = _update_at(1, engine_threads=1), _update_at(2, engine_threads=1)
+    assert all(torch.equal(pinned_one[k], pinned_two[k]) for k in pinned_one)
+    assert all(torch.equal(pinned_one[k], one[k]) for k in one)
+    with pytest.raises(ValueError, match="intra_op_threads"):
+        TorchTrainConfig(intra_op_threads=0)

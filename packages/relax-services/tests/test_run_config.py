@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from relax_core import ConfigError
 from relax_services.config import load_run_config
 
 
@@ -21,3 +22,36 @@ def test_rollout_call_groups_divide_an_update(groups_per_step: int, groups_per_c
         ],
     )
     assert cfg.rollout_call_groups == expected
+
+
+def test_the_lr_schedule_spans_the_run_unless_set() -> None:
+    """One source of truth for the run length: 200 updates decay the cosine schedule to its floor at update 200."""
+    from relax_services._policy import _train_config
+
+    cfg = load_run_config(None, ["trainer.total_steps=200"])
+    assert cfg.optimizer.total_steps == 200
+    engine_cfg = _train_config(cfg)
+    assert engine_cfg.lr_factor(200) == pytest.approx(cfg.optimizer.min_lr_ratio)  # 0.1, not 0.915
+    assert load_run_config(None, ["trainer.total_steps=200", "optimizer.total_steps=500"]).optimizer.total_steps == 500
+    assert load_run_config().optimizer.total_steps == load_run_config().trainer.total_steps == 1000
+
+
+@pytest.mark.parametrize(("groups", "micro"), [(4, 4), (32, 32), (48, 24), (64, 32), (7, 7)])
+def test_groups_per_step_alone_is_a_valid_run(groups: int, micro: int) -> None:
+    cfg = load_run_config(None, [f"trainer.groups_per_step={groups}"])
+    assert cfg.trainer.micro_batch_groups == micro
+    assert (
+        load_run_config(
+            None, [f"trainer.groups_per_step={groups}", "trainer.micro_batch_groups=1"]
+        ).trainer.micro_batch_groups
+        == 1
+    )
+
+
+def test_an_update_larger_than_the_queue_is_a_config_error_naming_both_fields() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, ["trainer.groups_per_step=1024", "trainer.total_steps=3"])
+    text = str(info.value)
+    assert "trainer.groups_per_step=1024" in text and "queue.max_rows=4096" in text and "8192" in text
+    assert "{" not in text  # the message, not the whole input
+    load_run_config(None, ["trainer.groups_per_step=512"])  # 4096 samples: exactly fits

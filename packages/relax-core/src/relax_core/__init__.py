@@ -2,22 +2,12 @@
 
 Configs are small pydantic models loaded from YAML plus dotted overrides; the math is plain
 torch on ``[B, T]`` response-token tensors with a loss mask. Nothing here imports ray,
-transformers or a media library.
+transformers or a media library, and the configs load without torch: the math modules are imported on first
+use of one of their names, so a config error is reported before any heavy import.
 """
 
-from relax_core._advantages import (
-    VTraceOutput,
-    broadcast_to_tokens,
-    discounted_returns,
-    dynamic_sampling_keep,
-    gae_advantages,
-    group_index,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
-    vtrace,
-)
+from typing import TYPE_CHECKING, Any
+
 from relax_core._algorithms import (
     ALGORITHMS,
     AdvantageFn,
@@ -49,26 +39,7 @@ from relax_core._configs import (
     load_preset,
     lr_multiplier,
 )
-from relax_core._estimate import AdvantageOutput, compute_advantages, outcome_token_rewards
-from relax_core._kl import (
-    KLEstimator,
-    entropy_from_logits,
-    kl_estimate,
-    kl_full,
-    kl_penalised_rewards,
-    token_logprobs,
-    value_loss,
-)
-from relax_core._loss_fn import compute_policy_loss
-from relax_core._masked import LossAggMode, aggregate_loss, masked_mean, masked_sum, masked_var, masked_whiten
-from relax_core._policy_losses import (
-    ImportanceWeights,
-    cispo_loss,
-    gspo_log_ratio,
-    importance_weights,
-    ppo_clip_loss,
-    sapo_loss,
-)
+from relax_core._names import KLEstimator, LossAggMode
 from relax_core._presets import PRESET_NAMES, PresetName
 from relax_core._reward_builtins import length_penalty_reward, math_verify_reward, regex_reward, weighted_reward
 from relax_core._reward_fns import (
@@ -101,7 +72,98 @@ from relax_core._rewards import (
     build_reward,
     resolve_reward_fn,
 )
-from relax_core._schema import MediaRef, Modality, PackedBatch, PaddedBatch, Sample
+
+if TYPE_CHECKING:  # the lazily imported names, for type checkers
+    from relax_core._advantages import (
+        VTraceOutput,
+        broadcast_to_tokens,
+        discounted_returns,
+        dynamic_sampling_keep,
+        gae_advantages,
+        group_index,
+        grpo_advantages,
+        reinforce_pp_advantages,
+        reinforce_pp_baseline_advantages,
+        rloo_advantages,
+        vtrace,
+    )
+    from relax_core._estimate import AdvantageOutput, compute_advantages, outcome_token_rewards
+    from relax_core._kl import (
+        entropy_from_logits,
+        kl_estimate,
+        kl_full,
+        kl_penalised_rewards,
+        token_logprobs,
+        value_loss,
+    )
+    from relax_core._loss_fn import compute_policy_loss
+    from relax_core._masked import aggregate_loss, masked_mean, masked_sum, masked_var, masked_whiten
+    from relax_core._policy_losses import (
+        ImportanceWeights,
+        cispo_loss,
+        gspo_log_ratio,
+        importance_weights,
+        ppo_clip_loss,
+        sapo_loss,
+    )
+    from relax_core._schema import MediaRef, Modality, PackedBatch, PaddedBatch, Sample
+
+_LAZY: dict[str, str] = {
+    "VTraceOutput": "relax_core._advantages",
+    "broadcast_to_tokens": "relax_core._advantages",
+    "discounted_returns": "relax_core._advantages",
+    "dynamic_sampling_keep": "relax_core._advantages",
+    "gae_advantages": "relax_core._advantages",
+    "group_index": "relax_core._advantages",
+    "grpo_advantages": "relax_core._advantages",
+    "reinforce_pp_advantages": "relax_core._advantages",
+    "reinforce_pp_baseline_advantages": "relax_core._advantages",
+    "rloo_advantages": "relax_core._advantages",
+    "vtrace": "relax_core._advantages",
+    "AdvantageOutput": "relax_core._estimate",
+    "compute_advantages": "relax_core._estimate",
+    "outcome_token_rewards": "relax_core._estimate",
+    "entropy_from_logits": "relax_core._kl",
+    "kl_estimate": "relax_core._kl",
+    "kl_full": "relax_core._kl",
+    "kl_penalised_rewards": "relax_core._kl",
+    "token_logprobs": "relax_core._kl",
+    "value_loss": "relax_core._kl",
+    "compute_policy_loss": "relax_core._loss_fn",
+    "aggregate_loss": "relax_core._masked",
+    "masked_mean": "relax_core._masked",
+    "masked_sum": "relax_core._masked",
+    "masked_var": "relax_core._masked",
+    "masked_whiten": "relax_core._masked",
+    "ImportanceWeights": "relax_core._policy_losses",
+    "cispo_loss": "relax_core._policy_losses",
+    "gspo_log_ratio": "relax_core._policy_losses",
+    "importance_weights": "relax_core._policy_losses",
+    "ppo_clip_loss": "relax_core._policy_losses",
+    "sapo_loss": "relax_core._policy_losses",
+    "MediaRef": "relax_core._schema",
+    "Modality": "relax_core._schema",
+    "PackedBatch": "relax_core._schema",
+    "PaddedBatch": "relax_core._schema",
+    "Sample": "relax_core._schema",
+}
+"""Name → module of the torch math, imported when a name is first used."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'relax_core' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 # configs: machinery
 __all__ = [

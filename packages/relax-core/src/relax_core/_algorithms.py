@@ -15,21 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
-
-from relax_core._advantages import (
-    broadcast_to_tokens,
-    gae_advantages,
-    grpo_advantages,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
-    vtrace,
-)
-from relax_core._masked import masked_sum
-
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from relax_core._configs import AlgorithmConfig
+
+# The table is read when a config is validated, which must not import torch (config errors come before any heavy
+# import); the adapters import the torch math when an estimate is computed.
 
 __all__ = [
     "ALGORITHMS",
@@ -104,6 +96,8 @@ class AlgorithmSpec:
 # ---------------------------------------------------------------- adapters to the pure functions
 def _seq_scores(inputs: EstimatorInputs) -> Tensor:
     """``[B]`` scores with the summed reward-placed KL penalty (outcome estimators see one number a sample)."""
+    from relax_core._masked import masked_sum
+
     return inputs.scores + masked_sum(inputs.penalty, inputs.mask, dim=-1)
 
 
@@ -118,29 +112,41 @@ def _values(inputs: EstimatorInputs) -> Tensor:
 
 
 def _grpo(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core._advantages import broadcast_to_tokens, grpo_advantages
+
     seq_adv = grpo_advantages(_seq_scores(inputs), _groups(inputs), cfg.norm_adv_by_std)  # [B]
     return broadcast_to_tokens(seq_adv, inputs.mask), None
 
 
 def _rloo(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core._advantages import broadcast_to_tokens, rloo_advantages
+
     seq_adv = rloo_advantages(_seq_scores(inputs), _groups(inputs))  # [B]
     return broadcast_to_tokens(seq_adv, inputs.mask), None
 
 
 def _reinforce_pp(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core._advantages import reinforce_pp_advantages
+
     return reinforce_pp_advantages(inputs.token_rewards, inputs.mask, cfg.gamma), None
 
 
 def _reinforce_pp_baseline(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core._advantages import reinforce_pp_baseline_advantages
+
     return reinforce_pp_baseline_advantages(inputs.scores, _groups(inputs), inputs.mask, inputs.penalty), None
 
 
 def _gae(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core._advantages import gae_advantages
+
     advantages, returns = gae_advantages(inputs.token_rewards, _values(inputs), inputs.mask, cfg.gamma, cfg.lam)
     return advantages, returns
 
 
 def _vtrace(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core._advantages import vtrace
+
     behaviour = inputs.old_logprobs
     assert behaviour is not None  # compute_advantages checks the spec's needs first
     target = inputs.proximal_logprobs if inputs.proximal_logprobs is not None else behaviour

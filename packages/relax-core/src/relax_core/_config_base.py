@@ -57,15 +57,20 @@ class ConfigIssue:
         value: The rejected value (``None`` when the field was missing).
         message: What went wrong.
         allowed: What the field accepts, when known (e.g. ``"'ppo', 'gspo'"`` or ``"> 0"``).
+        show_value: Whether the message quotes ``value``; off for a check across several fields, whose message
+            names the fields and values involved (the value would be the whole section).
     """
 
     path: str
     value: Any
     message: str
     allowed: str | None = None
+    show_value: bool = True
 
     def __str__(self) -> str:
-        text = f"{self.path or '<root>'}: {self.message} (got {self.value!r})"
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        if self.show_value:
+            text += f" (got {self.value!r})"
         if self.allowed:
             text += f"; allowed: {self.allowed}"
         return text
@@ -144,7 +149,13 @@ def _issues_from_validation(
         elif err["type"] == "literal_error":
             message = "not one of the allowed values"
         value = None if err["type"] == "missing" else err.get("input")
-        issues.append(ConfigIssue(path, value, message, _allowed_from_error(err, loc, model)))
+        show_value = True
+        if err["type"] == "value_error":  # raised by a validator: its own words, without pydantic's prefix
+            message = str((err.get("ctx") or {}).get("error", message))
+            # A check across fields (a model validator) gets the whole section as its input: the message
+            # names the fields involved, the section itself would only bury it.
+            show_value = not isinstance(value, Mapping)
+        issues.append(ConfigIssue(path, value, message, _allowed_from_error(err, loc, model), show_value))
     return issues
 
 

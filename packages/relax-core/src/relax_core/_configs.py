@@ -14,8 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from relax_core._algorithms import ALGORITHMS, algorithm_spec, preset_names
 from relax_core._config_base import ConfigModel, load_config
-from relax_core._kl import KLEstimator
-from relax_core._masked import LossAggMode
+from relax_core._names import KLEstimator, LossAggMode
 from relax_core._presets import PresetName, preset_data
 
 __all__ = [

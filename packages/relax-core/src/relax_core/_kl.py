@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-from relax_core._masked import LossAggMode, aggregate_loss, masked_mean, masked_var
+from relax_core._masked import aggregate_loss, masked_mean, masked_var
+from relax_core._names import KLEstimator, LossAggMode
 
 __all__ = [
     "KLEstimator",
@@ -18,10 +17,6 @@ __all__ = [
     "token_logprobs",
     "value_loss",
 ]
-
-KLEstimator = Literal["k1", "k2", "k3", "full"]
-"""``k1``/``k2``/``k3``: per-token estimates from the sampled tokens (:func:`kl_estimate`); ``full``: the exact
-KL(π_ref ‖ π_θ) over the vocabulary from both distributions (:func:`kl_full`)."""
 
 
 def kl_estimate(

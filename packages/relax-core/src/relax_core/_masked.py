@@ -6,14 +6,12 @@ Masked positions never contribute a value or a gradient: every reduction selects
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-__all__ = ["LossAggMode", "aggregate_loss", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+from relax_core._names import LossAggMode
 
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+__all__ = ["LossAggMode", "aggregate_loss", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
 
 
 def _zeroed(values: Tensor, mask: Tensor) -> Tensor:

@@ -109,9 +109,18 @@ def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
     to_prompt = PromptBuilder(cfg.model)
     root = cfg.data.data_dir or run_dir / "data"
     tasks: list[str] = list(cfg.data.tasks)
+    # A user's data folder is read, never written: without a train split it is an error, without a held-out
+    # split the run has no held-out evaluation. Only the run folder's own data/ is filled with synthetic tasks.
+    users = cfg.data.data_dir is not None
+    if users and not (root / "train" / "manifest.jsonl").is_file():
+        raise ValueError(f"data.data_dir: {root} has no train/manifest.jsonl")
     train = _manifest(root / "train", tasks, cfg.data.train_per_task, cfg.data.seed, cfg.data.difficulty)
-    heldout_items = _manifest(
-        root / "heldout", tasks, cfg.data.eval_per_task, cfg.data.seed + _HELDOUT_SEED_OFFSET, cfg.data.difficulty
+    heldout_items = (
+        []
+        if users and not (root / "heldout" / "manifest.jsonl").is_file()
+        else _manifest(
+            root / "heldout", tasks, cfg.data.eval_per_task, cfg.data.seed + _HELDOUT_SEED_OFFSET, cfg.data.difficulty
+        )
     )
     by_task: dict[str, list[DataItem]] = defaultdict(list)
     for item in train:

@@ -64,12 +64,15 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
             continue
         later = events[i + 1 :]
         detected = next((e for e in later if e["event"] == "detected" and e["service"] == event["service"]), None)
+        # A global restart replaces every service, the faulty one included: it recovers any fault it absorbs.
+        restart = next((e for e in later if e["event"] == "recovered"), None)
         if event["service"] == "trainer":
-            done = next((e for e in later if e["event"] == "recovered"), None)
-            how = "global restart from the last checkpoint"
+            done, how = restart, "global restart from the last checkpoint"
         else:
             done = next((e for e in later if e["event"] == "restarted" and e["service"] == event["service"]), None)
             how = "restarted in place"
+            if restart is not None and (done is None or restart["time"] < done["time"]):
+                done, how = restart, "replaced by a global restart"
         recovered_all &= done is not None
         det = f"{detected['time'] - event['time']:.1f}s" if detected else "no"
         rec = f"{done['time'] - event['time']:.1f}s" if done else "no"
@@ -85,18 +88,31 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
 def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: int) -> int:
     """Run with ``n_faults`` random faults; print the fault table; exit status 1 if any fault was not recovered
     from or a prompt was lost or duplicated."""
+    import sys
+
+    from relax_core import ConfigError
+    from relax_services.config import load_run_config
+    from relax_services.preflight import check_run, make_run_dir
+
+    try:
+        cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
+        faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
+        cfg = cfg.model_copy(update={"faults": faults})
+        run_dir = make_run_dir(cfg, check_run(cfg))
+    except ConfigError as exc:
+        print(f"relax chaos: {exc}", file=sys.stderr)
+        return 2
+    print(f"relax chaos: {len(faults)} faults → {run_dir}", flush=True)
     import ray
 
-    from relax_services.config import load_run_config
-    from relax_services.controller import Controller, init_ray, make_run_dir
+    from relax_services.controller import Controller, init_ray
     from relax_services.summary import format_summary
 
-    cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
-    faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
-    cfg = cfg.model_copy(update={"faults": faults})
-    run_dir = make_run_dir(cfg)
-    print(f"relax chaos: {len(faults)} faults → {run_dir}", flush=True)
-    started = init_ray(cfg.run.ray_address)
+    try:
+        started = init_ray(cfg.run.ray_address)
+    except ConnectionError as exc:
+        print(f"relax chaos: {exc}", file=sys.stderr)
+        return 2
     try:
         result = Controller(cfg, run_dir).run()
     finally:

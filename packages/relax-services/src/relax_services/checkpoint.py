@@ -14,8 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 __all__ = [
     "CONTROLLER_FILE",
     "ENGINE_FILE",
@@ -92,6 +90,8 @@ class CheckpointManager:
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint whose files load; a damaged one (e.g. truncated) is skipped."""
+        import torch  # here, not at module level: the CLI lists checkpoints before any heavy import
+
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
@@ -105,11 +105,15 @@ class CheckpointManager:
     @staticmethod
     def load_engine(path: Path) -> dict[str, Any]:
         """The trainer engine state of checkpoint folder ``path``."""
+        import torch
+
         state: dict[str, Any] = torch.load(path / ENGINE_FILE, map_location="cpu", weights_only=False)
         return state
 
     @staticmethod
     def load_controller(path: Path) -> dict[str, Any]:
+        import torch
+
         state: dict[str, Any] = torch.load(path / CONTROLLER_FILE, map_location="cpu", weights_only=False)
         return state
 

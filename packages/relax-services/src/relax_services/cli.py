@@ -5,50 +5,132 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
+_STARTED = time.monotonic()  # the command's start: the run summary's start-up phases count from here
+
+
+class _StartupSignals:
+    """SIGINT/SIGTERM handling from the first line of a command: a signal that arrives while the heavy imports or
+    Ray start is recorded (the default action would abort mid-import with a core dump) and handed to the
+    controller once it exists, which stops the run at its next chance and checkpoints."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.target: Any = None  # the controller, once built
+        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in self._previous:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.reason = self.reason or f"signal {signal.Signals(signum).name}"
+        if self.target is not None:
+            self.target.request_stop(self.reason)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+_MEMORY_HINT = (
+    "Ray's memory monitor killed a service: this machine's memory use (every process on it counts, not only "
+    "this run's) passed Ray's threshold (RAY_memory_usage_threshold, default 0.95). Free memory, or raise the "
+    "threshold; RAY_memory_monitor_refresh_ms=0 turns the monitor off. The run folder keeps its last checkpoint: "
+    "continue with --resume."
+)
+
 
 def _train(args: argparse.Namespace) -> int:
+    signals = _StartupSignals()  # first: a signal during the imports below must not abort with a core dump
+    try:
+        return _train_guarded(args, signals)
+    finally:
+        signals.restore()
+
+
+def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
+    # Only light modules before the config is checked: a config error is reported in about a second.
     from relax_core import ConfigError
     from relax_services.config import load_run_config
-    from relax_services.controller import Controller, init_ray, make_run_dir
-    from relax_services.summary import format_summary
+    from relax_services.preflight import check_run, make_run_dir
+    from relax_services.resume import resume_config
 
     overrides = list(args.overrides)
     if args.ray_address is not None:
         overrides.append(f"run.ray_address={args.ray_address}")
+    changed: dict[str, tuple[Any, Any]] = {}
     try:
         cfg = load_run_config(args.config, overrides)
+        run_dir = check_run(cfg, resume=args.resume)
+        if args.resume:
+            cfg, changed = resume_config(run_dir, args.config, overrides)
+            run_dir = check_run(cfg, resume=True)
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
     from relax_services.models import CheckpointError, UnsupportedArchitectureError, open_checkpoint
 
-    try:  # the model folder is checked before a run folder, Ray or any service exists
+    try:  # the model folder's contents (architecture, sizes, tokenizer) before a run folder, Ray or any service
         open_checkpoint(cfg.model.source, cfg.model.seed)
     except (CheckpointError, UnsupportedArchitectureError) as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
-    run_dir = make_run_dir(cfg)
+    try:
+        run_dir = make_run_dir(cfg, run_dir)
+    except ConfigError as exc:
+        print(f"relax train: {exc}", file=sys.stderr)
+        return 2
     print(f"relax train: run folder {run_dir}", flush=True)
+    for key, (old, new) in changed.items():
+        print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
+    from relax_services.controller import Controller, init_ray  # the heavy imports (torch, transformers, ray)
+    from relax_services.health import memory_kill
+    from relax_services.summary import format_summary
+
+    if signals.reason is not None:  # arrived during the imports: stop before Ray starts
+        print(
+            f"relax train: {signals.reason} before the run started; nothing was run "
+            f"(the folder {run_dir} holds no checkpoint)",
+            file=sys.stderr,
+        )
+        return 1
+
     try:
         started = init_ray(cfg.run.ray_address)
     except ConnectionError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
     try:
-        result = Controller(cfg, run_dir, resume=args.resume).run()
+        controller = Controller(cfg, run_dir, resume=args.resume, resume_changes=changed, started_at=_STARTED)
+        signals.target = controller
+        if signals.reason is not None:
+            controller.request_stop(signals.reason)
+        result = controller.run()
+    except Exception as exc:
+        if memory_kill(exc):
+            print(f"relax train: {_MEMORY_HINT}\n  ({type(exc).__name__}: {str(exc).splitlines()[0]})", file=sys.stderr)
+            return 1
+        raise
     finally:
         if started:
             import ray
 
             ray.shutdown()
     text = format_summary(result)
-    (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    try:
+        (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:  # e.g. the disk that stopped the run: the summary still reaches the terminal
+        print(f"relax train: summary.txt not written: {exc}", file=sys.stderr)
     print(text, flush=True)
+    if result.error:
+        print(f"relax train: {result.error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -89,6 +171,14 @@ def _plan(args: argparse.Namespace) -> int:
     return int(plan_main(args.rest))
 
 
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0 (argparse turns the ValueError into a usage error)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relax", description="Asynchronous RL post-training for omni-modal models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)
     chaos.add_argument("overrides", nargs="*")
-    chaos.add_argument("--faults", type=int, default=3, help="how many faults to inject (default 3)")
+    chaos.add_argument("--faults", type=_count, default=3, help="how many faults to inject (default 3)")
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
     chaos.set_defaults(func=_chaos)
     plan = sub.add_parser("plan", help="parallelism plan (same as relax-plan)", add_help=False)
@@ -142,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # A config path given first is told apart from an override by the '=' sign.
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Options may stand between overrides (`relax train run.name=r --resume trainer.total_steps=200`): argparse
+    # leaves the overrides after the option over; they are overrides like the others.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any("=" not in e or e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     if getattr(args, "config", None) is not None and "=" in str(args.config):
         args.overrides = [str(args.config), *args.overrides]
         args.config = None

@@ -39,6 +39,9 @@ __all__ = [
     "load_run_config",
 ]
 
+MICRO_BATCH_GROUPS_CAP = 32
+"""Most groups in one micro-batch when ``trainer.micro_batch_groups`` is not given."""
+
 TaskName = Literal["image", "audio", "video", "text", "audio_video"]
 DEFAULT_TASKS: tuple[TaskName, ...] = ("image", "audio", "video", "text")
 
@@ -123,7 +126,9 @@ class TrainerConfig(ConfigModel):
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
 
     micro_batch_groups: int = pydantic.Field(default=32, ge=1)
-    """Groups per forward/backward micro-batch (gradient accumulation when smaller than groups_per_step)."""
+    """Groups per forward/backward micro-batch (gradient accumulation when smaller than groups_per_step). When
+    not given: the largest divisor of groups_per_step that is at most 32, so ``trainer.groups_per_step=4`` alone
+    is a valid run."""
 
     minibatches: int = pydantic.Field(default=1, ge=1)
     """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,
@@ -144,6 +149,11 @@ class TrainerConfig(ConfigModel):
     checkpoint_every: int = pydantic.Field(default=50, ge=1)
     """Write a checkpoint every this many updates (and at the end)."""
 
+    checkpoint_every_s: float | None = pydantic.Field(default=120.0, gt=0.0)
+    """Also write one when this many seconds passed since the last with at least one new update (None: by
+    updates only). A Trainer failure goes back to the last checkpoint, so it costs at most ``checkpoint_every``
+    updates and about this much time of work."""
+
     keep_checkpoints: int = pydantic.Field(default=2, ge=1)
     """How many most recent checkpoints to keep."""
 
@@ -157,6 +167,16 @@ class TrainerConfig(ConfigModel):
 
     seed: int = 0
     """Seed of the trainer RNG (sampling seeds derive from it and the prompt key)."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _default_micro_batch(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("micro_batch_groups") is None:
+            step = data.get("groups_per_step", cls.model_fields["groups_per_step"].default)
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
+                cap = MICRO_BATCH_GROUPS_CAP
+                data = {**data, "micro_batch_groups": max(n for n in range(1, min(step, cap) + 1) if step % n == 0)}
+        return data
 
 
 class QueueSettings(ConfigModel):
@@ -251,7 +271,7 @@ RUN_DEFAULTS: dict[str, dict[str, Any]] = {
         "weight_decay": 0.0,
         "grad_clip": 1.0,
         "schedule": "cosine",
-        "total_steps": 1000,  # the run's update budget (trainer.total_steps): the decay spans the whole run
+        # no total_steps: the schedule's length is the run's, trainer.total_steps (load_run_config), unless given
         "min_lr_ratio": 0.1,
     },
     "staleness": {"tau": 2, "on_stale": "requeue"},
@@ -265,7 +285,9 @@ def _default_algorithm() -> AlgorithmConfig:
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig.model_validate(RUN_DEFAULTS["optimizer"])
+    # Only used when a RunConfig is built with an optimizer section given by object; otherwise the before-validator
+    # fills in the section with the run's length.
+    return OptimizerConfig.model_validate({**RUN_DEFAULTS["optimizer"], "total_steps": 1000})
 
 
 class RunConfig(ConfigModel):
@@ -296,6 +318,11 @@ class RunConfig(ConfigModel):
     """Faults to inject (empty in normal runs)."""
     run: RunSettings = pydantic.Field(default_factory=RunSettings)
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _schedule_length(cls, data: Any) -> Any:
+        return _derive_schedule_length(data) if isinstance(data, dict) else data
+
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
         estimator = self.algorithm.advantage_estimator
@@ -314,6 +341,14 @@ class RunConfig(ConfigModel):
             raise ValueError(
                 f"trainer.micro_batch_groups={self.trainer.micro_batch_groups} must be <= "
                 f"trainer.groups_per_step={self.trainer.groups_per_step}"
+            )
+        if self.samples_per_step > self.queue.max_rows:
+            # The trainer takes whole updates only: the sample queue must hold one at once, or producers block on
+            # a full queue while the trainer waits for the rest of its update (a silent hang).
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} × algorithm.group_size="
+                f"{self.algorithm.group_size} = {self.samples_per_step} samples per update do not fit in "
+                f"queue.max_rows={self.queue.max_rows}; raise queue.max_rows or lower trainer.groups_per_step"
             )
         if self.trainer.groups_per_step % self.trainer.micro_batch_groups:
             raise ValueError(
@@ -340,6 +375,24 @@ def _read_source(source: str | Path | dict[str, Any] | None) -> dict[str, Any]:
     if source is None:
         return {}
     return dict(source) if isinstance(source, dict) else read_yaml_mapping(Path(source))
+
+
+def _derive_schedule_length(data: dict[str, Any]) -> dict[str, Any]:
+    """One source of truth for the run length: ``optimizer.total_steps`` (the LR schedule's length) is
+    ``trainer.total_steps`` unless the config sets it."""
+    data = dict(data)
+    optimizer = data.get("optimizer")
+    if isinstance(optimizer, OptimizerConfig) or (isinstance(optimizer, dict) and optimizer.get("total_steps")):
+        return data
+    trainer = data.get("trainer")
+    steps = trainer.get("total_steps") if isinstance(trainer, dict) else None
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
+        steps = TrainerConfig.model_fields["total_steps"].default  # an invalid value is reported under trainer.
+    if optimizer is None:
+        data["optimizer"] = {**RUN_DEFAULTS["optimizer"], "total_steps": steps}
+    elif isinstance(optimizer, dict):
+        data["optimizer"] = {**optimizer, "total_steps": steps}
+    return data
 
 
 def load_run_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:

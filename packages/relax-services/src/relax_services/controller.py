@@ -3,19 +3,20 @@ health and restarts failed services, writes metrics, shows progress, and ends wi
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from relax_core import dump_config
 from relax_services._data import prepare_data
 from relax_services._metrics import MetricsWriter
+from relax_services._reaper import start_reaper
 from relax_services.checkpoint import (
     CONTROLLER_FILE,
     ENGINE_FILE,
@@ -29,13 +30,30 @@ from relax_services.feeder import Ledger, PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
+from relax_services.preflight import make_run_dir
 from relax_services.progress import Progress, ProgressState
 from relax_services.rows import prompt_key_of
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
 
-__all__ = ["Controller", "RunResult", "init_ray", "make_run_dir"]
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full or read-only disk): the run stops, its partial folder removed."""
+
+    def __init__(self, folder: Path, step: int, latest: Path | None, exc: OSError) -> None:
+        self.folder, self.step, self.latest, self.cause = folder, step, latest, exc
+        full = exc.errno == errno.ENOSPC
+        what = "the disk is full" if full else (exc.strerror or str(exc))
+        try:
+            free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        resume = (
+            f"the last complete checkpoint is {latest.name}: free space, then continue with --resume"
+            if latest is not None
+            else "no complete checkpoint yet: free space and start the run again"
+        )
+        super().__init__(f"checkpoint of step {step} not written under {folder}: {what} ({free}); {resume}")
 
 
 @dataclass
@@ -61,13 +79,13 @@ class RunResult:
     service_nodes: dict[str, str] = field(default_factory=dict)
     skipped_media: dict[str, dict[str, int]] = field(default_factory=dict)
     final_version: int | None = None  # policy version whose held-out reward final_eval is
+    resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # overrides on --resume: (saved, new)
+    resumed_from_s: float = 0.0  # run time already spent before this --resume (included in wall_s)
+    startup: dict[str, float] = field(default_factory=dict)  # start-up phase -> seconds since the run began
+    error: str | None = None  # why the run ended early with an error (e.g. a disk full at a checkpoint)
 
 
-def make_run_dir(cfg: RunConfig) -> Path:
-    name = cfg.run.name or time.strftime("%Y%m%d-%H%M%S")
-    run_dir = (cfg.run.output_dir / name).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+_REAPER: Any = None
 
 
 def init_ray(address: str | None) -> bool:
@@ -78,6 +96,11 @@ def init_ray(address: str | None) -> bool:
         return False
     env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
     if address is None:
+        # A local Ray must not outlive this process, even if it is SIGKILLed: a watchdog ends what is left. It
+        # lives as long as this module holds it (its pipe closes when this process ends, however it ends).
+        global _REAPER
+        if _REAPER is None:
+            _REAPER = start_reaper()
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env=env, configure_logging=False)
         return True
     _probe(address)
@@ -102,11 +125,24 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
 class Controller:
     """Drives one run to its end (steps, time limit, target reward, or a signal)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        resume: bool = False,
+        resume_changes: dict[str, tuple[Any, Any]] | None = None,
+        started_at: float | None = None,
+    ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.resume = resume
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self.resume_changes = dict(resume_changes or {})
+        # The run's one clock (time limit, progress, summary, metrics' wall): monotonic seconds since the command
+        # started (``started_at``, e.g. the CLI's first line) or since now; a resumed run adds its earlier time.
+        self.metrics = MetricsWriter(run_dir / "metrics.jsonl", start_time=started_at)
+        self.resumed_from_s = 0.0
+        self.startup: dict[str, float] = {}
+        self._error: str | None = None
         self._stop_reason: str | None = None
         self.latest_eval: dict[str, float] = {}
         self.eval_version = -1
@@ -121,6 +157,7 @@ class Controller:
         self._faults_pending = list(cfg.faults)
         self.nodes: dict[str, str] = {}
         self._checkpoint_step = 0
+        self._checkpoint_time = time.monotonic()
         self.global_restarts = 0
 
     def request_stop(self, reason: str) -> None:
@@ -160,6 +197,7 @@ class Controller:
     # ------------------------------------------------------------------ main loop
     def run(self) -> RunResult:
         cfg = self.cfg
+        self._phase("imports_and_ray")  # from the command (``started_at``) to here: imports and Ray's start
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         self.data = prepare_data(cfg, self.run_dir)
         cfg = self.cfg = self._warmup(cfg)
@@ -168,31 +206,46 @@ class Controller:
         restore = self.checkpoints.latest() if self.resume else None
         if self.resume and restore is None:
             raise FileNotFoundError(f"--resume: no complete checkpoint under {self.checkpoints.folder}")
-        start = time.monotonic()
+        if restore is not None:  # the time budget counts the time the run already spent
+            self.resumed_from_s = float(self.checkpoints.load_controller(restore).get("elapsed_s", 0.0))
+            self.metrics.start -= self.resumed_from_s
+            self.metrics.write(
+                "resume", {"from": str(restore), "changes": {k: list(v) for k, v in self.resume_changes.items()}}
+            )
+        self._phase("data_and_warmup")
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         for sig in previous:
             signal.signal(sig, lambda signum, _frame: self.request_stop(f"signal {signal.Signals(signum).name}"))
+        final: dict[str, float] = {}
+        final_version: int | None = None
         try:
             self._start_pipeline(restore)
             with Progress(cfg.run.progress) as progress:
                 while True:
                     try:
-                        self._loop(start, progress)
+                        self._loop(progress)
                         break
                     except GlobalRestartNeeded as exc:
                         self._global_restart(str(exc))
-            final, final_version = self._final_eval()
             self.feeder.stop()  # nothing new is generated after the final checkpoint: its ledger is the run's
             try:
-                self._checkpoint()  # graceful end (and SIGINT/SIGTERM): the run can be resumed from here
+                # Graceful end (and SIGINT/SIGTERM): the run can be resumed from here. The trainer stays held, so
+                # the final evaluation scores exactly the checkpointed version the summary reports.
+                self._checkpoint(hold=True)
             except GlobalRestartNeeded as exc:
                 self.health.record_event("final_checkpoint_skipped", "trainer", reason=str(exc))
+            final, final_version = self._final_eval()
+        except CheckpointWriteError as exc:  # e.g. the disk is full: stop, and still write what can be written
+            self._error = str(exc)
+            self.request_stop("checkpoint write failed")
+            final, final_version = dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         finally:
+            self.health.settle()
             self.feeder.stop()
             self.pipeline.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        wall = time.monotonic() - start
+        wall = self.clock()
         ledger = self._final_ledger()
         skipped = {"train": dict(self.feeder.skipped), "heldout": dict(self.data.skipped_heldout)}
         self.metrics.write(
@@ -200,7 +253,10 @@ class Controller:
             {"final_eval": final, "ledger": ledger, "stop_reason": self._stop_reason, "skipped_media": skipped},
         )
         self.metrics.close()
-        plot_run(self.run_dir)
+        try:
+            plot_run(self.run_dir)
+        except OSError as exc:  # a full disk must not hide the run's result
+            self._error = self._error or f"plots not written: {exc}"
         return RunResult(
             run_dir=self.run_dir,
             steps=self.step,
@@ -221,7 +277,20 @@ class Controller:
             service_nodes=self.nodes,
             skipped_media=skipped,
             service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
+            resume_changes=self.resume_changes,
+            resumed_from_s=self.resumed_from_s,
+            startup=dict(self.startup),
+            error=self._error,
         )
+
+    def clock(self) -> float:
+        """Seconds of this run so far on its one clock (a resumed run's earlier time included)."""
+        return time.monotonic() - self.metrics.start
+
+    def _phase(self, name: str) -> None:
+        """Record that start-up phase ``name`` ended now (the summary prints the start-up phases)."""
+        if name not in self.startup:
+            self.startup[name] = round(self.clock() - self.resumed_from_s, 2)
 
     def _start_pipeline(self, restore: Path | None) -> None:
         """Build and start the services, from a checkpoint folder when given (else from step 0)."""
@@ -242,16 +311,25 @@ class Controller:
             self.step = self._checkpoint_step = int(state["step"])
             self.metrics.write("health", {"event": "restored", "service": "run", "step": self.step})
         self.pipeline.start()
+        self.health.started(self.pipeline)  # grace for every new process, at the start and after a global restart
+        self._phase("services_ready")
         self.nodes = self.pipeline.node_ids()
         self.feeder.start()
         if restore is None:
             self._checkpoint()  # step 0: a global restart always has somewhere to go back to
 
-    def _checkpoint(self) -> Path:
+    def _checkpoint(self, hold: bool = False) -> Path:
         """A consistent checkpoint: trainer held between updates, feeder held, then engine state, prompt queue,
         sample queue (in that order: a prompt acked meanwhile has its samples in the later snapshot) and the
-        feeder position with its ledger, renamed into place together."""
+        feeder position with its ledger, renamed into place together. ``hold`` leaves the trainer held after it
+        (the end of the run).
+
+        Raises:
+            CheckpointWriteError: the files could not be written (the partial folder is removed; the previous
+                checkpoint stays the latest).
+        """
         import ray
+        import torch
 
         trainer = self.pipeline.services["trainer"].handle
         try:
@@ -262,23 +340,36 @@ class Controller:
         self.feeder.pause()
         try:
             self._poll_services()  # the ledger must include every update up to this version
-            tmp = self.checkpoints.begin(version)
+            tmp: Path | None = None
             try:
-                ray.get(trainer.save_engine.remote(str(tmp / ENGINE_FILE)), timeout=600)
-            except ray.exceptions.RayError as exc:
-                raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
-            self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
-            self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
-            torch.save({"step": version, "feeder": self.feeder.state_dict()}, tmp / CONTROLLER_FILE)
-            path = self.checkpoints.commit(version, tmp)
+                tmp = self.checkpoints.begin(version)
+                try:
+                    ray.get(trainer.save_engine.remote(str(tmp / ENGINE_FILE)), timeout=600)
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, OSError):  # the trainer could not write: the same as a write here
+                        raise exc.cause from None
+                    raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
+                except ray.exceptions.RayError as exc:
+                    raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
+                self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
+                self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
+                state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
+                torch.save(state, tmp / CONTROLLER_FILE)
+                path = self.checkpoints.commit(version, tmp)
+            except OSError as exc:
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise CheckpointWriteError(self.checkpoints.folder, version, self.checkpoints.latest(), exc) from exc
         finally:
             self.feeder.resume()
-            trainer.resume.remote()
+            if not hold:
+                trainer.resume.remote()
         self._checkpoint_step = version
         if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
             from relax_services.export import HF_FOLDER, export_checkpoint
 
             export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
+        self._checkpoint_time = time.monotonic()
         self.metrics.write("checkpoint", {"step": version, "path": str(path)})
         return path
 
@@ -289,6 +380,7 @@ class Controller:
         if self.global_restarts > self.cfg.health.max_global_restarts:
             raise ServiceGaveUpError(f"gave up after {self.global_restarts - 1} global restarts; last: {reason}")
         t0 = time.monotonic()
+        self.health.settle()  # an in-place restart still creating its actor must not outlive the old pipeline
         self.feeder.stop()
         self.pipeline.stop()
         restore = self.checkpoints.latest()
@@ -320,22 +412,38 @@ class Controller:
         out = self.run_dir / "warmup_model"
         if not (out / "config.json").is_file():
             items = [entry["item"] for stream in self.data.streams.values() for entry in stream.items]
-            task = ray.remote(num_cpus=0)(format_warmup)
+            # max_calls=1: its process exits when the warm-up is done instead of idling with the model stack loaded
+            task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
             info = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
             self.metrics.write("warmup", info)
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
 
-    def _loop(self, start: float, progress: Progress) -> None:
+    def _checkpoint_due(self) -> bool:
+        """Every ``trainer.checkpoint_every`` updates, and every ``trainer.checkpoint_every_s`` seconds with at
+        least one new update: a failure then costs at most that much work either way."""
+        cfg = self.cfg.trainer
+        if self.step >= self._checkpoint_step + cfg.checkpoint_every:
+            return True
+        every_s = cfg.checkpoint_every_s
+        return (
+            every_s is not None
+            and self.step > self._checkpoint_step
+            and (time.monotonic() - self._checkpoint_time >= every_s)
+        )
+
+    def _loop(self, progress: Progress) -> None:
         cfg = self.cfg
-        last_report = 0.0
+        last_report = -float("inf")
         while self._stop_reason is None:
             time.sleep(0.25)
             self._poll_services()
             self.health.check(self.pipeline)
-            if self.step >= self._checkpoint_step + cfg.trainer.checkpoint_every:
+            if self.step > 0 and "first_update" not in self.startup:
+                self._phase("first_update")
+            if self._checkpoint_due():
                 self._checkpoint()
             self._inject_faults()
-            now = time.monotonic() - start
+            now = self.clock()
             if self.feeder.error:
                 raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")
             if self.step >= cfg.trainer.total_steps:
@@ -355,11 +463,8 @@ class Controller:
             return False
         for task, value in self.latest_eval.items():
             if value >= 0.8 and task not in self.reached:
-                self.reached[task] = self.metrics_wall()
+                self.reached[task] = round(self.clock(), 2)
         return set(self.latest_eval) >= set(self.data.chance) and min(self.latest_eval.values()) >= target
-
-    def metrics_wall(self) -> float:
-        return round(time.monotonic() - self.metrics.start, 2)
 
     def _progress_state(self, now: float) -> ProgressState:
         qm = self.pipeline.sample_queue.metrics()

@@ -7,6 +7,7 @@ Every event (injected, detected, restarted, recovered, gave up) is logged to the
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,20 @@ from relax_services.config import HealthConfig
 if TYPE_CHECKING:
     from relax_services.pipeline import Pipeline, ServiceSpec
 
-__all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError"]
+__all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError", "memory_kill"]
+
+_MEMORY_WORDS = ("memory monitor", "due to memory pressure", "running low on memory")
+
+
+def memory_kill(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is Ray's memory monitor killing a worker (its error texts)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen).lower()
+        if type(seen).__name__ == "OutOfMemoryError" or any(w in text for w in _MEMORY_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class ServiceGaveUpError(RuntimeError):
@@ -29,64 +43,114 @@ class GlobalRestartNeeded(RuntimeError):
 
 
 class HealthManager:
-    """Watches the services of a pipeline (called from the controller loop)."""
+    """Watches the services of a pipeline (called from the controller loop).
+
+    Hangs are judged on monotonic clocks only: the monitor reports how long ago each service's progress counter
+    last moved, measured in its own process (so neither a wall-clock jump nor another node's clock counts), and a
+    service is never judged within ``heartbeat_timeout_s`` of being started or restarted (a new process imports,
+    builds its model and waits for weights before its first progress). In-place restarts run on a thread, so the
+    controller loop keeps reporting progress and watching the other services meanwhile.
+    """
 
     def __init__(self, cfg: HealthConfig, metrics: MetricsWriter | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.events: list[dict[str, Any]] = []
         self._down_since: dict[str, float] = {}
-        self._started: dict[str, float] = {}
+        self._down_reason: dict[str, str] = {}
+        self._started: dict[str, float] = {}  # service -> monotonic time it was (re)started
+        self._restarting: dict[str, threading.Thread] = {}
+        self._restart_errors: dict[str, BaseException] = {}
+        self._lock = threading.Lock()
 
     def record_event(self, event: str, service: str, **details: Any) -> None:
         entry = {"event": event, "service": service, "time": time.time(), **details}
-        self.events.append(entry)
-        if self.metrics is not None:
-            self.metrics.write("health", entry)
+        with self._lock:
+            self.events.append(entry)
+            if self.metrics is not None:
+                self.metrics.write("health", entry)
+
+    def started(self, pipeline: Any) -> None:
+        """Every service of ``pipeline`` was (re)started now (a run's start or a global restart): grace for all."""
+        now = time.monotonic()
+        self._down_since.clear()
+        for name in pipeline.services:
+            self._started[name] = now
+
+    def restarting(self) -> bool:
+        """Whether an in-place restart is still in progress."""
+        return any(t.is_alive() for t in self._restarting.values())
+
+    def settle(self, timeout: float | None = None) -> None:
+        """Wait for in-place restarts in progress (before the pipeline is torn down or rebuilt)."""
+        for thread in list(self._restarting.values()):
+            thread.join(timeout)
+        self._restarting.clear()
 
     def collect_reports(self, pipeline: Pipeline) -> dict[str, list[dict[str, Any]]]:
         """Drain every live service's metric records; a service whose process is gone is marked down."""
         import ray
 
         out: dict[str, list[dict[str, Any]]] = {}
-        refs = {name: spec.handle.report.remote() for name, spec in pipeline.services.items() if spec.handle}
+        refs = {
+            name: spec.handle.report.remote()
+            for name, spec in pipeline.services.items()
+            if spec.handle and name not in self._restarting
+        }
         for name, ref in refs.items():
             try:
                 out[name] = ray.get(ref, timeout=30)
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as exc:
                 self._down_since.setdefault(name, time.monotonic())
+                if memory_kill(exc):
+                    self._down_reason[name] = "killed by Ray's memory monitor (the node ran low on memory)"
                 out[name] = []
             except ray.exceptions.GetTimeoutError:
                 out[name] = []
         return out
 
     def check(self, pipeline: Pipeline) -> None:
-        """Detect crashed, failed and hung services and restart them in place."""
+        """Detect crashed, failed and hung services and restart them in place (on a thread)."""
         import ray
 
+        self._finish_restarts()
         beats = ray.get(pipeline.health.snapshot.remote(), timeout=30)
-        now_wall = time.time()
-        for name, spec in pipeline.services.items():
-            reason = None
+        for name, reason in self.judge(beats, pipeline.services, time.monotonic()).items():
+            self._restart(pipeline, pipeline.services[name], reason)
+
+    def judge(self, beats: dict[str, dict[str, Any]], services: dict[str, Any], now: float) -> dict[str, str]:
+        """Which services failed and why, from the monitor's ``snapshot`` and the monotonic time ``now``."""
+        failed: dict[str, str] = {}
+        for name, spec in services.items():
+            if name in self._restarting:
+                continue
+            beat = beats.get(name)
+            since_start = now - self._started.get(name, now)
             if name in self._down_since:
-                reason = "process died"
-            else:
-                beat = beats.get(name)
-                started = self._started.get(name, 0.0)
-                if beat is not None and beat.get("error"):
-                    reason = f"work loop raised: {beat['error']}"
-                elif (
-                    beat is not None
-                    and beat["pid"] == spec.pid
-                    and now_wall - max(beat["changed"], started) > self.cfg.heartbeat_timeout_s
-                ):
-                    reason = f"no progress for {now_wall - beat['changed']:.0f}s (hung)"
-            if reason is not None:
-                self._restart(pipeline, spec, reason)
+                failed[name] = self._down_reason.pop(name, "process died")
+            elif beat is not None and beat.get("error"):
+                failed[name] = f"work loop raised: {beat['error']}"
+            elif (
+                beat is not None
+                and beat["pid"] == spec.pid
+                and since_start > self.cfg.heartbeat_timeout_s
+                and beat["since_change_s"] > self.cfg.heartbeat_timeout_s
+            ):
+                failed[name] = f"no progress for {beat['since_change_s']:.0f}s (hung)"
+        return failed
+
+    def _finish_restarts(self) -> None:
+        for name, thread in list(self._restarting.items()):
+            if thread.is_alive():
+                continue
+            del self._restarting[name]
+            error = self._restart_errors.pop(name, None)
+            if error is not None:
+                raise GlobalRestartNeeded(f"restart of {name} failed: {type(error).__name__}: {error}")
+            self._down_since.pop(name, None)
+            self._started[name] = time.monotonic()
 
     def _restart(self, pipeline: Pipeline, spec: ServiceSpec, reason: str) -> None:
-        import ray
-
         self.record_event("detected", spec.name, reason=reason)
         if spec.role == "trainer":  # its state lives in the last checkpoint: restart the whole run from there
             self._down_since.clear()
@@ -95,13 +159,25 @@ class HealthManager:
             self.record_event("gave_up", spec.name, restarts=spec.restarts)
             self._down_since.clear()
             raise GlobalRestartNeeded(f"service {spec.name} failed {spec.restarts + 1} times; last: {reason}")
+        thread = threading.Thread(
+            target=self._restart_in_place, args=(pipeline, spec), name=f"restart-{spec.name}", daemon=True
+        )
+        self._restarting[spec.name] = thread
+        thread.start()
+
+    def _restart_in_place(self, pipeline: Any, spec: Any) -> None:
+        """Kill, back off, recreate (a new process imports the model stack: seconds to tens of seconds)."""
+        import ray
+
         t0 = time.monotonic()
-        with contextlib.suppress(Exception):  # already gone
-            ray.kill(spec.handle, no_restart=True)
-        time.sleep(self.cfg.restart_backoff_s * (2**spec.restarts))
-        ray.get(pipeline.health.forget.remote(spec.name))
-        spec.restarts += 1
-        spec.create(pipeline.namespace)
-        self._down_since.pop(spec.name, None)
-        self._started[spec.name] = time.time()
+        try:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(spec.handle, no_restart=True)
+            time.sleep(self.cfg.restart_backoff_s * (2**spec.restarts))
+            ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
+            spec.restarts += 1
+            spec.create(pipeline.namespace)
+        except BaseException as exc:  # handed to the controller loop, which restarts the run
+            self._restart_errors[spec.name] = exc
+            return
         self.record_event("restarted", spec.name, restarts=spec.restarts, pid=spec.pid, seconds=time.monotonic() - t0)

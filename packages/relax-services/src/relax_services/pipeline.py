@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from relax_core import ALGORITHMS, algorithm_spec
 from relax_queue import BoundedStaleness, Capacity, QueueConfig, RayQueueClient, TaskSpec, create_ray_queue
+from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.engines.registry import check_engines
@@ -29,7 +30,7 @@ from relax_services.services import (
     RolloutService,
     TrainerService,
 )
-from relax_services.services._base import HealthMonitor, ServiceBase
+from relax_services.services._base import ServiceBase
 from relax_services.weights import RayWeightStore
 
 if TYPE_CHECKING:

@@ -42,6 +42,16 @@ def format_summary(result: RunResult) -> str:
             else "no supervised warm-up: the policy learned the answer format from reward alone"
         ),
     ]
+    resumed_from = result.resumed_from_s
+    if resumed_from:
+        lines.append(f"resumed after {resumed_from:.0f}s of earlier run time (included above)")
+    for key, (old, new) in result.resume_changes.items():
+        lines.append(f"changed on resume: {key} = {new!r} (the saved run had {old!r})")
+    startup = result.startup
+    if startup:
+        lines.append("start-up (seconds from the command): " + ", ".join(f"{k} {v:.1f}" for k, v in startup.items()))
+    if result.error:
+        lines.append(f"ended early: {result.error}")
     restarts = [e for e in result.health_events if e["event"] == "restarted"]
     if result.health_events:
         lines.append(f"health events: {len(result.health_events)} ({len(restarts)} restarts)")

@@ -46,7 +46,11 @@ def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir:
     rng = random.Random(seed)
     warm_cfg = cfg.model_copy(
         update={
-            "optimizer": cfg.optimizer.model_copy(update={"lr": cfg.trainer.warmup_lr, "warmup_steps": 0}),
+            # A constant trainer.warmup_lr: the run's LR schedule spans the RL updates (trainer.total_steps), not
+            # the warm-up, which would otherwise decay along it (to its floor within a 3-update run).
+            "optimizer": cfg.optimizer.model_copy(
+                update={"lr": cfg.trainer.warmup_lr, "warmup_steps": 0, "schedule": "constant"}
+            ),
             "trainer": cfg.trainer.model_copy(update={"minibatches": 1, "ppo_epochs": 1}),
         }
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
 from relax_services.engines.protocols import (
     PARTIAL_ROLLOUT_MODES,
     Completion,
@@ -44,6 +45,9 @@ class HFRolloutConfig:
         poll_every: Poll for weights every this many decode steps (``switch`` and ``abort_resume``).
         seed: Seed of the engine's sampling RNG.
         device: Torch device of the model.
+        intra_op_threads: Torch intra-op threads generation computes with, set on the process at every
+            :meth:`~HFRolloutEngine.generate` call (None: the process's own setting); a fixed count gives the
+            same behaviour log-probs in every process (see ``relax_services.engines._threads``).
     """
 
     partial_rollout: PartialRolloutMode = "finish_old"
@@ -51,8 +55,10 @@ class HFRolloutConfig:
     poll_every: int = 1
     seed: int = 0
     device: str = "cpu"
+    intra_op_threads: int | None = DEFAULT_INTRA_OP_THREADS
 
     def __post_init__(self) -> None:
+        check_threads("HFRolloutConfig", self.intra_op_threads)
         if self.partial_rollout not in PARTIAL_ROLLOUT_MODES:
             raise ValueError(
                 f"HFRolloutConfig.partial_rollout must be one of {PARTIAL_ROLLOUT_MODES}, got {self.partial_rollout!r}"
@@ -132,6 +138,7 @@ class HFRolloutEngine:
         """
         if not prompts:
             return []
+        pin_intra_op_threads(self.config.intra_op_threads)
         start = time.perf_counter()
         if poll_weights is not None:
             self._apply(poll_weights())

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 
+from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.models.value import ValueModel
@@ -48,6 +49,10 @@ class TorchTrainConfig:
         device: Torch device of the model.
         seed: Seeds torch's global RNG when the engine is built (the model has no dropout by default;
             this keeps any stochastic layer reproducible).
+        intra_op_threads: Torch intra-op threads the engine computes with, set on the process at every
+            update and scoring call (None: the process's own setting). CPU reductions are split per thread, so
+            the same update gives other bits at another count: a fixed count is what makes two processes (the
+            Trainer service, a synchronous reference loop) compute identical weights.
     """
 
     lr: float = 3e-4
@@ -68,8 +73,10 @@ class TorchTrainConfig:
     autocast: Literal["auto", "bf16", "off"] = "auto"
     device: str = "cpu"
     seed: int = 0
+    intra_op_threads: int | None = DEFAULT_INTRA_OP_THREADS
 
     def __post_init__(self) -> None:
+        check_threads("TorchTrainConfig", self.intra_op_threads)
         if self.lr <= 0:
             raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
@@ -176,6 +183,7 @@ class TorchTrainEngine:
     def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
         """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest).
         The ``[B, L, V]`` distributions are joined only ``with_dist`` (a real vocabulary makes them large)."""
+        pin_intra_op_threads(self.config.intra_op_threads)
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
@@ -204,6 +212,7 @@ class TorchTrainEngine:
         """
         if not batch:
             raise ValueError("cannot train on an empty batch")
+        pin_intra_op_threads(self.config.intra_op_threads)
         self.model.train()
         micro_batches = self._micro_batches(batch)
         weights = self._weights(micro_batches)

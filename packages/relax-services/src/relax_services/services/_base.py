@@ -13,17 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 if TYPE_CHECKING:
     from relax_queue import Batch, QueueReader
 
+from relax_services._health_monitor import Beat, HealthMonitor  # re-exported: their home before they moved
+
 __all__ = ["Beat", "HealthHandle", "HealthMonitor", "ServiceBase", "ServiceStatus", "configure_process"]
-
-
-class Beat(TypedDict):
-    """The newest heartbeat of one service, as :meth:`HealthMonitor.snapshot` reports it."""
-
-    progress: int  # work-loop iterations so far
-    pid: int
-    changed: float  # wall time the progress counter last moved (a hung loop stops moving it)
-    beat: float  # wall time of the newest beat
-    error: str | None  # the exception that ended the loop, if any
 
 
 class ServiceStatus(TypedDict):
@@ -54,35 +46,6 @@ def configure_process() -> None:
     import torch
 
     torch.set_num_threads(1)
-
-
-class HealthMonitor:
-    """Collects heartbeats (a Ray actor with ``num_cpus=0``; plain object in unit tests).
-
-    A beat carries the service's progress counter (work-loop iterations), so a hung loop is told apart from a
-    live process: its counter stops moving.
-    """
-
-    def __init__(self) -> None:
-        self._beats: dict[str, Beat] = {}
-
-    def beat(self, name: str, progress: int, pid: int, error: str | None = None) -> None:
-        """Record a heartbeat of ``name`` (its progress counter, process id and loop error, if any)."""
-        now = time.time()
-        entry = self._beats.get(name)
-        if entry is None or entry["pid"] != pid or entry["progress"] != progress:
-            self._beats[name] = {"progress": progress, "pid": pid, "changed": now, "beat": now, "error": error}
-        else:
-            entry["beat"] = now
-            entry["error"] = error or entry["error"]
-
-    def forget(self, name: str) -> None:
-        """Drop a service's record (before it is restarted, so the new instance starts fresh)."""
-        self._beats.pop(name, None)
-
-    def snapshot(self) -> dict[str, Beat]:
-        """A copy of every service's newest beat."""
-        return {name: Beat(**entry) for name, entry in self._beats.items()}
 
 
 class ServiceBase:
@@ -176,6 +139,11 @@ class ServiceBase:
             if held() >= target or self.stopping:
                 return
             reader.renew(batch)
+            # Waiting for the trainer is not a hang of this service (right after a restart the trainer may take
+            # a while to republish): the wait counts as progress; a trainer that never publishes is caught as
+            # the trainer's own hang.
+            self._progress += 1
+            self._beat()
             self._stop.wait(0.05)
 
     def record(self, kind: str, **values: Any) -> None:

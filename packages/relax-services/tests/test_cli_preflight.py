@@ -1,0 +1,135 @@
+"""`relax train` / `relax chaos` argument and config errors: reported before any heavy import and before Ray
+(checked by what the CLI process has imported when it returns, not by timing), naming the field, with nothing
+created on disk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relax_core import ConfigError
+from relax_services.cli import build_parser, main
+from relax_services.config import load_run_config
+from relax_services.resume import resume_config
+
+_PROBE = """
+import json, sys
+from relax_services.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:  # argparse usage errors
+    rc = exc.code
+heavy = [m for m in ("torch", "transformers", "ray") if m in sys.modules]
+print(json.dumps({"rc": rc, "heavy": heavy}))
+"""
+
+
+def _cli(*args: str) -> tuple[dict[str, object], str]:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=300)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "words"),
+    [
+        ("data.data_dir={missing}", "data.data_dir", "no such folder"),
+        ("model.source={missing}", "model.source", "no such folder"),
+        ("reward.name=no_such_reward", "reward.name", "unknown reward"),
+        ("reward.name=no_such_pkg.rewards:score", "reward.name", "cannot find module"),
+        ("staleness.tau=-1", "staleness.tau", ">= 0"),
+        ("trainer.micro_batch_groups=64", "trainer.micro_batch_groups=64", "trainer.groups_per_step=32"),
+    ],
+)
+def test_bad_paths_names_and_values_fail_before_heavy_imports(
+    tmp_path: Path, override: str, field: str, words: str
+) -> None:
+    missing = tmp_path / "typo"
+    result, err = _cli("train", override.format(missing=missing), f"run.output_dir={tmp_path / 'runs'}")
+    assert result == {"rc": 2, "heavy": []}, err
+    assert field in err and words in err, err
+    assert "Traceback" not in err and "<root>" not in err and "{" not in err  # no raw dict of the whole input
+    assert not missing.exists() and not (tmp_path / "runs").exists()  # nothing created
+
+
+def test_unusable_output_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result, err = _cli("train", f"run.output_dir={blocker}")
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "run.output_dir" in err and "is a file" in err and "Traceback" not in err
+
+
+def test_resume_of_a_run_that_never_ran(tmp_path: Path) -> None:
+    result, err = _cli("train", f"run.output_dir={tmp_path}", "run.name=never", "--resume", "trainer.total_steps=5")
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "--resume: no run folder" in err and not (tmp_path / "never").exists()
+    (tmp_path / "empty").mkdir()
+    result, err = _cli("train", f"run.output_dir={tmp_path}", "run.name=empty", "--resume")
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "no complete checkpoint" in err and "without --resume" in err
+
+
+def test_chaos_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
+    result, err = _cli("chaos", "--faults", "-1")
+    assert result["rc"] == 2 and "--faults" in err and "Traceback" not in err
+    result, err = _cli("chaos", "staleness.tau=-1", f"run.output_dir={tmp_path}")
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "staleness.tau" in err and "Traceback" not in err and not any(tmp_path.iterdir())
+
+
+def test_resume_flag_may_stand_between_overrides() -> None:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(["train", "run.name=r", "--resume", "trainer.total_steps=200"])
+    assert args.resume and extra == ["trainer.total_steps=200"]
+    with pytest.raises(SystemExit):
+        main(["train", "run.name=r", "--resume", "--no-such-flag"])
+
+
+def _saved_run(tmp_path: Path, *overrides: str) -> Path:
+    from relax_core import dump_config
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    cfg = load_run_config(None, [f"run.output_dir={tmp_path}", "run.name=r", *overrides])
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return run_dir
+
+
+def test_resume_continues_the_saved_config_with_safe_overrides_only(tmp_path: Path) -> None:
+    run_dir = _saved_run(
+        tmp_path, "trainer.total_steps=200", "trainer.groups_per_step=8", "trainer.micro_batch_groups=8"
+    )
+    named = [f"run.output_dir={tmp_path}", "run.name=r"]
+    cfg, changed = resume_config(run_dir, None, named)
+    assert cfg.trainer.total_steps == 200 and cfg.trainer.groups_per_step == 8 and changed == {}
+    cfg, changed = resume_config(run_dir, None, [*named, "trainer.total_steps=300", "trainer.max_minutes=20"])
+    assert cfg.trainer.total_steps == 300 and cfg.trainer.groups_per_step == 8
+    # the LR schedule's length follows the run's (it was derived, not set)
+    assert changed == {
+        "optimizer.total_steps": (200, 300),
+        "trainer.max_minutes": (8.0, 20.0),
+        "trainer.total_steps": (200, 300),
+    }
+    assert cfg.optimizer.total_steps == 300
+    with pytest.raises(ConfigError, match=r"algorithm.group_size: cannot change on --resume"):
+        resume_config(run_dir, None, [*named, "algorithm.group_size=4"])
+
+
+def test_sigterm_during_start_up_is_handled(tmp_path: Path) -> None:
+    """A signal while torch and Ray are imported used to abort with a core dump (rc 134)."""
+    import signal
+
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", f"run.output_dir={tmp_path}", "run.name=early"]
+    cmd += ["trainer.total_steps=1", "trainer.warmup_format_steps=0", "data.train_per_task=4", "data.eval_per_task=2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # printed once the config is checked, just before the heavy imports
+    assert "run folder" in line, line
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), (proc.returncode, err[-2000:])  # 1: before Ray; 0: a run stopped cleanly
+    assert "Traceback" not in err and "SIGTERM" in out + err, (out[-2000:], err[-2000:])

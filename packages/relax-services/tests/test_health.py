@@ -1,0 +1,75 @@
+"""Hang detection: durations on monotonic clocks only, and grace after any (re)start."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from relax_services.config import HealthConfig
+from relax_services.health import HealthManager
+from relax_services.services._base import HealthMonitor
+
+
+def test_the_monitor_reports_ages_on_its_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wall-clock jump (a paused machine: time.time() +41 s while the monotonic clock moved 2.3 s) is no hang."""
+    clock = {"mono": 100.0, "wall": 5000.0}
+    monkeypatch.setattr(time, "monotonic", lambda: clock["mono"])
+    monkeypatch.setattr(time, "time", lambda: clock["wall"])
+    monitor = HealthMonitor()
+    monitor.beat("rollout-0", progress=1, pid=7)
+    clock["mono"] += 2.3
+    clock["wall"] += 41.0
+    beat = monitor.snapshot()["rollout-0"]
+    assert beat["since_change_s"] == pytest.approx(2.3) and beat["since_beat_s"] == pytest.approx(2.3)
+    monitor.beat("rollout-0", progress=1, pid=7)  # alive, no progress
+    clock["mono"] += 1.0
+    beat = monitor.snapshot()["rollout-0"]
+    assert beat["since_change_s"] == pytest.approx(3.3) and beat["since_beat_s"] == pytest.approx(1.0)
+
+
+def _services(**pids: int) -> dict[str, Any]:
+    return {name: SimpleNamespace(pid=pid, role=name.split("-")[0]) for name, pid in pids.items()}
+
+
+def test_no_hang_is_declared_within_the_timeout_of_a_restart() -> None:
+    """The false 'rollout-0 hung' 6 s after a global restart: the new process had not made progress yet."""
+    manager = HealthManager(HealthConfig(heartbeat_timeout_s=6.0))
+    services = _services(**{"rollout-0": 11, "reward-0": 12})
+    pipeline = SimpleNamespace(services=services)
+    t0 = time.monotonic()
+    manager.started(pipeline)
+    stuck = {"rollout-0": {"pid": 11, "since_change_s": 6.5, "error": None}}
+    assert manager.judge(stuck, services, now=t0 + 5.0) == {}  # within the grace after its start
+    assert manager.judge({"rollout-0": {**stuck["rollout-0"], "since_change_s": 5.0}}, services, t0 + 30) == {}
+    assert manager.judge(stuck, services, now=t0 + 7.0) == {"rollout-0": "no progress for 6s (hung)"}
+    assert manager.judge({"rollout-0": {"pid": 99, "since_change_s": 60.0}}, services, t0 + 70) == {}  # old pid
+    raised = {"reward-0": {"pid": 12, "since_change_s": 0.1, "error": "RuntimeError: boom"}}
+    assert manager.judge(raised, services, now=t0 + 1.0) == {"reward-0": "work loop raised: RuntimeError: boom"}
+
+
+def test_the_monitor_actor_does_not_import_the_model_stack() -> None:
+    """Its process imports only its own module (it used to import every service, torch and transformers)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, relax_services._health_monitor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_memory_monitor_kills_are_recognised() -> None:
+    """Ray's own words when its memory monitor kills a worker (from the raylet), through an exception chain."""
+    from relax_services.health import memory_kill
+
+    try:
+        try:
+            raise RuntimeError("1 worker(s) were killed due to the node running low on memory.")
+        except RuntimeError as inner:
+            raise ValueError("service reward-0 failed 4 times; last: process died") from inner
+    except ValueError as outer:
+        assert memory_kill(outer)
+    assert memory_kill(RuntimeError("last: killed by Ray's memory monitor (the node ran low on memory)"))
+    assert not memory_kill(RuntimeError("process died"))
