@@ -370,3 +370,23 @@ def test_an_update_gives_the_same_bits_whatever_the_process_thread_count() -> No
     assert all(torch.equal(pinned_one[k], one[k]) for k in one)
     with pytest.raises(ValueError, match="intra_op_threads"):
         TorchTrainConfig(intra_op_threads=0)
+
+
+def test_logged_entropy_is_the_token_mean_whatever_the_loss_reports() -> None:
+    """The logged entropy is the mean per-token entropy of the policy, computed here from the engine's own
+    scores; a loss function that reports an ``entropy`` of its own must not be summed into it (it was:
+    H · (1 + 1/tokens), above the entropy's maximum)."""
+    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(micro_batch_size=2, suppressed_ids=SUPPRESSED_IDS))
+    batch = _samples(4)
+    with torch.no_grad():
+        scores = engine.score(batch)
+    expected = float((scores.entropy * scores.mask).sum() / scores.mask.sum())
+
+    def loss_with_own_entropy(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, extra = pg_token_mean(inputs)
+        return loss, {**extra, "entropy": 3.0, "tokens": 1e6}
+
+    metrics = engine.accumulate_gradients(batch, loss_with_own_entropy)
+    assert metrics["entropy"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["tokens"] == float(scores.mask.sum())
+    assert metrics["entropy"] <= math.log(TOKENS.vocab_size - len(SUPPRESSED_IDS)) + 1e-6

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
-from relax_services.engines.torch_train import TorchTrainConfig, _pad_to, _stack_fields
+from relax_services.engines.torch_train import ENGINE_METRICS, TorchTrainConfig, _pad_to, _stack_fields
 from relax_services.models.value import ValueModel
 
 __all__ = ["FSDPConfig", "FSDPTrainEngine", "FSDPValueEngine", "decoder_blocks"]
@@ -390,7 +390,8 @@ class FSDPTrainEngine:
             local["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
             local["tokens"] += float(scores.mask.sum())
             for key, value in extra.items():
-                local[key] = local.get(key, 0.0) + weight * float(value)
+                if key not in ENGINE_METRICS:  # the engine measures these itself
+                    local[key] = local.get(key, 0.0) + weight * float(value)
         totals = self._sum_metrics(local)
         totals["entropy"] /= max(totals["tokens"], 1.0)
         return totals

@@ -19,6 +19,10 @@ from relax_services.models.value import ValueModel
 
 LossWeighting = Literal["tokens", "samples"]
 
+ENGINE_METRICS = ("loss", "entropy", "tokens")
+"""Metrics the engine computes itself; a loss function's own values under these names are not added in (its
+``entropy`` summed into the engine's token sum logged H · (1 + 1/tokens), above the entropy's maximum)."""
+
 
 @dataclass(frozen=True)
 class TorchTrainConfig:
@@ -233,7 +237,8 @@ class TorchTrainEngine:
             totals["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
             n_tokens += float(scores.mask.sum())
             for key, value in extra.items():
-                totals[key] = totals.get(key, 0.0) + weight * float(value)
+                if key not in ENGINE_METRICS:  # the engine measures these itself
+                    totals[key] = totals.get(key, 0.0) + weight * float(value)
         totals["entropy"] /= max(n_tokens, 1.0)
         totals["tokens"] = n_tokens
         return totals
