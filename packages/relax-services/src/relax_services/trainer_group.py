@@ -27,6 +27,7 @@ import torch
 
 from relax_services.engines.fsdp_train import FSDPConfig
 from relax_services.engines.protocols import LossFn, TrainSample
+from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
 
 __all__ = ["TrainerGroup", "TrainerGroupConfig", "TrainerGroupFailed"]
@@ -100,6 +101,9 @@ class _TrainerRank:
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.engine.compute_logprobs(batch)
+
+    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
+        return self.engine.compute_scores(batch, with_dist)
 
     def policy_state(self) -> dict[str, torch.Tensor] | None:
         state = self.engine.policy_state()  # every rank takes part in the gathers; rank 0 answers
@@ -206,6 +210,14 @@ class TrainerGroup:
 
         result: tuple[torch.Tensor, torch.Tensor] = self._call("compute_logprobs", ray.put(list(batch)))[0]
         return result
+
+    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
+        """Per-token log-probs, mask and (``with_dist``) the whole distributions of the batch, every rank scoring
+        its share (rank 0's gathered answer)."""
+        import ray
+
+        scores: TokenScores = self._call("compute_scores", ray.put(list(batch)), with_dist)[0]
+        return scores
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The full weights (gathered by every rank, returned by rank 0)."""
