@@ -26,6 +26,7 @@ from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine, FSDPV
 from relax_services.engines.weight_buckets import BucketLoader, InProcessWeightStream, stream_buckets
 from relax_services.models import build_tiny_omni, build_value_model
 from relax_services.models.synthetic import synthetic_prompt
+from relax_services.models.tiny_omni import tiny_omni_checkpoint
 
 # Rank 0's shares hold an image and a video, rank 1's an audio clip: the ranks use different encoders.
 MODALITIES = ("image", "text", "audio", "text", "text", "video", "text", "text")
@@ -126,7 +127,7 @@ def checkpoints(out: dict[str, Any], folder: Path) -> None:
     engine = FSDPTrainEngine(build_tiny_omni(0), CONFIG)
     _train(engine, range(2))
     save_checkpoint(engine, folder / "ckpt")
-    export_hf(engine, folder / "hf")
+    export_hf(engine, folder / "hf", side_files_from=tiny_omni_checkpoint(0))
     out["saved_weights"] = engine.policy_state()
     out["saved_optimizer"] = _full(engine.state_dict()["optimizer"])
     out["continued_metrics"] = _train(engine, range(2, 4))

@@ -163,10 +163,15 @@ def checkpoint_model_state(folder: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def export_hf(engine: FSDPTrainEngine, folder: Path) -> Path:
+def export_hf(engine: FSDPTrainEngine, folder: Path, side_files_from: Path | None = None) -> Path:
     """Gathers the full weights from the shards and writes them as a transformers checkpoint (``config.json``
-    and ``model.safetensors``; :func:`~relax_services.models.load_model` reads it) atomically from rank 0
-    (collective: every rank takes part in the gathers).
+    and ``model.safetensors``) atomically from rank 0 (collective: every rank takes part in the gathers).
+
+    Args:
+        engine: The sharded engine.
+        folder: The checkpoint folder to write.
+        side_files_from: The checkpoint folder the model came from: its tokenizer, chat template and processor
+            files are copied beside the weights, so :func:`~relax_services.models.load_model` reads the result.
 
     Returns:
         ``folder``.
@@ -184,5 +189,9 @@ def export_hf(engine: FSDPTrainEngine, folder: Path) -> Path:
         save_file(
             {k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
         )
+        if side_files_from is not None:
+            from relax_services.models import copy_side_files
+
+            copy_side_files(side_files_from, tmp)
     _rank0_replace(engine, tmp, folder)
     return folder
