@@ -14,6 +14,7 @@ def _train(args: argparse.Namespace) -> int:
     from relax_core import ConfigError
     from relax_services.config import load_run_config
     from relax_services.controller import Controller, init_ray, make_run_dir
+    from relax_services.footprint import PeakMemory, format_footprint, update_split
     from relax_services.summary import format_summary
 
     overrides = list(args.overrides)
@@ -24,8 +25,13 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
+    if cfg.run.mode == "colocated":  # every service a thread of this process: no Ray
+        from relax_services.colocated import train_colocated
+
+        return train_colocated(cfg, args.resume)
     run_dir = make_run_dir(cfg)
     print(f"relax train: run folder {run_dir}", flush=True)
+    memory = PeakMemory().start()
     try:
         started = init_ray(cfg.run.ray_address)
     except ConnectionError as exc:
@@ -38,7 +44,8 @@ def _train(args: argparse.Namespace) -> int:
             import ray
 
             ray.shutdown()
-    text = format_summary(result)
+    memory.stop()
+    text = format_summary(result) + "\n" + format_footprint(update_split(run_dir / "metrics.jsonl"), memory.peak_bytes)
     (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
     print(text, flush=True)
     return 0

@@ -102,6 +102,8 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
 class Controller:
     """Drives one run to its end (steps, time limit, target reward, or a signal)."""
 
+    pipeline_builder = staticmethod(build_pipeline)  # the colocated mode's controller builds in-process services
+
     def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -226,7 +228,7 @@ class Controller:
     def _start_pipeline(self, restore: Path | None) -> None:
         """Build and start the services, from a checkpoint folder when given (else from step 0)."""
         cfg = self.cfg
-        self.pipeline = build_pipeline(cfg, self.data.heldout, restore)
+        self.pipeline = self.pipeline_builder(cfg, self.data.heldout, restore)
         self.feeder = PromptFeeder(
             self.data.streams,
             _to_prompt,
