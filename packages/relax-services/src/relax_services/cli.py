@@ -57,6 +57,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_pipeline_bench(args.taus, args.overrides, args.config)
 
 
+def _bench_trl(args: argparse.Namespace) -> int:
+    from relax_services.bench_trl import run_trl_bench
+
+    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")])
+
+
 def _chaos(args: argparse.Namespace) -> int:
     from relax_services.chaos import run_chaos
 
@@ -89,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("overrides", nargs="*")
     pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
     pipe.set_defaults(func=_bench)
+    trl = bench_sub.add_parser("trl", help="TRL's GRPOTrainer against relax colocated (τ = 0, 2) on one task")
+    trl.add_argument("--work", type=Path, default=Path("/tmp/relax-bench-trl"), help="venv, data and runs")
+    trl.add_argument("--updates", type=int, default=300, help="updates per side (default 300)")
+    trl.add_argument("--taus", default="0,2", help="relax's τ values (default 0,2)")
+    trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)
     chaos.add_argument("overrides", nargs="*")
