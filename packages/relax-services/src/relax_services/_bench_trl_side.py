@@ -33,7 +33,7 @@ def main() -> None:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.work / "tokenizer"))
     model_cfg = hp["model"]
     torch.manual_seed(hp["seed"])
-    model = Qwen2ForCausalLM(
+    model = Qwen2ForCausalLM(  # type: ignore[no-untyped-call]
         Qwen2Config(
             vocab_size=len(tokenizer),
             hidden_size=model_cfg["hidden_size"],
@@ -57,7 +57,7 @@ def main() -> None:
 
     out = args.out.open("w", encoding="utf-8")
 
-    class Timeline(TrainerCallback):  # type: ignore[misc]
+    class Timeline(TrainerCallback):
         """One line per optimizer step: when it ended and the batch's mean reward (from the step's log)."""
 
         def __init__(self) -> None:
@@ -108,7 +108,11 @@ def main() -> None:
         generation_kwargs={"suppress_tokens": hp["suppressed_ids"]},  # relax never samples these ids either
     )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
         callbacks=[Timeline()],
     )
     trainer.train()

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.set_defaults(func=_bench)
     trl = bench_sub.add_parser("trl", help="TRL's GRPOTrainer against relax colocated (τ = 0, 2) on one task")
     trl.add_argument("--work", type=Path, default=Path("/tmp/relax-bench-trl"), help="venv, data and runs")
-    trl.add_argument("--updates", type=int, default=300, help="updates per side (default 300)")
+    trl.add_argument("--updates", type=int, default=400, help="updates per side (default 400)")
     trl.add_argument("--taus", default="0,2", help="relax's τ values (default 0,2)")
     trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
