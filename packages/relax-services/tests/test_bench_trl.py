@@ -18,7 +18,8 @@ def test_crossing_needs_a_full_window() -> None:
 
 def test_summarise_from_one_clock() -> None:
     start = 1000.0
-    times = [start + 5.0 + 0.5 * i for i in range(30)]  # first update 5 s after the command, then every 0.5 s
+    times = [start + 5.0 + 0.5 * i for i in range(30)]
+    # first update 5 s after the command, then every 0.5 s
     rewards = [0.0] * 10 + [1.0] * 20
     side = SideResult("x", start, times, rewards, samples=64, peak_bytes=2_500_000_000, wall_s=21.0)
     figures = summarise(side)
@@ -28,6 +29,10 @@ def test_summarise_from_one_clock() -> None:
     # moving average over 10 reaches 0.8 when 8 of the last 10 are 1: update index 17 (the 18th update)
     assert figures["updates_to_0.8"] == 18
     assert figures["wall_to_0.8"] == pytest.approx(5.0 + 0.5 * 17)
+    stalled_times = times[:3] + [t + 100.0 for t in times[3:]]  # a 100 s stall after the third update
+    stalled = summarise(SideResult("x", start, stalled_times, rewards, samples=64))
+    assert stalled["wall_to_0.8"] == pytest.approx(5.0 + 0.5 * 17 + 100.0)
+    assert stalled["paced_to_0.8"] == pytest.approx(5.0 + 0.5 * 17)
     assert figures["updates_to_0.5"] == 15
     assert figures["final_reward"] == pytest.approx(1.0)
     assert figures["peak_gb"] == pytest.approx(2.5)
