@@ -12,7 +12,10 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 
 def main() -> None:
@@ -52,7 +55,7 @@ def main() -> None:
     pairs = zip(task["prompts"], task["answers"], strict=True)
     dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in pairs])
 
-    def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    def reward(completions: list[str], answer: list[str], **_: object) -> list[float]:
         return [exact_match_reward(c, a) for c, a in zip(completions, answer, strict=True)]
 
     out = args.out.open("w", encoding="utf-8")
@@ -63,10 +66,19 @@ def main() -> None:
         def __init__(self) -> None:
             self.pending: dict[str, Any] | None = None
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+        ) -> None:
             self.pending = {"step": int(state.global_step), "time": time.time()}
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **kwargs: object,
+        ) -> None:
             if self.pending is not None and logs and "reward" in logs:
                 self.pending["reward"] = float(logs["reward"])
                 self.pending["samples"] = hp["groups_per_step"] * hp["group_size"]

@@ -37,7 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from relax_services.footprint import PeakMemory
 
@@ -107,7 +107,23 @@ def summarise(side: SideResult) -> dict[str, float | None]:
     return out
 
 
-def _hparams(updates: int, seed: int) -> dict[str, Any]:
+class BenchHParams(TypedDict):
+    """The hyper-parameters both sides train with (sent to TRL's side as JSON)."""
+
+    updates: int
+    seed: int
+    group_size: int
+    groups_per_step: int
+    max_new_tokens: int
+    temperature: float
+    lr: float
+    grad_clip: float
+    clip_eps: float
+    suppressed_ids: list[int]
+    model: dict[str, int | bool]
+
+
+def _hparams(updates: int, seed: int) -> BenchHParams:
     from relax_services.models import _vocab
 
     return {
@@ -190,7 +206,7 @@ def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResul
     return side
 
 
-def _run_trl(work: Path, hp: dict[str, Any], env: dict[str, str]) -> SideResult:
+def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
     python = _trl_python(work)
     out = work / "trl" / "timeline.jsonl"
     shutil.rmtree(out.parent, ignore_errors=True)
@@ -206,7 +222,7 @@ def _run_trl(work: Path, hp: dict[str, Any], env: dict[str, str]) -> SideResult:
     return side
 
 
-def _run_relax(work: Path, hp: dict[str, Any], tau: int, env: dict[str, str]) -> SideResult:
+def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
     from relax_services._metrics import read_metrics
 
     name = f"relax-colocated-tau{tau}"

@@ -34,7 +34,7 @@ from relax_services.health import GlobalRestartNeeded, HealthManager
 from relax_services.pipeline import pipeline_family, queue_configs, service_plan
 from relax_services.rows import HeldoutItem
 from relax_services.services import EvalService, TrainerService
-from relax_services.services._base import HealthMonitor, ServiceBase
+from relax_services.services._base import Beat, HealthMonitor, ServiceBase
 from relax_services.weights import InProcessWeightStore
 
 __all__ = [
@@ -82,9 +82,9 @@ class LocalHealth:
         self._lock = threading.Lock()
         self.beat = _LocalBeat(self.monitor, self._lock)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, Beat]:
         with self._lock:
-            return dict(self.monitor.snapshot())
+            return self.monitor.snapshot()
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -173,10 +173,10 @@ class LocalHealthManager(HealthManager):
     """:class:`HealthManager` for threads: a loop that raised or stopped making progress is rebuilt in place;
     the trainer (or a service past its restarts) brings a global restart from the last checkpoint."""
 
-    def collect_reports(self, pipeline: Any) -> dict[str, list[dict[str, Any]]]:
+    def collect_reports(self, pipeline: LocalPipeline) -> dict[str, list[dict[str, Any]]]:  # type: ignore[override]
         return {name: spec.obj.report() for name, spec in pipeline.services.items() if spec.obj is not None}
 
-    def check(self, pipeline: Any) -> None:
+    def check(self, pipeline: LocalPipeline) -> None:  # type: ignore[override]
         beats = pipeline.health.snapshot()
         now_wall = time.time()
         for name, spec in pipeline.services.items():
@@ -190,7 +190,7 @@ class LocalHealthManager(HealthManager):
             if reason is not None:
                 self._restart(pipeline, spec, reason)
 
-    def _restart(self, pipeline: Any, spec: Any, reason: str) -> None:
+    def _restart(self, pipeline: LocalPipeline, spec: LocalService, reason: str) -> None:  # type: ignore[override]
         self.record_event("detected", spec.name, reason=reason)
         if spec.role == "trainer":  # its state lives in the last checkpoint: restart the whole run from there
             raise GlobalRestartNeeded(f"trainer failed: {reason}")
