@@ -230,6 +230,9 @@ class ColocatedController(Controller):
         """Same consistent checkpoint as the distributed controller (trainer held, feeder held, engine state,
         prompt queue, sample queue, feeder and ledger), by direct calls."""
         trainer = self.pipeline.trainer()
+        error = trainer.status()["error"]
+        if error is not None:  # its loop has ended: a pause would only wait out its timeout
+            raise GlobalRestartNeeded(f"trainer unavailable for a checkpoint: {error}")
         try:
             version = trainer.pause(timeout=30 + 2 * self.cfg.health.heartbeat_timeout_s)
         except TimeoutError as exc:
