@@ -90,6 +90,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
     from relax_services.controller import Controller, init_ray  # the heavy imports (torch, transformers, ray)
+    from relax_services.footprint import PeakMemory, format_footprint, update_split
     from relax_services.health import memory_kill
     from relax_services.summary import format_summary
 
@@ -101,13 +102,26 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         )
         return 1
 
+    controller_cls: type[Controller] = Controller
+    started = False
+    if cfg.run.mode == "colocated":  # every service a thread of this process: no Ray
+        from relax_services.colocated import ColocatedController, check_colocated
+
+        try:
+            check_colocated(cfg)
+        except ValueError as exc:
+            print(f"relax train: {exc}", file=sys.stderr)
+            return 2
+        controller_cls = ColocatedController
+    else:
+        try:
+            started = init_ray(cfg.run.ray_address)
+        except ConnectionError as exc:
+            print(f"relax train: {exc}", file=sys.stderr)
+            return 2
+    memory = PeakMemory().start()
     try:
-        started = init_ray(cfg.run.ray_address)
-    except ConnectionError as exc:
-        print(f"relax train: {exc}", file=sys.stderr)
-        return 2
-    try:
-        controller = Controller(cfg, run_dir, resume=args.resume, resume_changes=changed, started_at=_STARTED)
+        controller = controller_cls(cfg, run_dir, resume=args.resume, resume_changes=changed, started_at=_STARTED)
         signals.target = controller
         if signals.reason is not None:
             controller.request_stop(signals.reason)
@@ -122,7 +136,8 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
             import ray
 
             ray.shutdown()
-    text = format_summary(result)
+    memory.stop()
+    text = format_summary(result) + "\n" + format_footprint(update_split(run_dir / "metrics.jsonl"), memory.peak_bytes)
     try:
         (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
     except OSError as exc:  # e.g. the disk that stopped the run: the summary still reaches the terminal
@@ -157,6 +172,12 @@ def _bench_train(args: argparse.Namespace) -> int:
 
     run(args)
     return 0
+
+
+def _bench_trl(args: argparse.Namespace) -> int:
+    from relax_services.bench_trl import run_trl_bench
+
+    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")])
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -213,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench_train)
     bench_train.set_defaults(func=_bench_train)
+
+    trl = bench_sub.add_parser("trl", help="TRL's GRPOTrainer against relax colocated (τ = 0, 2) on one task")
+    trl.add_argument("--work", type=Path, default=Path("/tmp/relax-bench-trl"), help="venv, data and runs")
+    trl.add_argument("--updates", type=int, default=400, help="updates per side (default 400)")
+    trl.add_argument("--taus", default="0,2", help="relax's τ values (default 0,2)")
+    trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)
     chaos.add_argument("overrides", nargs="*")

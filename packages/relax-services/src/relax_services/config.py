@@ -246,6 +246,10 @@ class RunSettings(ConfigModel):
     ray_address: str | None = None
     """Join an existing Ray cluster at this address instead of starting a local one."""
 
+    mode: Literal["distributed", "colocated"] = "distributed"
+    """'distributed': one Ray actor per service (several processes, GPUs, nodes). 'colocated': every service as a
+    thread of the ``relax train`` process over the in-process queue and weight store (one machine, no Ray)."""
+
     progress: Literal["auto", "live", "lines", "none"] = "auto"
     """'live' redraws a table (TTY), 'lines' prints one line per report, 'auto' picks by TTY."""
 

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,8 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
 
 class Controller:
     """Drives one run to its end (steps, time limit, target reward, or a signal)."""
+
+    pipeline_builder = staticmethod(build_pipeline)  # the colocated mode's controller builds in-process services
 
     def __init__(
         self,
@@ -295,7 +298,7 @@ class Controller:
     def _start_pipeline(self, restore: Path | None) -> None:
         """Build and start the services, from a checkpoint folder when given (else from step 0)."""
         cfg = self.cfg
-        self.pipeline = build_pipeline(cfg, self.data.heldout, restore)
+        self.pipeline = self.pipeline_builder(cfg, self.data.heldout, restore)
         self.feeder = PromptFeeder(
             self.data.streams,
             self.data.to_prompt,
@@ -329,7 +332,6 @@ class Controller:
                 checkpoint stays the latest).
         """
         import ray
-        import torch
 
         trainer = self.pipeline.services["trainer"].handle
         try:
@@ -337,20 +339,39 @@ class Controller:
             version = int(ray.get(trainer.pause.remote(), timeout=30 + 2 * self.cfg.health.heartbeat_timeout_s))
         except ray.exceptions.RayError as exc:
             raise GlobalRestartNeeded(f"trainer unavailable for a checkpoint: {type(exc).__name__}") from exc
+
+        def save_engine(path: str) -> None:
+            try:
+                ray.get(trainer.save_engine.remote(path), timeout=600)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, OSError):  # the trainer could not write: the same as a write here
+                    raise exc.cause from None
+                raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
+            except ray.exceptions.RayError as exc:
+                raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
+
+        return self._write_checkpoint(version, save_engine, None if hold else lambda: trainer.resume.remote())
+
+    def _write_checkpoint(
+        self, version: int, save_engine: Callable[[str], None], resume_trainer: Callable[[], object] | None
+    ) -> Path:
+        """The checkpoint of a held trainer at ``version``: feeder held, then engine state (``save_engine``),
+        prompt queue, sample queue and the feeder position with its ledger, renamed into place together; then the
+        trainer resumes (``resume_trainer``; None leaves it held) and the HF export is written.
+
+        Raises:
+            CheckpointWriteError: the files could not be written (the partial folder is removed; the previous
+                checkpoint stays the latest).
+        """
+        import torch
+
         self.feeder.pause()
         try:
             self._poll_services()  # the ledger must include every update up to this version
             tmp: Path | None = None
             try:
                 tmp = self.checkpoints.begin(version)
-                try:
-                    ray.get(trainer.save_engine.remote(str(tmp / ENGINE_FILE)), timeout=600)
-                except ray.exceptions.RayTaskError as exc:
-                    if isinstance(exc.cause, OSError):  # the trainer could not write: the same as a write here
-                        raise exc.cause from None
-                    raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
-                except ray.exceptions.RayError as exc:
-                    raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
+                save_engine(str(tmp / ENGINE_FILE))
                 self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
                 self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
                 state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
@@ -362,8 +383,8 @@ class Controller:
                 raise CheckpointWriteError(self.checkpoints.folder, version, self.checkpoints.latest(), exc) from exc
         finally:
             self.feeder.resume()
-            if not hold:
-                trainer.resume.remote()
+            if resume_trainer is not None:
+                resume_trainer()
         self._checkpoint_step = version
         if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
             from relax_services.export import HF_FOLDER, export_checkpoint

@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
 
 if TYPE_CHECKING:
+    from relax_services._health_monitor import Beat
     from relax_services.pipeline import Pipeline, ServiceSpec
 
 __all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError", "memory_kill"]
@@ -118,7 +120,7 @@ class HealthManager:
         for name, reason in self.judge(beats, pipeline.services, time.monotonic()).items():
             self._restart(pipeline, pipeline.services[name], reason)
 
-    def judge(self, beats: dict[str, dict[str, Any]], services: dict[str, Any], now: float) -> dict[str, str]:
+    def judge(self, beats: Mapping[str, Beat], services: Mapping[str, Any], now: float) -> dict[str, str]:
         """Which services failed and why, from the monitor's ``snapshot`` and the monotonic time ``now``."""
         failed: dict[str, str] = {}
         for name, spec in services.items():

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relax_core import ALGORITHMS, algorithm_spec
-from relax_queue import BoundedStaleness, Capacity, QueueConfig, RayQueueClient, TaskSpec, create_ray_queue
+from relax_queue import (
+    BoundedStaleness,
+    Capacity,
+    QueueClient,
+    QueueConfig,
+    RayQueueClient,
+    TaskSpec,
+    create_ray_queue,
+)
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
@@ -31,13 +39,23 @@ from relax_services.services import (
     TrainerService,
 )
 from relax_services.services._base import ServiceBase
-from relax_services.weights import RayWeightStore
+from relax_services.weights import RayWeightStore, WeightStore
 
 if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
 
-__all__ = ["ALGORITHM_BUILDERS", "PIPELINE_BUILDERS", "Pipeline", "ServiceSpec", "build_pipeline", "pipeline_family"]
+__all__ = [
+    "ALGORITHM_BUILDERS",
+    "PIPELINE_BUILDERS",
+    "Pipeline",
+    "PlannedService",
+    "ServiceSpec",
+    "build_pipeline",
+    "pipeline_family",
+    "queue_configs",
+    "service_plan",
+]
 
 
 @dataclass
@@ -125,7 +143,8 @@ class Pipeline:
             ray.kill(actor, no_restart=True)
 
 
-def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
+def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
+    """The prompt queue's and the sample queue's configs (the same in every transport)."""
     sample_tasks = [TaskSpec("reward")]
     if cfg.algorithm.uses_reference:
         sample_tasks.append(TaskSpec("reference"))
@@ -146,6 +165,11 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueCli
         capacity=Capacity(max_rows=4 * cfg.trainer.groups_per_step),
         lease_timeout_s=min(cfg.queue.lease_timeout_s, 15.0),
     )
+    return prompts, samples
+
+
+def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
+    prompts, samples = queue_configs(cfg)
     return create_ray_queue(f"{namespace}-prompts", prompts), create_ray_queue(f"{namespace}-samples", samples)
 
 
@@ -161,6 +185,36 @@ def build_ppo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None =
     return _build(cfg, heldout, restore, critic=True)
 
 
+PlannedService = tuple[str, str, type[ServiceBase], tuple[Any, ...], dict[str, Any]]
+"""``(name, role, service class, positional args after the name, keyword args)`` of one service."""
+
+
+def service_plan(
+    cfg: RunConfig,
+    heldout: list[HeldoutItem],
+    restore: Path | None,
+    prompt_queue: QueueClient,
+    sample_queue: QueueClient,
+    weights: WeightStore,
+    critic_weights: WeightStore | None,
+) -> list[PlannedService]:
+    """The services of a run and their arguments, whatever runs them (Ray actors or threads of one process):
+    Trainer, Rollout workers, Reward, Reference (KL term), Critic (a critic weight store given) and Evaluator."""
+    plan: list[PlannedService] = []
+    engine_state = None if restore is None else str(restore / ENGINE_FILE)
+    trainer_args = (cfg, sample_queue, weights, engine_state)
+    plan.append(("trainer", "trainer", TrainerService, trainer_args, {"critic_weights": critic_weights}))
+    for i in range(cfg.rollout.num_workers):
+        plan.append((f"rollout-{i}", "rollout", RolloutService, (cfg, prompt_queue, sample_queue, weights), {}))
+    plan.append(("reward", "reward", RewardService, (cfg, sample_queue), {}))
+    if cfg.algorithm.uses_reference:
+        plan.append(("reference", "reference", ReferenceService, (cfg, sample_queue), {}))
+    if critic_weights is not None:
+        plan.append(("critic", "critic", CriticService, (cfg, sample_queue, critic_weights), {}))
+    plan.append(("eval", "eval", EvalService, (cfg, heldout, weights), {}))
+    return plan
+
+
 def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, critic: bool) -> Pipeline:
     import ray
 
@@ -173,21 +227,11 @@ def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, 
     critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
     health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
     services: dict[str, ServiceSpec] = {}
-
-    def add(name: str, role: str, cls: type[ServiceBase], *args: object, **kwargs: object) -> None:
+    for name, role, cls, args, kwargs in service_plan(
+        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights
+    ):
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
-
-    engine_state = None if restore is None else str(restore / ENGINE_FILE)
-    add("trainer", "trainer", TrainerService, cfg, sample_queue, weights, engine_state, critic_weights=critic_weights)
-    for i in range(cfg.rollout.num_workers):
-        add(f"rollout-{i}", "rollout", RolloutService, cfg, prompt_queue, sample_queue, weights)
-    add("reward", "reward", RewardService, cfg, sample_queue)
-    if cfg.algorithm.uses_reference:
-        add("reference", "reference", ReferenceService, cfg, sample_queue)
-    if critic_weights is not None:
-        add("critic", "critic", CriticService, cfg, sample_queue, critic_weights)
-    add("eval", "eval", EvalService, cfg, heldout, weights)
     return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights)
 
 

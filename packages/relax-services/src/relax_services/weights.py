@@ -135,6 +135,9 @@ class InProcessWeightStore:
         keep: Versions retained (older ones are dropped as new ones arrive).
     """
 
+    poll_interval_s = 0.0
+    """How often a reader should ask for a newer version: asking is a locked dict lookup, so always."""
+
     def __init__(self, keep: int = 2) -> None:
         self._versions: _Versions[StateDict] = _Versions(keep)
         self._lock = threading.Lock()
@@ -218,6 +221,10 @@ class RayWeightStore:
     Args:
         actor: Handle of a :class:`WeightStoreActor` actor.
     """
+
+    poll_interval_s = 0.05
+    """How often a reader should ask for a newer version: every ask is an actor round trip, so a few tens of
+    milliseconds keep polling off a rollout's decode path."""
 
     def __init__(self, actor: ActorHandle[WeightStoreActor]) -> None:
         self._actor = actor

@@ -55,7 +55,9 @@ class RolloutService(ServiceBase):
         self.reader = prompt_queue.reader(
             "rollout", fields=["item", "prompt"], batcher=FixedSizeBatcher(cfg.rollout_call_groups)
         )
-        self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=0.05)
+        # In process a poll is a dict lookup; across processes an actor call (the store says which interval fits).
+        interval = float(getattr(weights, "poll_interval_s", 0.05))
+        self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
         self._sync_weights()  # a (re)started worker begins from the newest published weights
 
     def _sync_weights(self) -> None:

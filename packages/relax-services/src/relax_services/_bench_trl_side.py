@@ -1,0 +1,135 @@
+"""TRL's side of ``relax bench trl``: runs TRL's ``GRPOTrainer`` on the benchmark task and writes one JSON line
+per update (wall time, mean reward, samples) to ``--out``.
+
+Run by the benchmark with the interpreter of its throwaway venv (the only place ``trl`` is installed); it is not
+imported by relax. The reward is relax-core's ``exact_match_reward``, the very function relax's reward service
+uses, so both sides score alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, required=True, help="benchmark folder: tokenizer/, task.json")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--hparams", type=str, required=True, help="JSON of the shared hyper-parameters")
+    args = parser.parse_args()
+    hp: dict[str, Any] = json.loads(args.hparams)
+
+    import torch
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from relax_core import exact_match_reward
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.work / "tokenizer"))
+    model_cfg = hp["model"]
+    torch.manual_seed(hp["seed"])
+    model = Qwen2ForCausalLM(  # type: ignore[no-untyped-call]
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=model_cfg["hidden_size"],
+            intermediate_size=model_cfg["ffn_size"],
+            num_hidden_layers=model_cfg["num_layers"],
+            num_attention_heads=model_cfg["num_heads"],
+            num_key_value_heads=model_cfg["num_kv_heads"],
+            max_position_embeddings=256,
+            tie_word_embeddings=model_cfg["tie_word_embeddings"],
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    )
+    task = json.loads((args.work / "task.json").read_text(encoding="utf-8"))
+    pairs = zip(task["prompts"], task["answers"], strict=True)
+    dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in pairs])
+
+    def reward(completions: list[str], answer: list[str], **_: object) -> list[float]:
+        return [exact_match_reward(c, a) for c, a in zip(completions, answer, strict=True)]
+
+    out = args.out.open("w", encoding="utf-8")
+
+    class Timeline(TrainerCallback):
+        """One line per optimizer step: when it ended and the batch's mean reward (from the step's log)."""
+
+        def __init__(self) -> None:
+            self.pending: dict[str, Any] | None = None
+
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+        ) -> None:
+            self.pending = {"step": int(state.global_step), "time": time.time()}
+
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **kwargs: object,
+        ) -> None:
+            if self.pending is not None and logs and "reward" in logs:
+                self.pending["reward"] = float(logs["reward"])
+                self.pending["samples"] = hp["groups_per_step"] * hp["group_size"]
+                out.write(json.dumps(self.pending) + "\n")
+                out.flush()
+                self.pending = None
+
+    samples_per_step = hp["groups_per_step"] * hp["group_size"]
+    config = GRPOConfig(
+        output_dir=str(args.out.parent / "trl_output"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=hp["updates"],
+        per_device_train_batch_size=samples_per_step,
+        gradient_accumulation_steps=1,
+        num_generations=hp["group_size"],
+        max_completion_length=hp["max_new_tokens"],
+        temperature=hp["temperature"],
+        top_p=1.0,
+        learning_rate=hp["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=hp["grad_clip"],
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        beta=0.0,
+        epsilon=hp["clip_eps"],
+        loss_type="grpo",  # per-sequence token mean, then the batch mean (relax's seq-mean-token-mean)
+        scale_rewards="group",  # (r - group mean) / group std (relax's norm_adv_by_std)
+        num_iterations=1,
+        seed=hp["seed"],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        generation_kwargs={"suppress_tokens": hp["suppressed_ids"]},  # relax never samples these ids either
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timeline()],
+    )
+    trainer.train()
+    out.close()
+
+
+if __name__ == "__main__":
+    main()

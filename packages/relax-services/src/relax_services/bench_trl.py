@@ -1,0 +1,337 @@
+"""``relax bench trl``: TRL's ``GRPOTrainer`` against relax (colocated, τ = 0 and τ = 2) on one task, one after
+the other in one run, side by side with ratios.
+
+The task: single-digit addition. A prompt is ``a+b=`` with digits 0 ≤ a, b ≤ 4 (all 25 pairs); the
+completion is one token, and the reward is relax-core's ``exact_match_reward`` (1 when the decoded completion is the
+sum, else 0), the same function on both sides. Both start from random weights with no supervised warm-up, so a
+random policy scores about 1/53 (53 samplable ids); one-token answers keep that rate high enough for GRPO to find
+the signal from scratch (with an end-of-answer token as well it would be about 1/53², and neither side learns).
+
+Held equal: the tokenizer (relax's 64-token character vocabulary, built locally with ``tokenizers`` and saved
+with ``save_pretrained`` for TRL), the prompt ids (``<|bos|><|user|>a+b=<|assistant|>``), the text decoder's sizes
+(width 64, 2 layers, 4 heads, 2 KV heads, FFN 128, untied head), group size, prompts per update, completion
+length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
+per-sequence-token-mean loss, group-std advantage scaling, one optimizer step per batch, the ids never sampled,
+torch and its thread count (TRL runs on this environment's torch through a venv layered over it).
+
+Not held equal: relax's policy is its own tiny Qwen2.5-Omni thinker (the same text decoder plus vision and audio
+encoders the text prompts never use, and multimodal rotary positions), because ``model.source`` cannot take a
+plain Qwen2 folder on this branch; TRL's is ``Qwen2ForCausalLM`` from a config. relax also computes the final
+held-out evaluation, which TRL does not.
+
+Measured per side, from one clock: command → first update, median seconds per update (between consecutive
+updates, the first ten skipped), samples/s, updates and wall seconds from the command until the moving average
+(over ten updates) of the training reward reaches each threshold, and the peak PSS of the side's process tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypedDict
+
+from relax_services.footprint import PeakMemory
+
+__all__ = ["SideResult", "crossing", "run_trl_bench", "summarise"]
+
+THRESHOLDS = (0.3, 0.5, 0.8)
+WINDOW = 10  # updates in the moving average of the training reward
+SKIP = 10  # first updates left out of the per-update median (allocator and cache warm-up)
+TRL_VERSION = "1.16.0"
+
+
+@dataclass
+class SideResult:
+    """One side's timeline and what is derived from it.
+
+    Attributes:
+        name: Column header.
+        start: Wall time the command was launched.
+        times: Wall time each update ended.
+        rewards: Mean training reward of each update's batch.
+        samples: Completions per update.
+        peak_bytes: Peak PSS of the side's process tree.
+        wall_s: Command start to process exit.
+    """
+
+    name: str
+    start: float
+    times: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    samples: int = 0
+    peak_bytes: int = 0
+    wall_s: float = 0.0
+
+
+def crossing(times: Sequence[float], rewards: Sequence[float], threshold: float, window: int = WINDOW) -> int | None:
+    """Index of the first update whose moving-average reward over the last ``window`` updates (a full window:
+    one lucky early batch does not count) is ≥ ``threshold``; None when it never is."""
+    total = 0.0
+    for i, r in enumerate(rewards):
+        total += r
+        if i >= window:
+            total -= rewards[i - window]
+        if i + 1 >= window and total / window >= threshold:
+            return i
+    return None
+
+
+def summarise(side: SideResult) -> dict[str, float | None]:
+    """The figures of one side (None where undefined: no update, or a threshold never reached)."""
+    out: dict[str, float | None] = {}
+    times = side.times
+    out["startup_s"] = times[0] - side.start if times else None
+    gaps = [b - a for a, b in zip(times[SKIP:], times[SKIP + 1 :], strict=False)]
+    out["s_per_update"] = statistics.median(gaps) if gaps else None
+    out["samples_per_s"] = side.samples / out["s_per_update"] if out["s_per_update"] else None
+    for t in THRESHOLDS:
+        i = crossing(times, side.rewards, t)
+        out[f"updates_to_{t}"] = None if i is None else float(i + 1)
+        out[f"wall_to_{t}"] = None if i is None else times[i] - side.start
+        # The same at the side's median pace: what the wall-clock would be without the stalls a shared machine
+        # puts into some stretches of a run (an estimate, labelled as one in the table).
+        startup, pace = out["startup_s"], out["s_per_update"]
+        out[f"paced_to_{t}"] = None if i is None or startup is None or pace is None else startup + i * pace
+    out["final_reward"] = statistics.fmean(side.rewards[-WINDOW:]) if side.rewards else None
+    out["peak_gb"] = side.peak_bytes / 1e9
+    out["wall_s"] = side.wall_s
+    return out
+
+
+class BenchHParams(TypedDict):
+    """The hyper-parameters both sides train with (sent to TRL's side as JSON)."""
+
+    updates: int
+    seed: int
+    group_size: int
+    groups_per_step: int
+    max_new_tokens: int
+    temperature: float
+    lr: float
+    grad_clip: float
+    clip_eps: float
+    suppressed_ids: list[int]
+    model: dict[str, int | bool]
+
+
+def _hparams(updates: int, seed: int) -> BenchHParams:
+    from relax_services.models import DEFAULT_SOURCE, open_checkpoint
+
+    return {
+        "updates": updates,
+        "seed": seed,
+        "group_size": 8,
+        "groups_per_step": 16,
+        "max_new_tokens": 1,
+        "temperature": 1.0,
+        "lr": 1e-3,
+        "grad_clip": 1.0,
+        "clip_eps": 0.2,
+        "suppressed_ids": list(open_checkpoint(DEFAULT_SOURCE).tokens.never_sample),
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 128}
+        | {"tie_word_embeddings": False},
+    }
+
+
+def _write_task(work: Path) -> None:
+    """The task for both sides: relax's data folder (train and held-out manifests), TRL's prompt list, and the
+    shared tokenizer folder."""
+    from relax_modalities.synthetic import TaskItem
+    from relax_services._data import PromptBuilder
+    from relax_services.config import ModelConfig
+    from relax_services.models import DEFAULT_SOURCE, open_checkpoint
+
+    options = tuple(str(i) for i in range(10))
+    items = [
+        TaskItem(id=f"add-{a}{b}", task="text", prompt=f"{a}+{b}=", answer=str(a + b), options=options, chance=0.1)
+        for a in range(5)
+        for b in range(5)
+    ]
+    for split in ("train", "heldout"):
+        folder = work / "data" / split
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "manifest.jsonl").write_text("".join(it.to_json(folder) + "\n" for it in items), encoding="utf-8")
+    to_prompt = PromptBuilder(ModelConfig())  # the default checkpoint's chat template and tokenizer
+    hf = open_checkpoint(DEFAULT_SOURCE).tokenizer
+    ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
+    prompts = [hf.decode(x) for x in ids]
+    assert [hf(p, add_special_tokens=False)["input_ids"] for p in prompts] == ids
+    hf.save_pretrained(str(work / "tokenizer"))
+    task = {"prompts": prompts, "answers": [it.answer for it in items]}
+    (work / "task.json").write_text(json.dumps(task), encoding="utf-8")
+
+
+def _trl_python(work: Path) -> Path:
+    """A throwaway venv with ``trl`` (and ``accelerate``) under ``work``, layered over this environment (a
+    ``.pth`` file) so that TRL runs on the same torch and transformers as relax; never a project dependency."""
+    venv = work / "trl-venv"
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        subprocess.run(["uv", "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # addsitedir (not a bare path line) so the base's own .pth files, the editable workspace packages, apply too
+    base = [p for p in sys.path if p.endswith("site-packages")]
+    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in base)
+    (Path(site) / "_relax_base.pth").write_text(lines, encoding="utf-8")
+    probe = subprocess.run([str(python), "-c", "import trl"], capture_output=True)
+    if probe.returncode != 0:
+        packages = [f"trl=={TRL_VERSION}", "accelerate"]  # everything else trl needs is in this environment
+        subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(python), "--no-deps", *packages], check=True)
+    return python
+
+
+def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResult:
+    """Launch ``cmd``, sample its tree's PSS until it exits; the timeline is filled in by the caller."""
+    side = SideResult(name=name, start=time.time())
+    with log.open("w", encoding="utf-8") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        memory = PeakMemory(pid=proc.pid, interval_s=0.25).start()
+        code = proc.wait()
+        side.peak_bytes = memory.stop()
+    side.wall_s = time.time() - side.start
+    if code != 0:
+        raise RuntimeError(f"{name} exited with status {code}; see {log}")
+    return side
+
+
+def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
+    python = _trl_python(work)
+    out = work / "trl" / "timeline.jsonl"
+    shutil.rmtree(out.parent, ignore_errors=True)
+    out.parent.mkdir(parents=True)
+    script = Path(__file__).with_name("_bench_trl_side.py")
+    cmd = [str(python), str(script), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
+    side = _run(f"TRL {TRL_VERSION} GRPOTrainer", cmd, env, work / "trl" / "log.txt")
+    for line in out.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        side.times.append(float(record["time"]))
+        side.rewards.append(float(record["reward"]))
+        side.samples = int(record["samples"])
+    return side
+
+
+def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
+    from relax_services._metrics import read_metrics
+
+    name = f"relax-colocated-tau{tau}"
+    overrides = [
+        "run.mode=colocated",
+        f"run.output_dir={work}",
+        f"run.name={name}",
+        "run.progress=none",
+        f"staleness.tau={tau}",
+        f"data.data_dir={work / 'data'}",
+        "data.tasks=[text]",
+        "data.adaptive_weights=false",
+        f"trainer.total_steps={hp['updates']}",
+        f"trainer.groups_per_step={hp['groups_per_step']}",
+        f"trainer.micro_batch_groups={hp['groups_per_step']}",
+        "trainer.warmup_format_steps=0",
+        "trainer.target_reward=null",
+        "trainer.max_minutes=30",
+        f"trainer.checkpoint_every={hp['updates']}",
+        f"trainer.seed={hp['seed']}",
+        f"rollout.groups_per_call={hp['groups_per_step']}",
+        f"rollout.max_new_tokens={hp['max_new_tokens']}",
+        f"rollout.temperature={hp['temperature']}",
+        f"algorithm.group_size={hp['group_size']}",
+        "algorithm.kl_coef=0.0",
+        "algorithm.entropy_coef=0.0",
+        f"algorithm.clip_eps_low={hp['clip_eps']}",
+        f"algorithm.clip_eps_high={hp['clip_eps']}",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+        "algorithm.norm_adv_by_std=true",
+        f"optimizer.lr={hp['lr']}",
+        "optimizer.schedule=constant",
+        f"optimizer.grad_clip={hp['grad_clip']}",
+        "eval.every_steps=100000",
+    ]
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", *overrides]
+    shutil.rmtree(work / name, ignore_errors=True)  # a fresh run folder: metrics.jsonl appends
+    side = _run(f"relax colocated τ={tau}", cmd, env, work / f"{name}.log")
+    for record in read_metrics(work / name / "metrics.jsonl", "train"):
+        side.times.append(float(record["time"]))
+        side.rewards.append(float(record["reward"]))
+        side.samples = int(record["samples"])
+    return side
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "not reached"
+    if unit == "GB":
+        return f"{value:.2f} GB"
+    if unit == "n":
+        return f"{value:.0f}"
+    return f"{value:.3f}{unit}" if value < 1 else f"{value:.1f}{unit}"
+
+
+def format_table(sides: list[SideResult]) -> str:
+    """Markdown table of the figures, relax columns with their ratio to TRL's (the first side)."""
+    rows: list[tuple[str, str, str]] = [
+        ("command → first update", "startup_s", "s"),
+        ("median seconds per update", "s_per_update", "s"),
+        ("samples/s", "samples_per_s", "n"),
+    ]
+    for t in THRESHOLDS:
+        rows.append((f"updates to moving-avg reward {t}", f"updates_to_{t}", "n"))
+        rows.append((f"wall s to moving-avg reward {t}", f"wall_to_{t}", "s"))
+        rows.append(("  same at the median pace (estimate)", f"paced_to_{t}", "s"))
+    rows += [
+        ("training reward, last 10 updates", "final_reward", ""),
+        ("peak PSS of the process tree", "peak_gb", "GB"),
+        ("command wall-clock (incl. exit)", "wall_s", "s"),
+    ]
+    figures = [summarise(s) for s in sides]
+    head = "| | " + " | ".join(s.name for s in sides) + " |"
+    lines = [head, "|" + " --- |" * (len(sides) + 1)]
+    for label, key, unit in rows:
+        base = figures[0][key]
+        cells = []
+        for i, f in enumerate(figures):
+            value = f[key]
+            text = _fmt(value, unit)
+            if i and base and value is not None:
+                text += f" ({value / base:.2f}×)"
+            cells.append(text)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_trl_bench(work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0) -> int:
+    """Write the task, run TRL then relax at each τ, print and save the table (``work/results.md``)."""
+    work = work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    _write_task(work)
+    hp = _hparams(updates, seed)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    print(
+        f"relax bench trl: {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} samples per "
+        f"update, in {work}",
+        flush=True,
+    )
+    sides = [_run_trl(work, hp, env)]
+    print(f"  {sides[-1].name}: done in {sides[-1].wall_s:.0f}s", flush=True)
+    for tau in taus:
+        sides.append(_run_relax(work, hp, tau, env))
+        print(f"  {sides[-1].name}: done in {sides[-1].wall_s:.0f}s", flush=True)
+    table = format_table(sides)
+    (work / "results.md").write_text(table + "\n", encoding="utf-8")
+    raw = {s.name: {"figures": summarise(s), "side": dataclasses.asdict(s)} for s in sides}  # re-derivable
+    (work / "results.json").write_text(json.dumps(raw, indent=1), encoding="utf-8")
+    print(table, flush=True)
+    return 0

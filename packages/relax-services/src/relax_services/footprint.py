@@ -1,0 +1,144 @@
+"""Where an update's time goes and how much memory a run holds: the per-update split (compute, publish, wait)
+read from a run's ``metrics.jsonl``, and the peak PSS of a process tree sampled while the run goes.
+
+PSS (proportional set size) counts a page shared by several processes once in total, split between them, so the
+sum over a process tree is the memory the tree really holds (an RSS sum counts every shared torch library once
+per process).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["PeakMemory", "UpdateSplit", "format_footprint", "tree_pss", "update_split"]
+
+
+def tree_pss(pid: int | None = None) -> int:
+    """Bytes of PSS of process ``pid`` (default: this one) and all its descendants; a process that ends while
+    being read counts 0. Falls back to RSS where the kernel does not report PSS."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid if pid is not None else os.getpid())
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+            total += int(getattr(info, "pss", info.rss))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return total
+
+
+class PeakMemory:
+    """Samples :func:`tree_pss` of a process tree on a daemon thread; use as a context manager.
+
+    Args:
+        pid: Root of the tree (default: this process).
+        interval_s: Seconds between samples (a short peak between two samples is missed).
+
+    Attributes:
+        peak_bytes: The largest sample so far.
+        samples: Samples taken.
+    """
+
+    def __init__(self, pid: int | None = None, interval_s: float = 0.5) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
+
+    def sample(self) -> int:
+        """Take one sample now; returns it."""
+        value = tree_pss(self.pid)
+        self.peak_bytes = max(self.peak_bytes, value)
+        self.samples += 1
+        return value
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> PeakMemory:
+        """Start sampling (one sample is taken at once); returns self."""
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop sampling after one last sample; returns the peak in bytes."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample()
+        return self.peak_bytes
+
+    def __enter__(self) -> PeakMemory:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class UpdateSplit:
+    """Median seconds per policy update, split by what the trainer did.
+
+    Attributes:
+        updates: Updates the medians are over.
+        compute_s: Building the batch, forward, backward and optimizer step.
+        publish_s: Publishing the new weights (snapshot and store) after the update.
+        wait_s: Waiting for the queue to hand over a complete batch (rollout, reward and hops upstream).
+    """
+
+    updates: int
+    compute_s: float
+    publish_s: float
+    wait_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.publish_s + self.wait_s
+
+
+def update_split(metrics_path: Path) -> UpdateSplit | None:
+    """The per-update split of a run from the ``train`` records of its ``metrics.jsonl`` (None: no update)."""
+    from relax_services._metrics import read_metrics
+
+    compute, publish, wait = [], [], []
+    for record in read_metrics(metrics_path, "train"):
+        compute.append(float(record["train_s"]))
+        publish.append(float(record.get("weight_sync_s", 0.0)))
+        wait.append(float(record["wait_s"]))
+    if not compute:
+        return None
+    return UpdateSplit(len(compute), statistics.median(compute), statistics.median(publish), statistics.median(wait))
+
+
+def format_footprint(split: UpdateSplit | None, peak_bytes: int | None) -> str:
+    """Summary lines: the per-update split and the peak PSS of the process tree."""
+    if split is None:
+        lines = ["per update: no update was made"]
+    else:
+        busy = (split.compute_s + split.publish_s) / max(split.total_s, 1e-9)
+        lines = [
+            f"per update (median of {split.updates}): compute {split.compute_s:.3f}s, publish {split.publish_s:.3f}s, "
+            f"wait {split.wait_s:.3f}s (trainer busy {busy:.0%})"
+        ]
+    if peak_bytes is not None:
+        lines.append(f"peak memory of the process tree (PSS): {peak_bytes / 1e9:.2f} GB")
+    return "\n".join(lines)

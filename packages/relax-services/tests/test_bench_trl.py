@@ -1,0 +1,51 @@
+"""The figures of ``relax bench trl``, from hand-made timelines (the benchmark itself is run by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax_services.bench_trl import SideResult, crossing, format_table, summarise
+
+
+def test_crossing_needs_a_full_window() -> None:
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    # moving averages over 2: -, 0.5, 0.0, 0.5, 1.0, 1.0 (the lucky first update alone does not count)
+    assert crossing(range(6), rewards, 0.8, window=2) == 4
+    assert crossing(range(6), rewards, 0.5, window=2) == 1
+    assert crossing(range(6), rewards, 1.01, window=2) is None
+    assert crossing(range(1), [1.0], 0.5, window=2) is None
+
+
+def test_summarise_from_one_clock() -> None:
+    start = 1000.0
+    times = [start + 5.0 + 0.5 * i for i in range(30)]
+    # first update 5 s after the command, then every 0.5 s
+    rewards = [0.0] * 10 + [1.0] * 20
+    side = SideResult("x", start, times, rewards, samples=64, peak_bytes=2_500_000_000, wall_s=21.0)
+    figures = summarise(side)
+    assert figures["startup_s"] == pytest.approx(5.0)
+    assert figures["s_per_update"] == pytest.approx(0.5)
+    assert figures["samples_per_s"] == pytest.approx(128.0)
+    # moving average over 10 reaches 0.8 when 8 of the last 10 are 1: update index 17 (the 18th update)
+    assert figures["updates_to_0.8"] == 18
+    assert figures["wall_to_0.8"] == pytest.approx(5.0 + 0.5 * 17)
+    stalled_times = times[:3] + [t + 100.0 for t in times[3:]]  # a 100 s stall after the third update
+    stalled = summarise(SideResult("x", start, stalled_times, rewards, samples=64))
+    assert stalled["wall_to_0.8"] == pytest.approx(5.0 + 0.5 * 17 + 100.0)
+    assert stalled["paced_to_0.8"] == pytest.approx(5.0 + 0.5 * 17)
+    assert figures["updates_to_0.5"] == 15
+    assert figures["final_reward"] == pytest.approx(1.0)
+    assert figures["peak_gb"] == pytest.approx(2.5)
+
+
+def test_table_shows_ratios_to_the_first_side() -> None:
+    times_a = [10.0 + i for i in range(20)]
+    times_b = [5.0 + 0.5 * i for i in range(20)]
+    a = SideResult("A", 0.0, times_a, [0.0] * 20, samples=8, peak_bytes=10**9, wall_s=30.0)
+    b = SideResult("B", 0.0, times_b, [0.0] * 20, samples=8, peak_bytes=2 * 10**9, wall_s=15.0)
+    table = format_table([a, b])
+    assert "| command → first update | 10.0s | 5.0s (0.50×) |" in table
+    assert "| median seconds per update | 1.0s | 0.500s (0.50×) |" in table
+    assert "| samples/s | 8 | 16 (2.00×) |" in table
+    assert "| peak PSS of the process tree | 1.00 GB | 2.00 GB (2.00×) |" in table
+    assert "not reached" in table
