@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
 
 if TYPE_CHECKING:
+    from relax_services._health_monitor import Beat
     from relax_services.pipeline import Pipeline, ServiceSpec
 
 __all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError", "memory_kill"]
@@ -63,14 +65,14 @@ class HealthManager:
         self._restart_errors: dict[str, BaseException] = {}
         self._lock = threading.Lock()
 
-    def record_event(self, event: str, service: str, **details: Any) -> None:
+    def record_event(self, event: str, service: str, **details: object) -> None:
         entry = {"event": event, "service": service, "time": time.time(), **details}
         with self._lock:
             self.events.append(entry)
             if self.metrics is not None:
                 self.metrics.write("health", entry)
 
-    def started(self, pipeline: Any) -> None:
+    def started(self, pipeline: Pipeline) -> None:
         """Every service of ``pipeline`` was (re)started now (a run's start or a global restart): grace for all."""
         now = time.monotonic()
         self._down_since.clear()
@@ -87,11 +89,11 @@ class HealthManager:
             thread.join(timeout)
         self._restarting.clear()
 
-    def collect_reports(self, pipeline: Pipeline) -> dict[str, list[dict[str, Any]]]:
+    def collect_reports(self, pipeline: Pipeline) -> dict[str, list[dict[str, object]]]:
         """Drain every live service's metric records; a service whose process is gone is marked down."""
         import ray
 
-        out: dict[str, list[dict[str, Any]]] = {}
+        out: dict[str, list[dict[str, object]]] = {}
         refs = {
             name: spec.handle.report.remote()
             for name, spec in pipeline.services.items()
@@ -118,7 +120,7 @@ class HealthManager:
         for name, reason in self.judge(beats, pipeline.services, time.monotonic()).items():
             self._restart(pipeline, pipeline.services[name], reason)
 
-    def judge(self, beats: dict[str, dict[str, Any]], services: dict[str, Any], now: float) -> dict[str, str]:
+    def judge(self, beats: Mapping[str, Beat], services: Mapping[str, ServiceSpec], now: float) -> dict[str, str]:
         """Which services failed and why, from the monitor's ``snapshot`` and the monotonic time ``now``."""
         failed: dict[str, str] = {}
         for name, spec in services.items():
@@ -165,7 +167,7 @@ class HealthManager:
         self._restarting[spec.name] = thread
         thread.start()
 
-    def _restart_in_place(self, pipeline: Any, spec: Any) -> None:
+    def _restart_in_place(self, pipeline: Pipeline, spec: ServiceSpec) -> None:
         """Kill, back off, recreate (a new process imports the model stack: seconds to tens of seconds)."""
         import ray
 
