@@ -395,7 +395,9 @@ def _derive_schedule_length(data: dict[str, object]) -> dict[str, object]:
     return data
 
 
-def load_run_config(source: str | Path | dict[str, object] | None = None, overrides: list[str] | None = None) -> RunConfig:
+def load_run_config(
+    source: str | Path | dict[str, object] | None = None, overrides: list[str] | None = None
+) -> RunConfig:
     """Load a run config from YAML (or nothing: the embedded default) plus dotted overrides.
 
     The embedded defaults (:data:`RUN_DEFAULTS`) stay in force for every key the file and overrides leave unset.
