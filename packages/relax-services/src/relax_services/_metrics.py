@@ -22,7 +22,7 @@ class MetricsWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", encoding="utf-8")
 
-    def write(self, kind: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    def write(self, kind: str, record: Mapping[str, object]) -> dict[str, object]:
         """Write ``record`` tagged with ``kind`` and the wall time; return what was written."""
         row = {"kind": kind, "wall": round(time.monotonic() - self.start, 4), **record}
         self._file.write(json.dumps(row, default=_json_default) + "\n")
@@ -46,7 +46,7 @@ def read_metrics(path: Path, kind: str | None = None) -> Iterator[dict[str, Any]
                 yield row
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> object:
     if hasattr(value, "item"):
         return value.item()
     if hasattr(value, "tolist"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from relax_services.config import ModelConfig, RunConfig
 from relax_services.engines import (
@@ -15,6 +15,9 @@ from relax_services.engines import (
 )
 from relax_services.engines.registry import RolloutEngineOptions
 from relax_services.models import Checkpoint, build_value_model, open_checkpoint
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "build_hf_rollout_engine",
@@ -48,7 +51,7 @@ def build_hf_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions) -> HF
     return HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=mode))
 
 
-def build_train_engine(cfg: RunConfig, model: Any = None) -> TorchTrainEngine:
+def build_train_engine(cfg: RunConfig, model: torch.nn.Module | None = None) -> TorchTrainEngine:
     """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
     weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
     return TorchTrainEngine(model if model is not None else build_policy(cfg.model), _train_config(cfg))

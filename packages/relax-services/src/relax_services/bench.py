@@ -47,7 +47,7 @@ def steady_state(run_dir: Path) -> dict[str, float]:
     }
 
 
-def _row(tau: int | None, result: RunResult) -> dict[str, Any]:
+def _row(tau: int | None, result: RunResult) -> dict[str, object]:
     measured = steady_state(result.run_dir)
     return {
         "tau": "inf" if tau is None else str(tau),

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 __all__ = ["main"]
@@ -28,7 +29,7 @@ class _StartupSignals:
         for sig in self._previous:
             signal.signal(sig, self._handle)
 
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.reason = self.reason or f"signal {signal.Signals(signum).name}"
         if self.target is not None:
             self.target.request_stop(self.reason)

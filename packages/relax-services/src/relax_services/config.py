@@ -170,7 +170,7 @@ class TrainerConfig(ConfigModel):
 
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _default_micro_batch(cls, data: Any) -> Any:
+    def _default_micro_batch(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("micro_batch_groups") is None:
             step = data.get("groups_per_step", cls.model_fields["groups_per_step"].default)
             if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
@@ -324,7 +324,7 @@ class RunConfig(ConfigModel):
 
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _schedule_length(cls, data: Any) -> Any:
+    def _schedule_length(cls, data: object) -> object:
         return _derive_schedule_length(data) if isinstance(data, dict) else data
 
     @pydantic.model_validator(mode="after")
@@ -375,13 +375,13 @@ class RunConfig(ConfigModel):
         return max(n for n in range(1, min(step, cap) + 1) if step % n == 0)
 
 
-def _read_source(source: str | Path | dict[str, Any] | None) -> dict[str, Any]:
+def _read_source(source: str | Path | dict[str, object] | None) -> dict[str, object]:
     if source is None:
         return {}
     return dict(source) if isinstance(source, dict) else read_yaml_mapping(Path(source))
 
 
-def _derive_schedule_length(data: dict[str, Any]) -> dict[str, Any]:
+def _derive_schedule_length(data: dict[str, object]) -> dict[str, object]:
     """One source of truth for the run length: ``optimizer.total_steps`` (the LR schedule's length) is
     ``trainer.total_steps`` unless the config sets it."""
     data = dict(data)
@@ -399,7 +399,9 @@ def _derive_schedule_length(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def load_run_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> RunConfig:
+def load_run_config(
+    source: str | Path | dict[str, object] | None = None, overrides: list[str] | None = None
+) -> RunConfig:
     """Load a run config from YAML (or nothing: the embedded default) plus dotted overrides.
 
     The embedded defaults (:data:`RUN_DEFAULTS`) stay in force for every key the file and overrides leave unset.

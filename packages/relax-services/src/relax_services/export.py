@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from relax_services.checkpoint import CheckpointManager
 from relax_services.config import ModelConfig, load_run_config
 from relax_services.models import copy_side_files, open_checkpoint
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+    from transformers import PreTrainedModel
 
 __all__ = ["HF_FOLDER", "export_checkpoint", "export_run"]
 
@@ -18,7 +24,7 @@ HF_FOLDER = "hf"
 """Name of the Hugging Face folder written inside every checkpoint folder."""
 
 
-def _save(model: Any, state: dict[str, Any], source: Path, out: Path) -> None:
+def _save(model: PreTrainedModel, state: Mapping[str, torch.Tensor], source: Path, out: Path) -> None:
     model.load_state_dict(state, strict=True)
     model.save_pretrained(out)  # safetensors
     copy_side_files(source, out)

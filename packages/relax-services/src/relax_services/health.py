@@ -65,14 +65,14 @@ class HealthManager:
         self._restart_errors: dict[str, BaseException] = {}
         self._lock = threading.Lock()
 
-    def record_event(self, event: str, service: str, **details: Any) -> None:
+    def record_event(self, event: str, service: str, **details: object) -> None:
         entry = {"event": event, "service": service, "time": time.time(), **details}
         with self._lock:
             self.events.append(entry)
             if self.metrics is not None:
                 self.metrics.write("health", entry)
 
-    def started(self, pipeline: Any) -> None:
+    def started(self, pipeline: Pipeline) -> None:
         """Every service of ``pipeline`` was (re)started now (a run's start or a global restart): grace for all."""
         now = time.monotonic()
         self._down_since.clear()
@@ -89,11 +89,11 @@ class HealthManager:
             thread.join(timeout)
         self._restarting.clear()
 
-    def collect_reports(self, pipeline: Pipeline) -> dict[str, list[dict[str, Any]]]:
+    def collect_reports(self, pipeline: Pipeline) -> dict[str, list[dict[str, object]]]:
         """Drain every live service's metric records; a service whose process is gone is marked down."""
         import ray
 
-        out: dict[str, list[dict[str, Any]]] = {}
+        out: dict[str, list[dict[str, object]]] = {}
         refs = {
             name: spec.handle.report.remote()
             for name, spec in pipeline.services.items()
@@ -167,7 +167,7 @@ class HealthManager:
         self._restarting[spec.name] = thread
         thread.start()
 
-    def _restart_in_place(self, pipeline: Any, spec: Any) -> None:
+    def _restart_in_place(self, pipeline: Pipeline, spec: ServiceSpec) -> None:
         """Kill, back off, recreate (a new process imports the model stack: seconds to tens of seconds)."""
         import ray
 

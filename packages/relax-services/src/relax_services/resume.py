@@ -8,7 +8,6 @@ config error naming the field, since it would silently train a different run fro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -37,9 +36,9 @@ it checkpoints and evaluates, fault handling, and where and how it reports."""
 _IDENTITY = ("run.output_dir", "run.name")  # name the run folder; the saved copy may spell them differently
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(data: object, prefix: str = "") -> dict[str, object]:
     if isinstance(data, dict) and data:
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for key, value in data.items():
             out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return out
@@ -52,7 +51,7 @@ def _safe(key: str) -> bool:
 
 def resume_config(
     run_dir: Path, source: str | Path | None, overrides: list[str]
-) -> tuple[RunConfig, dict[str, tuple[Any, Any]]]:
+) -> tuple[RunConfig, dict[str, tuple[object, object]]]:
     """The config a resumed run continues with, and what the overrides changed (``key: (saved, new)``).
 
     Raises:

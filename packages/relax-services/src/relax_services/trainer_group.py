@@ -254,7 +254,7 @@ class TrainerGroup:
             ray.kill(actor)
         self._ranks = []
 
-    def _call(self, method: str, *args: Any) -> list[Any]:
+    def _call(self, method: str, *args: object) -> list[Any]:
         """``method(*args)`` on every rank; the answers in rank order. Fails the group on the first rank error,
         a dead rank, or no complete answer within ``step_timeout_s``."""
         import ray

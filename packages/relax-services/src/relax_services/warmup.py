@@ -28,7 +28,9 @@ def _nll(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return loss, {"nll": float(loss.detach())}
 
 
-def format_warmup(cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir: str, seed: int = 0) -> dict[str, Any]:
+def format_warmup(
+    cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir: str, seed: int = 0
+) -> dict[str, object]:
     """Train ``cfg.trainer.warmup_format_steps`` supervised steps on random valid options; save to ``out_dir``
     as a checkpoint folder (weights, configs, and the source checkpoint's tokenizer and preprocessor config).
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.engines.torch_train import ENGINE_METRICS, TorchTrainConfig, _pad_to, _stack_fields
+from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
 
 __all__ = ["FSDPConfig", "FSDPTrainEngine", "FSDPValueEngine", "decoder_blocks"]
@@ -96,7 +97,7 @@ class _Scorer(torch.nn.Module):
         self._device = device
 
     def forward(
-        self, prompts: Sequence[Any], responses: Sequence[torch.Tensor]
+        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
         if isinstance(self.policy, ValueModel):
@@ -208,7 +209,7 @@ class FSDPTrainEngine:
             return True
         return self.device.type == "cuda" and torch.cuda.is_bf16_supported()
 
-    def _autocast(self) -> AbstractContextManager[Any]:
+    def _autocast(self) -> AbstractContextManager[object]:
         if not self.autocast_enabled:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
@@ -333,8 +334,8 @@ class FSDPTrainEngine:
             if mine:
                 module.register_forward_hook(self._usage_hook(torch.tensor(mine)))
 
-    def _usage_hook(self, positions: torch.Tensor) -> Any:
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    def _usage_hook(self, positions: torch.Tensor) -> Callable[[torch.nn.Module, tuple[object, ...], object], None]:
+        def hook(module: torch.nn.Module, args: tuple[object, ...], output: object) -> None:
             if torch.is_grad_enabled():
                 self._used[positions] = 1.0
 
@@ -471,7 +472,7 @@ class FSDPValueEngine(FSDPTrainEngine):
         return scores.values, scores.mask
 
 
-def _clone(state: Any) -> Any:
+def _clone(state: object) -> object:
     """Deep copy of a nested state dict's tensors (DTensors stay DTensors on the same mesh)."""
     if isinstance(state, torch.Tensor):
         return state.detach().clone()

@@ -157,7 +157,7 @@ class TorchTrainEngine:
             return True
         return self.device.type == "cuda" and torch.cuda.is_bf16_supported()
 
-    def _autocast(self) -> AbstractContextManager[Any]:
+    def _autocast(self) -> AbstractContextManager[object]:
         if not self.autocast_enabled:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ENCODER_PREFIXES: tuple[str, ...] = ("visual.", "audio_tower.")
 """Thinker weights the text-only export has no place for."""
@@ -34,7 +37,9 @@ def _text_config(thinker: Any) -> Any:
     return config.text_config if hasattr(config, "text_config") else config
 
 
-def export_text_decoder(thinker: torch.nn.Module, path: str | Path, tokenizer: Any | None = None) -> Path:
+def export_text_decoder(
+    thinker: torch.nn.Module, path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None
+) -> Path:
     """Writes ``thinker``'s text decoder as a ``Qwen2ForCausalLM`` checkpoint folder (``save_pretrained``).
 
     Args:

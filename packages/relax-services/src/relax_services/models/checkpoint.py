@@ -14,12 +14,15 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from relax_services.models.families import ModelFamily, family_of
 from relax_services.models.tokens import TokenIds, token_ids_from
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -102,7 +105,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_sizes(path: Path, family: ModelFamily, config: Any) -> None:
+def _check_sizes(path: Path, family: ModelFamily, config: PretrainedConfig) -> None:
     text = getattr(config, "text_config", None) or config
     hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)

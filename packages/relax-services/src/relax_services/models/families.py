@@ -8,9 +8,12 @@ here (plus, where its forward differs, one module the engines dispatch to throug
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import transformers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Modality = Literal["text", "image", "video", "audio"]
 Positions = Literal["1d", "vl-mrope", "omni-mrope"]
@@ -54,9 +57,9 @@ class ModelFamily:
     never_sample: str = "special tokens except eos; media placeholders and markers"
     chat_template_required: bool = False
 
-    def load_class(self) -> Any:
+    def load_class(self) -> type[PreTrainedModel]:
         """The transformers class (an ``ImportError`` names the version when this transformers lacks it)."""
-        cls = getattr(transformers, self.model_class, None)
+        cls: type[PreTrainedModel] | None = getattr(transformers, self.model_class, None)
         if cls is None:
             raise ImportError(
                 f"transformers {transformers.__version__} has no {self.model_class} (family {self.name}); "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, SupportsIndex
+from typing import SupportsIndex
 
 import numpy as np
 import torch
@@ -92,7 +92,7 @@ class OmniPrompt:
         """A content digest: equal for prompts with equal ids and media (dtype, shape and values)."""
         return tensors_digest({"input_ids": self.input_ids, **self.media()})
 
-    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[object, ...]:
         """Pickled as numpy arrays, when every tensor is a plain CPU one.
 
         Prompts cross processes at every queue hop. A tensor pickles through ``torch.save`` of its

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ _lock = threading.Lock()
 
 
 def rope_positions(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, Any]
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """Rope positions of a padded batch, exactly as the model computes them (its ``get_rope_index``, or one index
     per real token for a 1-D family), with its family's arguments.
@@ -73,7 +73,7 @@ def rope_positions(
     return positions
 
 
-def _key(model: Any, prompt: OmniPrompt) -> tuple[Any, ...]:
+def _key(model: torch.nn.Module, prompt: OmniPrompt) -> tuple[object, ...]:
     cfg = model.config
 
     def flat(x: torch.Tensor | None) -> tuple[float, ...] | None:
@@ -97,7 +97,7 @@ def _key(model: Any, prompt: OmniPrompt) -> tuple[Any, ...]:
     )
 
 
-def prompt_positions(model: Any, prompt: OmniPrompt) -> tuple[torch.Tensor, int]:
+def prompt_positions(model: torch.nn.Module, prompt: OmniPrompt) -> tuple[torch.Tensor, int]:
     """Positions of one prompt and the position of the token after it.
 
     Returns:
@@ -120,7 +120,7 @@ def prompt_positions(model: Any, prompt: OmniPrompt) -> tuple[torch.Tensor, int]
 
 
 def sequence_positions(
-    model: Any, prompts: Sequence[OmniPrompt], suffix_lengths: Sequence[int], side: str
+    model: torch.nn.Module, prompts: Sequence[OmniPrompt], suffix_lengths: Sequence[int], side: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of a padded batch of ``prompt_i + suffix_lengths[i]`` text tokens.
 
@@ -150,13 +150,13 @@ def sequence_positions(
     return out, next_positions
 
 
-def position_ids_for(model: Any, positions: torch.Tensor) -> torch.Tensor:
+def position_ids_for(model: torch.nn.Module, positions: torch.Tensor) -> torch.Tensor:
     """``[3, B, T]`` positions in the form the model's forward takes: as they are for the 3-D rope families,
     ``[B, T]`` (one component; the three are equal) for a 1-D family."""
     return positions[0] if family_of_model(model).positions == "1d" else positions
 
 
-def forward_media(model: Any, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def forward_media(model: torch.nn.Module, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Collated media kwargs under the names the family's forward takes (positions are always passed explicitly,
     so the seconds per video grid only matter to :func:`rope_positions`)."""
     if family_of_model(model).positions == "vl-mrope":

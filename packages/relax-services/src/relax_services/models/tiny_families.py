@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 import transformers
 
 from relax_services.models.tiny_omni import write_tiny_omni
 from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["TINY_FAMILIES", "write_tiny_checkpoint"]
 
@@ -28,9 +31,9 @@ _TEXT = {
 }
 
 
-def _text_config(cls_name: str, tokenizer: Any, **extra: Any) -> Any:
+def _text_config(cls_name: str, tokenizer: PreTrainedTokenizerBase, **extra: object) -> PretrainedConfig:
     cls = getattr(transformers, cls_name)
-    return cls(
+    config: PretrainedConfig = cls(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -39,18 +42,19 @@ def _text_config(cls_name: str, tokenizer: Any, **extra: Any) -> Any:
         **_TEXT,
         **extra,
     )
+    return config
 
 
-def _qwen2(tokenizer: Any) -> Any:
+def _qwen2(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     return transformers.Qwen2ForCausalLM(_text_config("Qwen2Config", tokenizer))  # type: ignore[no-untyped-call]
 
 
-def _qwen3(tokenizer: Any) -> Any:
+def _qwen3(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     return transformers.Qwen3ForCausalLM(_text_config("Qwen3Config", tokenizer, head_dim=16))  # type: ignore[no-untyped-call]
 
 
-def _qwen25_vl(tokenizer: Any) -> Any:
-    tid = tokenizer.convert_tokens_to_ids
+def _qwen25_vl(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    tid = cast("Callable[[str], int]", tokenizer.convert_tokens_to_ids)  # one token string: one id
     config = transformers.Qwen2_5_VLConfig(
         text_config={
             "vocab_size": len(tokenizer),
@@ -80,7 +84,7 @@ def _qwen25_vl(tokenizer: Any) -> Any:
     return transformers.Qwen2_5_VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]
 
 
-TINY_FAMILIES: dict[str, Callable[[Any], Any]] = {
+TINY_FAMILIES: dict[str, Callable[[PreTrainedTokenizerBase], PreTrainedModel]] = {
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "qwen2.5-vl": _qwen25_vl,

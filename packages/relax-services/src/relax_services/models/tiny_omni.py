@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import safetensors.torch
 import torch
@@ -27,6 +27,11 @@ from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
 )
 
 from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "OmniModel",
@@ -120,9 +125,9 @@ class TinyOmniConfig:
                 f"TinyOmniConfig.attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}"
             )
 
-    def to_hf_config(self, tokenizer: Any) -> Qwen2_5OmniThinkerConfig:
+    def to_hf_config(self, tokenizer: PreTrainedTokenizerBase) -> Qwen2_5OmniThinkerConfig:
         """Builds the transformers thinker config; every special-token id is looked up in ``tokenizer``."""
-        tid = tokenizer.convert_tokens_to_ids
+        tid = cast("Callable[[str], int]", tokenizer.convert_tokens_to_ids)  # one token string: one id
         text = Qwen2_5OmniTextConfig(
             vocab_size=len(tokenizer),
             hidden_size=self.hidden_size,

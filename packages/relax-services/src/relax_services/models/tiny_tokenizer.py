@@ -9,7 +9,10 @@ expands to the item's token count (as transformers' processors do).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TINY_CHARACTERS", "build_tiny_tokenizer"]
 
@@ -52,7 +55,7 @@ CHAT_TEMPLATE = (
 """Jinja chat template of the default model (media parts render as one placeholder each)."""
 
 
-def build_tiny_tokenizer() -> Any:
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """The default model's tokenizer as a transformers ``PreTrainedTokenizerFast`` with its chat template.
 
     Encoding a character outside the vocabulary raises (the vocabulary has no unknown token).
@@ -67,7 +70,7 @@ def build_tiny_tokenizer() -> Any:
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{words}|[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tokenizer: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    tokenizer: PreTrainedTokenizerFast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         pad_token="<|endoftext|>",
         eos_token="<|im_end|>",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, SupportsInt
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 __all__ = ["TokenIds", "model_pad_id", "token_ids_from"]
 
@@ -42,7 +45,7 @@ class TokenIds:
         return self.placeholders.get(role)
 
 
-def _as_ids(value: Any) -> tuple[int, ...]:
+def _as_ids(value: int | Iterable[SupportsInt] | None) -> tuple[int, ...]:
     if value is None:
         return ()
     if isinstance(value, int):
@@ -51,7 +54,10 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 
 
 def token_ids_from(
-    tokenizer: Any, model_config: Any, generation_config: Any, placeholder_keys: tuple[tuple[str, str], ...]
+    tokenizer: PreTrainedTokenizerBase,
+    model_config: PretrainedConfig,
+    generation_config: object,
+    placeholder_keys: tuple[tuple[str, str], ...],
 ) -> TokenIds:
     """Reads every id from the checkpoint.
 
@@ -96,7 +102,7 @@ def token_ids_from(
     )
 
 
-def model_pad_id(model: Any) -> int:
+def model_pad_id(model: object) -> int:
     """The fill id of padded positions for a loaded model: its generation config's pad, else its (first) eos.
 
     The value never reaches a real position (the attention mask excludes it); it only has to be an id that is no

@@ -35,6 +35,6 @@ class ValueModel(torch.nn.Module):
         return values
 
 
-def build_value_model(policy: Any) -> ValueModel:
+def build_value_model(policy: torch.nn.Module) -> ValueModel:
     """A critic initialised from the policy's weights (a copy; the policy is not shared) and a zero value head."""
     return ValueModel(copy.deepcopy(policy))

@@ -146,7 +146,7 @@ class ServiceBase:
             self._beat()
             self._stop.wait(0.05)
 
-    def record(self, kind: str, **values: Any) -> None:
+    def record(self, kind: str, **values: object) -> None:
         """Queue a metric record ``{"kind", "service", "time", **values}`` for the controller."""
         with self._records_lock:
             self._records.append({"kind": kind, "service": self.name, "time": time.time(), **values})
