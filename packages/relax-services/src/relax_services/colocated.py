@@ -172,7 +172,7 @@ class LocalHealthManager(HealthManager):
     """:class:`HealthManager` for threads: a loop that raised or stopped making progress is rebuilt in place;
     the trainer (or a service past its restarts) brings a global restart from the last checkpoint."""
 
-    def collect_reports(self, pipeline: LocalPipeline) -> dict[str, list[dict[str, Any]]]:  # type: ignore[override]
+    def collect_reports(self, pipeline: LocalPipeline) -> dict[str, list[dict[str, object]]]:  # type: ignore[override]
         return {name: spec.obj.report() for name, spec in pipeline.services.items() if spec.obj is not None}
 
     def check(self, pipeline: LocalPipeline) -> None:  # type: ignore[override]
@@ -210,7 +210,7 @@ class ColocatedController(Controller):
         cfg: RunConfig,
         run_dir: Path,
         resume: bool = False,
-        resume_changes: dict[str, tuple[Any, Any]] | None = None,
+        resume_changes: dict[str, tuple[object, object]] | None = None,
         started_at: float | None = None,
     ) -> None:
         check_colocated(cfg)

@@ -133,7 +133,7 @@ class Controller:
         cfg: RunConfig,
         run_dir: Path,
         resume: bool = False,
-        resume_changes: dict[str, tuple[Any, Any]] | None = None,
+        resume_changes: dict[str, tuple[object, object]] | None = None,
         started_at: float | None = None,
     ) -> None:
         self.cfg = cfg

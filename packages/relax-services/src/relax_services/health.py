@@ -10,7 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
@@ -33,6 +33,13 @@ def memory_kill(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+class _Service(Protocol):
+    """What judging a service needs of its record (a Ray-side ``ServiceSpec`` or an in-process service)."""
+
+    @property
+    def pid(self) -> int | None: ...
 
 
 class ServiceGaveUpError(RuntimeError):
@@ -120,7 +127,7 @@ class HealthManager:
         for name, reason in self.judge(beats, pipeline.services, time.monotonic()).items():
             self._restart(pipeline, pipeline.services[name], reason)
 
-    def judge(self, beats: Mapping[str, Beat], services: Mapping[str, Any], now: float) -> dict[str, str]:
+    def judge(self, beats: Mapping[str, Beat], services: Mapping[str, _Service], now: float) -> dict[str, str]:
         """Which services failed and why, from the monitor's ``snapshot`` and the monotonic time ``now``."""
         failed: dict[str, str] = {}
         for name, spec in services.items():
