@@ -456,6 +456,7 @@ class Controller:
         cfg = self.cfg
         last_report = -float("inf")
         while self._stop_reason is None:
+            self._inject_faults()  # before the tick's wait: a fault due at step 0 lands before updates race past it
             time.sleep(0.25)
             self._poll_services()
             self.health.check(self.pipeline)
@@ -463,7 +464,6 @@ class Controller:
                 self._phase("first_update")
             if self._checkpoint_due():
                 self._checkpoint()
-            self._inject_faults()
             now = self.clock()
             if self.feeder.error:
                 raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")
