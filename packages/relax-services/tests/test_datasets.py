@@ -64,7 +64,7 @@ def test_train_files_take_paths_lists_and_specs() -> None:
     assert [f.path for f in many.data.train_files] == ["a.parquet", "b.jsonl"]
     assert many.data.schema_.prompt_key == "question"
     assert spec.data.train_files[0].weight == 2.0
-    with pytest.raises(ConfigError, match="data.schema.no_such_key"):
+    with pytest.raises(ConfigError, match=r"data\.schema\.no_such_key"):
         load_run_config(None, ["data.schema.no_such_key=x"])
 
 
