@@ -187,3 +187,65 @@ def test_synthetic_tasks_give_the_same_prompts_through_the_dataset_path(tmp_path
                 assert via_file[key] == value, (record.uid, key)
         n += 1
     assert n == 10
+
+
+REWARDS = """
+import time
+
+def score(response, ground_truth, metadata):
+    if metadata["index"] == 1:
+        raise KeyError("no such field")
+    if metadata["index"] == 2:
+        time.sleep(30)  # past reward.timeout_s: the runner gives up on it
+    return 1.0 if response == ground_truth else 0.25
+"""
+
+
+def test_reward_service_scores_from_meta_and_counts_errors_and_timeouts(tmp_path: Path) -> None:
+    from relax_queue import QueueConfig, RowInput, TaskSpec, TransferQueue
+    from relax_services._policy import checkpoint_of
+    from relax_services.services.reward import RewardService
+
+    (tmp_path / "rw.py").write_text(REWARDS)
+    cfg = load_run_config(
+        None, [f"reward.fn={tmp_path / 'rw.py'}:score", "reward.timeout_s=0.5", "reward.fallback_score=-1"]
+    )
+    tokenizer = checkpoint_of(cfg.model).tokenizer
+    queue = TransferQueue(QueueConfig(tasks=(TaskSpec("reward"), TaskSpec("trainer"))))
+    rows = []
+    for i, text in enumerate(["r", "r", "r", "b"]):
+        meta = {"task": "geo", "answer": "r", "prompt_key": f"p{i}", "data_source": "geo", "ground_truth": "r"}
+        meta["extra_info"] = {"index": i}
+        response = tokenizer.encode(text, add_special_tokens=False)
+        rows.append(RowInput(f"p{i}/0", {"response": response, "meta": meta}))
+    queue.put_many(rows)
+    service = RewardService("reward-0", cfg, queue)
+    service.step()
+    got = {str(r.key): r.fields for r in queue.get("trainer", n=4, timeout=0).rows}
+    assert [got[f"p{i}/0"]["reward"] for i in range(4)] == [1.0, -1.0, -1.0, 0.25]
+    assert got["p1/0"]["reward_error"].startswith("KeyError") and got["p2/0"]["reward_error"].startswith("Timeout")
+    (record,) = service.report()
+    assert (record["scored"], record["failed"], record["timeouts"]) == (4, 2, 1)
+    assert service.stop()  # closes the runner too
+
+
+def test_undecodable_media_is_skipped_and_counted_as_a_bad_row_with_file_and_row(tmp_path: Path) -> None:
+    from relax_queue import QueueConfig, TaskSpec, TransferQueue
+    from relax_services.feeder import PromptFeeder
+
+    path = _write(tmp_path / "d", n=4)
+    table = pq.read_table(path).to_pylist()
+    table[1]["images"] = [{"bytes": b"\x89PNG not really", "path": None}]  # parses, fails to decode
+    pq.write_table(pa.Table.from_pylist(table), path)
+    cfg = load_run_config(None, [f"data.train_files={path}", "data.shuffle_buffer=0"])
+    data = prepare_data(cfg, tmp_path / "run")
+    queue = TransferQueue(QueueConfig(tasks=(TaskSpec("rollout"),)))
+    feeder = PromptFeeder(data.streams, data.to_prompt, queue, queue, 1, seed=0, adaptive=False)
+    stream = data.streams["dataset"]
+    prompts = [feeder._process(stream.next(), stream) for _ in range(4)]
+    assert [p is None for p in prompts] == [False, True, False, False]
+    report = data_report(data)
+    assert report is not None and report["bad_rows"] == 1
+    source, row, reason = report["recent_bad_rows"][0]
+    assert (source, row) == (str(path), 1) and reason.startswith("image: ")
+    assert feeder.skipped_items == {f"{path}:1@0"}

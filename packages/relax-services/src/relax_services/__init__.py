@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         QueueSettings,
         RolloutConfig,
         RunConfig,
+        RunRewardConfig,
         RunSettings,
         TrainerConfig,
         load_run_config,
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     # run configuration
     "RunConfig": "relax_services.config",
+    "RunRewardConfig": "relax_services.config",
     "load_run_config": "relax_services.config",
     "ModelConfig": "relax_services.config",
     "DataConfig": "relax_services.config",
@@ -171,6 +173,7 @@ __all__ = [  # noqa: RUF022 - grouped by topic, as _EXPORTS
     "load_run_config",
     "ModelConfig",
     "DataConfig",
+    "RunRewardConfig",
     "RolloutConfig",
     "TrainerConfig",
     "QueueSettings",
