@@ -90,10 +90,10 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     # run configuration
     "RunConfig": "relax_services.config",
-    "RunRewardConfig": "relax_services.config",
     "load_run_config": "relax_services.config",
     "ModelConfig": "relax_services.config",
     "DataConfig": "relax_services.config",
+    "RunRewardConfig": "relax_services.config",
     "RolloutConfig": "relax_services.config",
     "TrainerConfig": "relax_services.config",
     "QueueSettings": "relax_services.config",
