@@ -114,6 +114,8 @@ def test_user_parquet_and_reward_file_train_and_resume_exactly(small_config, run
     assert set(first.final_eval) == {"geo/colour", "geo/shade"}
     assert first.data is not None and first.data["bad_rows"] == 1
     assert first.data["recent_bad_rows"][0][:2] == [str(train), 7]
+    checkpoints = list(read_metrics(first.run_dir / "metrics.jsonl", "checkpoint"))
+    assert checkpoints and all(c["data"]["bad_rows"] == 1 for c in checkpoints)  # in the metrics as it runs
     text = format_summary(first)
     assert "bad rows skipped: 1" in text and "gone.png" in text and "held-out:" in text
 

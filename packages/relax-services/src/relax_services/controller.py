@@ -385,6 +385,7 @@ class Controller:
                 self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
                 state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
                 torch.save(state, tmp / CONTROLLER_FILE)
+                data = data_report(self.data)  # while the feeder is held: its bad-row counts do not move
                 path = self.checkpoints.commit(version, tmp)
             except OSError as exc:
                 if tmp is not None:
@@ -400,7 +401,9 @@ class Controller:
 
             export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
         self._checkpoint_time = time.monotonic()
-        self.metrics.write("checkpoint", {"step": version, "path": str(path)})
+        self.metrics.write(
+            "checkpoint", {"step": version, "path": str(path), **({} if data is None else {"data": data})}
+        )
         return path
 
     def _global_restart(self, reason: str) -> None:
