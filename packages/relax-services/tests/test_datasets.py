@@ -103,12 +103,13 @@ def test_check_data_names_a_missing_file_a_missing_column_and_a_missing_reward(t
     check_data(load_run_config(None, [f"data.train_files={good}"]))  # a good file passes
 
 
-def test_relax_train_stops_on_a_missing_file_before_a_run_folder(tmp_path: Path, capsys) -> None:
-    missing = tmp_path / "absent.jsonl"
-    code = main(["train", f"data.train_files={missing}", f"run.output_dir={tmp_path / 'runs'}"])
+def test_relax_train_stops_on_a_file_without_the_prompt_column_before_a_run_folder(tmp_path: Path, capsys) -> None:
+    table = tmp_path / "cols.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), table)
+    code = main(["train", f"data.train_files={table}", f"run.output_dir={tmp_path / 'runs'}"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "absent.jsonl" in err and "does not exist (data.train_files)" in err, err
+    assert "cols.parquet" in err and "has no column 'prompt'" in err and "(data.train_files)" in err, err
     assert not (tmp_path / "runs").exists()
 
 

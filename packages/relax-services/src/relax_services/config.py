@@ -15,7 +15,9 @@ from relax_core import (
     AlgorithmConfig,
     ConfigError,
     ConfigModel,
+    DataFileSpec,
     OptimizerConfig,
+    RowSchema,
     StalenessConfig,
     algorithm_spec,
     apply_overrides,
@@ -23,7 +25,6 @@ from relax_core import (
     off_policy_alternatives,
     read_yaml_mapping,
 )
-from relax_modalities import DataFileSpec, RowSchema
 from relax_services._reward_config import RunRewardConfig
 
 __all__ = [
