@@ -20,7 +20,7 @@ DATASET_TASK = "dataset"
 """The feeder's one stream name for dataset files (the files' own mix is the stream's; tasks are data_sources)."""
 
 
-def _answer_text(value: Any) -> str:
+def _answer_text(value: object) -> str:
     """The ground truth as text (the ``answer`` every item carries): strings as they are, anything else JSON."""
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 

@@ -105,7 +105,7 @@ class DataConfig(ConfigModel):
 
     @pydantic.field_validator("train_files", "eval_files", mode="before")
     @classmethod
-    def _paths_as_specs(cls, value: Any) -> Any:
+    def _paths_as_specs(cls, value: object) -> object:
         """A path, or a list of paths and ``{path, weight, format}`` mappings (what an override gives)."""
         if isinstance(value, str | Path):
             value = [value]

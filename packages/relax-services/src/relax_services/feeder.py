@@ -92,7 +92,7 @@ class ItemStream(Protocol):
         """``item`` was skipped (its media could not be read): count it where the stream counts bad items."""
         ...
 
-    def state_dict(self) -> Any:
+    def state_dict(self) -> object:
         """The position."""
         ...
 
