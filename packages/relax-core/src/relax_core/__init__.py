@@ -39,6 +39,7 @@ from relax_core._configs import (
     load_preset,
     lr_multiplier,
 )
+from relax_core._data_config import DataFileSpec, RowSchema
 from relax_core._names import KLEstimator, LossAggMode
 from relax_core._presets import PRESET_NAMES, PresetName
 from relax_core._reward_builtins import length_penalty_reward, math_verify_reward, regex_reward, weighted_reward
@@ -182,12 +183,14 @@ __all__ += [
     "PRESET_NAMES",
     "AdvantageEstimator",
     "AlgorithmConfig",
+    "DataFileSpec",
     "KLEstimator",
     "LossAggMode",
     "OptimizerConfig",
     "PolicyLossName",
     "PresetName",
     "RewardConfig",
+    "RowSchema",
     "StalenessConfig",
     "load_preset",
     "lr_multiplier",

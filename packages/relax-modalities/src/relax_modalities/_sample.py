@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -14,6 +15,8 @@ from relax_modalities._errors import MediaError, MediaModality
 from relax_modalities._image import ImageFeatures, ImageSettings, load_image, preprocess_image
 from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
 from relax_modalities._mel_stream import log_mel_stream
+from relax_modalities._record import record_media_refs, record_messages
+from relax_modalities._rows import DataRecord
 from relax_modalities._video import VideoFeatures, VideoSettings, load_video
 from relax_modalities.synthetic._manifest import MediaRef, TaskItem
 from relax_modalities.text import (
@@ -170,15 +173,44 @@ class SampleProcessor:
         for ref in it.media:
             if ref.modality not in _FILE_MODALITIES:
                 raise MediaError(ref.path, "manifest", f"unknown media modality {ref.modality!r} in item {it.id!r}")
-            try:
-                self._add(ref, media)
-            except MediaError:
-                raise
-            except Exception as exc:  # any other failure on this file is still this file's error
-                modality = cast(MediaModality, ref.modality)
-                raise MediaError(ref.path, modality, f"{type(exc).__name__}: {exc}") from exc
+            self._add_checked(ref, media)
         prompt = self.builder.build(it.prompt, media.slots, system=self.settings.system)
         return media.model_inputs(prompt.input_ids)
+
+    def process_record(self, record: DataRecord, inline_dir: Path | None = None) -> dict[str, torch.Tensor]:
+        """Process one dataset record (:func:`~relax_modalities.build_stream`'s): its whole chat rendered with
+        the checkpoint's chat template, each media placeholder where the row put it. Returns the keys of
+        `process_sample`.
+
+        Args:
+            record: The record.
+            inline_dir: Where inline media bytes are written as files (named by content) before decoding.
+
+        Raises:
+            MediaError: for any media item that cannot be processed.
+            ValueError: a chat the plain-string template cannot render (more than one user turn, or media
+                after text): use a checkpoint template.
+        """
+        media = _Media()
+        kinds: list[list[str]] = []
+        for ref in record_media_refs(record, inline_dir):
+            before = len(media.slots)
+            self._add_checked(ref, media)
+            kinds.append([slot.modality for slot in media.slots[before:]])
+        if isinstance(self.builder, TemplateChat):
+            prompt = self.builder.render(record_messages(record, kinds), media.slots)
+        else:
+            prompt = self.builder.build(_single_turn_text(record), media.slots, system=self.settings.system)
+        return media.model_inputs(prompt.input_ids)
+
+    def _add_checked(self, ref: MediaRef, media: _Media) -> None:
+        try:
+            self._add(ref, media)
+        except MediaError:
+            raise
+        except Exception as exc:  # any other failure on this file is still this file's error
+            modality = cast(MediaModality, ref.modality)
+            raise MediaError(ref.path, modality, f"{type(exc).__name__}: {exc}") from exc
 
     def _add(self, ref: MediaRef, media: _Media) -> None:
         if ref.modality == "image":
@@ -218,6 +250,17 @@ class SampleProcessor:
             s.seconds_per_chunk,
         )
         media.slots.append(MediaSlot("video", vfeats.num_tokens, interleave=chunks))
+
+
+def _single_turn_text(record: DataRecord) -> str:
+    """The text of a one-user-turn record whose media all come before its text (what `ChatBuilder` renders)."""
+    if len(record.messages) != 1 or record.messages[0].role != "user":
+        raise ValueError(f"record {record.uid}: a plain-string chat template renders one user turn only")
+    parts = record.messages[0].parts
+    first_text = next((i for i, p in enumerate(parts) if p.type == "text"), len(parts))
+    if any(p.type != "text" for p in parts[first_text:]):
+        raise ValueError(f"record {record.uid}: a plain-string chat template renders media before the text only")
+    return "".join(p.text for p in parts)
 
 
 @dataclass

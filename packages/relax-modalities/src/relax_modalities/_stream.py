@@ -15,9 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pydantic
-
-from relax_core import ConfigModel
+from relax_core import DataFileSpec  # lives in relax-core: run configs load it without torch
 from relax_modalities._rows import BadRow, DataRecord, RowSchema, parse_row, required_columns, schema_columns
 from relax_modalities._sources import DataFileError, RowSource, open_source
 
@@ -31,20 +29,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 _KEEP_BAD = 100  # most recent bad rows kept in full (file, row, reason); all are counted
-
-
-class DataFileSpec(ConfigModel):
-    """One dataset file of a run and its share of the mix."""
-
-    path: str
-    """A ``.jsonl``, ``.parquet`` or ``save_to_disk`` folder (relative to the working directory)."""
-
-    weight: float | None = pydantic.Field(default=None, gt=0.0)
-    """Relative chance that the next row comes from this file; None weighs the file by its row count, so
-    a mix of unweighted files reads every row once per epoch in an even interleaving."""
-
-    format: str = "auto"
-    """``auto`` (by suffix), ``jsonl``, ``parquet``, ``hf_disk``, ``hf_json`` or ``hf_parquet``."""
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,17 @@ and turned into model-ready prompts by relax-modalities' data paths."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from relax_modalities import (
     AudioSettings,
+    BadRowInfo,
+    BadRowStats,
+    DataRecord,
     ImageSettings,
     MediaError,
     ProcessorSettings,
@@ -17,12 +22,20 @@ from relax_modalities import (
 )
 from relax_modalities.synthetic import TaskItem, read_manifest, write_synthetic_tasks
 from relax_modalities.text import CheckpointTemplate
+from relax_services._dataset import (
+    DATASET_TASK,
+    DataReport,
+    RecordStream,
+    eval_stream,
+    record_item,
+    train_stream,
+)
 from relax_services.config import ModelConfig, RunConfig
 from relax_services.feeder import TaskStream
 from relax_services.models import Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
-from relax_services.rows import DataItem, HeldoutItem
+from relax_services.rows import DataItem, HeldoutItem, ItemInfo
 
-__all__ = ["PromptBuilder", "RunData", "prepare_data", "processor_settings"]
+__all__ = ["PromptBuilder", "RunData", "data_report", "prepare_data", "processor_settings"]
 
 _HELDOUT_SEED_OFFSET = 1_000_003
 
@@ -64,10 +77,12 @@ class PromptBuilder:
     reads the checkpoint folder once)."""
 
     model: ModelConfig
+    inline_dir: Path | None = None
+    """Where a dataset record's inline media bytes are written as files before decoding."""
     _processor: SampleProcessor | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"model": self.model, "_processor": None}
+        return {"model": self.model, "inline_dir": self.inline_dir, "_processor": None}
 
     def _ready(self) -> tuple[SampleProcessor, Checkpoint]:
         ckpt = open_checkpoint(self.model.source, self.model.seed)
@@ -77,8 +92,16 @@ class PromptBuilder:
 
     def __call__(self, item: DataItem | TaskItem) -> OmniPrompt:
         processor, ckpt = self._ready()
-        task_item: TaskItem = item["item"] if isinstance(item, dict) else item
-        kwargs = processor(task_item)
+        task_item: TaskItem | DataRecord = item["item"] if isinstance(item, dict) else item
+        if isinstance(task_item, DataRecord):
+            try:
+                kwargs = processor.process_record(task_item, self.inline_dir)
+            except ValueError as exc:  # a chat the template cannot render is this row's fault, like bad media
+                if isinstance(exc, MediaError):
+                    raise
+                raise MediaError(task_item.uid, "manifest", f"chat template: {exc}") from exc
+        else:
+            kwargs = processor(task_item)
         kwargs.pop("attention_mask")
         kwargs["input_ids"] = kwargs["input_ids"][0]  # [T]
         return check_placeholders(OmniPrompt(**kwargs), ckpt.tokens)
@@ -86,13 +109,15 @@ class PromptBuilder:
 
 @dataclass
 class RunData:
-    """Training streams per task, the held-out set, each task's chance level, and the prompt builder."""
+    """Training streams per task, the held-out set, each task's chance level, and the prompt builder; for
+    dataset files (``data.train_files``) one record stream and the files' report."""
 
-    streams: dict[str, TaskStream]
+    streams: dict[str, TaskStream | RecordStream]
     heldout: list[HeldoutItem]
     chance: dict[str, float]
     skipped_heldout: dict[str, int]
     to_prompt: PromptBuilder
+    report: DataReport | None = None
 
 
 def _as_entry(item: TaskItem) -> DataItem:
@@ -106,6 +131,8 @@ def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
     ``model.source`` fails here, before any service starts.
     """
     open_checkpoint(cfg.model.source, cfg.model.seed)  # validated before any file is written or service started
+    if cfg.data.train_files:
+        return _prepare_files(cfg, run_dir)
     to_prompt = PromptBuilder(cfg.model)
     root = cfg.data.data_dir or run_dir / "data"
     tasks: list[str] = list(cfg.data.tasks)
@@ -125,12 +152,14 @@ def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
     by_task: dict[str, list[DataItem]] = defaultdict(list)
     for item in train:
         by_task[item.task].append(_as_entry(item))
-    streams = {task: TaskStream(items, seed=cfg.data.seed) for task, items in by_task.items()}
-    heldout = []
+    streams: dict[str, TaskStream | RecordStream] = {
+        task: TaskStream(items, seed=cfg.data.seed) for task, items in by_task.items()
+    }
+    heldout: list[HeldoutItem] = []
     skipped: dict[str, int] = {}
     for item in heldout_items:
         try:
-            heldout.append((item.task, to_prompt(item), item.answer))
+            heldout.append((item.task, to_prompt(item), {"id": item.id, "task": item.task, "answer": item.answer}))
         except MediaError as exc:  # a bad held-out file is skipped and counted, like a bad training file
             skipped[exc.modality] = skipped.get(exc.modality, 0) + 1
     chance = {item.task: item.chance for item in heldout_items}
@@ -147,3 +176,51 @@ def _manifest(folder: Path, tasks: list[str], n: int, seed: int, difficulty: int
     if missing:
         raise ValueError(f"data: the manifest {manifest} has no items of task(s) {missing}")
     return items
+
+
+def _prepare_files(cfg: RunConfig, run_dir: Path) -> RunData:
+    """The run's data from ``data.train_files`` / ``data.eval_files``: one endless record stream, and the
+    held-out records rendered once (tasks are their data_sources; none given: no held-out evaluation)."""
+    to_prompt = PromptBuilder(cfg.model, inline_dir=run_dir / "data" / "inline")
+    stream = train_stream(cfg.data)
+    report = DataReport(
+        train_files=[f.path for f in cfg.data.train_files], eval_files=[f.path for f in cfg.data.eval_files]
+    )
+    heldout: list[HeldoutItem] = []
+    skipped: dict[str, int] = {}
+    if cfg.data.eval_files:
+        held = eval_stream(cfg.data)
+        for record in held:
+            item = record_item(record)
+            try:
+                prompt = to_prompt(item)
+            except MediaError as exc:
+                skipped[exc.modality] = skipped.get(exc.modality, 0) + 1
+                held.stats.add(BadRowInfo(record.source, record.row, f"{exc.modality}: {exc.reason}"))
+                continue
+            info: ItemInfo = {k: v for k, v in item.items() if k != "item"}  # type: ignore[assignment]
+            heldout.append((item["task"], prompt, info))
+            report.heldout_by_source[item["task"]] = report.heldout_by_source.get(item["task"], 0) + 1
+        _add_bad(report, held.stats)
+    chance = dict.fromkeys(report.heldout_by_source, math.nan)  # a dataset's chance level is not known
+    return RunData({DATASET_TASK: stream}, heldout, chance, skipped, to_prompt, report)
+
+
+def _add_bad(report: DataReport, stats: BadRowStats) -> None:
+    report.bad_rows += stats.total
+    for source, n in stats.by_source.items():
+        report.bad_rows_by_file[source] = report.bad_rows_by_file.get(source, 0) + n
+    report.recent_bad_rows += [(b.source, b.row, b.reason) for b in stats.recent]
+
+
+def data_report(data: RunData) -> dict[str, Any] | None:
+    """The dataset files' report at the end of a run (training bad rows as the stream counted them); None for
+    the synthetic tasks."""
+    if data.report is None:
+        return None
+    report = DataReport(**{**data.report.__dict__, "bad_rows_by_file": dict(data.report.bad_rows_by_file)})
+    report.recent_bad_rows = list(data.report.recent_bad_rows)
+    for stream in data.streams.values():
+        if isinstance(stream, RecordStream):
+            _add_bad(report, stream.stream.stats)
+    return report.as_dict()

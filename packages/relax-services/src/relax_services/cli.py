@@ -82,6 +82,13 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except (CheckpointError, UnsupportedArchitectureError) as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
+    from relax_services._dataset import check_data
+
+    try:  # dataset files and reward functions likewise: a missing file or column fails here, naming it
+        check_data(cfg)
+    except ValueError as exc:  # DataFileError is one
+        print(f"relax train: {exc}", file=sys.stderr)
+        return 2
     try:
         run_dir = make_run_dir(cfg, run_dir)
     except ConfigError as exc:

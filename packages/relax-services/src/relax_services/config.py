@@ -15,8 +15,9 @@ from relax_core import (
     AlgorithmConfig,
     ConfigError,
     ConfigModel,
+    DataFileSpec,
     OptimizerConfig,
-    RewardConfig,
+    RowSchema,
     StalenessConfig,
     algorithm_spec,
     apply_overrides,
@@ -24,6 +25,7 @@ from relax_core import (
     off_policy_alternatives,
     read_yaml_mapping,
 )
+from relax_services._reward_config import RunRewardConfig
 
 __all__ = [
     "DataConfig",
@@ -34,6 +36,7 @@ __all__ = [
     "QueueSettings",
     "RolloutConfig",
     "RunConfig",
+    "RunRewardConfig",
     "RunSettings",
     "TrainerConfig",
     "load_run_config",
@@ -64,7 +67,26 @@ class ModelConfig(ConfigModel):
 
 
 class DataConfig(ConfigModel):
-    """The synthetic omni task mix (written as real media files plus a JSONL manifest)."""
+    """The training data: the user's dataset files (``train_files``), or by default the synthetic omni task mix
+    (written as real media files plus a JSONL manifest)."""
+
+    # `schema` is the YAML name of `schema_` (pydantic's BaseModel has a `schema` attribute of its own).
+    model_config = pydantic.ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    train_files: list[DataFileSpec] = pydantic.Field(default_factory=list)
+    """Dataset files to train on (JSONL, Parquet or a ``datasets`` folder in verl's RL schema, see ``schema``),
+    each a path or ``{path, weight, format}``; ``data.train_files=a.parquet`` on the command line. Empty: the
+    synthetic tasks below. Streamed endlessly, each file reshuffled every pass."""
+
+    eval_files: list[DataFileSpec] = pydantic.Field(default_factory=list)
+    """Held-out files (same forms), evaluated greedily per ``data_source``; empty with ``train_files`` given:
+    no held-out evaluation."""
+
+    schema_: RowSchema = pydantic.Field(default_factory=RowSchema, alias="schema")
+    """Column names and row rules of the dataset files (``data.schema.prompt_key=question``, ...)."""
+
+    shuffle_buffer: int = pydantic.Field(default=1024, ge=0)
+    """Rows held for shuffling the training files (0 or 1: file order)."""
 
     tasks: list[TaskName] = pydantic.Field(default_factory=lambda: list(DEFAULT_TASKS))
     """Tasks to train on; each is one modality path (audio_video combines two)."""
@@ -79,7 +101,17 @@ class DataConfig(ConfigModel):
     """Task difficulty level passed to the synthetic task generator."""
 
     seed: int = 0
-    """Seed of the synthetic data and of the prompt order."""
+    """Seed of the synthetic data and of the prompt order (the dataset files' mixing and shuffling too)."""
+
+    @pydantic.field_validator("train_files", "eval_files", mode="before")
+    @classmethod
+    def _paths_as_specs(cls, value: object) -> object:
+        """A path, or a list of paths and ``{path, weight, format}`` mappings (what an override gives)."""
+        if isinstance(value, str | Path):
+            value = [value]
+        if isinstance(value, list):
+            return [{"path": str(v)} if isinstance(v, str | Path) else v for v in value]
+        return value
 
     adaptive_weights: bool = True
     """Sample each task with probability ∝ (1 − its latest held-out reward + 0.1), so lagging tasks get more
@@ -308,8 +340,9 @@ class RunConfig(ConfigModel):
     )
     """The τ knob: 0 is strictly on-policy (equal to a synchronous trainer), null is fully asynchronous."""
 
-    reward: RewardConfig = pydantic.Field(default_factory=RewardConfig)
-    """Reward function scoring responses against each task's answer."""
+    reward: RunRewardConfig = pydantic.Field(default_factory=RunRewardConfig)
+    """Reward scoring responses against each prompt's ground truth (a registry name, a user function, routes
+    by ``data_source``)."""
 
     model: ModelConfig = pydantic.Field(default_factory=ModelConfig)
     data: DataConfig = pydantic.Field(default_factory=DataConfig)

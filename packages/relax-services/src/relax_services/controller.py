@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core import dump_config
-from relax_services._data import prepare_data
+from relax_services._data import data_report, prepare_data
 from relax_services._metrics import MetricsWriter
 from relax_services._reaper import start_reaper
 from relax_services.checkpoint import (
@@ -27,7 +27,7 @@ from relax_services.checkpoint import (
     queued_prompt_keys,
 )
 from relax_services.config import RunConfig
-from relax_services.feeder import Ledger, PromptFeeder
+from relax_services.feeder import Ledger, PromptFeeder, TaskStream
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
@@ -84,6 +84,7 @@ class RunResult:
     resumed_from_s: float = 0.0  # run time already spent before this --resume (included in wall_s)
     startup: dict[str, float] = field(default_factory=dict)  # start-up phase -> seconds since the run began
     error: str | None = None  # why the run ended early with an error (e.g. a disk full at a checkpoint)
+    data: dict[str, Any] | None = None  # dataset files' report (bad rows, held-out sources); None: synthetic tasks
 
 
 _REAPER: Any = None
@@ -251,9 +252,16 @@ class Controller:
         wall = self.clock()
         ledger = self._final_ledger()
         skipped = {"train": dict(self.feeder.skipped), "heldout": dict(self.data.skipped_heldout)}
+        data = data_report(self.data)
         self.metrics.write(
             "summary",
-            {"final_eval": final, "ledger": ledger, "stop_reason": self._stop_reason, "skipped_media": skipped},
+            {
+                "final_eval": final,
+                "ledger": ledger,
+                "stop_reason": self._stop_reason,
+                "skipped_media": skipped,
+                **({} if data is None else {"data": data}),
+            },
         )
         self.metrics.close()
         try:
@@ -279,6 +287,7 @@ class Controller:
             warmup_steps=cfg.trainer.warmup_format_steps,
             service_nodes=self.nodes,
             skipped_media=skipped,
+            data=data,
             service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
             resume_changes=self.resume_changes,
             resumed_from_s=self.resumed_from_s,
@@ -376,6 +385,7 @@ class Controller:
                 self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
                 state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
                 torch.save(state, tmp / CONTROLLER_FILE)
+                data = data_report(self.data)  # while the feeder is held: its bad-row counts do not move
                 path = self.checkpoints.commit(version, tmp)
             except OSError as exc:
                 if tmp is not None:
@@ -391,7 +401,9 @@ class Controller:
 
             export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
         self._checkpoint_time = time.monotonic()
-        self.metrics.write("checkpoint", {"step": version, "path": str(path)})
+        self.metrics.write(
+            "checkpoint", {"step": version, "path": str(path), **({} if data is None else {"data": data})}
+        )
         return path
 
     def _global_restart(self, reason: str) -> None:
@@ -426,13 +438,20 @@ class Controller:
         """Run the format warm-up (in its own process) and point every service at the warmed-up checkpoint."""
         if cfg.trainer.warmup_format_steps == 0:
             return cfg
+        if cfg.data.train_files:  # the warm-up teaches the synthetic tasks' answer options; a dataset has none
+            return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"warmup_format_steps": 0})})
         import ray
 
         from relax_services.warmup import format_warmup
 
         out = self.run_dir / "warmup_model"
         if not (out / "config.json").is_file():
-            items = [entry["item"] for stream in self.data.streams.values() for entry in stream.items]
+            items = [
+                entry["item"]
+                for stream in self.data.streams.values()
+                if isinstance(stream, TaskStream)
+                for entry in stream.items
+            ]
             # max_calls=1: its process exits when the warm-up is done instead of idling with the model stack loaded
             task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
             info = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))

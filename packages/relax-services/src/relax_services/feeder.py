@@ -11,16 +11,16 @@ import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from relax_modalities import MediaError
 from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
-from relax_services.rows import DataItem, PromptRow
+from relax_services.rows import DataItem, ItemInfo, PromptRow, item_extras
 
 if TYPE_CHECKING:
     from relax_services.models import OmniPrompt
 
-__all__ = ["FeederState", "Ledger", "LedgerState", "PromptFeeder", "TaskStream"]
+__all__ = ["FeederState", "ItemStream", "Ledger", "LedgerState", "PromptFeeder", "TaskStream"]
 
 
 class LedgerState(TypedDict):
@@ -36,7 +36,7 @@ class FeederState(TypedDict):
 
     next_index: int
     rng: tuple[object, ...]  # random.Random.getstate()
-    streams: dict[str, dict[str, int]]  # task -> TaskStream.state_dict()
+    streams: dict[str, Any]  # stream name -> its state_dict()
     running_reward: dict[str, float]
     ledger: LedgerState
     items: dict[str, DataItem]  # prompt key -> item, for prompts not yet consumed
@@ -77,8 +77,34 @@ class Ledger:
         self.requeued = dict(state["requeued"])
 
 
+class ItemStream(Protocol):
+    """An endless stream of feeder items whose position is checkpointable (:class:`TaskStream` over a task's
+    items, or a dataset files' record stream)."""
+
+    cache_prompts: bool
+    """Whether the feeder may keep each item's processed prompt for its next epoch (by item id)."""
+
+    def next(self) -> DataItem:
+        """The next item."""
+        ...
+
+    def skip(self, item: DataItem, reason: str) -> None:
+        """``item`` was skipped (its media could not be read): count it where the stream counts bad items."""
+        ...
+
+    def state_dict(self) -> object:
+        """The position."""
+        ...
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore :meth:`state_dict`."""
+        ...
+
+
 class TaskStream:
     """Endless, seeded, reshuffled-per-epoch stream over one task's items; its position is checkpointable."""
+
+    cache_prompts = True  # few items, each seen every epoch
 
     def __init__(self, items: Sequence[DataItem], seed: int) -> None:
         if not items:
@@ -104,6 +130,9 @@ class TaskStream:
         self.cursor += 1
         return item
 
+    def skip(self, item: DataItem, reason: str) -> None:
+        """Nothing to do: the feeder counts skipped task items itself."""
+
     def state_dict(self) -> dict[str, int]:
         """Epoch and cursor."""
         return {"epoch": self.epoch, "cursor": self.cursor}
@@ -119,7 +148,7 @@ class PromptFeeder:
     """Admission-paced producer of prompt rows.
 
     Args:
-        streams: One :class:`TaskStream` per task.
+        streams: One :class:`ItemStream` per task (a :class:`TaskStream` each), or one over dataset files.
         to_prompt: Turns an item into the model-ready prompt (the modality data path).
         prompt_queue: Queue whose ``rollout`` task the Rollout workers read.
         sample_queue: Queue whose staleness policy grants admissions.
@@ -130,7 +159,7 @@ class PromptFeeder:
 
     def __init__(
         self,
-        streams: Mapping[str, TaskStream],
+        streams: Mapping[str, ItemStream],
         to_prompt: Callable[[DataItem], OmniPrompt],
         prompt_queue: QueueClient,
         sample_queue: QueueClient,
@@ -207,7 +236,7 @@ class PromptFeeder:
                 with self._lock:
                     task = self._choose_task()
                     item = self.streams[task].next()
-                prompt = self._process(item)
+                prompt = self._process(item, self.streams[task])
                 if prompt is not None:
                     break
             else:
@@ -221,21 +250,25 @@ class PromptFeeder:
         self._put_groups(ready)
         return groups
 
-    def _process(self, item: DataItem) -> OmniPrompt | None:
-        """The item's prompt, or None (skipped and counted) when its media cannot be read. Prompts are cached by
-        item id: items recur every epoch, and decoding on the feeder's path would delay every update at τ = 0."""
+    def _process(self, item: DataItem, stream: ItemStream | None = None) -> OmniPrompt | None:
+        """The item's prompt, or None (skipped and counted) when its media cannot be read. Task prompts are cached
+        by item id: items recur every epoch, and decoding on the feeder's path would delay every update at τ = 0.
+        A stream without ``cache_prompts`` (dataset files: many rows) is processed every time."""
         cached = self._prompts.get(str(item["id"]))
         if cached is not None:
             return cached
         try:
             prompt = self.to_prompt(item)
-            self._prompts[str(item["id"])] = prompt
+            if stream is not None and stream.cache_prompts:
+                self._prompts[str(item["id"])] = prompt
             return prompt
         except MediaError as exc:
             with self._lock:
                 reason = f"{exc.modality}: {exc.reason}"
                 self.skipped[reason] = self.skipped.get(reason, 0) + 1
                 self.skipped_items.add(str(item["id"]))
+                if stream is not None:
+                    stream.skip(item, reason)
             return None
 
     def _prompt_room(self) -> int:
@@ -328,5 +361,8 @@ class PromptFeeder:
 
 
 def _prompt_row(item: DataItem, prompt: OmniPrompt) -> PromptRow:
-    """The prompt queue row of ``item``: its id, task and answer (not the loader's record), and the prompt."""
-    return {"item": {"id": item["id"], "task": item["task"], "answer": item["answer"]}, "prompt": prompt}
+    """The prompt queue row of ``item``: its id, task, answer and (for dataset files) data_source, ground truth
+    and extra_info (not the loader's record), and the prompt."""
+    info: ItemInfo = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
+    info.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
+    return {"item": info, "prompt": prompt}

@@ -52,7 +52,21 @@ def _check_model(cfg: RunConfig) -> list[ConfigIssue]:
     return []
 
 
+def _check_files(cfg: RunConfig) -> list[ConfigIssue]:
+    """Each dataset file exists (its form and columns are checked once relax-modalities is loaded)."""
+    issues = []
+    for name, files in (("data.train_files", cfg.data.train_files), ("data.eval_files", cfg.data.eval_files)):
+        for spec in files:
+            if not Path(spec.path).exists():
+                issues.append(ConfigIssue(name, spec.path, "no such file or folder"))
+    if cfg.data.eval_files and not cfg.data.train_files:
+        issues.append(ConfigIssue("data.eval_files", [f.path for f in cfg.data.eval_files], "needs data.train_files"))
+    return issues
+
+
 def _check_data(cfg: RunConfig) -> list[ConfigIssue]:
+    if cfg.data.train_files or cfg.data.eval_files:
+        return _check_files(cfg)
     folder = cfg.data.data_dir
     if folder is None:
         return []
@@ -71,7 +85,25 @@ def _check_data(cfg: RunConfig) -> list[ConfigIssue]:
     return []
 
 
+def _check_reward_fn(fn: str) -> list[ConfigIssue]:
+    file_part, sep, _ = fn.rpartition(":")
+    if sep and file_part.endswith(".py"):
+        if not Path(file_part).is_file():
+            return [ConfigIssue("reward.fn", fn, f"no such file {file_part!r}", "path/to/file.py:function")]
+        return []
+    module = file_part if sep else fn.rpartition(".")[0]
+    try:
+        found = bool(module) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that does not exist
+        found = False
+    if not found and fn not in REWARD_REGISTRY:
+        return [ConfigIssue("reward.fn", fn, f"cannot find module {module!r}", "module:function or file.py:function")]
+    return []
+
+
 def _check_reward(cfg: RunConfig) -> list[ConfigIssue]:
+    if cfg.reward.fn is not None:
+        return _check_reward_fn(cfg.reward.fn)
     name = cfg.reward.name
     if name in REWARD_REGISTRY:
         return []

@@ -25,7 +25,9 @@ and :func:`split_sample_key` / :func:`prompt_key_of` read it (nothing else spell
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
+
+from relax_core import RewardRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,7 +47,9 @@ __all__ = [
     "SampleRow",
     "as_prompt_row",
     "as_sample_row",
+    "item_extras",
     "prompt_key_of",
+    "reward_request",
     "sample_key",
     "split_sample_key",
 ]
@@ -57,12 +61,18 @@ class ItemInfo(TypedDict):
     Attributes:
         id: Stable id of the entry (prompts are cached by it; skipped files are counted by it).
         task: Task name (``data_source``): rewards and per-task metrics group by it.
-        answer: Ground truth handed to the reward function.
+        answer: Ground truth handed to the reward function (as text).
+        data_source: The row's ``data_source`` (dataset files only; routes the reward).
+        ground_truth: The row's ground truth as the file holds it (dataset files only; any JSON value).
+        extra_info: The row's ``extra_info`` (dataset files only), the reward's metadata.
     """
 
     id: str
     task: str
     answer: str
+    data_source: NotRequired[str]
+    ground_truth: NotRequired[Any]
+    extra_info: NotRequired[dict[str, Any]]
 
 
 class DataItem(ItemInfo):
@@ -88,6 +98,9 @@ class SampleMeta(TypedDict):
     task: str
     answer: str
     prompt_key: str  # the prompt row's key; the group id of the sample
+    data_source: NotRequired[str]  # the item's, when it came from a dataset file (ItemInfo)
+    ground_truth: NotRequired[Any]
+    extra_info: NotRequired[dict[str, Any]]
 
 
 class RolloutFields(TypedDict):
@@ -126,8 +139,26 @@ class SampleRow(RolloutFields, RewardFields, ReferenceFields, CriticFields):
     and critic's when the algorithm uses them (:func:`~relax_services.services.trainer_fields`)."""
 
 
-HeldoutItem = tuple[str, "OmniPrompt", str]
-"""A held-out prompt: ``(task, prompt, answer)``, never trained on."""
+HeldoutItem = tuple[str, "OmniPrompt", ItemInfo]
+"""A held-out prompt: ``(task, prompt, its item)``, never trained on."""
+
+_RECORD_KEYS = ("data_source", "ground_truth", "extra_info")
+
+
+def item_extras(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset-file keys of an :class:`ItemInfo` (or a :class:`SampleMeta`) that it has."""
+    return {k: info[k] for k in _RECORD_KEYS if k in info}
+
+
+def reward_request(response: str, info: Mapping[str, Any]) -> RewardRequest:
+    """What the reward runner scores: ``response`` against an item's (or a sample's meta's) ground truth, with
+    its ``data_source`` and ``extra_info``; a synthetic item's answer, task and no metadata otherwise."""
+    return RewardRequest(
+        response,
+        info.get("ground_truth", info["answer"]),
+        str(info.get("data_source", info["task"])),
+        dict(info.get("extra_info", {})),
+    )
 
 
 def sample_key(prompt_key: Hashable, index: int) -> str:

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from relax_services.controller import RunResult
 
 __all__ = ["format_summary"]
+
+
+def _data_lines(data: dict[str, Any]) -> list[str]:
+    """The dataset files' lines: which files, held-out coverage, bad rows with the last few named."""
+    lines = ["", "trained on: " + ", ".join(data["train_files"])]
+    if not data["eval_files"]:
+        lines.append("no held-out evaluation: data.eval_files not given")
+    else:
+        held = ", ".join(f"{s or '(no data_source)'}: {n}" for s, n in sorted(data["heldout_by_source"].items()))
+        lines.append(f"held-out: {', '.join(data['eval_files'])} ({held or 'no readable row'})")
+    lines.append(f"bad rows skipped: {data['bad_rows']}")
+    lines += [f"  {source} row {row}: {reason}" for source, row, reason in data["recent_bad_rows"][-5:]]
+    return lines
 
 
 def format_summary(result: RunResult) -> str:
@@ -23,7 +37,11 @@ def format_summary(result: RunResult) -> str:
         value = result.final_eval.get(task, float("nan"))
         reached = result.first_step_reaching.get(task)
         reached_text = f"{reached:.0f}s" if reached is not None else "-"
-        lines.append(f"{task:<12} {value:>16.3f} {result.chance[task]:>8.3f} {reached_text:>15}")
+        chance = result.chance[task]
+        chance_text = "-" if math.isnan(chance) else f"{chance:.3f}"  # a dataset's chance level is unknown
+        lines.append(f"{task:<12} {value:>16.3f} {chance_text:>8} {reached_text:>15}")
+    if result.data is not None:
+        lines += _data_lines(result.data)
     hist = " ".join(f"{k}:{v}" for k, v in result.staleness_hist.items()) or "-"
     lines += [
         "",

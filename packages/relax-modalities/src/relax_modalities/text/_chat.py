@@ -301,13 +301,31 @@ class TemplateChat:
         Raises:
             ValueError: when the template renders a different number of placeholders than there are media items.
         """
-        for slot in media:
-            self.placeholder_id(slot.modality)
         content: list[dict[str, str]] = [{"type": slot.modality} for slot in media]
         content.append({"type": "text", "text": user_text})
         messages: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
         messages.append({"role": "user", "content": content})
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.render(messages, media, add_generation_prompt=add_generation_prompt)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        media: Sequence[MediaSlot] = (),
+        *,
+        add_generation_prompt: bool = True,
+    ) -> ChatPrompt:
+        """Render a whole chat (``{"role", "content"}`` messages, content a string or typed parts such as
+        ``{"type": "image"}``) and expand the ``i``-th media placeholder the template emits to ``media[i]``.
+
+        Raises:
+            ValueError: when the template renders a different number of placeholders than there are media items,
+                or in another order.
+        """
+        for slot in media:
+            self.placeholder_id(slot.modality)
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
         rendered: list[int] = list(self.tokenizer.encode(text, add_special_tokens=False))  # type: ignore[call-arg]
         ids: list[int] = []
         spans: list[PlaceholderSpan] = []

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from relax_core import build_reward
+from relax_core import build_reward_runner
 from relax_services._policy import checkpoint_of, sampling_params
 from relax_services.config import RunConfig
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
-from relax_services.rows import HeldoutItem
+from relax_services.rows import HeldoutItem, reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.services.reward import decode_response
 from relax_services.weights import WeightStore
@@ -24,7 +24,8 @@ class EvalService(ServiceBase):
     """Evaluates every ``eval.every_steps`` versions (and version 0) on a fixed held-out set.
 
     Args:
-        heldout: ``(task, prompt, answer)`` triples, never trained on.
+        heldout: ``(task, prompt, item)`` triples, never trained on (tasks: the synthetic tasks, or the held-out
+            files' data_sources); the item's ground truth and metadata go to the reward.
     """
 
     def __init__(
@@ -42,7 +43,7 @@ class EvalService(ServiceBase):
         self.weights = weights
         # rollout.engine, finishing each greedy pass on the weights it started with
         self.engine: RolloutEngine = make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
-        self.scorer = build_reward(cfg.reward)
+        self.runner = build_reward_runner(cfg.reward.runner_config())
         self.params = sampling_params(cfg.model, n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
         self.tokenizer = checkpoint_of(cfg.model).tokenizer
         self._next_version = 0
@@ -55,9 +56,11 @@ class EvalService(ServiceBase):
             chunk = self.heldout[start : start + self.batch]
             outs = self.engine.generate([p for _, p, _ in chunk], self.params)
             responses = [decode_response(group[0].token_ids, self.tokenizer) for group in outs]
-            results = self.scorer.score(responses, [a for _, _, a in chunk])
+            results = self.runner.score(
+                [reward_request(r, info) for r, (_, _, info) in zip(responses, chunk, strict=True)]
+            )
             for (task, _, _), result in zip(chunk, results, strict=True):
-                by_task[task].append(result.reward)
+                by_task[task].append(result.score)
         return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
 
     def step(self) -> None:
@@ -72,9 +75,16 @@ class EvalService(ServiceBase):
         self.record("eval", version=newer.version, reward=rewards)
         self._next_version = newer.version + self.cfg.eval.every_steps
 
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the loop, then the reward runner's worker threads and remote clients (once the loop is out)."""
+        stopped = super().stop(timeout)
+        if stopped:
+            self.runner.close()
+        return stopped
+
     def evaluate_latest(self) -> tuple[int, dict[str, float]]:
         """Stop the periodic loop, load the newest weights and evaluate them (the run's final figure)."""
-        self.stop()
+        ServiceBase.stop(self)  # the loop only: the reward runner is needed below (closed by stop())
         newer = self.weights.fetch(None)
         if newer is not None:
             self.engine.load_weights(newer.state_dict, newer.version)

@@ -1,16 +1,19 @@
 """Reward service: scores responses in batches and adds a ``reward`` field to each sample row.
 
-A reward function that raises marks that sample as failed (reward = ``failure_reward``, the reason kept in
-``reward_error``); it never stops the batch or the service.
+Scoring goes through relax-core's reward runner (``reward.fn`` or ``reward.name``, routes by ``data_source``,
+``reward.timeout_s``). A reward function that raises or times out marks that sample as failed (reward =
+``reward.fallback_score``, the reason kept in ``reward_error``, counted in the metrics); it never stops the
+batch or the service.
 """
 
 from __future__ import annotations
 
-from relax_core import build_reward
+from relax_core import build_reward_runner
 from relax_modalities.text import Tokenizer
 from relax_queue import FixedSizeBatcher, QueueClient, QueueTimeoutError
 from relax_services._policy import checkpoint_of
 from relax_services.config import RunConfig
+from relax_services.rows import reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
 
 __all__ = ["RewardService", "decode_response"]
@@ -35,7 +38,7 @@ class RewardService(ServiceBase):
         health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
-        self.scorer = build_reward(cfg.reward)
+        self.runner = build_reward_runner(cfg.reward.runner_config())
         self.tokenizer = checkpoint_of(cfg.model).tokenizer
         self.queue = sample_queue
         self.reader = sample_queue.reader(
@@ -49,11 +52,25 @@ class RewardService(ServiceBase):
         except QueueTimeoutError:
             return
         responses = [decode_response(ids, self.tokenizer) for ids in batch.column("response")]
-        answers = [meta["answer"] for meta in batch.column("meta")]
-        results = self.scorer.score(responses, answers)
+        requests = [reward_request(r, meta) for r, meta in zip(responses, batch.column("meta"), strict=True)]
+        results = self.runner.score(requests)
         self.queue.add_fields_many(
-            {key: {"reward": r.reward, "reward_error": r.error} for key, r in zip(batch.keys, results, strict=True)}
+            {key: {"reward": r.score, "reward_error": r.error} for key, r in zip(batch.keys, results, strict=True)}
         )
         self.ack(self.reader, batch)
         failed = sum(not r.ok for r in results)
-        self.record("reward", scored=len(results), failed=failed)
+        timeouts = sum(r.error is not None and r.error.startswith("TimeoutError") for r in results)
+        self.record(
+            "reward",
+            scored=len(results),
+            failed=failed,
+            timeouts=timeouts,
+            last_error=next((r.error for r in reversed(results) if r.error is not None), None),
+        )
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the loop, then the reward runner's worker threads and remote clients (once the loop is out)."""
+        stopped = super().stop(timeout)
+        if stopped:
+            self.runner.close()
+        return stopped

@@ -11,7 +11,7 @@ from relax_services._policy import sampling_params
 from relax_services.config import RunConfig
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import make_rollout_engine
-from relax_services.rows import RolloutFields, as_prompt_row, sample_key
+from relax_services.rows import RolloutFields, SampleMeta, as_prompt_row, item_extras, sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.weights import WeightPoller, WeightStore
 
@@ -87,10 +87,12 @@ class RolloutService(ServiceBase):
         for row, completions in zip(batch.rows, groups, strict=True):
             prompt_row = as_prompt_row(row.fields)
             item = prompt_row["item"]
+            meta: SampleMeta = {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)}
+            meta.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
             for j, completion in enumerate(completions):
                 fields: RolloutFields = {
                     "prompt": prompt_row["prompt"],
-                    "meta": {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)},
+                    "meta": meta,
                     "response": completion.token_ids,
                     "logprobs": completion.logprobs,
                     "token_versions": completion.versions,
