@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from relax_core import build_reward_runner
 from relax_modalities import BadRowInfo, DataFileError, DataRecord, DataStream, build_stream
@@ -50,7 +49,7 @@ class DataReport:
     recent_bad_rows: list[tuple[str, int, str]] = field(default_factory=list)
     heldout_by_source: dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """JSON-ready."""
         return {
             "train_files": list(self.train_files),
@@ -95,11 +94,11 @@ class RecordStream:
         if record.epoch == 0:
             self.stream.stats.add(BadRowInfo(record.source, record.row, reason))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """The stream's position (plain JSON values)."""
         return self.stream.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Continue from :meth:`state_dict`."""
         self.stream.load_state_dict(state)
 

@@ -145,19 +145,19 @@ HeldoutItem = tuple[str, "OmniPrompt", ItemInfo]
 _RECORD_KEYS = ("data_source", "ground_truth", "extra_info")
 
 
-def item_extras(info: Mapping[str, Any]) -> dict[str, Any]:
+def item_extras(info: Mapping[str, object]) -> dict[str, object]:
     """The dataset-file keys of an :class:`ItemInfo` (or a :class:`SampleMeta`) that it has."""
     return {k: info[k] for k in _RECORD_KEYS if k in info}
 
 
-def reward_request(response: str, info: Mapping[str, Any]) -> RewardRequest:
+def reward_request(response: str, info: Mapping[str, object]) -> RewardRequest:
     """What the reward runner scores: ``response`` against an item's (or a sample's meta's) ground truth, with
     its ``data_source`` and ``extra_info``; a synthetic item's answer, task and no metadata otherwise."""
     return RewardRequest(
         response,
         info.get("ground_truth", info["answer"]),
         str(info.get("data_source", info["task"])),
-        dict(info.get("extra_info", {})),
+        dict(cast("Mapping[str, object]", info.get("extra_info", {}))),
     )
 
 
