@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
+from relax_modalities.synthetic import TaskItem
 from relax_queue import TransferQueue
 from relax_services.checkpoint import PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.controller import Controller
 from relax_services.engines.registry import check_engines
-from relax_services.feeder import TaskStream
 from relax_services.health import GlobalRestartNeeded, HealthManager
 from relax_services.pipeline import pipeline_family, queue_configs, service_plan
 from relax_services.rows import HeldoutItem
@@ -237,24 +237,11 @@ class ColocatedController(Controller):
             raise GlobalRestartNeeded(f"trainer unavailable for a checkpoint: {exc}") from exc
         return self._write_checkpoint(version, trainer.save_engine, None if hold else trainer.resume)
 
-    def _warmup(self, cfg: RunConfig) -> RunConfig:
+    def _run_warmup(self, cfg: RunConfig, items: list[TaskItem], out: Path) -> dict[str, object]:
         """The format warm-up in this process (the distributed mode gives it a process of its own)."""
-        if cfg.trainer.warmup_format_steps == 0:
-            return cfg
-        if cfg.data.train_files:  # the warm-up teaches the synthetic tasks' answer options; a dataset has none
-            return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"warmup_format_steps": 0})})
         from relax_services.warmup import format_warmup
 
-        out = self.run_dir / "warmup_model"
-        if not (out / "config.json").is_file():
-            items = [
-                entry["item"]
-                for stream in self.data.streams.values()
-                if isinstance(stream, TaskStream)
-                for entry in stream.items
-            ]
-            self.metrics.write("warmup", format_warmup(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
-        return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
+        return format_warmup(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed)
 
     def _final_eval(self) -> tuple[dict[str, float], int | None]:
         evaluator = self.pipeline.services["eval"].obj

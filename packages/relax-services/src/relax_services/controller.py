@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core import dump_config
+from relax_modalities.synthetic import TaskItem
 from relax_services._data import data_report, prepare_data
 from relax_services._metrics import MetricsWriter
 from relax_services._reaper import start_reaper
@@ -435,15 +436,11 @@ class Controller:
         return counts
 
     def _warmup(self, cfg: RunConfig) -> RunConfig:
-        """Run the format warm-up (in its own process) and point every service at the warmed-up checkpoint."""
+        """Run the format warm-up (once per run folder) and point every service at the warmed-up checkpoint."""
         if cfg.trainer.warmup_format_steps == 0:
             return cfg
         if cfg.data.train_files:  # the warm-up teaches the synthetic tasks' answer options; a dataset has none
             return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"warmup_format_steps": 0})})
-        import ray
-
-        from relax_services.warmup import format_warmup
-
         out = self.run_dir / "warmup_model"
         if not (out / "config.json").is_file():
             items = [
@@ -452,11 +449,19 @@ class Controller:
                 if isinstance(stream, TaskStream)
                 for entry in stream.items
             ]
-            # max_calls=1: its process exits when the warm-up is done instead of idling with the model stack loaded
-            task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
-            info = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
-            self.metrics.write("warmup", info)
+            self.metrics.write("warmup", self._run_warmup(cfg, items, out))
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
+
+    def _run_warmup(self, cfg: RunConfig, items: list[TaskItem], out: Path) -> dict[str, object]:
+        """The warm-up in a process of its own (``max_calls=1``: it exits when done instead of idling with the
+        model stack loaded); returns its metrics record."""
+        import ray
+
+        from relax_services.warmup import format_warmup
+
+        task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
+        info: dict[str, object] = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
+        return info
 
     def _checkpoint_due(self) -> bool:
         """Every ``trainer.checkpoint_every`` updates, and every ``trainer.checkpoint_every_s`` seconds with at

@@ -20,6 +20,7 @@ from relax_services.engines.protocols import (
     Completion,
     PartialRolloutMode,
     WeightPoll,
+    generation_stats,
 )
 from relax_services.engines.sampling import SamplingParams, sample_tokens
 from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
@@ -174,17 +175,7 @@ class HFRolloutEngine:
                     continue
             self._decode_step(state, tokens)
             forwards += 1
-        elapsed = time.perf_counter() - start
-        n_tokens = sum(len(c.token_ids) for c in out)
-        self.last_stats = {
-            "generate_s": elapsed,
-            "completions": float(n_slots),
-            "completions_per_s": n_slots / elapsed,
-            "tokens": float(n_tokens),
-            "tokens_per_s": n_tokens / elapsed,
-            "decode_steps": float(steps),
-            "forwards": float(forwards),
-        }
+        self.last_stats = generation_stats(out, time.perf_counter() - start, decode_steps=steps, forwards=forwards)
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def _apply(self, update: tuple[int, Mapping[str, torch.Tensor]] | None) -> None:

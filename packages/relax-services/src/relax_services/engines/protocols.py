@@ -55,6 +55,20 @@ class Completion:
         return min(self.versions), max(self.versions)
 
 
+def generation_stats(out: list[Completion], elapsed: float, **counters: float) -> dict[str, float]:
+    """An engine's ``last_stats`` for one generate call: completions and tokens, their rates, and the engine's
+    own ``counters`` (decode steps, forwards, weight switches, ...)."""
+    n_tokens = sum(len(c.token_ids) for c in out)
+    return {
+        "generate_s": elapsed,
+        "completions": float(len(out)),
+        "completions_per_s": len(out) / elapsed,
+        "tokens": float(n_tokens),
+        "tokens_per_s": n_tokens / elapsed,
+        **{k: float(v) for k, v in counters.items()},
+    }
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Generates completions; weights change only at safe points between decode steps."""

@@ -63,7 +63,13 @@ from typing import Any, Literal
 
 import torch
 
-from relax_services.engines.protocols import PARTIAL_ROLLOUT_MODES, Completion, PartialRolloutMode, WeightPoll
+from relax_services.engines.protocols import (
+    PARTIAL_ROLLOUT_MODES,
+    Completion,
+    PartialRolloutMode,
+    WeightPoll,
+    generation_stats,
+)
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, truncate
 from relax_services.engines.vllm_checkpoint import ENCODER_PREFIXES, chain_buckets, export_text_decoder
 from relax_services.models.inputs import OmniPrompt
@@ -363,17 +369,9 @@ class VLLMRolloutEngine:
                 if mode == "abort_resume":
                     out[slot] = Completion(num_restarts=out[slot].num_restarts + 1)
                 submit(slot)
-        elapsed = time.perf_counter() - start
-        n_tokens = sum(len(c.token_ids) for c in out)
-        self.last_stats = {
-            "generate_s": elapsed,
-            "completions": float(n_slots),
-            "completions_per_s": n_slots / elapsed,
-            "tokens": float(n_tokens),
-            "tokens_per_s": n_tokens / elapsed,
-            "engine_steps": float(steps),
-            "weight_switches": float(switches),
-        }
+        self.last_stats = generation_stats(
+            out, time.perf_counter() - start, engine_steps=steps, weight_switches=switches
+        )
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def _apply(self, update: tuple[int, Mapping[str, torch.Tensor]] | None) -> None:
