@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -33,9 +33,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
+from relax_services.engines.protocols import LossFn, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
-from relax_services.engines.torch_train import ENGINE_METRICS, TorchTrainConfig, _pad_to, _stack_fields
+from relax_services.engines.torch_train import (
+    TorchTrainConfig,
+    _pad_to,
+    autocast_context,
+    autocast_enabled,
+    backward_micro_batch,
+    split_micro_batches,
+)
 from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
 
@@ -203,16 +210,10 @@ class FSDPTrainEngine:
     @property
     def autocast_enabled(self) -> bool:
         """Whether forwards run under bf16 autocast (as in the single-process engine)."""
-        if self.config.autocast == "off":
-            return False
-        if self.config.autocast == "bf16":
-            return True
-        return self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return autocast_enabled(self.config, self.device)
 
     def _autocast(self) -> AbstractContextManager[object]:
-        if not self.autocast_enabled:
-            return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return autocast_context(self.config, self.device)
 
     def score(self, batch: Sequence[TrainSample]) -> TokenScores:
         """Forward over one of this rank's micro-batches (collective: every rank scores one at the same time)."""
@@ -236,10 +237,6 @@ class FSDPTrainEngine:
             )
         size = len(batch) // self.world_size
         return batch[self.rank * size : (self.rank + 1) * size]
-
-    def _micro_batches(self, batch: Sequence[TrainSample]) -> list[Sequence[TrainSample]]:
-        size = self.config.micro_batch_size
-        return [batch[i : i + size] for i in range(0, len(batch), size)]
 
     def _counts(self, batch: Sequence[TrainSample]) -> list[float]:
         """Per-sample weights before normalisation: unmasked response tokens, or 1 per sample."""
@@ -266,7 +263,7 @@ class FSDPTrainEngine:
         was_training = self.model.training
         self.root.eval()
         with torch.no_grad():
-            parts = [self.score(micro) for micro in self._micro_batches(share)]
+            parts = [self.score(micro) for micro in split_micro_batches(share, self.config.micro_batch_size)]
         self.root.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
         length = int(self._all_reduce(torch.tensor([float(length)]), dist.ReduceOp.MAX)[0])
@@ -368,31 +365,10 @@ class FSDPTrainEngine:
         self.root.train()
         local: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         offset = first
-        for micro in self._micro_batches(share):
+        for micro in split_micro_batches(share, self.config.micro_batch_size):
             weight = sum(counts[offset : offset + len(micro)]) / total
             offset += len(micro)
-            scores = self.score(micro)
-            inputs = LossInputs(
-                scores.logprobs,
-                scores.entropy,
-                scores.mask,
-                _stack_fields(micro, scores.mask),
-                scores.values,
-                scores.dist,
-            )
-            result = loss_fn(inputs)
-            loss: torch.Tensor
-            extra: Mapping[str, float]
-            loss, extra = (result, {}) if isinstance(result, torch.Tensor) else result
-            if loss.ndim != 0:
-                raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
-            torch.autograd.backward(loss * weight)
-            local["loss"] += weight * float(loss.detach())
-            local["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
-            local["tokens"] += float(scores.mask.sum())
-            for key, value in extra.items():
-                if key not in ENGINE_METRICS:  # the engine measures these itself
-                    local[key] = local.get(key, 0.0) + weight * float(value)
+            backward_micro_batch(loss_fn, micro, self.score(micro), weight, local)
         totals = self._sum_metrics(local)
         totals["entropy"] /= max(totals["tokens"], 1.0)
         return totals

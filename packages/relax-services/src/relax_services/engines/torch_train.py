@@ -151,16 +151,10 @@ class TorchTrainEngine:
     @property
     def autocast_enabled(self) -> bool:
         """Whether forwards run under bf16 autocast."""
-        if self.config.autocast == "off":
-            return False
-        if self.config.autocast == "bf16":
-            return True
-        return self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return autocast_enabled(self.config, self.device)
 
     def _autocast(self) -> AbstractContextManager[object]:
-        if not self.autocast_enabled:
-            return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return autocast_context(self.config, self.device)
 
     def score(self, batch: Sequence[TrainSample]) -> TokenScores:
         """Forward over one micro-batch: response log-probs, entropy and mask (grad follows the caller)."""
@@ -191,7 +185,7 @@ class TorchTrainEngine:
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            parts = [self.score(micro) for micro in self._micro_batches(batch)]
+            parts = [self.score(micro) for micro in split_micro_batches(batch, self.config.micro_batch_size)]
         self.model.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
 
@@ -218,29 +212,12 @@ class TorchTrainEngine:
             raise ValueError("cannot train on an empty batch")
         pin_intra_op_threads(self.config.intra_op_threads)
         self.model.train()
-        micro_batches = self._micro_batches(batch)
+        micro_batches = split_micro_batches(batch, self.config.micro_batch_size)
         weights = self._weights(micro_batches)
-        totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
-        n_tokens = 0.0
+        totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         for micro, weight in zip(micro_batches, weights, strict=True):
-            scores = self.score(micro)
-            fields = _stack_fields(micro, scores.mask)
-            inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.dist)
-            result = loss_fn(inputs)
-            loss: torch.Tensor
-            extra: Mapping[str, float]
-            loss, extra = (result, {}) if isinstance(result, torch.Tensor) else result
-            if loss.ndim != 0:
-                raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
-            torch.autograd.backward(loss * weight)
-            totals["loss"] += weight * float(loss.detach())
-            totals["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
-            n_tokens += float(scores.mask.sum())
-            for key, value in extra.items():
-                if key not in ENGINE_METRICS:  # the engine measures these itself
-                    totals[key] = totals.get(key, 0.0) + weight * float(value)
-        totals["entropy"] /= max(n_tokens, 1.0)
-        totals["tokens"] = n_tokens
+            backward_micro_batch(loss_fn, micro, self.score(micro), weight, totals)
+        totals["entropy"] /= max(totals["tokens"], 1.0)
         return totals
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
@@ -310,10 +287,6 @@ class TorchTrainEngine:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self._version = int(state["version"])
 
-    def _micro_batches(self, batch: Sequence[TrainSample]) -> list[Sequence[TrainSample]]:
-        size = self.config.micro_batch_size
-        return [batch[i : i + size] for i in range(0, len(batch), size)]
-
     def _weights(self, micro_batches: list[Sequence[TrainSample]]) -> list[float]:
         if self.config.loss_weighting == "samples":
             counts = [float(len(m)) for m in micro_batches]
@@ -350,6 +323,53 @@ class TorchValueEngine(TorchTrainEngine):
         scores = self._score_without_grad(batch)
         assert scores.values is not None, "score_values sets values"
         return scores.values, scores.mask
+
+
+def autocast_enabled(config: TorchTrainConfig, device: torch.device) -> bool:
+    """Whether an engine with ``config`` on ``device`` runs its forwards under bf16 autocast."""
+    if config.autocast == "off":
+        return False
+    if config.autocast == "bf16":
+        return True
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def autocast_context(config: TorchTrainConfig, device: torch.device) -> AbstractContextManager[object]:
+    """bf16 autocast when :func:`autocast_enabled`, else a no-op context."""
+    if not autocast_enabled(config, device):
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def split_micro_batches(batch: Sequence[TrainSample], size: int) -> list[Sequence[TrainSample]]:
+    """Consecutive micro-batches of at most ``size`` samples."""
+    return [batch[i : i + size] for i in range(0, len(batch), size)]
+
+
+def backward_micro_batch(
+    loss_fn: LossFn, micro: Sequence[TrainSample], scores: TokenScores, weight: float, totals: dict[str, float]
+) -> None:
+    """Runs ``loss_fn`` on one micro-batch's scores, back-propagates ``weight · loss`` and adds its metrics into
+    ``totals``: ``loss`` and the loss function's own metrics weighted, ``entropy`` (a token sum) and ``tokens``.
+
+    Raises:
+        ValueError: If ``loss_fn`` does not return a scalar.
+    """
+    fields = _stack_fields(micro, scores.mask)
+    inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.dist)
+    result = loss_fn(inputs)
+    loss: torch.Tensor
+    extra: Mapping[str, float]
+    loss, extra = (result, {}) if isinstance(result, torch.Tensor) else result
+    if loss.ndim != 0:
+        raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+    torch.autograd.backward(loss * weight)
+    totals["loss"] += weight * float(loss.detach())
+    totals["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
+    totals["tokens"] += float(scores.mask.sum())
+    for key, value in extra.items():
+        if key not in ENGINE_METRICS:  # the engine measures these itself
+            totals[key] = totals.get(key, 0.0) + weight * float(value)
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
