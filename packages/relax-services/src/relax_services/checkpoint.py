@@ -20,6 +20,7 @@ __all__ = [
     "PROMPTS_FILE",
     "SAMPLES_FILE",
     "CheckpointManager",
+    "fsync_path",
     "queued_prompt_keys",
 ]
 
@@ -31,7 +32,8 @@ _REQUIRED = (ENGINE_FILE, CONTROLLER_FILE, PROMPTS_FILE, SAMPLES_FILE)
 _NAME = re.compile(r"^step_(\d{8})$")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flushes a file or a folder (its entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -78,12 +80,12 @@ class CheckpointManager:
         for f in tmp.iterdir():
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         final = self.path(step)
         if final.exists():  # re-checkpointing the same step (e.g. at shutdown): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(self.folder)
+        fsync_path(self.folder)
         for old in self.steps()[: -self.keep]:
             shutil.rmtree(self.path(old), ignore_errors=True)
         return final

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from relax_services.checkpoint import fsync_path
 from relax_services.engines.fsdp_train import FSDPTrainEngine
 
 __all__ = ["META_FILE", "checkpoint_model_state", "export_hf", "load_checkpoint", "save_checkpoint"]
@@ -42,14 +43,6 @@ def _rng_file(rank: int) -> str:
     return f"rng_rank{rank}.pt"
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _rank0_replace(engine: FSDPTrainEngine, tmp: Path, final: Path) -> None:
     """After every rank wrote into ``tmp``: rank 0 flushes it and renames it to ``final`` (replacing an older
     one); every rank returns once the rename is done."""
@@ -57,12 +50,12 @@ def _rank0_replace(engine: FSDPTrainEngine, tmp: Path, final: Path) -> None:
     if engine.rank == 0:
         for f in tmp.rglob("*"):
             if f.is_file():
-                _fsync(f)
-        _fsync(tmp)
+                fsync_path(f)
+        fsync_path(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync(final.parent)
+        fsync_path(final.parent)
     dist.barrier(group=engine.group)
 
 
