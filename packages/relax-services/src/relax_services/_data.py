@@ -80,15 +80,17 @@ class PromptBuilder:
     inline_dir: Path | None = None
     """Where a dataset record's inline media bytes are written as files before decoding."""
     _processor: SampleProcessor | None = field(default=None, repr=False, compare=False)
+    _ckpt: Checkpoint | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"model": self.model, "inline_dir": self.inline_dir, "_processor": None}
+        return {"model": self.model, "inline_dir": self.inline_dir, "_processor": None, "_ckpt": None}
 
     def _ready(self) -> tuple[SampleProcessor, Checkpoint]:
-        ckpt = open_checkpoint(self.model.source, self.model.seed)
-        if self._processor is None:
-            self._processor = SampleProcessor(ckpt.tokenizer, processor_settings(ckpt))
-        return self._processor, ckpt
+        # Once per process: resolving the default source digests its config and checks its files on every call.
+        if self._processor is None or self._ckpt is None:
+            self._ckpt = open_checkpoint(self.model.source, self.model.seed)
+            self._processor = SampleProcessor(self._ckpt.tokenizer, processor_settings(self._ckpt))
+        return self._processor, self._ckpt
 
     def __call__(self, item: DataItem | TaskItem) -> OmniPrompt:
         processor, ckpt = self._ready()
