@@ -9,14 +9,14 @@ A put whose rows are all new, ungrouped and fit the capacity is stored in bulk; 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import repeat
-from operator import add, attrgetter, itemgetter, le, sub
-from typing import Any
+from operator import add, attrgetter, itemgetter, le
+from typing import Any, cast
 
 from relax_queue._batchers import Batcher
-from relax_queue._core import FULL, NO_TAGS, QueueCore, Segment, StoredRow, TaskState, as_version, field_value
+from relax_queue._blocks import SLOW, Range, choose_ranges, columns_batch, staleness_of, store
+from relax_queue._core import FULL, QueueCore, Segment, StoredRow, TaskState, as_version, field_value
 from relax_queue._errors import FieldTypeError
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import ColumnBatch, Key, Tags
@@ -196,7 +196,7 @@ def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool, 
         of newly stored rows are appended to ``inserted``.
     """
     if start < len(cols) and _put_new_rows(core, cols, start):
-        core._commit(cols.keys[start:], len(cols) - start if admitted else 0)
+        core._commit(cols.keys[start:], len(cols) - start if admitted else 0, queue=False)
         inserted.extend(cols.keys[start:])
         return len(cols)
     new: list[Key] = []
@@ -219,20 +219,24 @@ def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool, 
 
 
 def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
-    """Store rows ``start:`` in bulk when they are new, ungrouped and all fit; ``False`` otherwise
-    (nothing stored: the per-row path handles known keys, groups and a full queue)."""
+    """Store rows ``start:`` in bulk, as one block, when they are new, ungrouped and all fit; ``False``
+    otherwise (nothing stored: the per-row path handles known keys, groups and a full queue)."""
     if cols.group_ids is not None or cols.group_sizes is not None:
         return False
     keys = cols.keys[start:] if start else cols.keys
     n = len(keys)
     cap = core.config.capacity
-    if cap.max_rows is not None and len(core.rows) + n > cap.max_rows:
+    if cap.max_rows is not None and core.row_count() + n > cap.max_rows:
         return False
-    if not core.rows.keys().isdisjoint(keys) or not core.retired.isdisjoint(keys) or len(set(keys)) != n:
+    if (
+        not core.rows.keys().isdisjoint(keys)
+        or (core.block_keys and not core.block_keys.keys().isdisjoint(keys))
+        or not core.retired.isdisjoint(keys)
+        or len(set(keys)) != n
+    ):
         return False
     columns = [column[start:] for column in cols.columns] if start else cols.columns
-    # An array column is stored as one segment its rows point into (no per-row object); in-row
-    # values are the segment itself and each row's offset.
+    # An array column is held as one segment (no per-row object); a list column as the list.
     segments = [Segment(c, _share(c, n)) if is_array(c) else None for c in columns]
     constant, per_row, total = 0, None, 0
     if cap.max_bytes is not None:  # sizing only serves the byte bound; unbounded queues skip it
@@ -241,35 +245,18 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
         largest = constant + (max(per_row) if per_row else 0)
         if core.nbytes + total > cap.max_bytes or largest > cap.max_bytes:
             return False
-    names = cols.names
     if any(segments):
         core.segments += 1
-        if all(segments):  # every row's fields are the same segments: copies of one dict, made in C
-            fields = list(map(dict.copy, repeat(dict(zip(names, segments, strict=True)), n)))
-        else:
-            columns = [column if seg is None else repeat(seg, n) for column, seg in zip(columns, segments, strict=True)]
-            fields = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-    elif len(names) == 1:
-        name = names[0]
-        fields = [{name: value} for value in columns[0]]
-    elif names:
-        fields = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-    else:
-        fields = [{} for _ in range(n)]
-    stored = map(
-        StoredRow,
-        keys,
-        fields,
-        repeat(cols.v_min) if isinstance(cols.v_min, int) else cols.v_min[start:],
-        repeat(cols.v_max) if isinstance(cols.v_max, int) else cols.v_max[start:],
-        repeat(None),
-        repeat(None),
-        repeat(NO_TAGS) if cols.tags is None else cols.tags[start:],
-        repeat(constant) if per_row is None else map(add, repeat(constant), per_row),
-        repeat(len(core.tasks)),
-        range(n),
+    store(
+        core,
+        keys if type(keys) is list else list(keys),
+        cols.names,
+        [column if seg is None else seg for column, seg in zip(columns, segments, strict=True)],
+        cols.v_min if isinstance(cols.v_min, int) else cols.v_min[start:],
+        cols.v_max if isinstance(cols.v_max, int) else cols.v_max[start:],
+        None if cols.tags is None else cols.tags[start:],
+        constant if per_row is None else list(map(add, repeat(constant), per_row)),
     )
-    core.rows.update(zip(keys, stored, strict=True))
     core.nbytes += total
     return True
 
@@ -303,6 +290,10 @@ def try_get_columns(
 ) -> ColumnBatch | None:
     """``QueueCore.try_get`` delivering columns (caller holds the lock)."""
     ts = core.tasks.get(task) or core.task(task)
+    if core.blocks:
+        ranges = choose_ranges(core, ts, fields, n, batcher, now)
+        if ranges is not SLOW:
+            return None if ranges is None else columns_batch(core, ts, fields, cast("list[Range]", ranges), now)
     rows = core.choose(ts, fields, n, batcher, now)
     return None if rows is None else lease_columns(core, ts, fields, rows, now)
 
@@ -316,21 +307,7 @@ def lease_columns(
     count = len(rows)
     keys = list(map(_key, rows))
     v_min = list(map(_v_min, rows))
-    version = core.version
-    hist = ts.staleness_hist
-    if count and v_min.count(v_min[0]) == count:  # the usual case: one version for the whole batch
-        staleness = [version - v_min[0]] * count
-        hist[staleness[0]] = hist.get(staleness[0], 0) + count
-    else:
-        staleness = list(map(sub, repeat(version), v_min))
-        for age, rows_of_age in Counter(staleness).items():
-            hist[age] = hist.get(age, 0) + rows_of_age
-    if ts.spec.check_staleness:
-        verdict = {v: core.policy.is_stale(version, v) for v in set(v_min)}
-        stale = list(map(verdict.__getitem__, v_min))
-        core.counters.flagged += sum(stale)
-    else:
-        stale = [False] * count
+    staleness, stale = staleness_of(core, ts, v_min)
     returned = ts.returned
     deliveries = list(map(add, repeat(1), map(returned.get, keys, repeat(0)))) if returned else [1] * count
     row_fields = list(map(_fields, rows))
@@ -354,7 +331,7 @@ def lease_columns(
         stale,
         deliveries,
         timeout,
-        version,
+        core.version,
     )
 
 

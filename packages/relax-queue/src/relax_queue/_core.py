@@ -16,7 +16,8 @@ from operator import attrgetter, contains, ge, is_
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
-from relax_queue._config import QueueConfig, TaskSpec
+from relax_queue._blocks import SLOW, Range, ack_ranges, choose_ranges, explode, rows_batch
+from relax_queue._config import QueueConfig
 from relax_queue._errors import (
     AdmissionError,
     FieldTypeError,
@@ -26,34 +27,28 @@ from relax_queue._errors import (
     UnknownTaskError,
 )
 from relax_queue._metrics import Counters
+from relax_queue._rows import NO_TAGS, Block, Lease, Segment, StoredRow, TaskState, field_value
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
 
-__all__ = ["QueueCore", "Segment", "StoredRow", "as_version", "field_value", "fields_nbytes", "parse_versions"]
+__all__ = [
+    "NO_TAGS",
+    "Lease",
+    "QueueCore",
+    "Segment",
+    "StoredRow",
+    "TaskState",
+    "as_version",
+    "field_value",
+    "fields_nbytes",
+    "parse_versions",
+]
 
 FULL = object()  # sentinel: the row did not fit; wait for capacity
 _BULK = 16  # from this many rows on, a C-level pass (map/all) beats a Python loop over them
 _row_fields = attrgetter("fields")
 _row_key = attrgetter("key")
 _row_nbytes = attrgetter("nbytes")
-
-
-class _NoTags(dict[str, Any]):
-    """The tags of every row put without tags: one shared, read-only empty mapping (pickled as ``{}``).
-
-    Sharing it saves an allocation per row; being read-only, no consumer can change another row's tags.
-    """
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a delivered row's tags are read-only")
-
-    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _read_only
-
-    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[()]]:
-        return dict, ()
-
-
-NO_TAGS: Mapping[str, int | float | str] = _NoTags()
 
 
 class RetiredKeys:
@@ -102,107 +97,6 @@ class RetiredKeys:
             self.older, newer = newer, set()
             self.newer = newer
         newer.update(keys[start:] if start else keys)
-
-
-class Segment:
-    """One array column of one ``put_columns`` call, stored whole: its rows hold this object as the
-    field's value and their ``offset`` into it, so a put stores no per-row object and a get of rows of
-    one put hands back a slice of the array instead of restacking per-row views.
-
-    Attributes:
-        data: the column (a numpy array, torch tensor or any sliceable array-like), one row per item.
-        nbytes: each row's share of the column's bytes (what capacity and metrics count per row).
-    """
-
-    __slots__ = ("data", "nbytes")
-
-    def __init__(self, data: Any, nbytes: int) -> None:
-        self.data = data
-        self.nbytes = nbytes
-
-
-def field_value(row: StoredRow, value: Any) -> Any:
-    """A stored field value as delivered: a row of its :class:`Segment`, or the value itself."""
-    return value.data[row.offset] if type(value) is Segment else value
-
-
-class StoredRow:
-    """A row as held by the queue (internal; batchers see it through ``RowMeta``).
-
-    ``offset`` is the row's index in the :class:`Segment` values of its fields (rows stored by a bulk
-    ``put_columns`` of array columns), else 0.
-    """
-
-    __slots__ = (
-        "deliveries",
-        "fields",
-        "group_id",
-        "group_size",
-        "key",
-        "nbytes",
-        "offset",
-        "pending_tasks",
-        "tags",
-        "v_max",
-        "v_min",
-    )
-
-    def __init__(
-        self,
-        key: Key,
-        fields: dict[str, Any],
-        v_min: int,
-        v_max: int,
-        group_id: Hashable | None,
-        group_size: int | None,
-        tags: Mapping[str, int | float | str],
-        nbytes: int,
-        pending_tasks: int,
-        offset: int = 0,
-    ) -> None:
-        self.key = key
-        self.offset = offset
-        self.fields = fields
-        self.v_min = v_min
-        self.v_max = v_max
-        self.group_id = group_id
-        self.group_size = group_size
-        self.tags = tags
-        self.nbytes = nbytes
-        self.pending_tasks = pending_tasks
-
-
-class TaskState:
-    """Per-task delivery state: rows waiting (FIFO), rows to redeliver first, counters.
-
-    ``returned`` counts, per stored row, the deliveries to this task that came back (nack or
-    expiry); a row's next delivery is number ``1 + returned``. Rows never returned have no entry,
-    so a first delivery writes nothing per row.
-    """
-
-    __slots__ = ("acked", "delivered", "pending", "retry", "returned", "spec", "staleness_hist")
-
-    def __init__(self, spec: TaskSpec) -> None:
-        self.spec = spec
-        self.pending: OrderedDict[Key, None] = OrderedDict()
-        self.retry: OrderedDict[Key, None] = OrderedDict()
-        self.returned: dict[Key, int] = {}
-        self.delivered = 0
-        self.acked = 0
-        self.staleness_hist: dict[int, int] = {}
-
-
-class Lease:
-    """Rows of one batch delivered to one task, until ack, nack or expiry."""
-
-    __slots__ = ("batch", "deadline", "lease_id", "on_settle", "rows", "task")
-
-    def __init__(self, lease_id: int, task: TaskState, rows: list[StoredRow], deadline: float) -> None:
-        self.lease_id = lease_id
-        self.task = task
-        self.rows = rows
-        self.deadline = deadline
-        self.on_settle: Callable[[], None] | None = None
 
 
 def as_version(value: Any) -> int | None:
@@ -288,6 +182,11 @@ class QueueCore:
         self.groups: dict[Hashable, dict[Key, StoredRow]] = {}
         self.nbytes = 0
         self.segments = 0  # bulk puts that stored array columns as segments (rows then need resolving)
+        # Bulk puts held whole (see _blocks): the blocks in put order, the key of each of their rows
+        # not yet freed, and how many those are. ``rows`` holds every other stored row.
+        self.blocks: dict[Block, None] = {}
+        self.block_keys: dict[Key, Block] = {}
+        self.block_rows = 0
         self.version = 0
         self.accepted = 0
         self.running = 0
@@ -306,6 +205,15 @@ class QueueCore:
         if self.listeners:
             for listener in tuple(self.listeners):
                 listener()
+
+    def unblock(self) -> None:
+        """Break every block up into stored rows, for the per-row code that follows."""
+        if self.blocks:
+            explode(self)
+
+    def row_count(self) -> int:
+        """Rows stored (blocks' rows included)."""
+        return len(self.rows) + self.block_rows
 
     def task(self, name: str) -> TaskState:
         """The state of task ``name``; unknown names raise :class:`UnknownTaskError`."""
@@ -383,6 +291,8 @@ class QueueCore:
     ) -> object:
         """Store a new row (``True``; the caller commits its key), add a known row's missing fields or
         ignore a retired key (``False``), or ``FULL``."""
+        if self.blocks:  # a row put one at a time comes after every block row: break the blocks up
+            explode(self)
         row = self.rows.get(key)
         if row is not None:
             self._check_same_row(row, versions, group_id, group_size)
@@ -448,10 +358,11 @@ class QueueCore:
         if not same:
             self.counters.conflicting_puts += 1
 
-    def _commit(self, new: list[Key], arrived: int) -> None:
-        """Queue the ``new`` rows' keys for every task (in order) and settle ``arrived`` admissions."""
+    def _commit(self, new: list[Key], arrived: int, queue: bool = True) -> None:
+        """Queue the ``new`` rows' keys for every task (in order; not for a block's rows: ``queue=False``)
+        and settle ``arrived`` admissions."""
         if new:
-            for ts in self.tasks.values():
+            for ts in self.tasks.values() if queue else ():
                 pending = ts.pending
                 if len(new) == 1:
                     pending[new[0]] = None
@@ -509,7 +420,7 @@ class QueueCore:
             if size is None or len(members) >= size:
                 return None  # a complete group can be delivered and acked
             held += len(members)
-        if held != len(self.rows):
+        if held != self.row_count():
             return None  # an ungrouped row can still be delivered
         shown = ", ".join(repr(g) for g in islice(groups, 5))
         return (
@@ -537,6 +448,8 @@ class QueueCore:
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
         """Add fields to a stored row; ``False`` (counted) when the key is not stored."""
         checked = check_fields(key, fields)  # malformed input is an error whether or not the key is stored
+        if key in self.block_keys:
+            explode(self)
         row = self.rows.get(key)
         if row is None:
             self.counters.add_fields_unknown_key += 1
@@ -548,6 +461,7 @@ class QueueCore:
     def ready(self, task: str, fields: tuple[str, ...] | None) -> int:
         """Rows ``task`` has not leased or consumed yet that carry every one of ``fields``."""
         ts = self.task(task)
+        self.unblock()
         rows = self.rows
         if not fields:
             return len(ts.pending) + len(ts.retry)
@@ -560,6 +474,10 @@ class QueueCore:
     ) -> Batch | None:
         """Lease the batch the batcher picks, or ``None`` when it wants to wait."""
         ts = self.tasks.get(task) or self.task(task)
+        if self.blocks:
+            ranges = choose_ranges(self, ts, fields, n, batcher, now)
+            if ranges is not SLOW:
+                return None if ranges is None else rows_batch(self, ts, fields, cast("list[Range]", ranges), now)
         rows = self.choose(ts, fields, n, batcher, now)
         return None if rows is None else self._lease(ts, fields, rows, now)
 
@@ -570,6 +488,8 @@ class QueueCore:
 
         Expires due leases and removes the stale rows it meets first; leases nothing.
         """
+        if self.blocks:
+            explode(self)
         if self.lease_heap and self.lease_heap[0][0] <= now:
             self.expire(now)
         if type(batcher) is FixedSizeBatcher and not self.groups and not self._drops_stale(ts):
@@ -722,6 +642,9 @@ class QueueCore:
 
     # ------------------------------------------------------------------ leases
     def _pop_lease(self, lease_id: int, action: str) -> Lease:
+        held = self.leases.get(lease_id)
+        if held is not None and held.ranges is not None:
+            explode(self)  # fills the lease's rows
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             raise LeaseError(f"cannot {action} lease {lease_id}: it is unknown, already settled, or expired")
@@ -731,6 +654,11 @@ class QueueCore:
 
     def ack(self, lease_id: int) -> int:
         """Consume the lease's rows for its task; returns how many rows were freed entirely."""
+        held = self.leases.get(lease_id)
+        if held is not None and held.ranges is not None:
+            freed = ack_ranges(self, held)  # block rows acked in order: no per-row work
+            if freed is not None:
+                return freed
         lease = self._pop_lease(lease_id, "ack")
         rows = self.rows
         returned = lease.task.returned
@@ -818,10 +746,12 @@ class QueueCore:
 
     def measure_bytes(self) -> int:
         """The stored payload estimate, measured now (unbounded queues keep no running byte count)."""
+        self.unblock()
         return sum(fields_nbytes(row.fields) for row in self.rows.values())
 
     def live_rows(self, lease: Lease) -> list[StoredRow]:
         """The rows of ``lease`` still stored as leased (not dropped, requeued or re-put since)."""
+        self.unblock()
         rows = self.rows
         return [row for row in lease.rows if rows.get(row.key) is row]
 

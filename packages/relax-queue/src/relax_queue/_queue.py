@@ -132,7 +132,7 @@ def _full_or_deadlock(core: QueueCore, inserted: list[Key], total: int) -> None:
 def _deadlock_hint(core: QueueCore) -> str:
     """``; group deadlock: ...`` when a full queue holds only incomplete groups, else ``""`` (caller holds the lock)."""
     cap = core.config.capacity
-    full = (cap.max_rows is not None and len(core.rows) >= cap.max_rows) or cap.max_bytes is not None
+    full = (cap.max_rows is not None and core.row_count() >= cap.max_rows) or cap.max_bytes is not None
     reason = core.group_deadlock() if full else None
     return "" if reason is None else f"; {reason}"
 
@@ -140,7 +140,7 @@ def _deadlock_hint(core: QueueCore) -> str:
 def _full_error(core: QueueCore, timeout: float | None, inserted: list[Key], total: int) -> QueueFullError:
     cap = core.config.capacity
     return QueueFullError(
-        f"queue full for {timeout} s (rows {len(core.rows)}/{cap.max_rows}, "
+        f"queue full for {timeout} s (rows {core.row_count()}/{cap.max_rows}, "
         f"bytes {core.nbytes}/{cap.max_bytes}); {len(inserted)} of {total} rows were stored",
         inserted=inserted,
     )
@@ -606,7 +606,7 @@ class TransferQueue:
 
     # ------------------------------------------------------------------ introspection
     def __len__(self) -> int:
-        return len(self._core.rows)
+        return self._core.row_count()
 
     def ready(self, task: str, fields: Sequence[str] | None = None) -> int:
         """How many rows ``task`` could be handed now: not leased or consumed by it, every one of ``fields`` present.
@@ -623,6 +623,7 @@ class TransferQueue:
         """A plain dict of depth, backlog, admission, staleness and latency metrics."""
         core = self._core
         with core.lock:
+            core.unblock()  # per-task backlogs and leases are counted over stored rows
             core.expire(time.monotonic())
             leased: dict[str, int] = {name: 0 for name in core.tasks}
             for lease in core.leases.values():

@@ -30,6 +30,7 @@ def core_state(core: QueueCore, resolve: Callable[[Any], Any] | None = None) -> 
         resolve: maps each stored field value to what goes in the snapshot (the Ray transport
             fetches object-store references here); identity by default.
     """
+    core.unblock()  # a snapshot lists stored rows
     leased: dict[str, set[Any]] = {name: set() for name in core.tasks}
     for lease in core.leases.values():
         # Matched to the stored row, not its key: a key requeued and put again is a new row.
@@ -88,6 +89,7 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
         raise ConfigError(f"snapshot has tasks {unknown} that this queue does not register ({list(core.tasks)})")
     _check_fits(core, state["rows"])
     bounded = core.config.capacity.max_bytes is not None
+    core.unblock()
     core.rows.clear()
     core.groups.clear()
     core.leases.clear()
