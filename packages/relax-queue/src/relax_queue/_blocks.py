@@ -45,6 +45,7 @@ SLOW = object()  # sentinel: the blocks cannot answer this get in bulk; break th
 def store(
     core: QueueCore,
     keys: list[Key],
+    unique: set[Key],
     names: tuple[str, ...],
     columns: list[Any],
     v_min: int | list[int],
@@ -52,10 +53,10 @@ def store(
     tags: list[Tags] | None,
     nbytes: int | list[int],
 ) -> None:
-    """Hold new, ungrouped rows (keys checked unknown by the caller) as one block."""
+    """Hold new, ungrouped rows as one block (``unique``: ``keys`` as a set; the caller checked them unknown)."""
     block = Block(keys, names, columns, v_min, v_max, tags, nbytes, core.tasks)
     core.blocks[block] = None
-    index = dict.fromkeys(keys, block)  # built in C: one pass over the keys, no per-row object
+    index = dict.fromkeys(unique, block)  # built in C from the set's stored hashes: no per-row object
     if core.block_keys:
         core.block_keys.update(index)
     else:

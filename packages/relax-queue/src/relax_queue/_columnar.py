@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import repeat
-from operator import add, attrgetter, itemgetter, le
+from operator import add, attrgetter, is_, itemgetter, le
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher
@@ -228,11 +228,13 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
     cap = core.config.capacity
     if cap.max_rows is not None and core.row_count() + n > cap.max_rows:
         return False
+    # Each key is hashed once (tuples do not cache their hash): set-to-set tests reuse the stored hashes.
+    unique = set(keys)
     if (
-        not core.rows.keys().isdisjoint(keys)
-        or (core.block_keys and not core.block_keys.keys().isdisjoint(keys))
-        or not core.retired.isdisjoint(keys)
-        or len(set(keys)) != n
+        len(unique) != n
+        or (core.rows and not core.rows.keys().isdisjoint(unique))
+        or (core.block_keys and not core.block_keys.keys().isdisjoint(unique))
+        or not core.retired.isdisjoint(unique)
     ):
         return False
     columns = [column[start:] for column in cols.columns] if start else cols.columns
@@ -250,6 +252,7 @@ def _put_new_rows(core: QueueCore, cols: ColumnInput, start: int) -> bool:
     store(
         core,
         keys if type(keys) is list else list(keys),
+        unique,
         cols.names,
         [column if seg is None else seg for column, seg in zip(columns, segments, strict=True)],
         cols.v_min if isinstance(cols.v_min, int) else cols.v_min[start:],
@@ -343,7 +346,7 @@ def _segment_column(rows: list[StoredRow], values: list[Any]) -> Any:
     start = offsets[0]
     if (
         type(first) is Segment
-        and values.count(first) == len(values)
+        and all(map(is_, values, repeat(first)))  # by identity: == against an array value is elementwise
         and offsets == list(range(start, start + len(rows)))
     ):
         return first.data[start : start + len(rows)]

@@ -148,14 +148,14 @@ def _actor_class() -> Any:
                 b.lease_id,
                 b.keys,
                 b.columns,
-                _pack(b.v_min),
-                _pack(b.v_max),
+                _pack_ints(b.v_min),
+                _pack_ints(b.v_max),
                 _pack(b.group_ids),
-                _pack(b.group_sizes),
+                _pack_ints(b.group_sizes),
                 _pack_tags(b.tags),
-                _pack(b.staleness),
+                _pack_ints(b.staleness),
                 _pack(b.stale),
-                _pack(b.deliveries),
+                _pack_ints(b.deliveries),
                 b.lease_timeout_s,
                 b.version,
             )
@@ -261,6 +261,14 @@ def _pack(column: list[Any]) -> list[Any] | _Same:
         kinds = set(map(type, column))
         if len(kinds) == 1 and kinds <= _SMALL_TYPES:
             return _Same(column[0])
+    return column
+
+
+def _pack_ints(column: list[Any]) -> list[Any] | _Same:
+    """:func:`_pack` for a column the queue fills with ints (or ``None``) only: versions, staleness,
+    deliveries, group sizes. Their type needs no per-row check (a C-level count is all)."""
+    if column and column.count(column[0]) == len(column) and type(column[0]) in _SMALL_TYPES:
+        return _Same(column[0])
     return column
 
 
