@@ -72,6 +72,22 @@ def main(scale: float) -> None:
         tq.kv_batch_get(keys, "p")
         tq.kv_clear(keys, "p")
 
+    # The array-column workload of _bench_arrays.py: three fields of shape (n, d), 188 bytes a row.
+    for n in (100, 1000):
+        arrays = TensorDict(
+            {"obs": torch.rand(n, 32), "act": torch.rand(n, 7, dtype=torch.float64), "reward": torch.rand(n)},
+            batch_size=n,
+        )
+
+        def arrays_op(i: int, n: int = n, arrays: TensorDict = arrays) -> None:
+            keys = [f"k{counter[0] + j}" for j in range(n)]
+            counter[0] += n
+            tq.kv_batch_put(keys, "p", fields=arrays)
+            tq.kv_batch_get(keys, "p")
+            tq.kv_clear(keys, "p")
+
+        ops = max(3, int((150 if n == 100 else 40) * scale))
+        measure(f"numpy (n, d), {n} rows a call, self loop", arrays_op, ops, n, 188)
     measure("small, single", single, max(1, int(300 * scale)), 1)
     measure(f"small, batch {BATCH}", batched, max(1, int(20 * scale)), BATCH)
     for mb, count in ((1, max(1, int(100 * scale))), (16, max(1, int(20 * scale)))):

@@ -364,6 +364,14 @@ def targets(results: list[Result]) -> str:
             "rows_per_s",
             ">= 1.0x",
         )
+    tq_name = next((r["transport"] for r in results if r["transport"].startswith("transferqueue")), "")
+    ratio(
+        f"Ray batched vs {tq_name or 'transferqueue'}, {self_loop}",
+        _find(results, relax, self_loop),
+        _find(results, tq_name, self_loop),
+        "rows_per_s",
+        ">= 10x",
+    )
     grpo = next((r["workload"] for r in results if r["workload"].startswith("GRPO")), "")
     ratio(
         "GRPO-like trace vs ray.util.queue",

@@ -13,8 +13,8 @@ row-by-row path would have made; the code that follows is the ordinary per-row c
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Hashable
+from collections import Counter, OrderedDict
+from collections.abc import Hashable, Iterable
 from itertools import chain, repeat
 from operator import sub
 from typing import TYPE_CHECKING, Any
@@ -64,36 +64,55 @@ def store(
     core.block_rows += len(keys)
 
 
-def _value(column: list[Any] | int, i: int) -> Any:
-    return column if type(column) is int else column[i]  # type: ignore[index]
-
-
 def explode(core: QueueCore) -> None:
-    """Turn every block into the stored rows, task queues and leases a row-by-row put would have made."""
+    """Turn every block into the stored rows, task queues and leases a row-by-row put would have made.
+
+    Built with C-level passes (``map`` over the block's columns), as a bulk put of stored rows is.
+    """
     rows = core.rows
     made: dict[Block, list[StoredRow]] = {}
     for block in core.blocks:
-        out: list[StoredRow] = []
-        names, columns, acked = block.names, block.columns, list(block.acked.values())
-        for i in range(block.freed, len(block.keys)):
-            key = block.keys[i]
-            fields = {
-                name: column if type(column) is Segment else column[i]
-                for name, column in zip(names, columns, strict=True)
-            }
-            tags = NO_TAGS if block.tags is None else block.tags[i]
-            waiting = sum(1 for upto in acked if i >= upto)  # tasks that have not acked row i yet
-            row = StoredRow(
-                key, fields, _value(block.v_min, i), _value(block.v_max, i), None, None, tags,
-                _value(block.nbytes, i), waiting, i,
-            )  # fmt: skip
-            rows[key] = row
-            out.append(row)
-        made[block] = out
+        first, count = block.freed, len(block.keys) - block.freed
+        keys = block.keys[first:] if first else block.keys
+        names, columns = block.names, block.columns
+        fields: list[dict[str, Any]]
+        if not names:
+            fields = [{} for _ in range(count)]
+        elif all(type(column) is Segment for column in columns):  # copies of one dict of segments, in C
+            fields = list(map(dict.copy, repeat(dict(zip(names, columns, strict=True)), count)))
+        else:
+            values = [repeat(c, count) if type(c) is Segment else c[first:] for c in columns]
+            fields = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+        # Tasks that have not acked each row yet: all of them, less those whose acks passed it.
+        waiting = [len(block.acked)] * count
+        for upto in block.acked.values():
+            if upto > first:
+                waiting[: upto - first] = [w - 1 for w in waiting[: upto - first]]
+        stored = list(
+            map(
+                StoredRow,
+                keys,
+                fields,
+                _per_row(block.v_min, first),
+                _per_row(block.v_max, first),
+                repeat(None),
+                repeat(None),
+                repeat(NO_TAGS) if block.tags is None else block.tags[first:],
+                _per_row(block.nbytes, first),
+                waiting,
+                range(first, len(block.keys)),
+            )
+        )
+        rows.update(zip(keys, stored, strict=True))
+        made[block] = stored
         for name, ts in core.tasks.items():
-            pending = ts.pending
-            for key in block.keys[block.taken[name] :]:
-                pending[key] = None
+            queued = block.keys[block.taken[name] :]
+            if not ts.pending:
+                ts.pending = OrderedDict.fromkeys(queued)
+            else:
+                pending = ts.pending
+                for key in queued:
+                    pending[key] = None
     for lease in core.leases.values():
         if lease.ranges is not None:
             lease.rows = [row for b, start, stop in lease.ranges for row in made[b][start - b.freed : stop - b.freed]]
@@ -101,6 +120,11 @@ def explode(core: QueueCore) -> None:
     core.blocks.clear()
     core.block_keys.clear()
     core.block_rows = 0
+
+
+def _per_row(column: int | list[Any], first: int) -> Iterable[Any]:
+    """A block's per-row metadata from row ``first`` on: its one value repeated, or the list's tail."""
+    return repeat(column) if type(column) is int else column[first:]  # type: ignore[index]
 
 
 def choose_ranges(
