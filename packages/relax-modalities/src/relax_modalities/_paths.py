@@ -66,8 +66,8 @@ def _pack_patches(
 class ImagePath:
     """Image: Pillow decode, smart resize, normalise, patchify (`load_image`, `preprocess_image`)."""
 
-    name = "image"
-    keys = ("pixel_values", "image_grid_thw")
+    name: str = "image"
+    keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Decodes and patchifies one image; one slot of its token count."""
@@ -95,8 +95,8 @@ class VideoPath:
     """Video: decord decode at the target fps, temporal patches (`load_video`); with ``audio_track`` also its
     sound track, as an audio item after the video or interleaved with its frames (``use_audio_in_video``)."""
 
-    name = "video"
-    keys = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
+    name: str = "video"
+    keys: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Decodes one video (and its sound track when asked); its slot(s)."""
@@ -145,8 +145,8 @@ class VideoPath:
 class AudioPath:
     """Audio: streamed block reads, resampling, log-mel frames as the blocks arrive (`log_mel_stream`)."""
 
-    name = "audio"
-    keys = ("input_features", "feature_attention_mask")
+    name: str = "audio"
+    keys: tuple[str, ...] = ("input_features", "feature_attention_mask")
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Log-mel features of one clip, streamed: memory grows with the features only, not with the samples."""

@@ -11,7 +11,7 @@ features, which is the same gradient as encoding each copy separately.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -27,7 +27,7 @@ def _fingerprint(prompt: OmniPrompt, fields: Sequence[str]) -> bytes | None:
 
 
 def _encode(
-    model: Any, modality: ModelModality, prompts: Sequence[OmniPrompt], device: torch.device
+    model: object, modality: ModelModality, prompts: Sequence[OmniPrompt], device: torch.device
 ) -> list[torch.Tensor]:
     """Features ``[tokens_i, H]`` of each prompt's media of one modality, in one encoder call."""
     parts = [p.media_of(modality) for p in prompts]
@@ -42,7 +42,7 @@ def _encode(
 
 
 def embed_inputs(
-    model: Any, prompts: Sequence[OmniPrompt], input_ids: torch.Tensor, device: torch.device | str
+    model: torch.nn.Module, prompts: Sequence[OmniPrompt], input_ids: torch.Tensor, device: torch.device | str
 ) -> torch.Tensor:
     """Token embeddings with media features in the placeholders, each distinct media item encoded once.
 
@@ -56,7 +56,8 @@ def embed_inputs(
         ``[B, T, H]`` embeddings to pass as ``inputs_embeds`` (without the media kwargs).
     """
     device = torch.device(device)
-    embeds: torch.Tensor = model.get_input_embeddings()(input_ids)  # [B, T, H]
+    embed_tokens = cast(Any, model).get_input_embeddings()  # a transformers model: typed loosely
+    embeds: torch.Tensor = embed_tokens(input_ids)  # [B, T, H]
     for kind, modality in MODEL_MODALITIES.items():
         rows = [
             (i, key) for i, p in enumerate(prompts) if (key := _fingerprint(p, modality.encoder_fields)) is not None

@@ -15,7 +15,7 @@ one module with its `ModelModality` plus one entry here; its data path is relax-
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -72,7 +72,7 @@ class ModelModality(Protocol):
         """The batch's kwargs from the prompts that have this modality, in batch order (at least one)."""
         ...
 
-    def encode(self, model: Any, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
+    def encode(self, model: object, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
         """Features ``[tokens_i, H]`` of each collated item, in order, from one encoder call of ``model``."""
         ...
 
@@ -163,7 +163,7 @@ class VisionModality:
                 out[name] = torch.cat(values, dim=0)
         return out
 
-    def encode(self, model: Any, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
+    def encode(self, model: object, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
         """The vision tower's merged features, split per item."""
         encoded = getattr(model, self.encoder)(media[self.pixels], media[self.grid])
         per_item: Sequence[torch.Tensor] = encoded.pooler_output
@@ -186,10 +186,10 @@ class AudioModality:
     """Audio: log-mel features ``[n_aud, n_mels, L]`` with their frame mask; the encoder's two stride-2 stages
     give `audio_token_count` tokens per clip."""
 
-    name = "audio"
-    fields = ("input_features", "feature_attention_mask")
-    encoder_fields = ("input_features", "feature_attention_mask")
-    token_attr = "audio_token_id"
+    name: str = "audio"
+    fields: tuple[str, ...] = ("input_features", "feature_attention_mask")
+    encoder_fields: tuple[str, ...] = ("input_features", "feature_attention_mask")
+    token_attr: str = "audio_token_id"
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
         """Features ``[n_aud, n_mels, L]`` come with a mask."""
@@ -228,10 +228,11 @@ class AudioModality:
             ),  # [n_aud, L_max]
         }
 
-    def encode(self, model: Any, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
+    def encode(self, model: object, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
         """The audio tower's output, split per clip by its token count."""
         mask = media["feature_attention_mask"]
-        flat = model.get_audio_features(media["input_features"], feature_attention_mask=mask).last_hidden_state
+        tower = cast(Any, model).get_audio_features  # the family's method; models are typed loosely by transformers
+        flat = tower(media["input_features"], feature_attention_mask=mask).last_hidden_state
         return torch.split(flat, [audio_token_count(int(n)) for n in mask.sum(-1)])
 
     def structure(self, media: Mapping[str, torch.Tensor]) -> Hashable:

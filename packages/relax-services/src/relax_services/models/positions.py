@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -30,7 +30,7 @@ _lock = threading.Lock()
 
 
 def rope_positions(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Mapping[str, torch.Tensor]
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """Rope positions of a padded batch, exactly as the model computes them (its ``get_rope_index``, or one index
     per real token for a 1-D family), with its family's arguments.
@@ -52,16 +52,19 @@ def rope_positions(
     for modality in MODEL_MODALITIES.values():  # each modality's part of the family's rule
         args.update(modality.rope_args(kind, media))
     positions: torch.Tensor
+    family_model = cast(Any, model)  # get_rope_index is the family's own method; transformers types it loosely
     if kind == "vl-mrope":
-        cfg = model.config
+        cfg = family_model.config
         types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
         types[input_ids == cfg.image_token_id] = 1
         types[input_ids == cfg.video_token_id] = 2
-        positions, _ = model.model.get_rope_index(
+        positions, _ = family_model.model.get_rope_index(
             input_ids, mm_token_type_ids=types, attention_mask=attention_mask, **args
         )
         return positions
-    positions, _ = model.get_rope_index(input_ids, attention_mask=attention_mask, use_audio_in_video=False, **args)
+    positions, _ = family_model.get_rope_index(
+        input_ids, attention_mask=attention_mask, use_audio_in_video=False, **args
+    )
     return positions
 
 
