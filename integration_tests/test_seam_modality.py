@@ -5,7 +5,8 @@ Its relax-modalities side (`PointsPath`: loading, processing to forward kwargs, 
 relax-services side (`PointsModality`: the prompt's fields, placeholder check, collation, encoder call, position
 rule) are each one class, registered with one dict entry per package (``MODALITY_PATHS``, ``MODEL_MODALITIES``).
 Nothing else changes: the sample processor, the checkpoint chat template, `OmniPrompt`, `check_placeholders`,
-`collate_media`, the shared-media embeddings, the rope positions and the trainer's scoring take it as they are.
+`collate_media`, the shared-media embeddings, the rope positions, the trainer's scoring and the built-in rollout
+engine take it as they are.
 The checks compare against values computed here by hand (token layout, the mrope rule, the embedding scatter and
 a plain forward of the model on those embeddings).
 """
@@ -33,6 +34,7 @@ from relax_modalities import (
 )
 from relax_modalities.synthetic import MediaRef
 from relax_modalities.text import CheckpointTemplate, MediaSlot
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
 from relax_services.engines.scoring import score_responses
 from relax_services.models import MODEL_MODALITIES, OmniPrompt, TokenIds, check_placeholders, collate_media
 from relax_services.models.embeddings import embed_inputs
@@ -215,6 +217,18 @@ def test_a_toy_modality_runs_from_file_to_trainer_scores(
         logits = model(inputs_embeds=inputs, position_ids=positions, attention_mask=torch.ones_like(full)).logits
     reference = torch.log_softmax(logits[0, prompt.num_tokens - 1 : -1], -1).gather(-1, response[:, None])[:, 0]
     torch.testing.assert_close(scores.logprobs[0], reference, atol=1e-5, rtol=0)
+
+    # The built-in rollout engine samples from it (the model's own forward takes no points: embedded first).
+    engine = HFRolloutEngine(model, HFRolloutConfig(seed=0))
+    for c in engine.generate([prompt], SamplingParams(n=2, max_new_tokens=3))[0]:
+        tokens_out = torch.tensor(c.token_ids)
+        seq_positions, _ = sequence_positions(model, [prompt], [len(tokens_out)], side="right")
+        with torch.no_grad():
+            inputs = torch.cat([expected[:1], model.get_input_embeddings()(tokens_out)[None]], dim=1)
+            ones = torch.ones(inputs.shape[:2], dtype=torch.long)
+            logits = model(inputs_embeds=inputs, position_ids=seq_positions, attention_mask=ones).logits[0]
+        logp = torch.log_softmax(logits[prompt.num_tokens - 1 : -1], -1).gather(-1, tokens_out[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(c.logprobs), logp, atol=1e-4, rtol=0)
 
 
 def test_an_unregistered_modality_is_refused_by_name(files: tuple[Path, Path, np.ndarray]) -> None:
