@@ -36,8 +36,10 @@ from relax_modalities.synthetic import MediaRef
 from relax_modalities.text import CheckpointTemplate, MediaSlot
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
 from relax_services.engines.scoring import score_responses
-from relax_services.models import MODEL_MODALITIES, OmniPrompt, TokenIds, check_placeholders, collate_media
+from relax_services.models import MODEL_MODALITIES, OmniPrompt, check_placeholders, collate_media, token_ids_from
+from relax_services.models.checkpoint import _placeholder_keys
 from relax_services.models.embeddings import embed_inputs
+from relax_services.models.families import family_of_model
 from relax_services.models.positions import sequence_positions
 from relax_services.models.tiny_omni import TinyOmniConfig
 from relax_services.models.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer
@@ -177,7 +179,9 @@ def test_a_toy_modality_runs_from_file_to_trainer_scores(
     # relax-services: the prompt carries it, its placeholders are checked, its media collated.
     media = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
     prompt = OmniPrompt(kwargs["input_ids"][0], **media)
-    tokens = TokenIds(vocab_size=65, pad_id=0, eos_ids=(2,), placeholders=ids)
+    # The checkpoint's ids, as a checkpoint folder is read: the points id comes from the modality's config key.
+    tokens = token_ids_from(tok, model.config, model.generation_config, _placeholder_keys(family_of_model(model)))
+    assert tokens.placeholder("points") == 64 and 64 in tokens.never_sample
     check_placeholders(prompt, tokens)
     with pytest.raises(ValueError, match="2 points placeholder tokens but its rows need 3"):
         check_placeholders(
