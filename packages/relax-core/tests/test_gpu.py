@@ -54,4 +54,3 @@ def test_losses_and_advantages_match_cpu(preset: str) -> None:
     assert diag_gpu.keys() == diag_cpu.keys()
     for key, value in diag_cpu.items():
         assert diag_gpu[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-
