@@ -54,10 +54,3 @@ def test_losses_and_advantages_match_cpu(preset: str) -> None:
     assert diag_gpu.keys() == diag_cpu.keys()
     for key, value in diag_cpu.items():
         assert diag_gpu[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-
-
-def test_packed_batch_on_gpu() -> None:
-    samples = [rc.Sample("a", "g", [1, 2], [3, 4, 5]), rc.Sample("b", "g", [6], [7])]
-    packed = rc.PackedBatch.from_samples(samples).to("cuda")
-    padded = packed.to_response_padded(packed.input_ids)
-    assert padded.device.type == "cuda" and padded.cpu().tolist() == [[3, 4, 5], [7, 0, 0]]

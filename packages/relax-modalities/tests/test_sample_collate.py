@@ -159,7 +159,7 @@ def test_an_unexpected_error_on_one_file_is_a_media_error_naming_it(
 ) -> None:
     # Fault injection: whatever a decoder raises for one file (here a ZeroDivisionError from the image
     # step) reaches the caller as that file's MediaError, with the original as its cause.
-    import relax_modalities._sample as sample_module
+    import relax_modalities._paths as sample_module  # the image path decodes and patchifies
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("division by zero")

@@ -1,4 +1,4 @@
-"""relax_core: typed configs, trajectory schema and the RL math of relax.
+"""relax_core: typed configs and the RL math of relax.
 
 Configs are small pydantic models loaded from YAML plus dotted overrides; the math is plain
 torch on ``[B, T]`` response-token tensors with a loss mask. Nothing here imports ray,
@@ -107,7 +107,6 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         ppo_clip_loss,
         sapo_loss,
     )
-    from relax_core._schema import MediaRef, Modality, PackedBatch, PaddedBatch, Sample
 
 _LAZY: dict[str, str] = {
     "VTraceOutput": "relax_core._advantages",
@@ -142,11 +141,6 @@ _LAZY: dict[str, str] = {
     "importance_weights": "relax_core._policy_losses",
     "ppo_clip_loss": "relax_core._policy_losses",
     "sapo_loss": "relax_core._policy_losses",
-    "MediaRef": "relax_core._schema",
-    "Modality": "relax_core._schema",
-    "PackedBatch": "relax_core._schema",
-    "PaddedBatch": "relax_core._schema",
-    "Sample": "relax_core._schema",
 }
 """Name → module of the torch math, imported when a name is first used."""
 
@@ -249,14 +243,6 @@ __all__ += [
     "kl_penalised_rewards",
     "token_logprobs",
     "value_loss",
-]
-# trajectory schema
-__all__ += [
-    "MediaRef",
-    "Modality",
-    "PackedBatch",
-    "PaddedBatch",
-    "Sample",
 ]
 # rewards
 __all__ += [

@@ -7,6 +7,8 @@
 - video: `load_video` (decord, fps sampling, token budget, temporal patches, timestamps) and
   `open_audio_track` / `extract_audio_track` (PyAV).
 - text: `relax_modalities.text` (tiny tokenizer, vocabulary constants, chat builder).
+- the modality seam: `ModalityPath` (what one modality owns: processing a file, its forward kwargs, packing,
+  cost) and the registry `MODALITY_PATHS` (image, video, audio); a new modality is one module plus one entry.
 - samples and batches: `process_sample` → thinker kwargs; `collate` / `pack_batch`;
   `cost_aware_batches`.
 - loading: `build_loader` on torchdata.nodes with parallel decode, bounded prefetch, checkpointable
@@ -41,6 +43,7 @@ from relax_modalities._image import (
     smart_resize,
 )
 from relax_modalities._loader import LoaderStats, OmniLoader, ProcessedSample, build_loader
+from relax_modalities._media import MediaBundle, PackedMedia
 from relax_modalities._mel import (
     AudioFeatures,
     FeatureChunk,
@@ -53,6 +56,8 @@ from relax_modalities._mel import (
 )
 from relax_modalities._mel_stream import StreamingLogMel, log_mel_stream
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
+from relax_modalities._modality import MODALITY_PATHS, ModalityPath, bundle_inputs, modality_path
+from relax_modalities._paths import AudioPath, ImagePath, VideoPath
 from relax_modalities._rows import BadRow, ChatMessage, ContentPart, DataRecord, MediaItem, RowSchema, parse_row
 from relax_modalities._sample import ProcessorSettings, SampleProcessor, audio_in_video_chunks, process_sample
 from relax_modalities._sources import (
@@ -116,6 +121,17 @@ __all__ += [  # video
     "plan_video",
     "probe_video",
     "sample_frame_indices",
+]
+__all__ += [  # the modality seam
+    "MODALITY_PATHS",
+    "AudioPath",
+    "ImagePath",
+    "MediaBundle",
+    "ModalityPath",
+    "PackedMedia",
+    "VideoPath",
+    "bundle_inputs",
+    "modality_path",
 ]
 __all__ += [  # samples and batches
     "PackedBatch",

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from relax_modalities._sample import pad_audio_features
+from relax_modalities._modality import MODALITY_PATHS
 from relax_modalities.text import TINY_VOCAB, TinyVocab
 
 PaddingSide = Literal["left", "right"]
@@ -20,28 +20,43 @@ class PackedBatch:
 
     Attributes:
         inputs: the thinker's forward kwargs: ``input_ids``/``attention_mask`` ``[B, T_max]``
-            (padded on one side), media concatenated along the patch axis with their grids, audio
-            clips ``[n_aud, 128, L_max]`` with ``feature_attention_mask``.
-        image_offsets: ``[n_img + 1]`` row offsets of each image in ``pixel_values``.
-        video_offsets: ``[n_vid + 1]`` row offsets of each video in ``pixel_values_videos``.
-        image_owner: ``[n_img]`` index of the prompt each image belongs to (likewise video/audio).
-        video_owner: ``[n_vid]``.
-        audio_owner: ``[n_aud]``.
+            (padded on one side), then each modality's (`ModalityPath.pack`): media concatenated along the
+            patch axis with their grids, audio clips ``[n_aud, 128, L_max]`` with ``feature_attention_mask``.
+        owners: modality → ``[n_items]`` index of the prompt each item belongs to (every registered modality).
+        offsets: modality → ``[n_items + 1]`` row offsets of each item along its packed axis (image and video:
+            ``pixel_values`` / ``pixel_values_videos``).
         placeholder_positions: modality → ``[K, 2]`` (row, column) of every placeholder token.
     """
 
     inputs: dict[str, torch.Tensor]
-    image_offsets: torch.Tensor
-    video_offsets: torch.Tensor
-    image_owner: torch.Tensor
-    video_owner: torch.Tensor
-    audio_owner: torch.Tensor
+    owners: dict[str, torch.Tensor] = field(default_factory=dict)
+    offsets: dict[str, torch.Tensor] = field(default_factory=dict)
     placeholder_positions: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    @property
+    def image_offsets(self) -> torch.Tensor:
+        """``[n_img + 1]`` row offsets of each image in ``pixel_values``."""
+        return self.offsets["image"]
 
-def _offsets(grids: list[torch.Tensor]) -> torch.Tensor:
-    sizes = torch.tensor([int(g.prod()) for g in grids], dtype=torch.long)
-    return torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    @property
+    def video_offsets(self) -> torch.Tensor:
+        """``[n_vid + 1]`` row offsets of each video in ``pixel_values_videos``."""
+        return self.offsets["video"]
+
+    @property
+    def image_owner(self) -> torch.Tensor:
+        """``[n_img]`` index of the prompt each image belongs to."""
+        return self.owners["image"]
+
+    @property
+    def video_owner(self) -> torch.Tensor:
+        """``[n_vid]``."""
+        return self.owners["video"]
+
+    @property
+    def audio_owner(self) -> torch.Tensor:
+        """``[n_aud]``."""
+        return self.owners["audio"]
 
 
 def _pad_text(
@@ -64,6 +79,7 @@ def pack_batch(
     pad_id: int = TINY_VOCAB.pad_id,
     padding_side: PaddingSide = "left",
     vocab: TinyVocab = TINY_VOCAB,
+    placeholder_ids: Mapping[str, int] | None = None,
 ) -> PackedBatch:
     """Pack per-prompt kwargs (from `process_sample`) into one batch without padding media.
 
@@ -71,7 +87,9 @@ def pack_batch(
         samples: per-prompt dicts as `process_sample` returns them.
         pad_id: id filling the padded text positions (masked out by ``attention_mask``).
         padding_side: ``"left"`` for generation, ``"right"`` for training.
-        vocab: gives the placeholder ids for ``placeholder_positions``.
+        vocab: gives the placeholder ids for ``placeholder_positions`` (image, video, audio).
+        placeholder_ids: modality → placeholder id, in place of ``vocab``'s (a checkpoint's ids, or a
+            registered modality's).
 
     Raises:
         ValueError: for an empty batch or an unknown padding side.
@@ -81,46 +99,20 @@ def pack_batch(
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     ids, mask = _pad_text(samples, pad_id, padding_side)
-    inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
-    owners: dict[str, list[int]] = {"image": [], "video": [], "audio": []}
-    img_grids: list[torch.Tensor] = []
-    vid_grids: list[torch.Tensor] = []
-    for i, s in enumerate(samples):
-        if "image_grid_thw" in s:
-            img_grids += list(s["image_grid_thw"])
-            owners["image"] += [i] * len(s["image_grid_thw"])
-        if "video_grid_thw" in s:
-            vid_grids += list(s["video_grid_thw"])
-            owners["video"] += [i] * len(s["video_grid_thw"])
-        if "input_features" in s:
-            owners["audio"] += [i] * len(s["input_features"])
-    if img_grids:
-        inputs["pixel_values"] = torch.cat([s["pixel_values"] for s in samples if "pixel_values" in s])
-        inputs["image_grid_thw"] = torch.stack(img_grids)
-    if vid_grids:
-        inputs["pixel_values_videos"] = torch.cat([s["pixel_values_videos"] for s in samples if "video_grid_thw" in s])
-        inputs["video_grid_thw"] = torch.stack(vid_grids)
-        inputs["video_second_per_grid"] = torch.cat(
-            [s["video_second_per_grid"] for s in samples if "video_grid_thw" in s]
-        )
-    if owners["audio"]:
-        clips: list[torch.Tensor] = []
-        for s in samples:
-            if "input_features" in s:
-                lengths = s["feature_attention_mask"].sum(-1).tolist()
-                clips += [f[:, : int(n)] for f, n in zip(s["input_features"], lengths, strict=True)]
-        inputs["input_features"], inputs["feature_attention_mask"] = pad_audio_features(clips)
-    pad_ids = {"image": vocab.image_pad_id, "video": vocab.video_pad_id, "audio": vocab.audio_pad_id}
-    positions = {m: torch.nonzero((ids == t) & (mask == 1)) for m, t in pad_ids.items()}
-    return PackedBatch(
-        inputs=inputs,
-        image_offsets=_offsets(img_grids),
-        video_offsets=_offsets(vid_grids),
-        image_owner=torch.tensor(owners["image"], dtype=torch.long),
-        video_owner=torch.tensor(owners["video"], dtype=torch.long),
-        audio_owner=torch.tensor(owners["audio"], dtype=torch.long),
-        placeholder_positions=positions,
+    out = PackedBatch(inputs={"input_ids": ids, "attention_mask": mask})
+    for name, path in MODALITY_PATHS.items():
+        part = path.pack(samples)
+        out.inputs.update(part.inputs)
+        out.owners[name] = part.owner
+        if part.offsets is not None:
+            out.offsets[name] = part.offsets
+    pad_ids = dict(
+        placeholder_ids
+        if placeholder_ids is not None
+        else {"image": vocab.image_pad_id, "video": vocab.video_pad_id, "audio": vocab.audio_pad_id}
     )
+    out.placeholder_positions = {m: torch.nonzero((ids == t) & (mask == 1)) for m, t in pad_ids.items()}
+    return out
 
 
 def collate(
@@ -134,17 +126,15 @@ def collate(
 
 
 def estimate_cost(sample: Mapping[str, torch.Tensor]) -> float:
-    """Rough compute cost of one prompt: LLM tokens + vision-encoder patches + audio-encoder frames.
+    """Rough compute cost of one prompt: LLM tokens + each modality's `ModalityPath.cost` (vision-encoder
+    patches + audio-encoder frames for the built-in ones).
 
     Vision patches and audio frames (after the first stride-2 conv) are the sequence lengths the
     encoders attend over, so they are counted one-for-one with text tokens.
     """
     cost = float(sample["input_ids"].shape[-1])
-    for key in ("pixel_values", "pixel_values_videos"):
-        if key in sample:
-            cost += sample[key].shape[0]
-    if "feature_attention_mask" in sample:
-        cost += float(sample["feature_attention_mask"].sum()) / 2
+    for path in MODALITY_PATHS.values():
+        cost += path.cost(sample)
     return cost
 
 

@@ -2,32 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import torch
 
-from relax_modalities._audio_io import AudioSettings, expected_num_samples, iter_audio_blocks, open_audio_track
+from relax_modalities._audio_io import AudioSettings
 from relax_modalities._errors import MediaError, MediaModality
-from relax_modalities._image import ImageFeatures, ImageSettings, load_image, preprocess_image
-from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
-from relax_modalities._mel_stream import log_mel_stream
+from relax_modalities._image import ImageSettings
+from relax_modalities._media import MediaBundle
+from relax_modalities._modality import MODALITY_PATHS, bundle_inputs
+from relax_modalities._paths import (  # re-exported: they were defined here before the modality paths
+    audio_features_from_blocks,
+    audio_features_from_waveform,
+    audio_in_video_chunks,
+    pad_audio_features,
+)
 from relax_modalities._record import record_media_refs, record_messages
 from relax_modalities._rows import DataRecord
-from relax_modalities._video import VideoFeatures, VideoSettings, load_video
+from relax_modalities._video import VideoSettings
 from relax_modalities.synthetic._manifest import MediaRef, TaskItem
 from relax_modalities.text import (
     TINY_TEMPLATE,
     ChatBuilder,
     ChatTemplate,
     CheckpointTemplate,
-    MediaSlot,
     TemplateChat,
     Tokenizer,
 )
+
+__all__ = [
+    "ProcessorSettings",
+    "SampleProcessor",
+    "audio_features_from_blocks",
+    "audio_features_from_waveform",
+    "audio_in_video_chunks",
+    "pad_audio_features",
+    "process_sample",
+]
 
 
 @dataclass(frozen=True)
@@ -60,43 +74,6 @@ class ProcessorSettings:
     seconds_per_chunk: float = 2.0
 
 
-def audio_in_video_chunks(
-    video_grid_thw: Sequence[int],
-    second_per_grid: float,
-    audio_tokens: int,
-    merge_size: int,
-    position_id_per_seconds: int = 25,
-    seconds_per_chunk: float = 2.0,
-) -> tuple[tuple[int, int], ...]:
-    """``(video_tokens, audio_tokens)`` per time chunk of an interleaved audio-in-video span.
-
-    A video token's time index is ``t * second_per_grid * position_id_per_seconds`` (``t`` its
-    temporal patch) and audio token ``i`` has index ``i`` (25 audio tokens per second); chunk ``j``
-    holds the tokens whose index lies in ``[j, j + 1) * position_id_per_seconds * seconds_per_chunk``,
-    cut exactly as Qwen2.5-Omni's processor and rope index cut them.
-    """
-    t, h, w = (int(x) for x in video_grid_thw)
-    per_frame = (h // merge_size) * (w // merge_size)
-    video_index = np.repeat(np.arange(t) * second_per_grid * position_id_per_seconds, per_frame).astype(np.int64)
-    audio_index = np.arange(audio_tokens)
-    per_chunk = int(position_id_per_seconds * seconds_per_chunk)
-    v, a = _chunk_bounds(video_index, per_chunk), _chunk_bounds(audio_index, per_chunk)
-    n = max(len(v), len(a))
-    return tuple((v[j] if j < len(v) else 0, a[j] if j < len(a) else 0) for j in range(n))
-
-
-def _chunk_bounds(index: np.ndarray, per_chunk: int) -> list[int]:
-    # Same walk as transformers' get_chunked_index: a new chunk starts at the first token whose
-    # index reaches the next multiple of `per_chunk` (one boundary per token at most).
-    sizes, start, chunk = [], 0, 1
-    for i, value in enumerate(index.tolist()):
-        if value >= chunk * per_chunk:
-            sizes.append(i - start)
-            start, chunk = i, chunk + 1
-    sizes.append(len(index) - start)
-    return sizes
-
-
 def _as_item(item: TaskItem | Mapping[str, Any]) -> TaskItem:
     if isinstance(item, TaskItem):
         return item
@@ -104,45 +81,6 @@ def _as_item(item: TaskItem | Mapping[str, Any]) -> TaskItem:
         MediaRef(m["modality"], str(m["path"]), bool(m.get("audio_track", False))) for m in item.get("media", ())
     )
     return TaskItem(id=str(item.get("id", "")), task=str(item.get("task", "")), prompt=str(item["prompt"]), media=media)
-
-
-def audio_features_from_waveform(
-    waveform: Any, settings: AudioSettings, path: str, modality: MediaModality = "audio"
-) -> AudioFeatures:
-    """Log-mel features and token count of a whole mono waveform (``path`` names it in errors).
-
-    A clip under `min_audio_samples` (30 ms at 16 kHz) is zero-padded to it, as `log_mel` does.
-
-    Raises:
-        MediaError: an empty waveform or one with NaN or inf samples.
-    """
-    try:
-        feats = log_mel(waveform, settings)  # [M, L]
-    except ValueError as exc:
-        raise MediaError(path, modality, str(exc)) from exc
-    return AudioFeatures(feats, feats.shape[1], audio_token_count(feats.shape[1]))
-
-
-def audio_features_from_blocks(
-    blocks: Iterable[np.ndarray],
-    settings: AudioSettings,
-    path: str,
-    modality: MediaModality = "audio",
-    num_samples: int | None = None,
-) -> AudioFeatures:
-    """`audio_features_from_waveform` of streamed blocks, in memory bounded by the features (`log_mel_stream`).
-
-    Raises:
-        MediaError: from the blocks' reader, or for a stream with no samples or a NaN or inf sample.
-    """
-    try:
-        feats = log_mel_stream(blocks, settings, num_samples=num_samples)  # [M, L]
-    except ValueError as exc:
-        raise MediaError(path, modality, str(exc)) from exc
-    return AudioFeatures(feats, feats.shape[1], audio_token_count(feats.shape[1]))
-
-
-_FILE_MODALITIES = ("image", "audio", "video")
 
 
 class SampleProcessor:
@@ -157,7 +95,7 @@ class SampleProcessor:
         self.settings = settings or ProcessorSettings()
         template = self.settings.template
         self.builder: ChatBuilder | TemplateChat = (
-            TemplateChat(tokenizer, template)  # type: ignore[arg-type]
+            TemplateChat(tokenizer, template, modalities=tuple(MODALITY_PATHS))  # type: ignore[arg-type]
             if isinstance(template, CheckpointTemplate)
             else ChatBuilder(tokenizer, template)
         )
@@ -169,13 +107,13 @@ class SampleProcessor:
             MediaError: for any media file that cannot be processed.
         """
         it = _as_item(item)
-        media = _Media()
+        media = MediaBundle()
         for ref in it.media:
-            if ref.modality not in _FILE_MODALITIES:
+            if ref.modality not in MODALITY_PATHS:
                 raise MediaError(ref.path, "manifest", f"unknown media modality {ref.modality!r} in item {it.id!r}")
             self._add_checked(ref, media)
         prompt = self.builder.build(it.prompt, media.slots, system=self.settings.system)
-        return media.model_inputs(prompt.input_ids)
+        return bundle_inputs(media, prompt.input_ids)
 
     def process_record(self, record: DataRecord, inline_dir: Path | None = None) -> dict[str, torch.Tensor]:
         """Process one dataset record (:func:`~relax_modalities.build_stream`'s): its whole chat rendered with
@@ -191,7 +129,7 @@ class SampleProcessor:
             ValueError: a chat the plain-string template cannot render (more than one user turn, or media
                 after text): use a checkpoint template.
         """
-        media = _Media()
+        media = MediaBundle()
         kinds: list[list[str]] = []
         for ref in record_media_refs(record, inline_dir):
             before = len(media.slots)
@@ -201,9 +139,9 @@ class SampleProcessor:
             prompt = self.builder.render(record_messages(record, kinds), media.slots)
         else:
             prompt = self.builder.build(_single_turn_text(record), media.slots, system=self.settings.system)
-        return media.model_inputs(prompt.input_ids)
+        return bundle_inputs(media, prompt.input_ids)
 
-    def _add_checked(self, ref: MediaRef, media: _Media) -> None:
+    def _add_checked(self, ref: MediaRef, media: MediaBundle) -> None:
         try:
             self._add(ref, media)
         except MediaError:
@@ -212,44 +150,8 @@ class SampleProcessor:
             modality = cast(MediaModality, ref.modality)
             raise MediaError(ref.path, modality, f"{type(exc).__name__}: {exc}") from exc
 
-    def _add(self, ref: MediaRef, media: _Media) -> None:
-        if ref.modality == "image":
-            feats = preprocess_image(load_image(ref.path, self.settings.image), self.settings.image)
-            media.images.append(feats)
-            media.slots.append(MediaSlot("image", feats.num_tokens))
-        elif ref.modality == "video":
-            self._add_video(ref, media)
-        else:  # audio, streamed: memory grows with the features only, not with the decoded samples
-            s = self.settings.audio
-            n = expected_num_samples(ref.path, s)  # header only: the features are preallocated, held once
-            afeats = audio_features_from_blocks(iter_audio_blocks(ref.path, s), s, ref.path, num_samples=n)
-            media.audios.append(afeats)
-            media.slots.append(MediaSlot("audio", afeats.num_tokens))
-
-    def _add_video(self, ref: MediaRef, media: _Media) -> None:
-        s = self.settings
-        vfeats = load_video(ref.path, s.video)
-        media.videos.append(vfeats)
-        if not ref.audio_track:
-            media.slots.append(MediaSlot("video", vfeats.num_tokens))
-            return
-        track = open_audio_track(ref.path, s.audio)
-        if track is None:
-            raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
-        afeats = audio_features_from_blocks(track, s.audio, ref.path)
-        media.audios.append(afeats)
-        if not s.use_audio_in_video:  # the track is its own audio span after the video
-            media.slots += [MediaSlot("video", vfeats.num_tokens), MediaSlot("audio", afeats.num_tokens)]
-            return
-        chunks = audio_in_video_chunks(
-            vfeats.grid_thw.tolist(),
-            vfeats.second_per_grid,
-            afeats.num_tokens,
-            s.video.vision.merge_size,
-            s.position_id_per_seconds,
-            s.seconds_per_chunk,
-        )
-        media.slots.append(MediaSlot("video", vfeats.num_tokens, interleave=chunks))
+    def _add(self, ref: MediaRef, media: MediaBundle) -> None:
+        MODALITY_PATHS[ref.modality].process(ref, self.settings, media)
 
 
 def _single_turn_text(record: DataRecord) -> str:
@@ -261,53 +163,6 @@ def _single_turn_text(record: DataRecord) -> str:
     if any(p.type != "text" for p in parts[first_text:]):
         raise ValueError(f"record {record.uid}: a plain-string chat template renders media before the text only")
     return "".join(p.text for p in parts)
-
-
-@dataclass
-class _Media:
-    """Processed media of one prompt, in order, and their chat slots."""
-
-    slots: list[MediaSlot] = field(default_factory=list)
-    images: list[ImageFeatures] = field(default_factory=list)
-    videos: list[VideoFeatures] = field(default_factory=list)
-    audios: list[AudioFeatures] = field(default_factory=list)
-
-    def model_inputs(self, input_ids: list[int]) -> dict[str, torch.Tensor]:
-        ids = torch.tensor([input_ids], dtype=torch.long)  # [1, T]
-        out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if self.images:
-            out["pixel_values"] = torch.cat([f.pixel_values for f in self.images])  # [sum patches, D]
-            out["image_grid_thw"] = torch.stack([f.grid_thw for f in self.images])  # [n_img, 3]
-        if self.videos:
-            out["pixel_values_videos"] = torch.cat([f.pixel_values_videos for f in self.videos])
-            out["video_grid_thw"] = torch.stack([f.grid_thw for f in self.videos])  # [n_vid, 3]
-            seconds = [f.second_per_grid for f in self.videos]
-            out["video_second_per_grid"] = torch.tensor(seconds, dtype=torch.float32)  # [n_vid]
-        if len(self.audios) == 1:  # nothing to pad: no second copy of a long clip's features
-            feats = self.audios[0].input_features
-            out["input_features"] = feats.unsqueeze(0)  # [1, M, L]
-            out["feature_attention_mask"] = torch.ones(1, feats.shape[1], dtype=torch.long)  # [1, L]
-        elif self.audios:
-            # [n_aud, M, L_max] and [n_aud, L_max]
-            out["input_features"], out["feature_attention_mask"] = pad_audio_features(
-                [a.input_features for a in self.audios]
-            )
-        return out
-
-
-def pad_audio_features(features: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``[M, L_i]`` clips into ``[n, M, max L]`` (zeros after each clip) and a ``[n, max L]`` mask.
-
-    The thinker's audio tower takes clips this way and packs them itself by the mask.
-    """
-    n, m = len(features), features[0].shape[0]
-    longest = max(f.shape[1] for f in features)
-    out = torch.zeros(n, m, longest, dtype=torch.float32)
-    mask = torch.zeros(n, longest, dtype=torch.long)
-    for i, f in enumerate(features):
-        out[i, :, : f.shape[1]] = f
-        mask[i, : f.shape[1]] = 1
-    return out, mask
 
 
 def process_sample(

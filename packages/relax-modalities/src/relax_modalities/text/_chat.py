@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol
 from relax_modalities.text._tokenizer import Tokenizer
 
 Modality = Literal["image", "video", "audio"]
+"""The built-in media modalities (a registered modality of relax-modalities' `MODALITY_PATHS` may add more)."""
 MODALITIES: tuple[Modality, ...] = ("image", "video", "audio")
 
 
@@ -32,6 +33,7 @@ class ChatTemplate:
         audio_start: starts an audio span.
         audio_end: ends an audio span.
         audio_pad: one audio placeholder token.
+        extra_spans: ``(modality, start, pad, end)`` strings of modalities beyond image, video and audio.
     """
 
     user_prefix: str = "<|bos|><|user|>"
@@ -46,6 +48,17 @@ class ChatTemplate:
     audio_start: str = "<|audio_start|>"
     audio_end: str = "<|audio_end|>"
     audio_pad: str = "<|audio_pad|>"
+    extra_spans: tuple[tuple[str, str, str, str], ...] = ()
+
+    def spans(self) -> dict[str, tuple[str, str, str]]:
+        """Modality → its ``(start, pad, end)`` span strings."""
+        out = {
+            "image": (self.vision_start, self.image_pad, self.vision_end),
+            "video": (self.vision_start, self.video_pad, self.vision_end),
+            "audio": (self.audio_start, self.audio_pad, self.audio_end),
+        }
+        out.update({name: (start, pad, end) for name, start, pad, end in self.extra_spans})
+        return out
 
     @classmethod
     def qwen(cls) -> ChatTemplate:
@@ -72,7 +85,8 @@ class MediaSlot:
     """One media item of a user turn: its modality and how many placeholder tokens the model expects.
 
     Attributes:
-        modality: ``"image"``, ``"video"`` or ``"audio"``.
+        modality: ``"image"``, ``"video"``, ``"audio"`` or another registered modality's name (the chat builders
+            refuse a modality they have no placeholder for).
         num_tokens: placeholder count (image/video: ``prod(grid_thw) // merge**2``;
             audio: the encoder's output length).
         interleave: only for a video with its sound track (Qwen2.5-Omni's ``use_audio_in_video``):
@@ -80,13 +94,13 @@ class MediaSlot:
             ``vision_start audio_start [video × v_j, audio × a_j]… audio_end vision_end``.
     """
 
-    modality: Modality
+    modality: str
     num_tokens: int
     interleave: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.modality not in MODALITIES:
-            raise ValueError(f"MediaSlot.modality must be one of {MODALITIES}, got {self.modality!r}")
+        if not isinstance(self.modality, str) or not self.modality:
+            raise ValueError(f"MediaSlot.modality must be a modality name, got {self.modality!r}")
         if self.num_tokens < 1:
             raise ValueError(f"MediaSlot.num_tokens must be >= 1, got {self.num_tokens}")
         if self.interleave is not None:
@@ -103,7 +117,7 @@ class MediaSlot:
 class PlaceholderSpan:
     """Where one media item's placeholder tokens sit in ``input_ids`` (``start`` inclusive)."""
 
-    modality: Modality
+    modality: str
     start: int
     length: int
 
@@ -133,10 +147,9 @@ class ChatBuilder:
         self.tokenizer = tokenizer
         self.template = template
         t = template
-        self._span_ids: dict[Modality, tuple[int, int, int]] = {
-            "image": (self._single(t.vision_start), self._single(t.image_pad), self._single(t.vision_end)),
-            "video": (self._single(t.vision_start), self._single(t.video_pad), self._single(t.vision_end)),
-            "audio": (self._single(t.audio_start), self._single(t.audio_pad), self._single(t.audio_end)),
+        self._span_ids: dict[str, tuple[int, int, int]] = {
+            name: (self._single(start), self._single(pad), self._single(end))
+            for name, (start, pad, end) in t.spans().items()
         }
         self._system_ids = None if t.system_prefix is None else tokenizer.encode(t.system_prefix)
         self._user_ids = tokenizer.encode(t.user_prefix)
@@ -150,9 +163,17 @@ class ChatBuilder:
             raise ValueError(f"chat template token {token!r} is not a single token of the tokenizer (got ids {ids})")
         return ids[0]
 
-    def placeholder_id(self, modality: Modality) -> int:
+    def placeholder_id(self, modality: str) -> int:
         """Id of the placeholder token of ``modality``."""
-        return self._span_ids[modality][1]
+        return self._span(modality)[1]
+
+    def _span(self, modality: str) -> tuple[int, int, int]:
+        try:
+            return self._span_ids[modality]
+        except KeyError:
+            raise ValueError(
+                f"this chat template has no span for modality {modality!r} (ChatTemplate.extra_spans adds one)"
+            ) from None
 
     def build(
         self,
@@ -184,7 +205,7 @@ class ChatBuilder:
             if slot.interleave is not None:
                 self._interleaved(slot.interleave, ids, spans)
                 continue
-            start_id, pad_id, end_id = self._span_ids[slot.modality]
+            start_id, pad_id, end_id = self._span(slot.modality)
             ids.append(start_id)
             spans.append(PlaceholderSpan(slot.modality, len(ids), slot.num_tokens))
             ids += [pad_id] * slot.num_tokens
@@ -199,7 +220,7 @@ class ChatBuilder:
         audio_start, audio_pad, audio_end = self._span_ids["audio"]
         ids += [vision_start, audio_start]
         for n_video, n_audio in chunks:
-            pieces: tuple[tuple[Modality, int, int], ...] = (
+            pieces: tuple[tuple[str, int, int], ...] = (
                 ("video", video_pad, n_video),
                 ("audio", audio_pad, n_audio),
             )
@@ -265,23 +286,27 @@ class TemplateChat:
     Args:
         tokenizer: a tokenizer with a chat template (``apply_chat_template``).
         template: the checkpoint's placeholder ids.
+        modalities: the modality names whose placeholders are expanded (each the role of its placeholder id in
+            ``template``); the sample processor passes every registered modality.
 
     Raises:
         ValueError: when the tokenizer has no chat template.
     """
 
-    def __init__(self, tokenizer: ChatTemplateTokenizer, template: CheckpointTemplate) -> None:
+    def __init__(
+        self, tokenizer: ChatTemplateTokenizer, template: CheckpointTemplate, modalities: Sequence[str] = MODALITIES
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "the tokenizer has no chat template; render prompts with a ChatTemplate (plain strings) instead"
             )
         self.tokenizer = tokenizer
         self.ids = dict(template.placeholders)
-        self._modality_of = {self.ids[m]: m for m in MODALITIES if m in self.ids}
+        self._modality_of = {self.ids[m]: m for m in modalities if m in self.ids}
         eos = getattr(tokenizer, "eos_token_id", None)
         self._response_end_ids = [] if eos is None else [int(eos)]
 
-    def placeholder_id(self, modality: Modality) -> int:
+    def placeholder_id(self, modality: str) -> int:
         """Id of the placeholder token of ``modality``."""
         try:
             return self.ids[modality]
@@ -354,7 +379,7 @@ class TemplateChat:
         video_pad, audio_pad = self.placeholder_id("video"), self.placeholder_id("audio")
         ids.append(self.ids["audio_start"])
         for n_video, n_audio in chunks:
-            pieces: tuple[tuple[Modality, int, int], ...] = (
+            pieces: tuple[tuple[str, int, int], ...] = (
                 ("video", video_pad, n_video),
                 ("audio", audio_pad, n_audio),
             )

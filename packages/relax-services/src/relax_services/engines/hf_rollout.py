@@ -23,7 +23,10 @@ from relax_services.engines.protocols import (
     generation_stats,
 )
 from relax_services.engines.sampling import SamplingParams, sample_tokens
+from relax_services.models.embeddings import embed_inputs
+from relax_services.models.families import family_of_model
 from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
+from relax_services.models.modalities import MODEL_MODALITIES
 from relax_services.models.positions import forward_media, position_ids_for, sequence_positions
 from relax_services.models.tokens import model_pad_id
 
@@ -218,16 +221,22 @@ class HFRolloutEngine:
             unique, row_to_unique = prompt_of_row, torch.arange(len(slots))
         batch = [prompts[i] for i in unique.tolist()]
         input_ids, attention_mask = pad_sequences([p.input_ids for p in batch], model_pad_id(self.model), side="left")
-        media = {k: v.to(self.device) for k, v in forward_media(self.model, collate_media(batch)).items()}
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         positions, next_pos = sequence_positions(self.model, batch, [0] * len(batch), side="left")  # [3, U, T], [U]
         positions, next_pos = positions.to(self.device), next_pos.to(self.device)
+        inputs: dict[str, torch.Tensor]
+        if _has_foreign_media(self.model, batch):
+            # A registered modality the model's own forward does not take: its encoder call is the modality's,
+            # so the prompts go in as embeddings (each distinct item encoded once).
+            inputs = {"inputs_embeds": embed_inputs(self.model, batch, input_ids, self.device)}
+        else:
+            media = {k: v.to(self.device) for k, v in forward_media(self.model, collate_media(batch)).items()}
+            inputs = {"input_ids": input_ids, **media}
         out = self.model(
-            input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids_for(self.model, positions),
             use_cache=True,
-            **media,
+            **inputs,
         )
         cache = out.past_key_values
         index = row_to_unique.to(self.device)
@@ -293,3 +302,10 @@ class HFRolloutEngine:
     def set_rng_state(self, state: torch.Tensor) -> None:
         """Restores :meth:`rng_state`."""
         self.generator.set_state(state)
+
+
+def _has_foreign_media(model: torch.nn.Module, prompts: Sequence[OmniPrompt]) -> bool:
+    """Whether a prompt has media of a registered modality outside the model family's own
+    (:attr:`~relax_services.models.ModelFamily.modalities`)."""
+    native = family_of_model(model).modalities
+    return any(m.name not in native and p.media_of(m) for m in MODEL_MODALITIES.values() for p in prompts)

@@ -24,6 +24,7 @@ from relax_services.models.inputs import (
     pad_sequences,
     text_prompt,
 )
+from relax_services.models.modalities import MODEL_MODALITIES, ModelModality
 from relax_services.models.positions import prompt_positions, rope_positions, sequence_positions
 from relax_services.models.tiny_omni import (
     OmniModel,
@@ -69,6 +70,12 @@ __all__ += [
 __all__ += [
     "ValueModel",
     "build_value_model",
+]
+
+# the modality seam
+__all__ += [
+    "MODEL_MODALITIES",
+    "ModelModality",
 ]
 
 # inputs

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relax_services.models.families import ModelFamily, family_of
+from relax_services.models.modalities import MODEL_MODALITIES
 from relax_services.models.tokens import TokenIds, token_ids_from
 
 if TYPE_CHECKING:
@@ -121,6 +122,15 @@ def _check_sizes(path: Path, family: ModelFamily, config: PretrainedConfig) -> N
             raise CheckpointError(f"{path}: mrope_section {list(section)} must sum to head_dim / 2 = {head_dim // 2}")
 
 
+def _placeholder_keys(family: ModelFamily) -> tuple[tuple[str, str], ...]:
+    """The family's placeholder keys, then each registered modality's (`ModelModality.token_attr`) that the family
+    does not name: a checkpoint whose config carries a new modality's placeholder id gets it without a table edit
+    (a key absent from the config is skipped)."""
+    named = {role for role, _ in family.placeholder_keys}
+    extra = tuple((m.name, m.token_attr) for m in MODEL_MODALITIES.values() if m.name not in named)
+    return family.placeholder_keys + extra
+
+
 def validate_checkpoint(path: str | Path) -> Checkpoint:
     """Checks a checkpoint folder and reads its config, tokenizer and ids; allocates no weight.
 
@@ -159,7 +169,7 @@ def validate_checkpoint(path: str | Path) -> Checkpoint:
     except OSError:  # no generation_config.json: the model config's ids stand in
         generation = GenerationConfig.from_model_config(getattr(config, "text_config", None) or config)
     try:
-        tokens = token_ids_from(tokenizer, config, generation, family.placeholder_keys)
+        tokens = token_ids_from(tokenizer, config, generation, _placeholder_keys(family))
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     if len(tokenizer) > tokens.vocab_size:

@@ -8,33 +8,30 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import SupportsIndex
 
 import numpy as np
 import torch
 
+from relax_services.models.modalities import MODEL_MODALITIES, ModelModality, audio_token_count, media_fields
 from relax_services.models.tokens import TokenIds
 
-_MEDIA_FIELDS = (
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "video_second_per_grid",
-    "input_features",
-    "feature_attention_mask",
-)
+__all__ = [
+    "OmniPrompt",
+    "audio_token_count",
+    "check_placeholders",
+    "collate_media",
+    "pad_sequences",
+    "tensors_digest",
+    "text_prompt",
+]
 
 
-def audio_token_count(num_frames: int) -> int:
-    """Audio placeholder tokens for ``num_frames`` log-mel frames (two stride-2 stages of the encoder)."""
-    return ((num_frames - 1) // 2 + 1 - 2) // 2 + 1
-
-
-@dataclass(frozen=True)
 class OmniPrompt:
     """One chat prompt: token ids with media placeholders, and the media tensors that fill them.
+
+    The media tensors are the forward kwargs of the registered modalities (`MODEL_MODALITIES`), each read as an
+    attribute (``None`` when not set); each modality checks its own at construction. The built-in ones:
 
     Attributes:
         input_ids: ``[T]`` int64 ids, ending with the chat template's generation prompt.
@@ -45,39 +42,44 @@ class OmniPrompt:
         video_second_per_grid: ``[n_vid]`` seconds covered by one temporal grid step (required with video).
         input_features: ``[n_aud, n_mels, L]`` log-mel features per audio clip.
         feature_attention_mask: ``[n_aud, L]`` 1 on real frames.
+
+    Raises:
+        TypeError: a media kwarg no registered modality owns.
+        ValueError: empty or non-1-D ids, or media tensors their modality rejects.
     """
 
     input_ids: torch.Tensor
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-    pixel_values_videos: torch.Tensor | None = None
-    video_grid_thw: torch.Tensor | None = None
-    video_second_per_grid: torch.Tensor | None = None
-    input_features: torch.Tensor | None = None
-    feature_attention_mask: torch.Tensor | None = None
 
-    def __post_init__(self) -> None:
-        ids = torch.as_tensor(self.input_ids, dtype=torch.long)
-        object.__setattr__(self, "input_ids", ids)
+    def __init__(self, input_ids: torch.Tensor | Sequence[int], **media: torch.Tensor | None) -> None:
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.ndim != 1 or ids.numel() == 0:
             raise ValueError(f"OmniPrompt.input_ids must be a non-empty 1-D sequence, got shape {tuple(ids.shape)}")
-        for kind, pixels, grid in (
-            ("image", self.pixel_values, self.image_grid_thw),
-            ("video", self.pixel_values_videos, self.video_grid_thw),
-        ):
-            if (pixels is None) != (grid is None):
-                raise ValueError(f"OmniPrompt {kind}: pixels and grid must both be set")
-            if pixels is not None and grid is not None and int(grid.prod(-1).sum()) != pixels.shape[0]:
-                raise ValueError(
-                    f"OmniPrompt {kind}: {pixels.shape[0]} patches, but grid {grid.tolist()} has "
-                    f"{int(grid.prod(-1).sum())} patches"
-                )
-        if self.video_grid_thw is not None and (
-            self.video_second_per_grid is None or len(self.video_second_per_grid) != len(self.video_grid_thw)
-        ):
-            raise ValueError("OmniPrompt.video_second_per_grid must give one value per video")
-        if self.input_features is not None and (self.feature_attention_mask is None or self.input_features.ndim != 3):
-            raise ValueError("OmniPrompt.input_features must be [n_aud, n_mels, L] with a feature_attention_mask")
+        known = media_fields()
+        unknown = sorted(set(media) - set(known))
+        if unknown:
+            raise TypeError(
+                f"OmniPrompt got media field(s) {unknown} that no registered modality owns; "
+                f"registered modalities' fields: {', '.join(known)}"
+            )
+        for modality in MODEL_MODALITIES.values():
+            own = {f: t for f in modality.fields if (t := media.get(f)) is not None}
+            if own:
+                modality.validate(own)
+        # Every registered field is an attribute (None when unset), in registry order.
+        self.__dict__.update({"input_ids": ids, **{name: media.get(name) for name in known}})
+
+    def __getattr__(self, name: str) -> torch.Tensor | None:
+        """A field of a modality registered after this prompt was built: not set."""
+        if name in media_fields():
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"OmniPrompt is immutable (cannot set {name!r})")
+
+    def __repr__(self) -> str:
+        shapes = "".join(f", {k}={tuple(v.shape)}" for k, v in self.media().items())
+        return f"OmniPrompt(input_ids={self.input_ids.tolist()}{shapes})"
 
     @property
     def num_tokens(self) -> int:
@@ -85,8 +87,12 @@ class OmniPrompt:
         return int(self.input_ids.numel())
 
     def media(self) -> dict[str, torch.Tensor]:
-        """The media tensors that are set, keyed by forward-kwarg name."""
-        return {name: getattr(self, name) for name in _MEDIA_FIELDS if getattr(self, name) is not None}
+        """The media tensors that are set, keyed by forward-kwarg name (in registry order)."""
+        return {name: t for name in media_fields() if (t := self.__dict__.get(name)) is not None}
+
+    def media_of(self, modality: ModelModality) -> dict[str, torch.Tensor]:
+        """The tensors of one modality that are set (empty when the prompt has none of it)."""
+        return {name: t for name in modality.fields if (t := self.__dict__.get(name)) is not None}
 
     def fingerprint(self) -> bytes:
         """A content digest: equal for prompts with equal ids and media (dtype, shape and values)."""
@@ -98,15 +104,14 @@ class OmniPrompt:
         Prompts cross processes at every queue hop. A tensor pickles through ``torch.save`` of its
         storage (≈ 170 µs out and 190 µs back for a prompt with one 56×56 image); numpy arrays take
         ≈ 14 µs and travel as out-of-band buffers. Anything else (a GPU tensor, one that requires
-        grad) falls back to the default pickling.
+        grad) pickles as tensors.
         """
-        values = [getattr(self, name) for name in _PROMPT_FIELDS]
-        if all(t is None or _numpy_ready(t) for t in values):
-            return _prompt_from_arrays, (tuple(None if t is None else t.numpy() for t in values),)
-        return super().__reduce_ex__(protocol)
+        values = {"input_ids": self.input_ids, **self.media()}
+        if all(_numpy_ready(t) for t in values.values()):
+            return _prompt_from_arrays, ({k: t.numpy() for k, t in values.items()},)
+        return _prompt_from_tensors, (values,)
 
 
-_PROMPT_FIELDS = ("input_ids", *_MEDIA_FIELDS)
 _NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool))
 
 
@@ -114,14 +119,17 @@ def _numpy_ready(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not t.requires_grad and t.dtype in _NUMPY_DTYPES and t.layout == torch.strided
 
 
-def _prompt_from_arrays(arrays: tuple[np.ndarray | None, ...]) -> OmniPrompt:
-    """The prompt :meth:`OmniPrompt.__reduce_ex__` pickled (its checks passed when it was built)."""
+def _prompt_from_tensors(values: dict[str, torch.Tensor]) -> OmniPrompt:
+    """The prompt :meth:`OmniPrompt.__reduce_ex__` pickled as tensors (its checks passed when it was built)."""
     prompt = object.__new__(OmniPrompt)
-    for name, a in zip(_PROMPT_FIELDS, arrays, strict=True):
-        # Arrays unpickled from a message or the object store may be read-only; tensors must own writable memory.
-        value = None if a is None else torch.from_numpy(a if a.flags.writeable else a.copy())
-        object.__setattr__(prompt, name, value)
+    prompt.__dict__.update({"input_ids": values["input_ids"], **{name: values.get(name) for name in media_fields()}})
     return prompt
+
+
+def _prompt_from_arrays(arrays: dict[str, np.ndarray]) -> OmniPrompt:
+    """The prompt :meth:`OmniPrompt.__reduce_ex__` pickled as arrays (its checks passed when it was built)."""
+    # Arrays unpickled from a message or the object store may be read-only; tensors must own writable memory.
+    return _prompt_from_tensors({k: torch.from_numpy(a if a.flags.writeable else a.copy()) for k, a in arrays.items()})
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -145,25 +153,10 @@ def check_placeholders(prompt: OmniPrompt, tokens: TokenIds) -> OmniPrompt:
     Raises:
         ValueError: naming the modality and the counts.
     """
-    ids = prompt.input_ids
-    for kind, pixels in (("image", prompt.pixel_values), ("video", prompt.pixel_values_videos)):
-        pad = tokens.placeholder(kind)
-        n_tokens = 0 if pad is None else int((ids == pad).sum())
-        if (n_tokens == 0) != (pixels is None):
-            raise ValueError(
-                f"OmniPrompt has {n_tokens} {kind} placeholder tokens; "
-                f"{'pixels and grid must both be set' if pixels is None else 'but has ' + kind + ' pixels'}"
-            )
-    pad = tokens.placeholder("audio")
-    n_audio = 0 if pad is None else int((ids == pad).sum())
-    mask = prompt.feature_attention_mask
-    if prompt.input_features is None or mask is None:
-        if n_audio:
-            raise ValueError(f"OmniPrompt has {n_audio} audio placeholder tokens but no input_features")
-        return prompt
-    expected = sum(audio_token_count(int(n)) for n in mask.sum(-1))
-    if expected != n_audio:
-        raise ValueError(f"OmniPrompt has {n_audio} audio placeholder tokens but its features need {expected}")
+    for modality in MODEL_MODALITIES.values():
+        pad = tokens.placeholder(modality.name)
+        n_tokens = 0 if pad is None else int((prompt.input_ids == pad).sum())
+        modality.check_placeholders(n_tokens, prompt.media_of(modality))
     return prompt
 
 
@@ -182,20 +175,10 @@ def collate_media(prompts: Sequence[OmniPrompt]) -> dict[str, torch.Tensor]:
         Forward kwargs for the media present in at least one prompt.
     """
     out: dict[str, torch.Tensor] = {}
-    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid"):
-        parts = [getattr(p, name) for p in prompts if getattr(p, name) is not None]
+    for modality in MODEL_MODALITIES.values():
+        parts = [media for p in prompts if (media := p.media_of(modality))]
         if parts:
-            out[name] = torch.cat(parts, dim=0)
-    feats = [p.input_features for p in prompts if p.input_features is not None]
-    masks = [p.feature_attention_mask for p in prompts if p.feature_attention_mask is not None]
-    if feats:
-        length = max(f.shape[-1] for f in feats)
-        out["input_features"] = torch.cat(
-            [torch.nn.functional.pad(f, (0, length - f.shape[-1])) for f in feats], dim=0
-        )  # [n_aud, n_mels, L_max]
-        out["feature_attention_mask"] = torch.cat(
-            [torch.nn.functional.pad(m.long(), (0, length - m.shape[-1])) for m in masks], dim=0
-        )  # [n_aud, L_max]
+            out.update(modality.collate(parts))
     return out
 
 

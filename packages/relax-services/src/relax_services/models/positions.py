@@ -6,6 +6,9 @@ never on pixel or audio values, and text after the last media block continues at
 So the positions of ``prompt + k text tokens`` are the prompt's positions (computed once by the model's own
 ``get_rope_index`` and cached by structure) followed by ``next + 0 .. next + k − 1`` in all three
 components. That replaces a per-row Python loop over every sequence of every batch.
+
+Each registered modality (`MODEL_MODALITIES`) gives its part of the rule: the shapes its positions depend on (the
+cache key) and its arguments to the family's ``get_rope_index``; a modality that gives none is positioned as text.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from relax_services.models.families import family_of_model
 from relax_services.models.inputs import OmniPrompt
+from relax_services.models.modalities import MODEL_MODALITIES
 
 _CACHE_SIZE = 4096
 _cache: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int]] = OrderedDict()
@@ -26,7 +30,7 @@ _lock = threading.Lock()
 
 
 def rope_positions(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Mapping[str, torch.Tensor]
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """Rope positions of a padded batch, exactly as the model computes them (its ``get_rope_index``, or one index
     per real token for a 1-D family), with its family's arguments.
@@ -44,56 +48,36 @@ def rope_positions(
     if kind == "1d":
         flat = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # [B, T]
         return flat[None].expand(3, -1, -1).clone()
+    args: dict[str, object] = {}
+    for modality in MODEL_MODALITIES.values():  # each modality's part of the family's rule
+        args.update(modality.rope_args(kind, media))
+    positions: torch.Tensor
+    family_model = cast(Any, model)  # get_rope_index is the family's own method; transformers types it loosely
     if kind == "vl-mrope":
-        cfg = model.config
+        cfg = family_model.config
         types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
         types[input_ids == cfg.image_token_id] = 1
         types[input_ids == cfg.video_token_id] = 2
-        vl_positions: torch.Tensor
-        vl_positions, _ = model.model.get_rope_index(
-            input_ids,
-            mm_token_type_ids=types,
-            image_grid_thw=media.get("image_grid_thw"),
-            video_grid_thw=media.get("video_grid_thw"),
-            second_per_grid_ts=media.get("video_second_per_grid"),
-            attention_mask=attention_mask,
+        positions, _ = family_model.model.get_rope_index(
+            input_ids, mm_token_type_ids=types, attention_mask=attention_mask, **args
         )
-        return vl_positions
-    mask = media.get("feature_attention_mask")
-    positions: torch.Tensor
-    positions, _ = model.get_rope_index(
-        input_ids,
-        image_grid_thw=media.get("image_grid_thw"),
-        video_grid_thw=media.get("video_grid_thw"),
-        attention_mask=attention_mask,
-        use_audio_in_video=False,
-        audio_seqlens=mask.sum(-1) if mask is not None else None,
-        second_per_grids=media.get("video_second_per_grid"),
+        return positions
+    positions, _ = family_model.get_rope_index(
+        input_ids, attention_mask=attention_mask, use_audio_in_video=False, **args
     )
     return positions
 
 
 def _key(model: torch.nn.Module, prompt: OmniPrompt) -> tuple[object, ...]:
     cfg = model.config
-
-    def flat(x: torch.Tensor | None) -> tuple[float, ...] | None:
-        return None if x is None else tuple(x.flatten().tolist())
-
-    audio = prompt.feature_attention_mask
     return (
         type(model).__name__,
         getattr(model, "spatial_merge_size", None),
         getattr(cfg, "position_id_per_seconds", None),
-        getattr(cfg, "image_token_id", None),
-        getattr(cfg, "video_token_id", None),
-        getattr(cfg, "audio_token_id", None),
         getattr(cfg, "vision_start_token_id", None),
         getattr(cfg, "audio_start_token_id", None),
         prompt.input_ids.cpu().numpy().tobytes(),
-        flat(prompt.image_grid_thw),
-        flat(prompt.video_grid_thw),
-        flat(prompt.video_second_per_grid),
-        None if audio is None else tuple(audio.sum(-1).tolist()),
+        *((getattr(cfg, m.token_attr, None), m.structure(prompt.media_of(m))) for m in MODEL_MODALITIES.values()),
     )
 
 
