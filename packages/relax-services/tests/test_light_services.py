@@ -40,7 +40,8 @@ for key, (response, answer) in enumerate(ids):
 service = cls("reward", cfg, queue)
 service.step()
 batch = queue.reader("trainer", fields=["reward"], batcher=FixedSizeBatcher(len(ids))).get(timeout=5)
-print(json.dumps({"rewards": batch.column("reward"), "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))}))
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+print(json.dumps({"rewards": batch.column("reward"), "modules": heavy}))
 """
 
 

@@ -158,7 +158,7 @@ def test_every_field_of_the_read_sections_is_in_the_key_unless_listed_unread(
 def test_checkpoint_bytes_and_not_its_path_are_in_the_key(
     base: tuple[RunConfig, list[TaskItem], str], tmp_path: Path
 ) -> None:
-    cfg, items, key = base
+    _, items, key = base
     copy = tmp_path / "copy"
     shutil.copytree(resolve_source("tiny-omni"), copy)
     assert _key(_config(tmp_path, f"model.source={copy}"), items) == key  # same files elsewhere: same key

@@ -25,6 +25,7 @@ class Decoder(Protocol):
         """The text of ``token_ids``."""
         ...
 
+
 _CLEAN_UP = (
     (" .", "."),
     (" ?", "?"),

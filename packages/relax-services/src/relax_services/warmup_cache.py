@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from relax_services.config import RunConfig
 
 __all__ = [
-    "UNREAD_FIELDS",
     "INFO_FILE",
+    "UNREAD_FIELDS",
     "cached_warmup",
     "folder_digest",
     "load_or_run",
