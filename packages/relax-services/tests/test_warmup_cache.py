@@ -64,9 +64,12 @@ def test_cached_warmup_equals_a_fresh_one_bitwise_and_a_hit_runs_nothing(tmp_pat
     assert info["cached"] is False and calls == [first]
     assert (cache / "warmup" / str(info["key"]) / "model.safetensors").is_file()
 
-    # A second run folder writes its synthetic files anew (other paths, same bytes): a hit, no warm-up run.
+    # A second run folder writes its synthetic files anew (other paths, same bytes): a hit, no warm-up run. What
+    # an interrupted warm-up left in its folder is replaced.
     items2, to_prompt2 = _items(cfg, tmp_path / "run2")
     second = tmp_path / "run2" / "warmup_model"
+    second.mkdir()
+    (second / "model.safetensors").write_bytes(b"torn")
     info2 = load_or_run(cfg, items2, second, lambda: run(second, items2, to_prompt2), cache=cache)
     assert info2["cached"] is True and calls == [first], "a cache hit must not run the warm-up"
     assert info2["key"] == info["key"] and info2["steps"] == info["steps"] == 3

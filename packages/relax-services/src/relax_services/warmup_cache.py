@@ -232,7 +232,8 @@ def restore_warmup(entry: Path, out: Path) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         shutil.copytree(entry, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(INFO_FILE, _INPUTS_FILE))
-        if not out.exists():  # a folder already there is an earlier restore of the same run's warm-up
+        if not (out / "config.json").is_file():  # else an earlier restore of this run's warm-up is complete
+            shutil.rmtree(out, ignore_errors=True)  # what an interrupted warm-up of this run folder left
             os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
