@@ -1,6 +1,7 @@
-"""Services that run no model stay free of the model stack: the Reward service, the health monitor, the queue and
-weight-store actors import neither torch nor transformers (checked in a fresh interpreter, which imports what
-their Ray actor process imports: the class's module, by reference, and the constructor's arguments); and the
+"""Services that run no model stay free of the model stack: the Reward service, the health monitor and the
+weight-store actor import neither torch nor transformers, nor does the queue actor's own code (checked in a fresh
+interpreter, which imports what their Ray actor process imports: the class's module, by reference, and the
+constructor's arguments; the rows a queue actor holds bring their values' modules, see the README); and the
 Reward service's tokenizer-only decoding gives the transformers tokenizer's text."""
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ print(json.dumps({"modules": sorted(m for m in sys.modules if m.split(".")[0] in
 """
 
 
-def test_monitor_queue_and_weight_store_actors_import_no_model_stack() -> None:
+def test_monitor_weight_store_and_queue_actor_code_import_no_model_stack() -> None:
     assert _run(_LIGHT_ACTORS)["modules"] == []
 
 
