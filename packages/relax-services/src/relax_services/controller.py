@@ -443,13 +443,16 @@ class Controller:
             return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"warmup_format_steps": 0})})
         out = self.run_dir / "warmup_model"
         if not (out / "config.json").is_file():
+            from relax_services.warmup_cache import load_or_run
+
             items = [
                 entry["item"]
                 for stream in self.data.streams.values()
                 if isinstance(stream, TaskStream)
                 for entry in stream.items
             ]
-            self.metrics.write("warmup", self._run_warmup(cfg, items, out))
+            # A warm-up of the same inputs ran before: its result is copied from the cache, no process started.
+            self.metrics.write("warmup", load_or_run(cfg, items, out, lambda: self._run_warmup(cfg, items, out)))
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
 
     def _run_warmup(self, cfg: RunConfig, items: list[TaskItem], out: Path) -> dict[str, object]:

@@ -1,18 +1,46 @@
-"""The service actors: Rollout, Reward, Reference, Critic, Trainer and the held-out Evaluator."""
+"""The service actors: Rollout, Reward, Reference, Critic, Trainer and the held-out Evaluator.
 
-from relax_services.services._base import HealthMonitor, ServiceBase
-from relax_services.services.critic import CriticService
-from relax_services.services.evaluator import EvalService
-from relax_services.services.reference import ReferenceService
-from relax_services.services.reward import RewardService, decode_response
-from relax_services.services.rollout import RolloutService, sampling_seed
-from relax_services.services.trainer import (
-    TrainerService,
-    build_train_samples,
-    informative_rows,
-    make_loss_fn,
-    trainer_fields,
-)
+Names are resolved on first use (each from the module listed in ``_EXPORTS``): a Ray actor process unpickles its
+service class by importing that class's module, which imports this package first, and the Reward service's
+process must not import the model stack (torch, transformers) that the other services' modules bring.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_services.services._base import HealthMonitor, ServiceBase
+    from relax_services.services.critic import CriticService
+    from relax_services.services.evaluator import EvalService
+    from relax_services.services.reference import ReferenceService
+    from relax_services.services.reward import RewardService, decode_response
+    from relax_services.services.rollout import RolloutService, sampling_seed
+    from relax_services.services.trainer import (
+        TrainerService,
+        build_train_samples,
+        informative_rows,
+        make_loss_fn,
+        trainer_fields,
+    )
+
+_EXPORTS: dict[str, str] = {
+    "HealthMonitor": "relax_services.services._base",
+    "ServiceBase": "relax_services.services._base",
+    "CriticService": "relax_services.services.critic",
+    "EvalService": "relax_services.services.evaluator",
+    "ReferenceService": "relax_services.services.reference",
+    "RewardService": "relax_services.services.reward",
+    "decode_response": "relax_services.services.reward",
+    "RolloutService": "relax_services.services.rollout",
+    "sampling_seed": "relax_services.services.rollout",
+    "TrainerService": "relax_services.services.trainer",
+    "build_train_samples": "relax_services.services.trainer",
+    "informative_rows": "relax_services.services.trainer",
+    "make_loss_fn": "relax_services.services.trainer",
+    "trainer_fields": "relax_services.services.trainer",
+}
 
 __all__ = [
     "CriticService",
@@ -30,3 +58,16 @@ __all__ = [
     "sampling_seed",
     "trainer_fields",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

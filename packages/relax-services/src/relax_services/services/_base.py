@@ -8,7 +8,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from relax_queue import Batch, QueueReader
@@ -56,9 +56,13 @@ class ServiceBase:
     """
 
     beat_interval_s = 0.25
+    model_stack: ClassVar[bool] = True
+    """Whether the service runs a model (then its process is configured for torch; a service without one never
+    imports torch)."""
 
     def __init__(self, name: str, health: HealthHandle | None) -> None:
-        configure_process()
+        if self.model_stack:
+            configure_process()
         self.name = name
         self._health = health
         self._stop = threading.Event()

@@ -4,14 +4,19 @@ Scoring goes through relax-core's reward runner (``reward.fn`` or ``reward.name`
 ``reward.timeout_s``). A reward function that raises or times out marks that sample as failed (reward =
 ``reward.fallback_score``, the reason kept in ``reward_error``, counted in the metrics); it never stops the
 batch or the service.
+
+The service runs no model, so its process imports neither torch nor transformers: responses are decoded from the
+checkpoint's ``tokenizer.json`` by the ``tokenizers`` library (:class:`~relax_services._decoder.ResponseDecoder`,
+the same text as the transformers tokenizer).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from relax_core import build_reward_runner
-from relax_modalities.text import Tokenizer
 from relax_queue import FixedSizeBatcher, QueueClient, QueueTimeoutError
-from relax_services._policy import checkpoint_of
+from relax_services._decoder import Decoder, ResponseDecoder, checkpoint_folder
 from relax_services.config import RunConfig
 from relax_services.rows import reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
@@ -19,7 +24,7 @@ from relax_services.services._base import HealthHandle, ServiceBase
 __all__ = ["RewardService", "decode_response"]
 
 
-def decode_response(token_ids: list[int], tokenizer: Tokenizer) -> str:
+def decode_response(token_ids: list[int], tokenizer: Decoder) -> str:
     """Response text as the reward sees it: the checkpoint's tokenizer decodes it, special tokens (the eos among
     them) removed."""
     return tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -27,6 +32,8 @@ def decode_response(token_ids: list[int], tokenizer: Tokenizer) -> str:
 
 class RewardService(ServiceBase):
     """Reads ``response`` + ``meta`` of new samples, writes ``reward`` (float) and ``reward_error`` (str|None)."""
+
+    model_stack: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -39,7 +46,7 @@ class RewardService(ServiceBase):
     ) -> None:
         super().__init__(name, health)
         self.runner = build_reward_runner(cfg.reward.runner_config())
-        self.tokenizer = checkpoint_of(cfg.model).tokenizer
+        self.tokenizer = ResponseDecoder(checkpoint_folder(cfg.model.source, cfg.model.seed))
         self.queue = sample_queue
         self.reader = sample_queue.reader(
             "reward", fields=["response", "meta"], batcher=FixedSizeBatcher(batch_rows, partial=True)
