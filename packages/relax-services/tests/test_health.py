@@ -73,3 +73,35 @@ def test_memory_monitor_kills_are_recognised() -> None:
         assert memory_kill(outer)
     assert memory_kill(RuntimeError("last: killed by Ray's memory monitor (the node ran low on memory)"))
     assert not memory_kill(RuntimeError("process died"))
+
+
+def test_a_restart_builds_the_new_process_during_the_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replacement is created (its process imports the model stack and builds its engine) before the backoff
+    wait, and only its work loop waits for the backoff: a restart costs max(backoff, start-up), not their sum."""
+    import sys
+
+    events: list[str] = []
+    fake_ray = SimpleNamespace(kill=lambda handle, no_restart: events.append("kill"), get=lambda ref, timeout: ref)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", lambda s: (slept.append(s), events.append("sleep")))
+
+    class Spec:
+        name, role, restarts, pid, handle = "rollout-0", "rollout", 1, 11, object()
+
+        def spawn(self, namespace: str) -> None:
+            events.append(f"spawn {namespace} after {self.restarts} restarts")
+
+        def start_loop(self) -> int:
+            events.append("start loop")
+            self.pid = 12
+            return self.pid
+
+    forget = SimpleNamespace(remote=lambda name: events.append(f"forget {name}"))
+    pipeline = SimpleNamespace(namespace="ns", health=SimpleNamespace(forget=forget))
+    manager = HealthManager(HealthConfig(restart_backoff_s=4.0))
+    spec = Spec()
+    manager._restart_in_place(pipeline, spec)  # type: ignore[arg-type]
+    assert events == ["kill", "forget rollout-0", "spawn ns after 2 restarts", "sleep", "start loop"]
+    assert 0.0 <= slept[0] <= 8.0  # backoff 4 s × 2 ** 1 (its second restart), less what the steps before took
+    assert manager.events[-1]["event"] == "restarted" and manager.events[-1]["pid"] == 12
