@@ -141,11 +141,11 @@ def test_a_service_whose_loop_raised_is_rebuilt_in_its_process() -> None:
     service.start()
     _wait_until(lambda: service.steps > 0)
     with pytest.raises(RuntimeError, match="still running"):  # a live (or hung) loop: only a new process ends it
-        service.rebuild()
+        service.rebuild("reward", "t", health=None)
     service.inject("raise")
     _wait_until(lambda: service.status()["error"] is not None)
     assert service.status()["error"] == "RuntimeError: injected fault in reward"
-    assert service.rebuild() == service.pid()
+    assert service.rebuild("reward", "t", health=None) == service.pid()
     assert _Counting.built == 2 and service.tag == "t"  # built again with its original arguments
     assert service.status()["error"] is None
     _wait_until(lambda: service.steps > 0)  # a new loop runs, on fresh state
@@ -160,14 +160,15 @@ def _fake_restart_setup(monkeypatch: pytest.MonkeyPatch, rebuild_fails: bool) ->
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     monkeypatch.setattr(time, "sleep", lambda s: events.append("sleep"))
 
-    def rebuild() -> int:
-        events.append("rebuild")
+    def rebuild(name: str, *args: object, **kwargs: object) -> int:
+        events.append(f"rebuild {name} {args} {sorted(kwargs)}")
         if rebuild_fails:
             raise RuntimeError("broken process")
         return 11
 
     class Spec:
         name, role, restarts, pid = "reward", "reward", 0, 11
+        args, kwargs = ("cfg", "queue"), {"health": "monitor"}
         handle = SimpleNamespace(rebuild=SimpleNamespace(remote=rebuild))
 
         def spawn(self, namespace: str) -> None:
@@ -182,6 +183,9 @@ def _fake_restart_setup(monkeypatch: pytest.MonkeyPatch, rebuild_fails: bool) ->
     return events, Spec(), SimpleNamespace(namespace="ns", health=SimpleNamespace(forget=forget))
 
 
+REBUILD = "rebuild reward ('cfg', 'queue') ['health']"  # with the arguments the service was created with
+
+
 @pytest.mark.parametrize("rebuild_fails", [False, True])
 def test_a_raised_loop_is_rebuilt_in_place_and_a_failed_rebuild_replaces_the_process(
     monkeypatch: pytest.MonkeyPatch, rebuild_fails: bool
@@ -193,9 +197,9 @@ def test_a_raised_loop_is_rebuilt_in_place_and_a_failed_rebuild_replaces_the_pro
     manager.settle()
     last = manager.events[-1]
     if rebuild_fails:  # the backoff was spent before the rebuild: the new process starts at once
-        assert events == ["sleep", "forget", "rebuild", "kill", "forget", "spawn", "sleep", "start loop"]
+        assert events == ["sleep", "forget", REBUILD, "kill", "forget", "spawn", "sleep", "start loop"]
         assert last["process"] == "new" and last["pid"] == 12
     else:
-        assert events == ["sleep", "forget", "rebuild"]  # no kill, no new process
+        assert events == ["sleep", "forget", REBUILD]  # no kill, no new process
         assert last["process"] == "same" and last["pid"] == 11
     assert last["event"] == "restarted" and spec.restarts == 1

@@ -210,7 +210,7 @@ class HealthManager:
         time.sleep(backoff)
         try:
             ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
-            spec.pid = int(ray.get(spec.handle.rebuild.remote(), timeout=300))
+            spec.pid = int(ray.get(spec.handle.rebuild.remote(spec.name, *spec.args, **spec.kwargs), timeout=300))
         except Exception:  # a broken process: replace it
             return False
         spec.restarts += 1
