@@ -46,3 +46,25 @@ def test_a_fault_absorbed_by_a_global_restart_counts_as_recovered() -> None:
     assert "replaced by a global restart" in lines[1]
     assert "20.5s" in lines[1]
     assert "all recovered: yes" in lines[-1]
+
+
+def test_five_faults_hit_every_kind_and_every_default_role() -> None:
+    """``relax chaos --faults 5`` on the default GRPO run (four roles) covers each kind and each role, whatever the
+    seed (3 kinds and 4 roles fit in 5 faults)."""
+    roles = ("rollout", "reward", "reference", "trainer")
+    for seed in range(20):
+        faults = random_faults(5, seed=seed, total_steps=40, services=roles)
+        assert {f.kind for f in faults} == {"kill", "raise", "hang"}
+        assert {f.service for f in faults} == set(roles)
+
+
+def test_chaos_allows_a_global_restart_per_trainer_fault() -> None:
+    """Each Trainer fault is a global restart by design: seed 1's plan of 10 faults (three on the Trainer) must not
+    exhaust ``health.max_global_restarts`` (2 by default), and a larger allowance given stays."""
+    from relax_services.chaos import chaos_config
+
+    cfg = chaos_config(None, [], 10, seed=1)
+    trainer_faults = sum(f.service == "trainer" for f in cfg.faults)
+    assert trainer_faults == 3 and len(cfg.faults) == 10
+    assert cfg.health.max_global_restarts == trainer_faults + 1
+    assert chaos_config(None, ["health.max_global_restarts=9"], 10, seed=1).health.max_global_restarts == 9

@@ -9,7 +9,15 @@ from typing import Any
 
 from relax_services.config import FaultSpec, RunConfig
 
-__all__ = ["CHAOS_DEFAULTS", "chaos_targets", "fault_table", "random_faults", "run_chaos"]
+__all__ = [
+    "CHAOS_DEFAULTS",
+    "chaos_config",
+    "chaos_targets",
+    "fault_table",
+    "global_restarts_needed",
+    "random_faults",
+    "run_chaos",
+]
 
 CHAOS_DEFAULTS = [
     "trainer.total_steps=40",
@@ -45,14 +53,30 @@ def chaos_targets(cfg: RunConfig) -> tuple[str, ...]:
 def random_faults(
     n: int, seed: int, total_steps: int, services: tuple[str, ...] = ("rollout", "reward", "reference", "trainer")
 ) -> list[FaultSpec]:
-    """``n`` faults on random ``services``, of random kinds, at distinct random steps in the run's middle."""
+    """``n`` faults at distinct random steps in the run's middle, covering every kind and every one of
+    ``services`` as far as ``n`` allows: each is drawn from a shuffled round of the choices not used yet, so 3
+    faults are one of each kind and 5 faults on the four default roles hit each role and each kind."""
     rng = random.Random(seed)
     lo, hi = 2, max(3, total_steps - 4)
     steps = sorted(rng.sample(range(lo, hi), min(n, hi - lo)))
+    roles, kinds = _rounds(rng, services, len(steps)), _rounds(rng, _KINDS, len(steps))
     return [
-        FaultSpec.model_validate({"service": rng.choice(services), "kind": rng.choice(_KINDS), "at_step": s})
-        for s in steps
+        FaultSpec.model_validate({"service": role, "kind": kind, "at_step": s})
+        for role, kind, s in zip(roles, kinds, steps, strict=True)
     ]
+
+
+def _rounds(rng: random.Random, choices: tuple[str, ...], n: int) -> list[str]:
+    """``n`` picks from ``choices``: whole shuffled rounds of them, then part of one more."""
+    picks: list[str] = []
+    while len(picks) < n:
+        picks += rng.sample(choices, len(choices))
+    return picks[:n]
+
+
+def global_restarts_needed(faults: list[FaultSpec]) -> int:
+    """Global restarts a fault plan causes by design: one per Trainer fault (other roles restart in place)."""
+    return sum(f.service == "trainer" for f in faults)
 
 
 def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
@@ -85,19 +109,35 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
+def chaos_config(config: Path | None, overrides: list[str], n_faults: int, seed: int) -> RunConfig:
+    """The run config of ``relax chaos``: :data:`CHAOS_DEFAULTS` under ``overrides``, with ``n_faults`` seeded faults
+    on the run's roles, and enough global restarts allowed for them.
+
+    Raises:
+        ConfigError: for a bad config or override.
+    """
+    from relax_services.config import load_run_config
+
+    cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
+    faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
+    # Each Trainer fault is a global restart by design: the plan must not exhaust the run's allowance of them
+    # (one more is left for a service that keeps failing).
+    needed = global_restarts_needed(faults) + 1
+    health = cfg.health.model_copy(update={"max_global_restarts": max(cfg.health.max_global_restarts, needed)})
+    return cfg.model_copy(update={"faults": faults, "health": health})
+
+
 def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: int) -> int:
     """Run with ``n_faults`` random faults; print the fault table; exit status 1 if any fault was not recovered
     from or a prompt was lost or duplicated."""
     import sys
 
     from relax_core import ConfigError
-    from relax_services.config import load_run_config
     from relax_services.preflight import check_run, make_run_dir
 
     try:
-        cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
-        faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
-        cfg = cfg.model_copy(update={"faults": faults})
+        cfg = chaos_config(config, overrides, n_faults, seed)
+        faults = cfg.faults
         run_dir = make_run_dir(cfg, check_run(cfg))
     except ConfigError as exc:
         print(f"relax chaos: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from relax_core import (
     read_yaml_mapping,
 )
 from relax_services._reward_config import RunRewardConfig
+from relax_services._sizes import queue_bytes_problem
 
 __all__ = [
     "DataConfig",
@@ -387,6 +388,8 @@ class RunConfig(ConfigModel):
                 f"{self.algorithm.group_size} = {self.samples_per_step} samples per update do not fit in "
                 f"queue.max_rows={self.queue.max_rows}; raise queue.max_rows or lower trainer.groups_per_step"
             )
+        if (problem := queue_bytes_problem(self)) is not None:  # the byte bound's counterpart of the check above
+            raise ValueError(problem)
         if self.trainer.groups_per_step % self.trainer.micro_batch_groups:
             raise ValueError(
                 f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GlobalRestartNeeded", "HealthManager", "ServiceGaveUpError", "memory_kill"]
 
+_RAISED = "work loop raised: "
 _MEMORY_WORDS = ("memory monitor", "due to memory pressure", "running low on memory")
 
 
@@ -138,7 +139,7 @@ class HealthManager:
             if name in self._down_since:
                 failed[name] = self._down_reason.pop(name, "process died")
             elif beat is not None and beat.get("error"):
-                failed[name] = f"work loop raised: {beat['error']}"
+                failed[name] = f"{_RAISED}{beat['error']}"
             elif (
                 beat is not None
                 and beat["pid"] == spec.pid
@@ -168,25 +169,61 @@ class HealthManager:
             self.record_event("gave_up", spec.name, restarts=spec.restarts)
             self._down_since.clear()
             raise GlobalRestartNeeded(f"service {spec.name} failed {spec.restarts + 1} times; last: {reason}")
+        # A loop that raised left a live process with its model stack loaded: rebuild the service there first.
+        rebuild = reason.startswith(_RAISED) and spec.name not in self._down_since
         thread = threading.Thread(
-            target=self._restart_in_place, args=(pipeline, spec), name=f"restart-{spec.name}", daemon=True
+            target=self._restart_in_place, args=(pipeline, spec, rebuild), name=f"restart-{spec.name}", daemon=True
         )
         self._restarting[spec.name] = thread
         thread.start()
 
-    def _restart_in_place(self, pipeline: Pipeline, spec: ServiceSpec) -> None:
-        """Kill, back off, recreate (a new process imports the model stack: seconds to tens of seconds)."""
-        import ray
+    def _restart_in_place(self, pipeline: Pipeline, spec: ServiceSpec, rebuild: bool = False) -> None:
+        """Restart ``spec`` after the backoff: rebuilt in its own process when ``rebuild`` (its loop raised), else
+        (or when that fails) in a new process.
 
+        A new process is created at once and imports the model stack and builds its engine (seconds to tens of
+        seconds) while the backoff runs, so that restart takes the longer of the two rather than their sum; the
+        backoff still spaces the work loops of a service that keeps failing.
+        """
         t0 = time.monotonic()
+        backoff = self.cfg.restart_backoff_s * (2**spec.restarts)
         try:
-            with contextlib.suppress(Exception):  # already gone
-                ray.kill(spec.handle, no_restart=True)
-            time.sleep(self.cfg.restart_backoff_s * (2**spec.restarts))
-            ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
-            spec.restarts += 1
-            spec.create(pipeline.namespace)
+            if not (rebuild and self._rebuild(pipeline, spec, backoff)):
+                self._replace(pipeline, spec, backoff, t0)
+                rebuild = False
         except BaseException as exc:  # handed to the controller loop, which restarts the run
             self._restart_errors[spec.name] = exc
             return
-        self.record_event("restarted", spec.name, restarts=spec.restarts, pid=spec.pid, seconds=time.monotonic() - t0)
+        self.record_event(
+            "restarted",
+            spec.name,
+            restarts=spec.restarts,
+            pid=spec.pid,
+            seconds=time.monotonic() - t0,
+            process="same" if rebuild else "new",
+        )
+
+    def _rebuild(self, pipeline: Pipeline, spec: ServiceSpec, backoff: float) -> bool:
+        """Rebuild the service in its live process (no new imports); False when that fails."""
+        import ray
+
+        time.sleep(backoff)
+        try:
+            ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
+            spec.pid = int(ray.get(spec.handle.rebuild.remote(spec.name, *spec.args, **spec.kwargs), timeout=300))
+        except Exception:  # a broken process: replace it
+            return False
+        spec.restarts += 1
+        return True
+
+    def _replace(self, pipeline: Pipeline, spec: ServiceSpec, backoff: float, t0: float) -> None:
+        """Kill the service's process and start a new one, built during what is left of the backoff."""
+        import ray
+
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(spec.handle, no_restart=True)
+        ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
+        spec.restarts += 1
+        spec.spawn(pipeline.namespace)
+        time.sleep(max(0.0, backoff - (time.monotonic() - t0)))
+        spec.start_loop()

@@ -74,6 +74,12 @@ class ServiceSpec:
 
     def launch(self, namespace: str) -> ObjectRef[int]:
         """Create the actor and ask it to start; returns the start call's reference (its process id)."""
+        self.spawn(namespace)
+        started: ObjectRef[int] = self.handle.start.remote()
+        return started
+
+    def spawn(self, namespace: str) -> None:
+        """Create the actor without starting its work loop: its process imports and builds itself meanwhile."""
         import ray
 
         actor_cls: Any = ray.remote(self.cls)
@@ -86,8 +92,13 @@ class ServiceSpec:
         if self.resource is not None:
             options["resources"] = {self.resource: 0.01}
         self.handle = actor_cls.options(**options).remote(self.name, *self.args, **self.kwargs)
-        started: ObjectRef[int] = self.handle.start.remote()
-        return started
+
+    def start_loop(self, timeout: float = 300.0) -> int:
+        """Start the work loop of the actor :meth:`spawn` created, waiting until it runs; returns its process id."""
+        import ray
+
+        self.pid = int(ray.get(self.handle.start.remote(), timeout=timeout))
+        return self.pid
 
     def create(self, namespace: str, timeout: float = 300.0) -> ActorHandle[ServiceBase]:
         """Create and start the actor, waiting until its work loop runs."""

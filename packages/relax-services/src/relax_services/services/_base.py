@@ -8,7 +8,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, cast
 
 if TYPE_CHECKING:
     from relax_queue import Batch, QueueReader
@@ -89,6 +89,25 @@ class ServiceBase:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
+
+    def rebuild(self, *args: object, **kwargs: object) -> int:
+        """Build the service again in this process after its work loop raised, and start the new loop; returns the
+        process id.
+
+        What a new process would do, without importing the model stack again (most of a restart's time): the
+        constructor runs again with ``args`` and ``kwargs``, the arguments the service was created with (a new
+        engine, reader and state; the old loop's leases expire and their rows are redelivered, as after a kill).
+        They are passed again because Ray builds an actor with ``__new__`` and ``__init__`` apart.
+
+        Raises:
+            RuntimeError: If the work loop is still running (a hang: only a new process ends it).
+        """
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"{self.name}: the work loop is still running; it cannot be rebuilt in place")
+        self.stop(timeout=5.0)  # the loop is out: releases what the service holds (a reward runner's threads)
+        init = cast("Callable[..., None]", type(self).__init__)  # the subclass's own signature
+        init(self, *args, **kwargs)
+        return self.start()
 
     def pid(self) -> int:
         """The service's process id."""
