@@ -15,6 +15,8 @@ produced no version and nothing to publish; the caller restarts a new group from
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +28,7 @@ from typing import Any, Literal
 import torch
 
 from relax_services.engines.fsdp_train import FSDPConfig
-from relax_services.engines.protocols import LossFn, TrainSample
+from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
 
@@ -45,15 +47,21 @@ class TrainerGroupConfig:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
         step_timeout_s: A call not answered by every rank within this many seconds fails the group (a hung
             rank); also the process group's collective timeout.
+        start_timeout_s: Seconds the ranks may take to start (import the model stack, build the model, join
+            the process group) before the group fails.
         num_cpus_per_rank: Ray CPUs reserved per rank.
         num_gpus_per_rank: Ray GPUs reserved per rank (1 with NCCL).
+        resource: A Ray custom resource every rank requires 0.01 of (``run.placement``'s pinning of the
+            Trainer's role to chosen nodes); None: Ray places the ranks freely.
     """
 
     world_size: int = 2
     backend: Literal["gloo", "nccl"] = "gloo"
     step_timeout_s: float = 600.0
+    start_timeout_s: float = 600.0
     num_cpus_per_rank: float = 1.0
     num_gpus_per_rank: float = 0.0
+    resource: str | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -62,6 +70,8 @@ class TrainerGroupConfig:
             raise ValueError(f"TrainerGroupConfig.backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"TrainerGroupConfig.step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"TrainerGroupConfig.start_timeout_s must be > 0, got {self.start_timeout_s}")
 
 
 class TrainerGroupFailed(RuntimeError):
@@ -92,11 +102,22 @@ class _TrainerRank:
         )
         self.rank = rank
         self.engine = FSDPTrainEngine(model_factory(), config, fsdp)
+        self._die_in_next_step = False
 
     def ready(self) -> int:
         return self.rank
 
+    def pid(self) -> int:
+        return os.getpid()
+
+    def arm_kill(self) -> None:
+        """Fault injection: this rank's process dies (SIGKILL) in its first loss call of the next update, while
+        the other ranks are inside that update's collectives."""
+        self._die_in_next_step = True
+
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        if self._die_in_next_step:
+            loss_fn = _dying(loss_fn)
         return self.engine.step(batch, loss_fn)
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,8 +197,12 @@ class TrainerGroup:
 
         self.group = group or TrainerGroupConfig()
         address = f"{ray.util.get_node_ip_address()}:{_free_port()}"  # type: ignore[no-untyped-call]
+        resources = {} if self.group.resource is None else {self.group.resource: 0.01}
         actor = ray.remote(
-            num_cpus=self.group.num_cpus_per_rank, num_gpus=self.group.num_gpus_per_rank, max_restarts=0
+            num_cpus=self.group.num_cpus_per_rank,
+            num_gpus=self.group.num_gpus_per_rank,
+            resources=resources,
+            max_restarts=0,
         )(_TrainerRank)
         self._ranks: list[Any] = [
             actor.remote(r, self.group, address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig())
@@ -185,7 +210,7 @@ class TrainerGroup:
         ]
         self._failed: str | None = None
         self._version = 0
-        self._call("ready")
+        self._call("ready", timeout_s=self.group.start_timeout_s)
 
     @property
     def alive(self) -> bool:
@@ -198,10 +223,15 @@ class TrainerGroup:
         return self._version
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
-        """One update on every rank; its version exists only once every rank has finished it."""
+        """One update on every rank; its version exists only once every rank has finished it.
+
+        Raises:
+            TrainerGroupFailed: A rank failed, died or hung in it (the message names the update, version + 1).
+        """
         import ray
 
-        metrics: dict[str, float] = self._call("step", ray.put(list(batch)), loss_fn)[0]
+        update = f"update {self._version + 1}"
+        metrics: dict[str, float] = self._call("step", ray.put(list(batch)), loss_fn, what=update)[0]
         self._version += 1
         return metrics
 
@@ -246,6 +276,18 @@ class TrainerGroup:
         """Restores a sharded checkpoint saved by a group of any world size."""
         self._version = int(self._call("load_checkpoint", str(folder))[0])
 
+    def rank_pids(self) -> list[int]:
+        """Process id of every rank, in rank order."""
+        return [int(pid) for pid in self._call("pid")]
+
+    def arm_kill(self, rank: int) -> None:
+        """Fault injection: ``rank``'s process dies inside the next update (the group then fails as a unit)."""
+        import ray
+
+        if not 0 <= rank < self.group.world_size:
+            raise ValueError(f"rank {rank} is not in a group of world_size {self.group.world_size}")
+        ray.get(self._ranks[rank].arm_kill.remote(), timeout=self.group.step_timeout_s)
+
     def shutdown(self) -> None:
         """Stops every rank."""
         import ray
@@ -254,9 +296,10 @@ class TrainerGroup:
             ray.kill(actor)
         self._ranks = []
 
-    def _call(self, method: str, *args: object) -> list[Any]:
+    def _call(self, method: str, *args: object, timeout_s: float | None = None, what: str = "") -> list[Any]:
         """``method(*args)`` on every rank; the answers in rank order. Fails the group on the first rank error,
-        a dead rank, or no complete answer within ``step_timeout_s``."""
+        a dead rank, or no complete answer within ``timeout_s`` (default ``step_timeout_s``); ``what`` names the
+        call in the failure's message."""
         import ray
 
         if self._failed is not None:
@@ -264,21 +307,32 @@ class TrainerGroup:
         refs = [getattr(actor, method).remote(*args) for actor in self._ranks]
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
-        deadline = time.monotonic() + self.group.step_timeout_s
+        deadline = time.monotonic() + (self.group.step_timeout_s if timeout_s is None else timeout_s)
+        label = f"{method} ({what})" if what else method
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not finish {method} in time")
+                self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not finish {label} in time")
             try:
                 ray.get(ready[0])
             except Exception as exc:  # a rank's own error or its process's death: either way the group is broken
-                self._fail(f"rank {rank_of[ready[0]]} failed in {method}: {type(exc).__name__}: {exc}")
+                self._fail(f"rank {rank_of[ready[0]]} failed in {label}: {type(exc).__name__}: {exc}")
         return list(ray.get(refs))
 
     def _fail(self, reason: str) -> None:
         self._failed = reason
         self.shutdown()  # the other ranks are blocked in a collective with the broken one
         raise TrainerGroupFailed(reason)
+
+
+def _dying(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` whose first call kills this process (SIGKILL: no cleanup, as a crash or the OOM killer)."""
+
+    def die(inputs: LossInputs) -> torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return loss_fn(inputs)
+
+    return die
 
 
 def _free_port() -> int:
