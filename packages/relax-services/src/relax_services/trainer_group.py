@@ -131,10 +131,12 @@ class _TrainerRank:
         return state if self.rank == 0 else None
 
     def full_state(self) -> dict[str, Any] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from relax_services.engines.fsdp_train import train_state
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model, optimizer = get_state_dict(self.engine.model, self.engine.optimizer, options=options)
+        model, optimizer = train_state(self.engine.model, self.engine.optimizer, options)
         if self.rank != 0:
             return None
         return {
@@ -146,17 +148,13 @@ class _TrainerRank:
         }
 
     def load_full_state(self, state: Mapping[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from relax_services.engines.fsdp_train import load_train_state
 
         engine = self.engine
         options = StateDictOptions(full_state_dict=True, strict=False)  # strict=False: see FSDPTrainEngine
-        set_state_dict(
-            engine.model,
-            engine.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=options,
-        )
+        load_train_state(engine.model, engine.optimizer, state["model"], state["optimizer"], options)
         engine.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         engine._version = int(state["version"])
