@@ -3,6 +3,8 @@ name the fields."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from relax_core import ConfigError
@@ -93,3 +95,20 @@ def test_scoring_services_get_a_single_process_copy() -> None:
     assert (cfg.trainer.engine, cfg.trainer.world_size) == ("fsdp", 2)  # the run's own config is unchanged
     plain = load_run_config(None, [])
     assert single_process(plain) is plain
+
+
+def test_resume_may_change_the_world_size_of_a_group_but_not_its_engine(tmp_path: Path) -> None:
+    from relax_core import dump_config
+    from relax_services.resume import resume_config
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    named = [f"run.output_dir={tmp_path}", "run.name=r"]
+    saved = load_run_config(None, [*named, "trainer.world_size=2"])
+    (run_dir / "config.yaml").write_text(dump_config(saved))
+    cfg, changed = resume_config(run_dir, None, [*named, "trainer.world_size=1"])
+    assert (cfg.trainer.engine, cfg.trainer.world_size) == ("fsdp", 1)  # the saved engine id, not re-derived
+    assert changed == {"trainer.world_size": (2, 1)}
+    # The single-process engine keeps its optimizer by index, the group's checkpoint by parameter name.
+    with pytest.raises(ConfigError, match=r"trainer.engine: cannot change on --resume"):
+        resume_config(run_dir, None, [*named, "trainer.world_size=1", "trainer.engine=torch"])
