@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,8 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not re-exported for mypy
 
-from relax_services.engines.fsdp_train import FSDPConfig
+from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
@@ -81,31 +82,45 @@ class TrainerGroupFailed(RuntimeError):
 class _TrainerRank:
     """Body of one rank's Ray actor: joins the process group and owns that rank's engine."""
 
-    def __init__(
-        self,
-        rank: int,
-        group: TrainerGroupConfig,
-        address: str,
-        model_factory: ModelFactory,
-        config: TorchTrainConfig,
-        fsdp: FSDPConfig,
-    ) -> None:
-        import torch.distributed as dist
-
-        from relax_services.engines.fsdp_train import FSDPTrainEngine
+    def __init__(self, rank: int, group: TrainerGroupConfig) -> None:
         from relax_services.services._base import configure_process
 
         configure_process()
-        timeout = timedelta(seconds=group.step_timeout_s)
-        dist.init_process_group(
-            group.backend, init_method=f"tcp://{address}", rank=rank, world_size=group.world_size, timeout=timeout
-        )
         self.rank = rank
-        self.engine = FSDPTrainEngine(model_factory(), config, fsdp)
+        self.group = group
+        self._store: TCPStore | None = None
         self._die_in_next_step = False
+        self.engine: FSDPTrainEngine
 
-    def ready(self) -> int:
+    def open_store(self) -> str:
+        """Rank 0: the rendezvous store on a port the OS picks while binding it (a port chosen first and bound
+        later could be taken by another process in between); returns its ``host:port``."""
+        import ray
+
+        host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        self._store = TCPStore(
+            host, 0, self.group.world_size, is_master=True, timeout=self._timeout, wait_for_workers=False
+        )
+        return f"{host}:{self._store.port}"
+
+    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> int:
+        """Join the process group through rank 0's store at ``address`` and build this rank's engine."""
+        if self._store is None:
+            host, _, port = address.rpartition(":")
+            self._store = TCPStore(host, int(port), self.group.world_size, is_master=False, timeout=self._timeout)
+        dist.init_process_group(
+            self.group.backend,
+            store=self._store,
+            rank=self.rank,
+            world_size=self.group.world_size,
+            timeout=self._timeout,
+        )
+        self.engine = FSDPTrainEngine(model_factory(), config, fsdp)
         return self.rank
+
+    @property
+    def _timeout(self) -> timedelta:
+        return timedelta(seconds=self.group.step_timeout_s)
 
     def pid(self) -> int:
         return os.getpid()
@@ -174,8 +189,8 @@ class _TrainerRank:
 class TrainerGroup:
     """:class:`~relax_services.engines.TrainEngine` over ``world_size`` Ray actors training one sharded model.
 
-    Needs a running Ray (``ray.init``). The rendezvous address is a free port on this node, handed to every
-    rank (the controller's role in a run).
+    Needs a running Ray (``ray.init``). Rendezvous: rank 0 opens a ``TCPStore`` on a port the OS assigns it
+    and the group hands that address to the other ranks.
 
     Args:
         model_factory: Builds each rank's model (picklable).
@@ -194,7 +209,6 @@ class TrainerGroup:
         import ray
 
         self.group = group or TrainerGroupConfig()
-        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"  # type: ignore[no-untyped-call]
         resources = {} if self.group.resource is None else {self.group.resource: 0.01}
         actor = ray.remote(
             num_cpus=self.group.num_cpus_per_rank,
@@ -202,13 +216,12 @@ class TrainerGroup:
             resources=resources,
             max_restarts=0,
         )(_TrainerRank)
-        self._ranks: list[Any] = [
-            actor.remote(r, self.group, address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig())
-            for r in range(self.group.world_size)
-        ]
+        self._ranks: list[Any] = [actor.remote(r, self.group) for r in range(self.group.world_size)]
         self._failed: str | None = None
         self._version = 0
-        self._call("ready", timeout_s=self.group.start_timeout_s)
+        start = self.group.start_timeout_s
+        address = str(self._call("open_store", timeout_s=start, ranks=1)[0])
+        self._call("join", address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig(), timeout_s=start)
 
     @property
     def alive(self) -> bool:
@@ -294,15 +307,17 @@ class TrainerGroup:
             ray.kill(actor)
         self._ranks = []
 
-    def _call(self, method: str, *args: object, timeout_s: float | None = None, what: str = "") -> list[Any]:
-        """``method(*args)`` on every rank; the answers in rank order. Fails the group on the first rank error,
-        a dead rank, or no complete answer within ``timeout_s`` (default ``step_timeout_s``); ``what`` names the
-        call in the failure's message."""
+    def _call(
+        self, method: str, *args: object, timeout_s: float | None = None, what: str = "", ranks: int | None = None
+    ) -> list[Any]:
+        """``method(*args)`` on every rank (or the first ``ranks``); the answers in rank order. Fails the group on
+        the first rank error, a dead rank, or no complete answer within ``timeout_s`` (default
+        ``step_timeout_s``); ``what`` names the call in the failure's message."""
         import ray
 
         if self._failed is not None:
             raise TrainerGroupFailed(f"the trainer group has failed earlier ({self._failed}); start a new one")
-        refs = [getattr(actor, method).remote(*args) for actor in self._ranks]
+        refs = [getattr(actor, method).remote(*args) for actor in self._ranks[:ranks]]
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
         deadline = time.monotonic() + (self.group.step_timeout_s if timeout_s is None else timeout_s)
@@ -331,9 +346,3 @@ def _dying(loss_fn: LossFn) -> LossFn:
         return loss_fn(inputs)
 
     return die
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
