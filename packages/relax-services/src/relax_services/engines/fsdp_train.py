@@ -28,7 +28,13 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    OptimizerStateType,
+    StateDictOptions,
+    ValueType,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -444,7 +450,7 @@ class FSDPValueEngine(FSDPTrainEngine):
 
 def train_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, ValueType], OptimizerStateType]:
     """``get_state_dict(model, optimizer)`` without its side effect on an optimizer that has not stepped yet.
 
     ``get_state_dict`` creates a fresh optimizer's state by stepping it once at lr 0 with zero gradients: the
@@ -464,14 +470,18 @@ def train_state(
 def load_train_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    model_state: Mapping[str, Any],
-    optim_state: Mapping[str, Any],
+    model_state: Mapping[str, object],
+    optim_state: Mapping[str, object],
     options: StateDictOptions | None = None,
 ) -> None:
     """``set_state_dict``; an optimizer state without moments (saved before the first update) leaves the optimizer
     without any, instead of the lr-0 step ``set_state_dict`` takes to create them (see :func:`train_state`)."""
     set_state_dict(
-        model, optimizer, model_state_dict=dict(model_state), optim_state_dict=dict(optim_state), options=options
+        model,
+        optimizer,
+        model_state_dict=cast("dict[str, ValueType]", dict(model_state)),
+        optim_state_dict=cast(OptimizerStateType, dict(optim_state)),
+        options=options,
     )
     if not optim_state.get("state"):
         optimizer.state.clear()
