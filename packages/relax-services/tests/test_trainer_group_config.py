@@ -112,3 +112,17 @@ def test_resume_may_change_the_world_size_of_a_group_but_not_its_engine(tmp_path
     # The single-process engine keeps its optimizer by index, the group's checkpoint by parameter name.
     with pytest.raises(ConfigError, match=r"trainer.engine: cannot change on --resume"):
         resume_config(run_dir, None, [*named, "trainer.world_size=1", "trainer.engine=torch"])
+
+
+def test_the_group_layout_is_relax_parallels_data_parallel_plan() -> None:
+    from relax_parallel import ParallelConfig, ParallelPlan
+    from relax_services.trainer_group import TrainerGroupConfig
+
+    group = TrainerGroupConfig(world_size=2)
+    assert group.layout == ParallelConfig(dp=2)
+    # The mesh every rank builds: ("pp", "dp", "cp", "tp") = (1, 2, 1, 1); the engine shards over "dp".
+    assert ParallelPlan.from_config(group.layout).mesh_shape() == (1, 2, 1, 1)
+    with pytest.raises(ValueError, match=r"must be data-parallel over the world_size=2 ranks.*tp=2"):
+        TrainerGroupConfig(world_size=2, parallel=ParallelConfig(tp=2))
+    with pytest.raises(ValueError, match=r"world_size=2 ranks .*dp=4"):
+        TrainerGroupConfig(world_size=2, parallel=ParallelConfig(dp=4))

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not re-exported for mypy
 
+from relax_parallel import ParallelConfig, ParallelPlan
 from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine
 from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores
@@ -54,6 +55,10 @@ class TrainerGroupConfig:
         num_gpus_per_rank: Ray GPUs reserved per rank (1 with NCCL).
         resource: A Ray custom resource every rank requires 0.01 of (``run.placement``'s pinning of the
             Trainer's role to chosen nodes); None: Ray places the ranks freely.
+        parallel: relax-parallel's layout of the group, realised as each rank's ``DeviceMesh``
+            (:meth:`relax_parallel.ParallelPlan.device_mesh`, the FSDP engine sharding over its ``dp``
+            dimension); None: data-parallel over every rank (``dp = world_size``). Only ``dp`` may exceed 1 (the
+            engine has no tensor, context, pipeline or expert parallelism yet).
     """
 
     world_size: int = 2
@@ -63,6 +68,7 @@ class TrainerGroupConfig:
     num_cpus_per_rank: float = 1.0
     num_gpus_per_rank: float = 0.0
     resource: str | None = None
+    parallel: ParallelConfig | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -73,6 +79,18 @@ class TrainerGroupConfig:
             raise ValueError(f"TrainerGroupConfig.step_timeout_s must be > 0, got {self.step_timeout_s}")
         if self.start_timeout_s <= 0:
             raise ValueError(f"TrainerGroupConfig.start_timeout_s must be > 0, got {self.start_timeout_s}")
+        layout = self.layout
+        others = {d: getattr(layout, d) for d in ("tp", "pp", "cp", "ep") if getattr(layout, d) != 1}
+        if others or layout.dp != self.world_size:
+            raise ValueError(
+                f"TrainerGroupConfig.parallel must be data-parallel over the world_size={self.world_size} ranks "
+                f"(dp={self.world_size}, tp = pp = cp = ep = 1), got {layout.short()}"
+            )
+
+    @property
+    def layout(self) -> ParallelConfig:
+        """The group's parallel layout (``parallel``, or data-parallel over every rank)."""
+        return self.parallel if self.parallel is not None else ParallelConfig(dp=self.world_size)
 
 
 class TrainerGroupFailed(RuntimeError):
@@ -115,7 +133,9 @@ class _TrainerRank:
             world_size=self.group.world_size,
             timeout=self._timeout,
         )
-        self.engine = FSDPTrainEngine(model_factory(), config, fsdp)
+        plan = ParallelPlan.from_config(self.group.layout, service="trainer")
+        mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
+        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"])
         return self.rank
 
     @property
