@@ -160,6 +160,22 @@ def checkpoints(out: dict[str, Any], folder: Path) -> None:
     out["step_s_2"] = (time.perf_counter() - start) / 2
 
 
+def step0_checkpoint(out: dict[str, Any], folder: Path) -> None:
+    """A state dict and a checkpoint taken before the first update (a run's step-0 checkpoint) must not change
+    the updates that follow, nor those of an engine resumed from it."""
+    early = FSDPTrainEngine(build_tiny_omni(0), CONFIG)
+    early.state_dict()
+    save_checkpoint(early, folder / "ckpt0")
+    out["step0_moments"] = len(early.optimizer.state)
+    _train(early, range(UPDATES))
+    out["step0_weights"] = early.policy_state()
+    resumed = FSDPTrainEngine(build_tiny_omni(5), CONFIG)
+    load_checkpoint(resumed, folder / "ckpt0")
+    out["step0_resumed_moments"] = len(resumed.optimizer.state)
+    _train(resumed, range(UPDATES))
+    out["step0_resumed_weights"] = resumed.policy_state()
+
+
 def buckets(out: dict[str, Any], engine: FSDPTrainEngine) -> None:
     """Stream the trained weights into a fresh rollout-side model, with small and large buckets."""
     for name, size in (("small", SMALL_BUCKET), ("large", 2**30)):
@@ -184,6 +200,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
         critic(out)
         t3 = time.perf_counter()
         checkpoints(out, Path(out_dir))
+        step0_checkpoint(out, Path(out_dir))
         out["phase_s"] = {
             "gloo": t1 - t0,
             "equivalence": t2 - t1,

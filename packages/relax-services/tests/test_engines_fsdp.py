@@ -122,6 +122,15 @@ def test_two_ranks_train_the_weights_one_process_trains(ranks: list[dict[str, An
     assert torch.equal(ranks[0]["weights"][name], reference["initial"][name])
 
 
+def test_a_state_dict_before_the_first_update_changes_nothing(ranks: list[dict[str, Any]]) -> None:
+    # get_state_dict creates a fresh optimizer's moments with an lr-0 step, which made AdamW count the first
+    # real update as its second (other bias correction: the weights moved differently, ~lr/4 after one update).
+    for r in ranks:
+        assert r["step0_moments"] == 0 and r["step0_resumed_moments"] == 0
+    assert _equal(ranks[0]["step0_weights"], ranks[0]["weights"])  # as the engine that never took a state dict
+    assert _equal(ranks[0]["step0_resumed_weights"], ranks[0]["weights"])
+
+
 def test_two_ranks_report_the_single_process_metrics(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     for ours, theirs in zip(ranks[0]["metrics"], reference["metrics"], strict=True):
         assert ours.keys() == theirs.keys()

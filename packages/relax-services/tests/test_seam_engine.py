@@ -109,7 +109,7 @@ def test_rollout_service_builds_seeds_and_runs_the_engine_the_config_names() -> 
 def test_unknown_engine_ids_name_the_field_and_the_known_ids() -> None:
     with pytest.raises(ValueError, match=r"rollout\.engine='nope' is not a registered engine; known: hf"):
         make_rollout_engine(load_run_config(None, ["rollout.engine=nope"]))
-    with pytest.raises(ValueError, match=r"trainer\.engine='nope' is not a registered engine; known: torch"):
+    with pytest.raises(ValueError, match=r"trainer\.engine='nope' is not a registered engine; known: fsdp, torch"):
         make_train_engine(load_run_config(None, ["trainer.engine=nope"]))
 
 

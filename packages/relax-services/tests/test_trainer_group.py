@@ -57,6 +57,8 @@ def test_a_two_rank_group_trains_like_one_process_fails_whole_and_restarts_on_on
     )
     try:
         assert isinstance(group, TrainEngine)
+        # A full state taken before the first update (a run's step-0 checkpoint) must not change that update.
+        assert group.state_dict()["optimizer"]["state"] == {}
         metrics = group.step(worker.batch(0), worker.pg_token_mean)
         ref_metrics = reference.step(worker.batch(0), worker.pg_token_mean)
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)

@@ -19,10 +19,13 @@ from relax_services.models import Checkpoint, build_value_model, open_checkpoint
 if TYPE_CHECKING:
     import torch
 
+    from relax_services.trainer_group import TrainerGroup
+
 __all__ = [
     "build_hf_rollout_engine",
     "build_policy",
     "build_train_engine",
+    "build_trainer_group",
     "build_value_engine",
     "checkpoint_of",
     "sampling_params",
@@ -55,6 +58,41 @@ def build_train_engine(cfg: RunConfig, model: torch.nn.Module | None = None) -> 
     """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
     weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
     return TorchTrainEngine(model if model is not None else build_policy(cfg.model), _train_config(cfg))
+
+
+class _GivenModel:
+    """Model factory of a rank that starts from given weights: pickled to each rank, so each gets its own copy."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(self) -> torch.nn.Module:
+        return self.model
+
+
+def build_trainer_group(cfg: RunConfig, model: torch.nn.Module | None = None) -> TrainerGroup:
+    """``trainer.engine=fsdp``: ``trainer.world_size`` Ray actors training one FSDP2-sharded policy with the
+    single-process engine's settings (``micro_batch_groups`` per rank). gloo on CPU, NCCL on GPU.
+
+    A hung rank stops the Trainer's loop, which the health manager's heartbeat timeout catches first; the group's
+    own call timeout (twice that, at least two minutes) is the backstop that also bounds its collectives.
+    """
+    import functools
+
+    from relax_services.trainer_group import TrainerGroup, TrainerGroupConfig
+
+    train = _train_config(cfg)
+    cuda = train.device.startswith("cuda")
+    group = TrainerGroupConfig(
+        world_size=cfg.trainer.world_size,
+        backend="nccl" if cuda else "gloo",
+        step_timeout_s=max(2 * cfg.health.heartbeat_timeout_s, 120.0),
+        num_cpus_per_rank=0.0,  # as every service actor: the ranks share the node's cores with the other services
+        num_gpus_per_rank=1.0 if cuda else 0.0,
+        resource=cfg.run.placement.get("trainer"),
+    )
+    factory = functools.partial(build_policy, cfg.model) if model is None else _GivenModel(model)
+    return TrainerGroup(factory, train, group=group)
 
 
 def build_value_engine(cfg: RunConfig) -> TorchValueEngine:

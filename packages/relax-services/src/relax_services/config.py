@@ -27,6 +27,7 @@ from relax_core import (
 )
 from relax_services._reward_config import RunRewardConfig
 from relax_services._sizes import queue_bytes_problem
+from relax_services._trainer_group_config import check_trainer_group, default_train_engine
 
 __all__ = [
     "DataConfig",
@@ -153,7 +154,15 @@ class TrainerConfig(ConfigModel):
     """The Trainer service: what one update consumes and how long the run lasts."""
 
     engine: str = "torch"
-    """Training engine: an id of ``relax_services.engines.registry.TRAIN_ENGINES`` (``torch``: single process)."""
+    """Training engine: an id of ``relax_services.engines.registry.TRAIN_ENGINES`` (``torch``: single process;
+    ``fsdp``: a group of ``world_size`` ranks on torch FSDP2). When not given: ``fsdp`` if ``world_size`` > 1."""
+
+    world_size: int = pydantic.Field(default=1, ge=1)
+    """Ranks of the Trainer (Ray actors forming one process group, FSDP2-sharded; 1: one process). Every rank
+    trains on an equal share of each minibatch, so ``groups_per_step / minibatches × algorithm.group_size``
+    must be a multiple of it (whole groups per rank when ``groups_per_step / minibatches`` is); with
+    ``algorithm.filter_groups``, ``algorithm.group_size`` must be (any number of kept groups then splits
+    evenly). ``micro_batch_groups`` bounds each rank's micro-batch."""
 
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
@@ -211,6 +220,11 @@ class TrainerConfig(ConfigModel):
                 data = {**data, "micro_batch_groups": max(n for n in range(1, min(step, cap) + 1) if step % n == 0)}
         return data
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _default_engine(cls, data: object) -> object:
+        return default_train_engine(data)
+
 
 class QueueSettings(ConfigModel):
     """The TransferQueue between services."""
@@ -255,8 +269,9 @@ class FaultSpec(ConfigModel):
     service: Literal["rollout", "reward", "reference", "critic", "trainer"]
     """Which service to hit."""
 
-    kind: Literal["kill", "raise", "hang"] = "kill"
-    """SIGKILL its process, raise inside its work loop, or hang its work loop."""
+    kind: Literal["kill", "raise", "hang", "kill_rank"] = "kill"
+    """SIGKILL its process, raise inside its work loop, or hang its work loop; ``kill_rank`` (the Trainer with
+    ``trainer.world_size`` > 1): the last rank's process dies inside the next update."""
 
     at_step: int = pydantic.Field(default=5, ge=0)
     """Inject once the trainer has reached this version."""
@@ -395,6 +410,7 @@ class RunConfig(ConfigModel):
                 f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
                 f"trainer.micro_batch_groups={self.trainer.micro_batch_groups}"
             )
+        check_trainer_group(self)
         return self
 
     @property

@@ -24,6 +24,7 @@ SAFE_ON_RESUME: tuple[str, ...] = (
     "trainer.checkpoint_every",
     "trainer.checkpoint_every_s",
     "trainer.keep_checkpoints",
+    "trainer.world_size",
     "eval.every_steps",
     "health",
     "faults",
@@ -31,7 +32,9 @@ SAFE_ON_RESUME: tuple[str, ...] = (
     "run",
 )
 """Dotted keys (or whole sections) an override may change on ``--resume``: the run's length and budget, how often
-it checkpoints and evaluates, fault handling, and where and how it reports."""
+it checkpoints and evaluates, the ranks of a Trainer group (its checkpoint holds the full state, which a group of
+any world size loads; the updates stay the same to float rounding), fault handling, and where and how it
+reports."""
 
 _IDENTITY = ("run.output_dir", "run.name")  # name the run folder; the saved copy may spell them differently
 

@@ -15,7 +15,8 @@ produced no version and nothing to publish; the caller restarts a new group from
 
 from __future__ import annotations
 
-import socket
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not re-exported for mypy
 
-from relax_services.engines.fsdp_train import FSDPConfig
-from relax_services.engines.protocols import LossFn, TrainSample
+from relax_parallel import ParallelConfig, ParallelPlan
+from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine
+from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
 from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
 
@@ -45,15 +49,26 @@ class TrainerGroupConfig:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
         step_timeout_s: A call not answered by every rank within this many seconds fails the group (a hung
             rank); also the process group's collective timeout.
+        start_timeout_s: Seconds the ranks may take to start (import the model stack, build the model, join
+            the process group) before the group fails.
         num_cpus_per_rank: Ray CPUs reserved per rank.
         num_gpus_per_rank: Ray GPUs reserved per rank (1 with NCCL).
+        resource: A Ray custom resource every rank requires 0.01 of (``run.placement``'s pinning of the
+            Trainer's role to chosen nodes); None: Ray places the ranks freely.
+        parallel: relax-parallel's layout of the group, realised as each rank's ``DeviceMesh``
+            (:meth:`relax_parallel.ParallelPlan.device_mesh`, the FSDP engine sharding over its ``dp``
+            dimension); None: data-parallel over every rank (``dp = world_size``). Only ``dp`` may exceed 1 (the
+            engine has no tensor, context, pipeline or expert parallelism yet).
     """
 
     world_size: int = 2
     backend: Literal["gloo", "nccl"] = "gloo"
     step_timeout_s: float = 600.0
+    start_timeout_s: float = 600.0
     num_cpus_per_rank: float = 1.0
     num_gpus_per_rank: float = 0.0
+    resource: str | None = None
+    parallel: ParallelConfig | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -62,6 +77,20 @@ class TrainerGroupConfig:
             raise ValueError(f"TrainerGroupConfig.backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"TrainerGroupConfig.step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"TrainerGroupConfig.start_timeout_s must be > 0, got {self.start_timeout_s}")
+        layout = self.layout
+        others = {d: getattr(layout, d) for d in ("tp", "pp", "cp", "ep") if getattr(layout, d) != 1}
+        if others or layout.dp != self.world_size:
+            raise ValueError(
+                f"TrainerGroupConfig.parallel must be data-parallel over the world_size={self.world_size} ranks "
+                f"(dp={self.world_size}, tp = pp = cp = ep = 1), got {layout.short()}"
+            )
+
+    @property
+    def layout(self) -> ParallelConfig:
+        """The group's parallel layout (``parallel``, or data-parallel over every rank)."""
+        return self.parallel if self.parallel is not None else ParallelConfig(dp=self.world_size)
 
 
 class TrainerGroupFailed(RuntimeError):
@@ -71,32 +100,59 @@ class TrainerGroupFailed(RuntimeError):
 class _TrainerRank:
     """Body of one rank's Ray actor: joins the process group and owns that rank's engine."""
 
-    def __init__(
-        self,
-        rank: int,
-        group: TrainerGroupConfig,
-        address: str,
-        model_factory: ModelFactory,
-        config: TorchTrainConfig,
-        fsdp: FSDPConfig,
-    ) -> None:
-        import torch.distributed as dist
-
-        from relax_services.engines.fsdp_train import FSDPTrainEngine
+    def __init__(self, rank: int, group: TrainerGroupConfig) -> None:
         from relax_services.services._base import configure_process
 
         configure_process()
-        timeout = timedelta(seconds=group.step_timeout_s)
-        dist.init_process_group(
-            group.backend, init_method=f"tcp://{address}", rank=rank, world_size=group.world_size, timeout=timeout
-        )
         self.rank = rank
-        self.engine = FSDPTrainEngine(model_factory(), config, fsdp)
+        self.group = group
+        self._store: TCPStore | None = None
+        self._die_in_next_step = False
+        self.engine: FSDPTrainEngine
 
-    def ready(self) -> int:
+    def open_store(self) -> str:
+        """Rank 0: the rendezvous store on a port the OS picks while binding it (a port chosen first and bound
+        later could be taken by another process in between); returns its ``host:port``."""
+        import ray
+
+        host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        self._store = TCPStore(
+            host, 0, self.group.world_size, is_master=True, timeout=self._timeout, wait_for_workers=False
+        )
+        return f"{host}:{self._store.port}"
+
+    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> int:
+        """Join the process group through rank 0's store at ``address`` and build this rank's engine."""
+        if self._store is None:
+            host, _, port = address.rpartition(":")
+            self._store = TCPStore(host, int(port), self.group.world_size, is_master=False, timeout=self._timeout)
+        dist.init_process_group(
+            self.group.backend,
+            store=self._store,
+            rank=self.rank,
+            world_size=self.group.world_size,
+            timeout=self._timeout,
+        )
+        plan = ParallelPlan.from_config(self.group.layout, service="trainer")
+        mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
+        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"])
         return self.rank
 
+    @property
+    def _timeout(self) -> timedelta:
+        return timedelta(seconds=self.group.step_timeout_s)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def arm_kill(self) -> None:
+        """Fault injection: this rank's process dies (SIGKILL) in its first loss call of the next update, while
+        the other ranks are inside that update's collectives."""
+        self._die_in_next_step = True
+
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        if self._die_in_next_step:
+            loss_fn = _dying(loss_fn)
         return self.engine.step(batch, loss_fn)
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,10 +166,12 @@ class _TrainerRank:
         return state if self.rank == 0 else None
 
     def full_state(self) -> dict[str, Any] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from relax_services.engines.fsdp_train import train_state
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model, optimizer = get_state_dict(self.engine.model, self.engine.optimizer, options=options)
+        model, optimizer = train_state(self.engine.model, self.engine.optimizer, options)
         if self.rank != 0:
             return None
         return {
@@ -125,17 +183,13 @@ class _TrainerRank:
         }
 
     def load_full_state(self, state: Mapping[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        from relax_services.engines.fsdp_train import load_train_state
 
         engine = self.engine
         options = StateDictOptions(full_state_dict=True, strict=False)  # strict=False: see FSDPTrainEngine
-        set_state_dict(
-            engine.model,
-            engine.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=options,
-        )
+        load_train_state(engine.model, engine.optimizer, state["model"], state["optimizer"], options)
         engine.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         engine._version = int(state["version"])
@@ -155,8 +209,8 @@ class _TrainerRank:
 class TrainerGroup:
     """:class:`~relax_services.engines.TrainEngine` over ``world_size`` Ray actors training one sharded model.
 
-    Needs a running Ray (``ray.init``). The rendezvous address is a free port on this node, handed to every
-    rank (the controller's role in a run).
+    Needs a running Ray (``ray.init``). Rendezvous: rank 0 opens a ``TCPStore`` on a port the OS assigns it
+    and the group hands that address to the other ranks.
 
     Args:
         model_factory: Builds each rank's model (picklable).
@@ -175,17 +229,19 @@ class TrainerGroup:
         import ray
 
         self.group = group or TrainerGroupConfig()
-        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"  # type: ignore[no-untyped-call]
+        resources = {} if self.group.resource is None else {self.group.resource: 0.01}
         actor = ray.remote(
-            num_cpus=self.group.num_cpus_per_rank, num_gpus=self.group.num_gpus_per_rank, max_restarts=0
+            num_cpus=self.group.num_cpus_per_rank,
+            num_gpus=self.group.num_gpus_per_rank,
+            resources=resources,
+            max_restarts=0,
         )(_TrainerRank)
-        self._ranks: list[Any] = [
-            actor.remote(r, self.group, address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig())
-            for r in range(self.group.world_size)
-        ]
+        self._ranks: list[Any] = [actor.remote(r, self.group) for r in range(self.group.world_size)]
         self._failed: str | None = None
         self._version = 0
-        self._call("ready")
+        start = self.group.start_timeout_s
+        address = str(self._call("open_store", timeout_s=start, ranks=1)[0])
+        self._call("join", address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig(), timeout_s=start)
 
     @property
     def alive(self) -> bool:
@@ -198,10 +254,15 @@ class TrainerGroup:
         return self._version
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
-        """One update on every rank; its version exists only once every rank has finished it."""
+        """One update on every rank; its version exists only once every rank has finished it.
+
+        Raises:
+            TrainerGroupFailed: A rank failed, died or hung in it (the message names the update, version + 1).
+        """
         import ray
 
-        metrics: dict[str, float] = self._call("step", ray.put(list(batch)), loss_fn)[0]
+        update = f"update {self._version + 1}"
+        metrics: dict[str, float] = self._call("step", ray.put(list(batch)), loss_fn, what=update)[0]
         self._version += 1
         return metrics
 
@@ -246,6 +307,18 @@ class TrainerGroup:
         """Restores a sharded checkpoint saved by a group of any world size."""
         self._version = int(self._call("load_checkpoint", str(folder))[0])
 
+    def rank_pids(self) -> list[int]:
+        """Process id of every rank, in rank order."""
+        return [int(pid) for pid in self._call("pid")]
+
+    def arm_kill(self, rank: int) -> None:
+        """Fault injection: ``rank``'s process dies inside the next update (the group then fails as a unit)."""
+        import ray
+
+        if not 0 <= rank < self.group.world_size:
+            raise ValueError(f"rank {rank} is not in a group of world_size {self.group.world_size}")
+        ray.get(self._ranks[rank].arm_kill.remote(), timeout=self.group.step_timeout_s)
+
     def shutdown(self) -> None:
         """Stops every rank."""
         import ray
@@ -254,25 +327,29 @@ class TrainerGroup:
             ray.kill(actor)
         self._ranks = []
 
-    def _call(self, method: str, *args: object) -> list[Any]:
-        """``method(*args)`` on every rank; the answers in rank order. Fails the group on the first rank error,
-        a dead rank, or no complete answer within ``step_timeout_s``."""
+    def _call(
+        self, method: str, *args: object, timeout_s: float | None = None, what: str = "", ranks: int | None = None
+    ) -> list[Any]:
+        """``method(*args)`` on every rank (or the first ``ranks``); the answers in rank order. Fails the group on
+        the first rank error, a dead rank, or no complete answer within ``timeout_s`` (default
+        ``step_timeout_s``); ``what`` names the call in the failure's message."""
         import ray
 
         if self._failed is not None:
             raise TrainerGroupFailed(f"the trainer group has failed earlier ({self._failed}); start a new one")
-        refs = [getattr(actor, method).remote(*args) for actor in self._ranks]
+        refs = [getattr(actor, method).remote(*args) for actor in self._ranks[:ranks]]
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         pending = list(refs)
-        deadline = time.monotonic() + self.group.step_timeout_s
+        deadline = time.monotonic() + (self.group.step_timeout_s if timeout_s is None else timeout_s)
+        label = f"{method} ({what})" if what else method
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not finish {method} in time")
+                self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not finish {label} in time")
             try:
                 ray.get(ready[0])
             except Exception as exc:  # a rank's own error or its process's death: either way the group is broken
-                self._fail(f"rank {rank_of[ready[0]]} failed in {method}: {type(exc).__name__}: {exc}")
+                self._fail(f"rank {rank_of[ready[0]]} failed in {label}: {type(exc).__name__}: {exc}")
         return list(ray.get(refs))
 
     def _fail(self, reason: str) -> None:
@@ -281,7 +358,11 @@ class TrainerGroup:
         raise TrainerGroupFailed(reason)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def _dying(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` whose first call kills this process (SIGKILL: no cleanup, as a crash or the OOM killer)."""
+
+    def die(inputs: LossInputs) -> torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return loss_fn(inputs)
+
+    return die

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from relax_services.checkpoint import fsync_path
-from relax_services.engines.fsdp_train import FSDPTrainEngine
+from relax_services.engines.fsdp_train import FSDPTrainEngine, load_train_state, train_state
 
 __all__ = ["META_FILE", "checkpoint_model_state", "export_hf", "load_checkpoint", "save_checkpoint"]
 
@@ -77,7 +77,7 @@ def save_checkpoint(engine: FSDPTrainEngine, folder: Path) -> Path:
     """
     folder = Path(folder)
     tmp = _fresh_tmp(engine, folder)
-    model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    model_state, optim_state = train_state(engine.model, engine.optimizer)  # no moments before the first update
     dcp_save({_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}, checkpoint_id=tmp, process_group=engine.group)
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -117,13 +117,7 @@ def load_checkpoint(engine: FSDPTrainEngine, folder: Path) -> None:
     }
     state: dict[str, Any] = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
     dcp_load(state, checkpoint_id=folder, process_group=engine.group)
-    set_state_dict(
-        engine.model,
-        engine.optimizer,
-        model_state_dict=state[_MODEL_KEY],
-        optim_state_dict=state[_OPTIMIZER_KEY],
-        options=_NO_STATE_FOR_UNUSED,
-    )
+    load_train_state(engine.model, engine.optimizer, state[_MODEL_KEY], state[_OPTIMIZER_KEY], _NO_STATE_FOR_UNUSED)
     engine.scheduler.load_state_dict(meta["scheduler"])
     rng = torch.load(folder / _rng_file(engine.rank % int(meta["world_size"])), map_location="cpu", weights_only=False)
     torch.set_rng_state(rng["torch"])

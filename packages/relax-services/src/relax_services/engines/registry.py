@@ -60,9 +60,12 @@ transformers model (CPU and GPU, the default)."""
 
 TRAIN_ENGINES: dict[str, str] = {
     "torch": "relax_services._policy:build_train_engine",
+    "fsdp": "relax_services._policy:build_trainer_group",
 }
 """``trainer.engine`` id → ``"module:factory"`` of the training engine. ``torch``: single-process torch with
-AdamW and gradient accumulation (the default)."""
+AdamW and gradient accumulation (the default). ``fsdp``: a group of ``trainer.world_size`` Ray actors training
+one torch FSDP2-sharded policy (:class:`~relax_services.trainer_group.TrainerGroup`; the default when
+``world_size`` > 1)."""
 
 OPTIONAL_EXTRAS: dict[str, str] = {
     "vllm": "relax-services[vllm]",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from relax_queue import FixedSizeBatcher, Key, QueueClient, QueueTimeoutError
+from relax_services._trainer_group_config import single_process
 from relax_services.config import RunConfig
 from relax_services.engines import TrainEngine, TrainSample
 from relax_services.engines.registry import make_train_engine
@@ -29,7 +30,8 @@ class ReferenceService(ServiceBase):
         health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
-        self.engine: TrainEngine = make_train_engine(cfg)  # the trainer's engine kind, frozen at the initial weights
+        # The trainer's engine kind, frozen at the initial weights; one process even when the Trainer is a group.
+        self.engine: TrainEngine = make_train_engine(single_process(cfg))
         self.full_dist = cfg.algorithm.kl_estimator == "full"
         self.queue = sample_queue
         self.reader = sample_queue.reader(

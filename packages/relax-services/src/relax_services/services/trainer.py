@@ -224,6 +224,26 @@ class TrainerService(ServiceBase):
         """Policy updates applied so far."""
         return int(self.engine.version)
 
+    def inject(self, kind: str) -> None:
+        """Fault injection: ``"kill_rank"`` makes the last rank of a Trainer group die inside the next update;
+        other kinds as every service."""
+        if kind != "kill_rank":
+            super().inject(kind)
+            return
+        from relax_services.trainer_group import TrainerGroup
+
+        if not isinstance(self.engine, TrainerGroup):
+            raise ValueError(f"inject 'kill_rank' needs a Trainer group, not {type(self.engine).__name__}")
+        self.engine.arm_kill(self.engine.group.world_size - 1)
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the loop, then the engine's processes when it has its own (a Trainer group's ranks)."""
+        stopped = super().stop(timeout)
+        shutdown = getattr(self.engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        return stopped
+
     def _publish(self) -> None:
         if self.critic is not None:  # before the version is visible, so a Critic that catches up to it finds it
             assert self.critic_weights is not None  # checked in __init__

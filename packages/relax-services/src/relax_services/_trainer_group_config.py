@@ -1,0 +1,88 @@
+"""Run-config rules of the Trainer group (``trainer.world_size``), kept out of ``config.py`` so that module stays
+the field list; light (no torch), as the config must load without the model stack."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_services.config import RunConfig
+
+__all__ = ["GROUP_TRAIN_ENGINES", "check_trainer_group", "default_train_engine", "rank_split", "single_process"]
+
+GROUP_TRAIN_ENGINES: frozenset[str] = frozenset({"fsdp"})
+"""``trainer.engine`` ids that run the Trainer as a group of ``trainer.world_size`` ranks; every other engine is
+one process."""
+
+
+def default_train_engine(data: object) -> object:
+    """``trainer.engine`` when not given: ``fsdp`` for ``world_size`` > 1, so ``trainer.world_size=2`` alone makes
+    a valid run (the chosen id is then written in the run's saved config, not re-derived on ``--resume``)."""
+    if isinstance(data, dict) and "engine" not in data:
+        world = data.get("world_size", 1)
+        if isinstance(world, int) and not isinstance(world, bool) and world > 1:
+            return {**data, "engine": "fsdp"}
+    return data
+
+
+def rank_split(cfg: RunConfig) -> tuple[int, int]:
+    """``(samples per minibatch, samples per rank of it)`` of one update."""
+    per_minibatch = cfg.trainer.groups_per_step // cfg.trainer.minibatches * cfg.algorithm.group_size
+    return per_minibatch, per_minibatch // cfg.trainer.world_size
+
+
+def check_trainer_group(cfg: RunConfig) -> None:
+    """The rules ``trainer.world_size`` adds to a run config.
+
+    Every rank trains on an equal, contiguous share of each minibatch (the FSDP engine's split), so the
+    samples of a minibatch, ``groups_per_step / minibatches × group_size``, must be a multiple of the world size;
+    the ranks hold whole groups when ``groups_per_step / minibatches`` is one. A group split between ranks
+    trains exactly as a whole one (advantages are computed over the whole batch before the update, and the loss
+    is a token- or sample-weighted sum), so only equal shares are required. With ``algorithm.filter_groups``
+    the number of groups kept varies per update, so the group size itself must be a multiple.
+
+    Raises:
+        ValueError: A rule broken, naming the fields.
+    """
+    trainer = cfg.trainer
+    world = trainer.world_size
+    if world > 1 and trainer.engine not in GROUP_TRAIN_ENGINES:
+        raise ValueError(
+            f"trainer.world_size={world} needs a multi-rank trainer.engine ({', '.join(sorted(GROUP_TRAIN_ENGINES))}); "
+            f"trainer.engine={trainer.engine!r} runs in one process"
+        )
+    if trainer.engine in GROUP_TRAIN_ENGINES and cfg.run.mode == "colocated":
+        raise ValueError(
+            f"trainer.engine={trainer.engine!r} runs its ranks as Ray actors; run.mode='colocated' runs without "
+            "Ray: use run.mode=distributed"
+        )
+    for fault in cfg.faults:
+        if fault.kind == "kill_rank" and (fault.service != "trainer" or trainer.engine not in GROUP_TRAIN_ENGINES):
+            raise ValueError(
+                f"faults: kind 'kill_rank' hits a rank of the Trainer group (service: trainer, trainer.engine in "
+                f"{sorted(GROUP_TRAIN_ENGINES)}); got service {fault.service!r}, trainer.engine={trainer.engine!r}"
+            )
+    if world == 1:
+        return
+    per_minibatch, _ = rank_split(cfg)
+    if per_minibatch % world:
+        raise ValueError(
+            f"trainer.world_size={world} must divide the samples of each minibatch, trainer.groups_per_step="
+            f"{trainer.groups_per_step} / trainer.minibatches={trainer.minibatches} × algorithm.group_size="
+            f"{cfg.algorithm.group_size} = {per_minibatch} (every rank trains on an equal share)"
+        )
+    if cfg.algorithm.filter_groups and cfg.algorithm.group_size % world:
+        raise ValueError(
+            f"trainer.world_size={world} must divide algorithm.group_size={cfg.algorithm.group_size} with "
+            "algorithm.filter_groups (the groups kept per update vary, and every rank trains on an equal share)"
+        )
+
+
+def single_process(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a one-process training engine in place of a group one (``torch``, world size 1): for the
+    services that only score with the trainer's kind of engine (the Reference), where a second group of ranks
+    would double the Trainer's processes for no gain on models that fit one device."""
+    if cfg.trainer.engine not in GROUP_TRAIN_ENGINES:
+        return cfg
+    trainer = cfg.trainer.model_copy(update={"engine": "torch", "world_size": 1})
+    return cfg.model_copy(update={"trainer": trainer})

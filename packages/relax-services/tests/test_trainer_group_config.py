@@ -1,0 +1,128 @@
+"""``trainer.world_size`` in the run config: which engine it selects, the equal-share rule, and the errors that
+name the fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relax_core import ConfigError
+from relax_services._trainer_group_config import rank_split, single_process
+from relax_services.config import load_run_config
+from relax_services.engines.registry import TRAIN_ENGINES, check_engines, resolve
+
+
+def test_world_size_one_keeps_the_single_process_engine() -> None:
+    cfg = load_run_config(None, [])
+    assert cfg.trainer.world_size == 1 and cfg.trainer.engine == "torch"
+
+
+def test_world_size_two_alone_selects_the_fsdp_group_engine() -> None:
+    cfg = load_run_config(None, ["trainer.world_size=2", "trainer.groups_per_step=4", "algorithm.group_size=4"])
+    assert cfg.trainer.engine == "fsdp"
+    assert "fsdp" in TRAIN_ENGINES
+    check_engines(cfg)  # the id resolves to an importable factory
+    assert resolve(TRAIN_ENGINES, "fsdp", field="trainer.engine").__name__ == "build_trainer_group"
+    # 4 groups × 4 samples on 2 ranks: 8 samples, two whole groups, each.
+    assert rank_split(cfg) == (16, 8)
+
+
+def test_a_one_rank_group_is_allowed() -> None:
+    cfg = load_run_config(None, ["trainer.engine=fsdp"])
+    assert cfg.trainer.world_size == 1 and cfg.trainer.engine == "fsdp"
+
+
+def test_single_process_engine_with_two_ranks_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"trainer.world_size=2 needs a multi-rank trainer.engine.*'torch'"):
+        load_run_config(None, ["trainer.world_size=2", "trainer.engine=torch"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "per_minibatch"),
+    [
+        # 4 groups × 4 samples = 16 samples on 3 ranks
+        (["trainer.world_size=3", "trainer.groups_per_step=4", "algorithm.group_size=4"], 16),
+        # 4 groups / 4 minibatches × 3 samples = 3 samples per minibatch on 2 ranks
+        (
+            [
+                "trainer.world_size=2",
+                "trainer.groups_per_step=4",
+                "trainer.micro_batch_groups=1",
+                "trainer.minibatches=4",
+                "algorithm.group_size=3",
+            ],
+            3,
+        ),
+    ],
+)
+def test_unequal_shares_are_refused(overrides: list[str], per_minibatch: int) -> None:
+    with pytest.raises(ConfigError, match=rf"must divide the samples of each minibatch.* = {per_minibatch} "):
+        load_run_config(None, overrides)
+
+
+def test_groups_split_between_ranks_are_allowed() -> None:
+    # 3 groups of 2 on 2 ranks: 3 samples each, the middle group split (an equal share is what the engine needs).
+    cfg = load_run_config(None, ["trainer.world_size=2", "trainer.groups_per_step=3", "algorithm.group_size=2"])
+    assert rank_split(cfg) == (6, 3)
+
+
+def test_filtered_groups_need_a_group_size_the_ranks_divide() -> None:
+    base = ["trainer.world_size=2", "trainer.groups_per_step=4", "algorithm.group_size=3"]
+    assert rank_split(load_run_config(None, base)) == (12, 6)
+    with pytest.raises(ConfigError, match=r"must divide algorithm.group_size=3 with algorithm.filter_groups"):
+        load_run_config(None, [*base, "algorithm.filter_groups=true"])
+
+
+def test_a_group_engine_cannot_run_colocated() -> None:
+    with pytest.raises(ConfigError, match=r"run.mode='colocated' runs without Ray"):
+        load_run_config(None, ["trainer.world_size=2", "run.mode=colocated"])
+
+
+def test_kill_rank_faults_need_a_trainer_group() -> None:
+    with pytest.raises(ConfigError, match=r"kind 'kill_rank'.*trainer.engine='torch'"):
+        load_run_config(None, ["faults=[{service: trainer, kind: kill_rank}]"])
+    with pytest.raises(ConfigError, match=r"kind 'kill_rank'.*got service 'rollout'"):
+        load_run_config(None, ["trainer.world_size=2", "faults=[{service: rollout, kind: kill_rank}]"])
+    cfg = load_run_config(None, ["trainer.world_size=2", "faults=[{service: trainer, kind: kill_rank, at_step: 3}]"])
+    assert cfg.faults[0].kind == "kill_rank"
+
+
+def test_scoring_services_get_a_single_process_copy() -> None:
+    cfg = load_run_config(None, ["trainer.world_size=2"])
+    one = single_process(cfg)
+    assert (one.trainer.engine, one.trainer.world_size) == ("torch", 1)
+    assert (cfg.trainer.engine, cfg.trainer.world_size) == ("fsdp", 2)  # the run's own config is unchanged
+    plain = load_run_config(None, [])
+    assert single_process(plain) is plain
+
+
+def test_resume_may_change_the_world_size_of_a_group_but_not_its_engine(tmp_path: Path) -> None:
+    from relax_core import dump_config
+    from relax_services.resume import resume_config
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    named = [f"run.output_dir={tmp_path}", "run.name=r"]
+    saved = load_run_config(None, [*named, "trainer.world_size=2"])
+    (run_dir / "config.yaml").write_text(dump_config(saved))
+    cfg, changed = resume_config(run_dir, None, [*named, "trainer.world_size=1"])
+    assert (cfg.trainer.engine, cfg.trainer.world_size) == ("fsdp", 1)  # the saved engine id, not re-derived
+    assert changed == {"trainer.world_size": (2, 1)}
+    # The single-process engine keeps its optimizer by index, the group's checkpoint by parameter name.
+    with pytest.raises(ConfigError, match=r"trainer.engine: cannot change on --resume"):
+        resume_config(run_dir, None, [*named, "trainer.world_size=1", "trainer.engine=torch"])
+
+
+def test_the_group_layout_is_relax_parallels_data_parallel_plan() -> None:
+    from relax_parallel import ParallelConfig, ParallelPlan
+    from relax_services.trainer_group import TrainerGroupConfig
+
+    group = TrainerGroupConfig(world_size=2)
+    assert group.layout == ParallelConfig(dp=2)
+    # The mesh every rank builds: ("pp", "dp", "cp", "tp") = (1, 2, 1, 1); the engine shards over "dp".
+    assert ParallelPlan.from_config(group.layout).mesh_shape() == (1, 2, 1, 1)
+    with pytest.raises(ValueError, match=r"must be data-parallel over the world_size=2 ranks.*tp=2"):
+        TrainerGroupConfig(world_size=2, parallel=ParallelConfig(tp=2))
+    with pytest.raises(ValueError, match=r"world_size=2 ranks .*dp=4"):
+        TrainerGroupConfig(world_size=2, parallel=ParallelConfig(dp=4))
