@@ -67,6 +67,7 @@ TRAIN_ENGINES: dict[str, str] = {
 """``trainer.engine`` id → ``"module:factory"`` of the training engine. ``torch``: single-process torch with
 AdamW and gradient accumulation (the default)."""
 
+
 def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., object]:
     """Import and return the factory registered as ``name``.
 
