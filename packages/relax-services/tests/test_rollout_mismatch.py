@@ -104,3 +104,14 @@ def test_k3_by_hand() -> None:
     pop_rollout_mismatch(metrics)
     k3 = lambda w: torch.exp(torch.tensor(w)) - 1 - w  # noqa: E731
     assert metrics["rollout_mismatch_kl"] == pytest.approx(float((k3(0.5) + k3(-0.2)) / 2), rel=1e-6)
+
+
+def test_tiny_differences_are_not_rounded_away() -> None:
+    # |w| = 1e-6: k3 ≈ w²/2 = 5e-13, below float32's resolution of exp(w) − 1 − w.
+    trainer = torch.tensor([[-1.0, -2.0]])
+    behaviour = trainer - 1e-6
+    metrics = mismatch_sums(trainer, behaviour, torch.ones(1, 2), torch.ones(1, 2), per_token=True)
+    pop_rollout_mismatch(metrics)
+    w = (trainer.double() - behaviour.double())[0]
+    assert metrics["rollout_mismatch_kl"] == pytest.approx(float((w**2 / 2).mean()), rel=1e-3)
+    assert metrics["rollout_mismatch_kl"] > 0
