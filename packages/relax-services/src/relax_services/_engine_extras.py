@@ -12,6 +12,7 @@ import importlib.util
 __all__ = [
     "ENGINE_PACKAGES",
     "OPTIONAL_EXTRAS",
+    "TEXT_ONLY_ROLLOUT_ENGINES",
     "missing_engine_package",
     "missing_package_message",
     "missing_package_reason",
@@ -30,6 +31,9 @@ ENGINE_PACKAGES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """Config field → engine id → top-level modules the engine needs beyond the default install (its module imports
 them only when an engine is built, so importing the module alone would not notice they are missing)."""
+
+TEXT_ONLY_ROLLOUT_ENGINES: frozenset[str] = frozenset({"vllm"})
+"""Rollout engines that take text prompts only (the preflight refuses synthetic media tasks with them)."""
 
 
 def missing_package_message(field: str, name: str, package: str) -> str:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from relax_core import REWARD_REGISTRY, ConfigError, ConfigIssue
-from relax_services._engine_extras import missing_engine_package, missing_package_reason
+from relax_services._engine_extras import TEXT_ONLY_ROLLOUT_ENGINES, missing_engine_package, missing_package_reason
 from relax_services.config import RunConfig
 
 __all__ = ["check_run", "complete_checkpoints", "make_run_dir", "run_dir_of"]
@@ -129,6 +129,16 @@ def _check_engines(cfg: RunConfig) -> list[ConfigIssue]:
         package = missing_engine_package(field, name)
         if package is not None:
             issues.append(ConfigIssue(field, name, missing_package_reason(package)))
+    media = [t for t in cfg.data.tasks if t != "text"]
+    if cfg.rollout.engine in TEXT_ONLY_ROLLOUT_ENGINES and media and not cfg.data.train_files:
+        issues.append(
+            ConfigIssue(
+                "data.tasks",
+                cfg.data.tasks,
+                f"rollout.engine={cfg.rollout.engine!r} takes text prompts only, and {media} are media tasks",
+                "data.tasks=[text]",
+            )
+        )
     return issues
 
 
