@@ -174,3 +174,11 @@ def test_text_only_rollout_engine_with_media_tasks_is_a_config_issue(tmp_path: P
     [issue] = [i for i in info.value.issues if i.path == "data.tasks"]
     assert "text prompts only" in issue.message and "['image']" in issue.message
     assert {i.path for i in info.value.issues} <= {"data.tasks", "rollout.engine"}  # the latter without vLLM
+
+
+def test_own_process_rollout_engine_in_the_colocated_mode_is_a_config_issue(tmp_path: Path) -> None:
+    result, err = _cli(
+        "train", "rollout.engine=vllm", "data.tasks=[text]", "run.mode=colocated", f"run.output_dir={tmp_path}"
+    )
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "run.mode" in err and "process of its own" in err and "run.mode=distributed" in err, err

@@ -17,7 +17,12 @@ import time
 from pathlib import Path
 
 from relax_core import REWARD_REGISTRY, ConfigError, ConfigIssue
-from relax_services._engine_extras import TEXT_ONLY_ROLLOUT_ENGINES, missing_engine_package, missing_package_reason
+from relax_services._engine_extras import (
+    OWN_PROCESS_ROLLOUT_ENGINES,
+    TEXT_ONLY_ROLLOUT_ENGINES,
+    missing_engine_package,
+    missing_package_reason,
+)
 from relax_services.config import RunConfig
 
 __all__ = ["check_run", "complete_checkpoints", "make_run_dir", "run_dir_of"]
@@ -137,6 +142,16 @@ def _check_engines(cfg: RunConfig) -> list[ConfigIssue]:
                 cfg.data.tasks,
                 f"rollout.engine={cfg.rollout.engine!r} takes text prompts only, and {media} are media tasks",
                 "data.tasks=[text]",
+            )
+        )
+    if cfg.rollout.engine in OWN_PROCESS_ROLLOUT_ENGINES and cfg.run.mode == "colocated":
+        issues.append(
+            ConfigIssue(
+                "run.mode",
+                cfg.run.mode,
+                f"rollout.engine={cfg.rollout.engine!r} needs a process of its own per engine, which the colocated "
+                "mode (every service a thread of one process) cannot give",
+                "run.mode=distributed",
             )
         )
     return issues
