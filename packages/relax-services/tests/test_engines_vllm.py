@@ -467,3 +467,32 @@ def test_relax_train_on_vllm_at_tau2(tmp_path: Path) -> None:
     assert fetched and max(r["version"] for r in rollout) >= 2  # new versions reached the vLLM engine
     evals = list(read_metrics(metrics, "eval"))
     assert evals[-1]["version"] == _E2E_STEPS and set(evals[-1]["reward"]) == {"text"}
+
+
+@needs_vllm
+def test_registry_builds_vllm_on_an_omni_checkpoint_through_its_text_decoder(tmp_path: Path) -> None:
+    """``rollout.engine=vllm`` on a thinker checkpoint folder: the factory exports the text decoder, and the
+    engine's greedy tokens (the Evaluator's pass) equal the transformers engine's on the same checkpoint."""
+    from relax_services.config import load_run_config
+    from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
+    from relax_services.models.tiny_omni import write_tiny_omni
+
+    folder = write_tiny_omni(tmp_path / "thinker", seed=0, config=TINY32)
+    base = [f"model.source={folder}", "data.tasks=[text]", "rollout.vllm.max_model_len=256"]
+    options = RolloutEngineOptions(partial_rollout="finish_old")
+    vllm_engine = make_rollout_engine(load_run_config(None, [*base, "rollout.engine=vllm"]), options)
+    assert isinstance(vllm_engine, VLLMRolloutEngine)
+    try:
+        assert vllm_engine.config.skip_weight_prefixes  # the encoders' weights never reach vLLM
+        hf_engine = make_rollout_engine(load_run_config(None, base), options)
+        params = _params(n=1, max_new_tokens=10, temperature=0.0)
+        prompts = _text_prompts()
+        got = vllm_engine.generate(prompts, params)
+        expected = hf_engine.generate(prompts, params)
+        assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in g] for g in expected]
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(g[0].logprobs), torch.tensor(e[0].logprobs), atol=LOGPROB_ATOL, rtol=0
+            )
+    finally:
+        vllm_engine.close()
