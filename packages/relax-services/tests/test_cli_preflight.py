@@ -4,6 +4,7 @@ created on disk."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -136,3 +137,48 @@ def test_sigterm_during_start_up_is_handled(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=900)
     assert proc.returncode in (0, 1), (proc.returncode, err[-2000:])  # 1: before Ray; 0: a run stopped cleanly
     assert "Traceback" not in err and "SIGTERM" in out + err, (out[-2000:], err[-2000:])
+
+
+_NO_VLLM = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vllm is installed here: the missing-extra path cannot run"
+)
+
+
+@_NO_VLLM
+def test_vllm_engine_without_vllm_fails_before_heavy_imports_naming_the_extra(tmp_path: Path) -> None:
+    result, err = _cli("train", "rollout.engine=vllm", "data.tasks=[text]", f"run.output_dir={tmp_path / 'runs'}")
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "rollout.engine" in err and "needs the package 'vllm'" in err and "relax-services[vllm]" in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+@_NO_VLLM
+def test_vllm_engine_without_vllm_is_a_config_issue(tmp_path: Path) -> None:
+    from relax_services.preflight import check_run
+
+    cfg = load_run_config(None, ["rollout.engine=vllm", "data.tasks=[text]", f"run.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as info:
+        check_run(cfg)
+    [issue] = info.value.issues
+    assert (issue.path, issue.value) == ("rollout.engine", "vllm")
+    assert "relax-services[vllm]" in issue.message
+    check_run(load_run_config(None, [f"run.output_dir={tmp_path}"]))  # the default engine needs nothing more
+
+
+def test_text_only_rollout_engine_with_media_tasks_is_a_config_issue(tmp_path: Path) -> None:
+    from relax_services.preflight import check_run
+
+    cfg = load_run_config(None, ["rollout.engine=vllm", "data.tasks=[image, text]", f"run.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as info:
+        check_run(cfg)
+    [issue] = [i for i in info.value.issues if i.path == "data.tasks"]
+    assert "text prompts only" in issue.message and "['image']" in issue.message
+    assert {i.path for i in info.value.issues} <= {"data.tasks", "rollout.engine"}  # the latter without vLLM
+
+
+def test_own_process_rollout_engine_in_the_colocated_mode_is_a_config_issue(tmp_path: Path) -> None:
+    result, err = _cli(
+        "train", "rollout.engine=vllm", "data.tasks=[text]", "run.mode=colocated", f"run.output_dir={tmp_path}"
+    )
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "run.mode" in err and "process of its own" in err and "run.mode=distributed" in err, err

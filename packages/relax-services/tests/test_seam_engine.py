@@ -129,3 +129,17 @@ def test_a_factory_that_builds_no_engine_is_refused(monkeypatch: pytest.MonkeyPa
     with pytest.raises(TypeError, match=r"trainer\.engine='broken' built UniformRolloutEngine, not a TrainEngine"):
         make_train_engine(load_run_config(None, ["trainer.engine=broken"]))
     assert isinstance(UniformRolloutEngine(), RolloutEngine)
+
+
+def test_vllm_is_registered_and_without_vllm_resolving_it_names_the_extra() -> None:
+    from relax_services.engines.registry import check_engines
+
+    assert ROLLOUT_ENGINES["vllm"] == "relax_services.engines.vllm_build:build_vllm_rollout_engine"
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here: the missing-extra path cannot be exercised")
+    cfg = load_run_config(None, ["rollout.engine=vllm"])
+    # The factory's module imports vLLM only when it builds an engine: the registry checks the package itself.
+    with pytest.raises(ImportError, match=r"rollout\.engine='vllm' needs the package 'vllm'.*relax-services\[vllm\]"):
+        check_engines(cfg)
+    with pytest.raises(ImportError, match=r"relax-services\[vllm\]"):
+        make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))

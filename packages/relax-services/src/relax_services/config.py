@@ -41,6 +41,7 @@ __all__ = [
     "RunRewardConfig",
     "RunSettings",
     "TrainerConfig",
+    "VLLMSettings",
     "load_run_config",
 ]
 
@@ -124,6 +125,33 @@ class DataConfig(ConfigModel):
     (any items in the manifest format); missing ones are written as synthetic tasks. Default: ``<run dir>/data``."""
 
 
+class VLLMSettings(ConfigModel):
+    """``rollout.engine=vllm``: the vLLM engine each Rollout worker (and the Evaluator) builds (extra
+    ``relax-services[vllm]``; see ``relax_services.engines.vllm_rollout``)."""
+
+    tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
+    """Tensor-parallel ranks of each replica (one replica per Rollout worker)."""
+
+    dtype: str = "float32"
+    """Weight and activation dtype of vLLM (``float32`` matches the trainer's default forward)."""
+
+    max_model_len: int = pydantic.Field(default=2048, ge=1)
+    """Longest prompt + response, in tokens."""
+
+    max_num_seqs: int = pydantic.Field(default=256, ge=1)
+    """Requests vLLM schedules at once."""
+
+    kv_cache_mib: int = pydantic.Field(default=256, ge=1)
+    """KV-cache size per replica, in MiB."""
+
+    logprobs_mode: Literal["auto", "processed_logprobs", "raw_logits"] = "auto"
+    """How behaviour log-probs are read from vLLM: ``processed_logprobs`` (sampled token only; needs top_p = 1),
+    ``raw_logits`` (whole logit rows; any top-p), ``auto``: the first unless ``rollout.top_p < 1``."""
+
+    in_process: bool = True
+    """Run vLLM's engine core in the worker's own process (weights stream to it without a staging file)."""
+
+
 class RolloutConfig(ConfigModel):
     """The Rollout service: generation engine and sampling parameters."""
 
@@ -143,7 +171,11 @@ class RolloutConfig(ConfigModel):
     """Longest response in tokens (answers are 1–3 characters plus end-of-answer)."""
 
     engine: str = "hf"
-    """Rollout engine: an id of ``relax_services.engines.registry.ROLLOUT_ENGINES`` (``hf``: transformers)."""
+    """Rollout engine: an id of ``relax_services.engines.registry.ROLLOUT_ENGINES`` (``hf``: transformers,
+    ``vllm``: vLLM, extra ``relax-services[vllm]``)."""
+
+    vllm: VLLMSettings = pydantic.Field(default_factory=VLLMSettings)
+    """Settings of the vLLM engine (used with ``engine=vllm``)."""
 
     partial_rollout: Literal["finish_old", "switch", "abort_resume"] = "switch"
     """What generation in flight does when new weights arrive: finish on the old weights, switch weights

@@ -1,7 +1,8 @@
 """Checks of a run config against the machine, before any heavy import and before Ray starts.
 
 `load_run_config` checks a config's values; these check what the values point at: the model and data folders
-exist, the reward function is known, the output folder can be written, and a run to resume exists. Every
+exist, the reward function is known, the package a chosen engine needs (vLLM) is installed, the output folder can
+be written, and a run to resume exists. Every
 problem becomes a :class:`~relax_core.ConfigIssue` naming its field, so ``relax train`` reports a bad path
 in about a second instead of as a traceback from a service minutes later. Nothing here imports torch,
 transformers or ray.
@@ -16,6 +17,12 @@ import time
 from pathlib import Path
 
 from relax_core import REWARD_REGISTRY, ConfigError, ConfigIssue
+from relax_services._engine_extras import (
+    OWN_PROCESS_ROLLOUT_ENGINES,
+    TEXT_ONLY_ROLLOUT_ENGINES,
+    missing_engine_package,
+    missing_package_reason,
+)
 from relax_services.config import RunConfig
 
 __all__ = ["check_run", "complete_checkpoints", "make_run_dir", "run_dir_of"]
@@ -120,6 +127,36 @@ def _check_reward(cfg: RunConfig) -> list[ConfigIssue]:
     return []
 
 
+def _check_engines(cfg: RunConfig) -> list[ConfigIssue]:
+    """The optional package a chosen engine needs is installed (found, not imported: vLLM's import takes seconds)."""
+    issues = []
+    for field, name in (("rollout.engine", cfg.rollout.engine), ("trainer.engine", cfg.trainer.engine)):
+        package = missing_engine_package(field, name)
+        if package is not None:
+            issues.append(ConfigIssue(field, name, missing_package_reason(package)))
+    media = [t for t in cfg.data.tasks if t != "text"]
+    if cfg.rollout.engine in TEXT_ONLY_ROLLOUT_ENGINES and media and not cfg.data.train_files:
+        issues.append(
+            ConfigIssue(
+                "data.tasks",
+                cfg.data.tasks,
+                f"rollout.engine={cfg.rollout.engine!r} takes text prompts only, and {media} are media tasks",
+                "data.tasks=[text]",
+            )
+        )
+    if cfg.rollout.engine in OWN_PROCESS_ROLLOUT_ENGINES and cfg.run.mode == "colocated":
+        issues.append(
+            ConfigIssue(
+                "run.mode",
+                cfg.run.mode,
+                f"rollout.engine={cfg.rollout.engine!r} needs a process of its own per engine, which the colocated "
+                "mode (every service a thread of one process) cannot give",
+                "run.mode=distributed",
+            )
+        )
+    return issues
+
+
 def _check_output(cfg: RunConfig, run_dir: Path) -> list[ConfigIssue]:
     """The run folder can be created and written: the nearest existing folder above it is a writable folder."""
     existing = run_dir
@@ -157,7 +194,8 @@ def check_run(cfg: RunConfig, *, resume: bool = False) -> Path:
         ConfigError: listing each problem with its field.
     """
     run_dir = run_dir_of(cfg)
-    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_output(cfg, run_dir)]
+    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_engines(cfg)]
+    issues += _check_output(cfg, run_dir)
     if resume:
         issues += _check_resume(cfg, run_dir)
     if issues:

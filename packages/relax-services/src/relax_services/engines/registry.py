@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from relax_services._engine_extras import OPTIONAL_EXTRAS, missing_engine_package, missing_package_message
 from relax_services.engines.protocols import PartialRolloutMode, RolloutEngine, TrainEngine
 
 if TYPE_CHECKING:
@@ -54,9 +55,11 @@ class RolloutEngineOptions:
 
 ROLLOUT_ENGINES: dict[str, str] = {
     "hf": "relax_services._policy:build_hf_rollout_engine",
+    "vllm": "relax_services.engines.vllm_build:build_vllm_rollout_engine",
 }
 """``rollout.engine`` id → ``"module:factory"`` of the rollout engine. ``hf``: batched incremental decoding of a
-transformers model (CPU and GPU, the default)."""
+transformers model (CPU and GPU, the default). ``vllm``: vLLM's offline engine (extra ``relax-services[vllm]``,
+settings ``rollout.vllm``)."""
 
 TRAIN_ENGINES: dict[str, str] = {
     "torch": "relax_services._policy:build_train_engine",
@@ -66,13 +69,6 @@ TRAIN_ENGINES: dict[str, str] = {
 AdamW and gradient accumulation (the default). ``fsdp``: a group of ``trainer.world_size`` Ray actors training
 one torch FSDP2-sharded policy (:class:`~relax_services.trainer_group.TrainerGroup`; the default when
 ``world_size`` > 1)."""
-
-OPTIONAL_EXTRAS: dict[str, str] = {
-    "vllm": "relax-services[vllm]",
-    "megatron": "relax-services[megatron]",
-    "megatron_core": "relax-services[megatron]",
-}
-"""Top-level module of an optional backend → the pip extra that installs it."""
 
 
 def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., object]:
@@ -91,14 +87,15 @@ def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[...,
     path = registry.get(name)
     if path is None:
         raise ValueError(f"{field}={name!r} is not a registered engine; known: {', '.join(sorted(registry))}")
+    package = missing_engine_package(field, name)  # a backend its module imports only when an engine is built
+    if package is not None:
+        raise ImportError(missing_package_message(field, name, package))
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
-        extra = OPTIONAL_EXTRAS.get(missing)
-        hint = f"; install it with `pip install '{extra}'`" if extra else ""
-        raise ImportError(f"{field}={name!r} needs the package {missing!r}, which is not installed{hint}") from exc
+        raise ImportError(missing_package_message(field, name, missing)) from exc
     factory: object = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"{field}={name!r}: {path!r} does not name a callable")

@@ -43,9 +43,11 @@ the engine core in this process and one rank the stream goes straight to the wor
 staged as one safetensors file that every rank reads (``weights_path=``). On GPUs
 vLLM's NCCL / CUDA-IPC weight transfer would replace the copy through the driver process; not wired here.
 
-**Seeding**: every request gets its own vLLM seed from ``(config.seed, call index, slot, segment)``, so its
+**Seeding**: every request gets its own vLLM seed from ``(engine seed, call index, slot, segment)``, so its
 samples are fixed by that seed rather than by how the scheduler batches requests, and the same engine seed and call
-order give the same samples (:meth:`VLLMRolloutEngine.rng_state` checkpoints the call index).
+order give the same samples. The engine seed is ``config.seed`` until :meth:`VLLMRolloutEngine.seed` sets another
+(the Rollout service seeds every call from the run seed and its prompt keys), which also restarts the call count;
+:meth:`VLLMRolloutEngine.rng_state` checkpoints both.
 ``temperature = 0`` is greedy evaluation through the same engine.
 """
 
@@ -188,6 +190,7 @@ class VLLMRolloutEngine:
         )
         self._vllm = vllm
         self._version = version
+        self._seed = self.config.seed
         self._calls = 0
         self._next_request = 0
         self._staging: str | None = None
@@ -336,7 +339,7 @@ class VLLMRolloutEngine:
             prompt_ids = prompts[slot // params.n].input_ids.tolist() + out[slot].token_ids
             request_id = str(self._next_request)
             self._next_request += 1
-            seed = request_seed(self.config.seed, call, slot, segments[slot])
+            seed = request_seed(self._seed, call, slot, segments[slot])
             budget = params.max_new_tokens - len(out[slot].token_ids)
             engine.add_request(
                 request_id, {"prompt_token_ids": prompt_ids}, self._sampling_params(params, budget, seed)
@@ -403,10 +406,16 @@ class VLLMRolloutEngine:
             stopped = output.finish_reason == "stop" and bool(c.token_ids) and c.token_ids[-1] == params.eos_id
             c.finish_reason = "stop" if stopped else "length"
 
-    def rng_state(self) -> int:
-        """Calls made so far: request seeds derive from it (for checkpoints)."""
-        return self._calls
+    def seed(self, seed: int) -> None:
+        """Reseeds: request seeds derive from ``seed`` and the calls counted from here, so the next
+        :meth:`generate` with the same prompts, parameters and weights draws the same samples."""
+        self._seed = int(seed)
+        self._calls = 0
 
-    def set_rng_state(self, state: int) -> None:
+    def rng_state(self) -> tuple[int, int]:
+        """``(seed, calls made since it was set)``: request seeds derive from both (for checkpoints)."""
+        return self._seed, self._calls
+
+    def set_rng_state(self, state: tuple[int, int]) -> None:
         """Restores :meth:`rng_state`."""
-        self._calls = int(state)
+        self._seed, self._calls = int(state[0]), int(state[1])

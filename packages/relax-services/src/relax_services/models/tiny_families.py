@@ -39,8 +39,7 @@ def _text_config(cls_name: str, tokenizer: PreTrainedTokenizerBase, **extra: obj
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        **_TEXT,
-        **extra,
+        **{**_TEXT, **extra},
     )
     return config
 
@@ -92,13 +91,19 @@ TINY_FAMILIES: dict[str, Callable[[PreTrainedTokenizerBase], PreTrainedModel]] =
 """Family name → builder of a tiny random model of it (the omni thinker is :func:`write_tiny_omni`'s)."""
 
 
-def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0) -> Path:
+def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidden_size: int | None = None) -> Path:
     """Writes a tiny random checkpoint of ``family`` (a :data:`TINY_FAMILIES` name or ``"qwen2.5-omni-thinker"``).
 
+    Args:
+        hidden_size: For ``qwen2`` only: another width (4 heads, FFN twice as wide), e.g. 128 for head_dim 32,
+            the smallest vLLM's CPU attention takes.
+
     Raises:
-        ValueError: for another family name.
+        ValueError: for another family name, or ``hidden_size`` with another family than ``qwen2``.
     """
     path = Path(path)
+    if hidden_size is not None and family != "qwen2":
+        raise ValueError(f"write_tiny_checkpoint: hidden_size is for family 'qwen2' only, got family {family!r}")
     if family == "qwen2.5-omni-thinker":
         return write_tiny_omni(path, seed)
     if family not in TINY_FAMILIES:
@@ -106,7 +111,11 @@ def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0) -> Path:
     tokenizer = build_tiny_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = TINY_FAMILIES[family](tokenizer)
+        if hidden_size is None:
+            model = TINY_FAMILIES[family](tokenizer)
+        else:
+            sizes = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size}
+            model = transformers.Qwen2ForCausalLM(_text_config("Qwen2Config", tokenizer, **sizes))  # type: ignore[no-untyped-call]
     generation = model.generation_config
     generation.pad_token_id = tokenizer.pad_token_id
     generation.eos_token_id = tokenizer.eos_token_id

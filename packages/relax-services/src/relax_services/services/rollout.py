@@ -58,12 +58,15 @@ class RolloutService(ServiceBase):
         # In process a poll is a dict lookup; across processes an actor call (the store says which interval fits).
         interval = float(getattr(weights, "poll_interval_s", 0.05))
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
+        self._load_s: dict[int, float] = {}  # version -> seconds engine.load_weights took (loads made here)
         self._sync_weights()  # a (re)started worker begins from the newest published weights
 
     def _sync_weights(self) -> None:
         newer = self._poll()
         if newer is not None:
+            start = time.perf_counter()
             self.engine.load_weights(newer[1], newer[0])
+            self._load_s[newer[0]] = time.perf_counter() - start
 
     def _catch_up(self, batch: Batch) -> None:
         """Load weights at least as new as the trainer's published version before generating: samples drawn
@@ -113,8 +116,11 @@ class RolloutService(ServiceBase):
             "rollout",
             prompts=len(batch),
             samples=len(rows),
+            tokens=sum(len(c.token_ids) for group in groups for c in group),
             seconds=elapsed,
             version=self.engine.version,
             weight_sync_s=dict(self._poll.sync_seconds),
+            weight_load_s=dict(self._load_s),
         )
         self._poll.sync_seconds.clear()
+        self._load_s.clear()

@@ -19,6 +19,12 @@ from relax_services.engines import LossFn, LossInputs, TrainEngine, TrainSample
 from relax_services.engines.registry import make_train_engine
 from relax_services.rows import SampleRow, as_sample_row, split_sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.services._mismatch import (
+    CURRENT_VERSION_FIELD,
+    current_version_mask,
+    mismatch_sums,
+    pop_rollout_mismatch,
+)
 from relax_services.weights import WeightStore
 
 __all__ = [
@@ -70,7 +76,10 @@ def informative_rows(batch_rows: Sequence[SampleRow]) -> list[SampleRow]:
 
 
 def build_train_samples(
-    cfg: RunConfig, batch_rows: Sequence[SampleRow], proximal_logprobs: torch.Tensor | None = None
+    cfg: RunConfig,
+    batch_rows: Sequence[SampleRow],
+    proximal_logprobs: torch.Tensor | None = None,
+    version: int | None = None,
 ) -> list[TrainSample]:
     """Turn consumed rows (plain field dicts) into training samples with advantages attached (and, with a
     critic, the values the rows were scored with and the regression targets: GAE returns or V-trace targets).
@@ -81,6 +90,8 @@ def build_train_samples(
     Args:
         proximal_logprobs: ``[B, T]`` the trainer's log-probs before this update (:func:`proximal_logprobs`):
             V-trace's target policy and decoupled PPO's proximal policy.
+        version: The trainer's version before this update: when given, each sample gets the per-token
+            ``current_version`` field its loss measures the rollout/trainer mismatch on (``services/_mismatch.py``).
     """
     lengths = [len(r["response"]) for r in batch_rows]
     t_max = max(lengths)
@@ -113,6 +124,8 @@ def build_train_samples(
             fields["ref_dist"] = torch.from_numpy(np.array(row["ref_dist"], dtype=np.float32))
         if proximal_logprobs is not None:
             fields["proximal_logprobs"] = proximal_logprobs[i, :n]
+        if version is not None:
+            fields[CURRENT_VERSION_FIELD] = current_version_mask(row["token_versions"], version)
         if values is not None and estimate.returns is not None:
             fields["old_values"] = values[i, :n]
             fields["returns"] = estimate.returns[i, :n].detach()
@@ -159,12 +172,17 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
     With ``decoupled`` (decoupled PPO, for stale data) the proximal policy is the trainer's policy before this
     update: the samples' ``proximal_logprobs`` field when the update takes several optimizer steps
     (:func:`add_proximal_logprobs`), otherwise exactly the detached log-probs of this forward.
+
+    Samples with the ``current_version`` field also report the rollout/trainer mismatch
+    (``services/_mismatch.py``).
     """
     algo = cfg.algorithm
+    one_step = cfg.trainer.minibatches * cfg.trainer.ppo_epochs == 1
+    per_token = algo.loss_agg_mode == "token-mean"  # the engine's metric weighting (_policy._train_config)
 
     def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         proximal = inputs.fields.get("proximal_logprobs", inputs.logprobs.detach()) if algo.decoupled else None
-        return compute_policy_loss(
+        loss, diagnostics = compute_policy_loss(
             algo,
             inputs.logprobs,
             inputs.fields["old_logprobs"],
@@ -176,6 +194,12 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
             logprob_dist=inputs.dist,
             ref_dist=inputs.fields.get("ref_dist"),
         )
+        current = inputs.fields.get(CURRENT_VERSION_FIELD)
+        before = inputs.fields.get("proximal_logprobs", inputs.logprobs.detach() if one_step else None)
+        if current is not None and before is not None:
+            old = inputs.fields["old_logprobs"]
+            diagnostics.update(mismatch_sums(before, old, inputs.mask, current, per_token))
+        return loss, diagnostics
 
     return loss_fn
 
@@ -306,8 +330,10 @@ class TrainerService(ServiceBase):
             self.queue.refund_admission(len(rows))  # the version did not advance: let producers replace them
             self.record("filtered", rows=len(rows), keys=[str(k) for k in batch.keys])
             return
-        samples = build_train_samples(self.cfg, trained, proximal_logprobs(self.cfg, self.engine, trained))
+        proximal = proximal_logprobs(self.cfg, self.engine, trained)
+        samples = build_train_samples(self.cfg, trained, proximal, version=version_before)
         metrics = self.engine.step(samples, self.loss_fn)
+        pop_rollout_mismatch(metrics)
         if self.critic is not None:
             critic_metrics = self.critic.step(samples, self.value_loss_fn)
             metrics.update({f"critic_{k}": v for k, v in critic_metrics.items() if k not in ("lr", "version")})
