@@ -129,4 +129,7 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     other.load_state_dict(state)
     assert again.stream.weights == pytest.approx(stream.stream.weights)
     assert [again.next()["id"] for _ in range(30)] == later
+    # A reward above 1 (a user's scale) weighs its file like a solved task instead of failing the stream.
+    other.observe({"s1": 3.0, "s2": 3.0, "s3": 3.0}, momentum=0.0)
+    assert again.stream.weights == pytest.approx([20 * 0.1, 20 * 0.1])
     queue.close()

@@ -119,7 +119,7 @@ class PromptFeeder:
         prompt_queue: Queue whose ``rollout`` task the Rollout workers read.
         sample_queue: Queue whose staleness policy grants admissions.
         group_size: Samples per prompt (admissions are taken in whole groups).
-        adaptive: Weigh each task by (1 − its running reward + 0.1) instead of the stream's own mix.
+        adaptive: Weigh each task by max(1 − its running reward + 0.1, 0.1) instead of the stream's own mix.
     """
 
     def __init__(
@@ -163,7 +163,8 @@ class PromptFeeder:
 
     def _apply_weights(self) -> None:
         if self.adaptive and self.running_reward:
-            weights = {t: 1.0 - r + 0.1 for t, r in self.running_reward.items()}
+            # At least 0.1 (a solved task's weight): a reward above 1 (a user's scale) must not zero a file out.
+            weights = {t: max(1.0 - r + 0.1, 0.1) for t, r in self.running_reward.items()}
             self.stream.set_task_weights(weights, default=1.1)  # a task without a reward yet: as if at 0
 
     # ------------------------------------------------------------------ producing
