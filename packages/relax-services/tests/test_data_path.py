@@ -133,3 +133,14 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     other.observe({"s1": 3.0, "s2": 3.0, "s3": 3.0}, momentum=0.0)
     assert again.stream.weights == pytest.approx([20 * 0.1, 20 * 0.1])
     queue.close()
+
+
+def test_a_checkpoint_with_per_task_streams_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text(json.dumps({"prompt": "p", "answer": "x"}))
+    cfg = load_run_config(None, [f"data.train_files={tmp_path / 'a.jsonl'}"])
+    queue = TransferQueue(QueueConfig(tasks=(TaskSpec("rollout"),)))
+    feeder = PromptFeeder(train_stream(cfg.data), lambda item: None, queue, queue, 1, adaptive=True)
+    old = {**feeder.state_dict(), "streams": {"image": {"epoch": 0, "cursor": 3}, "text": {"epoch": 1, "cursor": 0}}}
+    with pytest.raises(ValueError, match=r"per-task streams \['image', 'text'\]"):
+        feeder.load_state_dict(old)  # type: ignore[arg-type]
+    queue.close()

@@ -311,7 +311,16 @@ class PromptFeeder:
             }
 
     def load_state_dict(self, state: FeederState) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            ValueError: The state holds one stream per task (a checkpoint from before the one data path).
+        """
+        if STREAM_NAME not in state["streams"]:
+            raise ValueError(
+                f"the checkpoint's feeder state has per-task streams {sorted(state['streams'])}, not the one "
+                "dataset stream this version reads; start the run afresh"
+            )
         with self._lock:
             self.next_index = int(state["next_index"])
             self.stream.load_state_dict(state["streams"][STREAM_NAME])
