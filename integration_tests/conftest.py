@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,12 +18,13 @@ from relax_core import (
     outcome_token_rewards,
     value_loss,
 )
+from relax_modalities import build_stream
 from relax_services._data import prepare_data
+from relax_services._dataset import record_item
 from relax_services._policy import build_policy, build_train_engine, build_value_engine, checkpoint_of, sampling_params
 from relax_services.config import RunConfig, load_run_config
 from relax_services.controller import Controller, RunResult
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, LossInputs, TrainSample
-from relax_services.feeder import TaskStream
 from relax_services.services import decode_response, sampling_seed
 
 FAST = [
@@ -71,9 +71,11 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
     critic's weights are returned too, under keys prefixed ``critic.``."""
     critic = build_value_engine(cfg) if cfg.algorithm.advantage_estimator == "gae" else None
     data = prepare_data(cfg, data_dir)
-    streams = {task: TaskStream(s.items, seed=cfg.data.seed) for task, s in data.streams.items()}
-    tasks = sorted(streams)
-    choose = random.Random(cfg.data.seed)
+    # The rows in the order the feeder draws them (without adaptive weights): an independent stream over the
+    # same files, schema, seed and buffer, read by relax-modalities.
+    stream = build_stream(
+        data.train_files, cfg.data.schema_, shuffle_buffer=cfg.data.shuffle_buffer, seed=cfg.data.seed, epochs=None
+    )
     policy = build_train_engine(cfg)
     rollout = HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=cfg.rollout.partial_rollout))
     params = sampling_params(
@@ -87,7 +89,7 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
     for step in range(steps):
         groups = []
         for _ in range(cfg.trainer.groups_per_step):
-            item = streams[choose.choice(tasks)].next()
+            item = record_item(next(stream))
             groups.append((f"p{index:07d}", item))
             index += 1
         rollout.load_weights(policy.policy_state(), step)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from relax_services._data import prepare_data
+from relax_services._data import prepare_data, warmup_items
 from relax_services._metrics import read_metrics
 from relax_services._policy import build_policy
 from relax_services.checkpoint import CheckpointManager
@@ -35,8 +35,7 @@ def test_ppo_tau0_pipeline_equals_sequential_ppo(small_config, run_pipeline, seq
     # all rewards zero neither the policy nor the critic would move and the comparison would prove nothing.
     warm = small_config(*overrides, "trainer.warmup_format_steps=20")
     data = prepare_data(warm, tmp_path / "warm")
-    items = [e["item"] for s in data.streams.values() for e in s.items]
-    format_warmup(warm, items, data.to_prompt, str(tmp_path / "warm_model"))
+    format_warmup(warm, warmup_items(warm), data.to_prompt, str(tmp_path / "warm_model"))
     cfg = small_config(*overrides, f"model.source={tmp_path / 'warm_model'}")
     assert cfg.algorithm.uses_critic and cfg.algorithm.advantage_estimator == "gae"
     result = run_pipeline(cfg)

@@ -282,3 +282,44 @@ def test_synthetic_tasks_as_a_dataset_file(tmp_path: Path) -> None:
         assert [m.meta.get("audio_track", False) for m in record.media] == [m.audio_track for m in item.media]
         (message,) = record.messages
         assert message.text == "".join(f"<{m.modality}>" for m in item.media) + item.prompt
+
+
+def _two_files(tmp_path: Path) -> list[rc.DataFileSpec]:
+    for name in ("x", "y"):
+        rows = [json.dumps({"prompt": name, "answer": i}) for i in range(50)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(rows))
+    return [rc.DataFileSpec(path=str(tmp_path / f"{n}.jsonl"), weight=1.0) for n in ("x", "y")]
+
+
+def test_changed_weights_act_on_the_very_next_row(tmp_path: Path) -> None:
+    # Each file has its own shuffle buffer and the file is drawn when a row is handed out, so rows of x already
+    # buffered do not keep coming after x's weight drops: with x at 1e-6 of y, the chance that any of the next
+    # 200 rows is x's is about 2e-4.
+    stream = rm.build_stream(_two_files(tmp_path), shuffle_buffer=40, seed=3, epochs=None)
+    first = [next(stream).source for _ in range(30)]
+    assert {Path(s).name for s in first} == {"x.jsonl", "y.jsonl"}
+    stream.set_weights([1e-6, 1.0])
+    assert all(next(stream).source.endswith("y.jsonl") for _ in range(200))
+    with pytest.raises(ValueError, match="2 positive numbers"):
+        stream.set_weights([1.0, 0.0])
+
+
+def test_resume_after_a_weight_change_is_exact(tmp_path: Path) -> None:
+    files = _two_files(tmp_path)
+
+    def run(stream: rm.DataStream, n: int) -> list[tuple[str, int]]:
+        return [(r.uid, r.epoch) for r, _ in zip(stream, range(n), strict=False)]
+
+    full_stream = rm.build_stream(files, shuffle_buffer=10, seed=9, epochs=None)
+    head = run(full_stream, 37)
+    full_stream.set_weights([3.0, 1.0])
+    full = head + run(full_stream, 200)
+
+    first = rm.build_stream(files, shuffle_buffer=10, seed=9, epochs=None)
+    assert run(first, 37) == head
+    first.set_weights([3.0, 1.0])
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = rm.build_stream(files, shuffle_buffer=10, seed=9, epochs=None)  # weights come from the state
+    resumed.load_state_dict(state)
+    assert resumed.weights == [3.0, 1.0]
+    assert head + run(resumed, 200) == full

@@ -117,7 +117,7 @@ def test_parquet_records_become_prompts_and_inline_bytes_equal_the_file(tmp_path
     path = _write(tmp_path / "d", bad=True)
     cfg = load_run_config(None, [f"data.train_files={path}", f"data.eval_files={path}", "data.shuffle_buffer=0"])
     data = prepare_data(cfg, tmp_path / "run")
-    stream = data.streams["dataset"]
+    stream = data.stream
     assert isinstance(stream, RecordStream)
     items = [stream.next() for _ in range(7)]  # 6 good rows, then the second pass begins
     assert [i["id"] for i in items] == [f"{path}:{r}@0" for r in range(6)] + [f"{path}:0@1"]
@@ -241,9 +241,9 @@ def test_undecodable_media_is_skipped_and_counted_as_a_bad_row_with_file_and_row
     cfg = load_run_config(None, [f"data.train_files={path}", "data.shuffle_buffer=0"])
     data = prepare_data(cfg, tmp_path / "run")
     queue = TransferQueue(QueueConfig(tasks=(TaskSpec("rollout"),)))
-    feeder = PromptFeeder(data.streams, data.to_prompt, queue, queue, 1, seed=0, adaptive=False)
-    stream = data.streams["dataset"]
-    prompts = [feeder._process(stream.next(), stream) for _ in range(4)]
+    feeder = PromptFeeder(data.stream, data.to_prompt, queue, queue, 1, adaptive=False)
+    stream = data.stream
+    prompts = [feeder._process(stream.next()) for _ in range(4)]
     assert [p is None for p in prompts] == [False, True, False, False]
     report = data_report(data)
     assert report is not None and report["bad_rows"] == 1

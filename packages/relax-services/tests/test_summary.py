@@ -30,3 +30,20 @@ def test_summary_names_the_stop_evaluation_and_the_final_weights() -> None:
     assert lines[3].split() == ["image", "1.000", "0.500", "107s"]
     assert lines[4].split() == ["text", "0.875", "0.100", "-"]
     assert "version" not in format_summary(_result(None)).splitlines()[2]  # no evaluation to name
+
+
+def test_summary_says_why_a_chance_level_is_unknown() -> None:
+    result = _result(543)
+    result.chance = {"text": float("nan"), "image": 0.5}
+    result.data = {
+        "train_files": ["t.jsonl"],
+        "eval_files": ["e.jsonl"],
+        "bad_rows": 0,
+        "bad_rows_by_file": {},
+        "recent_bad_rows": [],
+        "heldout_by_source": {"text": 4, "image": 4},
+        "chance_unknown": {"text": "rows list no choices (extra_info.options) for the 'math' reward"},
+    }
+    lines = format_summary(result).splitlines()
+    assert lines[4].split() == ["text", "0.875", "-", "-"]
+    assert "chance of text unknown ('-'): rows list no choices (extra_info.options) for the 'math' reward" in lines

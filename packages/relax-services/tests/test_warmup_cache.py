@@ -11,9 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from relax_modalities.synthetic import TaskItem
 from relax_services import warmup_cache
-from relax_services._data import prepare_data
+from relax_services._data import WarmupItem, prepare_data, warmup_items
 from relax_services.config import RunConfig, load_run_config
 from relax_services.models.checkpoint import resolve_source
 from relax_services.warmup import format_warmup
@@ -33,9 +32,13 @@ def _config(tmp_path: Path, *overrides: str) -> RunConfig:
     return load_run_config(None, [*SMALL, f"run.output_dir={tmp_path}", *overrides])
 
 
-def _items(cfg: RunConfig, run_dir: Path) -> tuple[list[TaskItem], object]:
+def _items(cfg: RunConfig, run_dir: Path) -> tuple[list[WarmupItem], object]:
+    # Each run folder gets its own copy of the synthetic files (other paths, the same bytes).
+    data_dir = run_dir / "data_files"
+    data_dir.mkdir(parents=True)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"data_dir": data_dir})})
     data = prepare_data(cfg, run_dir)
-    return [e["item"] for s in data.streams.values() for e in s.items], data.to_prompt
+    return warmup_items(cfg), data.to_prompt
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -55,7 +58,7 @@ def test_cached_warmup_equals_a_fresh_one_bitwise_and_a_hit_runs_nothing(tmp_pat
     items, to_prompt = _items(cfg, tmp_path / "run1")
     calls: list[Path] = []
 
-    def run(out: Path, items: list[TaskItem], to_prompt: object) -> dict[str, object]:
+    def run(out: Path, items: list[WarmupItem], to_prompt: object) -> dict[str, object]:
         calls.append(out)
         return format_warmup(cfg, items, to_prompt, str(out), cfg.trainer.seed)
 
@@ -103,13 +106,13 @@ def test_cached_warmup_equals_a_fresh_one_bitwise_and_a_hit_runs_nothing(tmp_pat
 
 
 @pytest.fixture
-def base(tmp_path: Path) -> tuple[RunConfig, list[TaskItem], str]:
+def base(tmp_path: Path) -> tuple[RunConfig, list[WarmupItem], str]:
     cfg = _config(tmp_path)
     items, _ = _items(cfg, tmp_path / "run")
     return cfg, items, warmup_key(warmup_inputs(cfg, items, resolve_source(cfg.model.source, cfg.model.seed)))
 
 
-def _key(cfg: RunConfig, items: list[TaskItem]) -> str:
+def _key(cfg: RunConfig, items: list[WarmupItem]) -> str:
     return warmup_key(warmup_inputs(cfg, items, resolve_source(cfg.model.source, cfg.model.seed)))
 
 
@@ -131,7 +134,7 @@ def _key(cfg: RunConfig, items: list[TaskItem]) -> str:
     ],
 )
 def test_changing_a_config_input_changes_the_key(
-    base: tuple[RunConfig, list[TaskItem], str], tmp_path: Path, override: str
+    base: tuple[RunConfig, list[WarmupItem], str], tmp_path: Path, override: str
 ) -> None:
     _, items, key = base
     assert _key(_config(tmp_path, override), items) != key
@@ -139,14 +142,14 @@ def test_changing_a_config_input_changes_the_key(
 
 @pytest.mark.parametrize("override", ["trainer.total_steps=7", "rollout.num_workers=2", "staleness.tau=0"])
 def test_fields_the_warmup_does_not_read_keep_the_key(
-    base: tuple[RunConfig, list[TaskItem], str], tmp_path: Path, override: str
+    base: tuple[RunConfig, list[WarmupItem], str], tmp_path: Path, override: str
 ) -> None:
     _, items, key = base
     assert _key(_config(tmp_path, override, "run.name=elsewhere"), items) == key
 
 
 def test_every_field_of_the_read_sections_is_in_the_key_unless_listed_unread(
-    base: tuple[RunConfig, list[TaskItem], str],
+    base: tuple[RunConfig, list[WarmupItem], str],
 ) -> None:
     cfg, items, _ = base
     config = warmup_inputs(cfg, items, resolve_source("tiny-omni"))["config"]
@@ -159,7 +162,7 @@ def test_every_field_of_the_read_sections_is_in_the_key_unless_listed_unread(
 
 
 def test_checkpoint_bytes_and_not_its_path_are_in_the_key(
-    base: tuple[RunConfig, list[TaskItem], str], tmp_path: Path
+    base: tuple[RunConfig, list[WarmupItem], str], tmp_path: Path
 ) -> None:
     _, items, key = base
     copy = tmp_path / "copy"
@@ -170,12 +173,12 @@ def test_checkpoint_bytes_and_not_its_path_are_in_the_key(
     assert _key(_config(tmp_path, f"model.source={copy}"), items) != key
 
 
-def test_items_and_their_media_bytes_are_in_the_key(base: tuple[RunConfig, list[TaskItem], str]) -> None:
+def test_items_and_their_media_bytes_are_in_the_key(base: tuple[RunConfig, list[WarmupItem], str]) -> None:
     cfg, items, key = base
     assert _key(cfg, items[::-1]) != key  # the order the warm-up samples from
-    changed = TaskItem(**{**items[0].__dict__, "options": items[0].options[:-1]})
+    changed = (items[0][0], items[0][1][:-1])
     assert _key(cfg, [changed, *items[1:]]) != key
-    media = next(m for item in items for m in item.media)
+    media = next(m for item, _ in items for m in item["item"].media)
     data = bytearray(Path(media.path).read_bytes())
     data[-1] ^= 1
     Path(media.path).write_bytes(bytes(data))
@@ -183,7 +186,7 @@ def test_items_and_their_media_bytes_are_in_the_key(base: tuple[RunConfig, list[
 
 
 def test_the_code_is_in_the_key(
-    base: tuple[RunConfig, list[TaskItem], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    base: tuple[RunConfig, list[WarmupItem], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg, items, key = base
     package = tmp_path / "src" / "warmup_code_probe"

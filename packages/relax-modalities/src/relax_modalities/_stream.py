@@ -1,7 +1,8 @@
 """A resumable stream of records over several dataset files: weighted mixing and a bounded shuffle buffer.
 
-The stream reads each source in row order, draws which source gives the next row by weight, passes rows
-through a bounded shuffle buffer, and skips (and counts) bad rows. Its ``state_dict`` names the buffered
+The stream reads each source in row order into a bounded shuffle buffer of its own, draws which source gives
+the next row by weight (so a weight changed with ``set_weights`` acts on the very next row), hands out a
+random row of that source's buffer, and skips (and counts) bad rows. Its ``state_dict`` names the buffered
 rows by ``(source, row)`` rather than holding their contents (inline media would bloat checkpoints);
 ``load_state_dict`` reads them back, so a resumed stream yields exactly what the uninterrupted one would.
 """
@@ -70,13 +71,14 @@ def check_columns(source: RowSource, schema: RowSchema) -> None:
 
 
 class DataStream(Iterator[DataRecord]):
-    """Records from several sources, mixed by weight, shuffled in a bounded buffer, resumable.
+    """Records from several sources, mixed by weight, shuffled in bounded buffers, resumable.
 
     Args:
         sources: The opened sources (see :func:`build_stream` to open files).
         schema: Column names and row rules.
         weights: One per source, relative; None weighs each source by its row count.
-        shuffle_buffer: Rows held for shuffling (0 or 1: file order within each source).
+        shuffle_buffer: Rows held for shuffling, shared evenly by the sources (each holds at least one; 0 or 1:
+            file order within each source).
         seed: Seeds the mixing and shuffling draws.
         epochs: Passes over each source (None: endless; each source restarts when it ends).
 
@@ -100,16 +102,15 @@ class DataStream(Iterator[DataRecord]):
             check_columns(source, self.schema)
         if weights is None:
             weights = [float(max(1, len(s))) for s in sources]  # an empty file is simply never drawn
-        if len(weights) != len(sources) or any(not w > 0 for w in weights):
-            raise ValueError(f"weights must be {len(sources)} positive numbers, got {list(weights)}")
+        self.sources = list(sources)
+        self.weights = self._checked(weights)
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             raise ValueError(f"a dataset appears twice among {names}; give it once with its weight")
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
-        self.sources = list(sources)
-        self.weights = [float(w) for w in weights]
         self.shuffle_buffer = max(1, shuffle_buffer)
+        self._capacity = max(1, self.shuffle_buffer // max(1, len(sources)))  # rows buffered per source
         self.epochs = epochs
         self.seed = seed
         self.stats = BadRowStats()
@@ -118,27 +119,45 @@ class DataStream(Iterator[DataRecord]):
         self._epoch = [0] * len(sources)
         self._good_in_pass = [0] * len(sources)
         self._active = [len(s) > 0 for s in sources]
-        self._buffer: list[DataRecord] = []
+        self._buffers: list[list[DataRecord]] = [[] for _ in sources]
         self._iters: list[Iterator[tuple[int, Mapping[str, Any] | str]] | None] = [None] * len(sources)
         self.yielded = 0
+
+    def _checked(self, weights: Sequence[float]) -> list[float]:
+        if len(weights) != len(self.sources) or any(not float(w) > 0 for w in weights):
+            raise ValueError(f"weights must be {len(self.sources)} positive numbers, got {list(weights)}")
+        return [float(w) for w in weights]
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Replace the sources' relative weights (one per source, in order); the next row is drawn by them.
+
+        Raises:
+            ValueError: Not one positive number per source.
+        """
+        self.weights = self._checked(weights)
 
     def __iter__(self) -> DataStream:
         return self
 
     def __next__(self) -> DataRecord:
-        while len(self._buffer) < self.shuffle_buffer and any(self._active):
-            record = self._pull(self._choose())
-            if record is not None:
-                self._buffer.append(record)
-        if not self._buffer:
-            raise StopIteration
-        j = self._rng.randrange(len(self._buffer))
-        self._buffer[j], self._buffer[-1] = self._buffer[-1], self._buffer[j]
+        while True:
+            live = [i for i, a in enumerate(self._active) if a or self._buffers[i]]
+            if not live:
+                raise StopIteration
+            i = self._choose(live)
+            buffer = self._buffers[i]
+            while len(buffer) < self._capacity and self._active[i]:
+                record = self._pull(i)
+                if record is not None:
+                    buffer.append(record)
+            if buffer:  # else source i ended (its last pass done, or nothing but bad rows): draw again
+                break
+        j = self._rng.randrange(len(buffer))
+        buffer[j], buffer[-1] = buffer[-1], buffer[j]
         self.yielded += 1
-        return self._buffer.pop()
+        return buffer.pop()
 
-    def _choose(self) -> int:
-        live = [i for i, a in enumerate(self._active) if a]
+    def _choose(self, live: list[int]) -> int:
         x = self._rng.random() * sum(self.weights[i] for i in live)
         for i in live:
             x -= self.weights[i]
@@ -201,7 +220,8 @@ class DataStream(Iterator[DataRecord]):
             "good_in_pass": list(self._good_in_pass),
             "active": list(self._active),
             "rng": [version, list(internal), gauss],
-            "buffer": [[self._index_of(r.source), r.row, r.epoch] for r in self._buffer],
+            "buffer": [[i, r.row, r.epoch] for i, buffer in enumerate(self._buffers) for r in buffer],
+            "weights": list(self.weights),
             "yielded": self.yielded,
             "bad": {
                 "total": self.stats.total,
@@ -209,9 +229,6 @@ class DataStream(Iterator[DataRecord]):
                 "recent": [[b.source, b.row, b.reason] for b in self.stats.recent],
             },
         }
-
-    def _index_of(self, name: str) -> int:
-        return next(i for i, s in enumerate(self.sources) if s.name == name)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a :meth:`state_dict` of a stream over the same sources.
@@ -234,10 +251,14 @@ class DataStream(Iterator[DataRecord]):
         self.stats = BadRowStats(
             bad["total"], dict(bad["by_source"]), [BadRowInfo(s, r, why) for s, r, why in bad["recent"]]
         )
-        self._buffer = self._reread([(int(i), int(r), int(e)) for i, r, e in state["buffer"]])
+        if "weights" in state:
+            self.weights = self._checked(state["weights"])
+        self._buffers = [[] for _ in self.sources]
+        for i, record in self._reread([(int(i), int(r), int(e)) for i, r, e in state["buffer"]]):
+            self._buffers[i].append(record)
 
-    def _reread(self, refs: list[tuple[int, int, int]]) -> list[DataRecord]:
-        """Read the referenced rows again (one forward scan per source), in the order given."""
+    def _reread(self, refs: list[tuple[int, int, int]]) -> list[tuple[int, DataRecord]]:
+        """Read the referenced rows again (one forward scan per source), in the order given, with their source."""
         found: dict[tuple[int, int], DataRecord] = {}
         for i in {i for i, _, _ in refs}:
             wanted = {r for j, r, _ in refs if j == i}
@@ -250,7 +271,7 @@ class DataStream(Iterator[DataRecord]):
                 if not wanted:
                     break
         # A row that vanished or turned bad since the snapshot is dropped (and, on a first pass, counted).
-        return [replace(found[i, r], epoch=e) for i, r, e in refs if (i, r) in found]
+        return [(i, replace(found[i, r], epoch=e)) for i, r, e in refs if (i, r) in found]
 
 
 def build_stream(

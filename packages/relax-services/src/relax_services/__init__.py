@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         make_rollout_engine,
         make_train_engine,
     )
-    from relax_services.feeder import Ledger, PromptFeeder, TaskStream
+    from relax_services.feeder import Ledger, PromptFeeder
     from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
     from relax_services.pipeline import PIPELINE_BUILDERS, Pipeline, ServiceSpec, build_pipeline, pipeline_family
     from relax_services.rows import (
@@ -158,7 +158,6 @@ _EXPORTS: dict[str, str] = {
     "WeightPoller": "relax_services.weights",
     # data
     "PromptFeeder": "relax_services.feeder",
-    "TaskStream": "relax_services.feeder",
     "Ledger": "relax_services.feeder",
     # health and checkpoints
     "HealthManager": "relax_services.health",
@@ -238,7 +237,6 @@ __all__ = [  # noqa: RUF022 - grouped by topic, as _EXPORTS
     "WeightPoller",
     # data
     "PromptFeeder",
-    "TaskStream",
     "Ledger",
     # health and checkpoints
     "HealthManager",

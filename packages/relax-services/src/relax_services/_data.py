@@ -1,43 +1,47 @@
-"""The run's data: synthetic omni tasks written as real files, split into training streams and a held-out set,
-and turned into model-ready prompts by relax-modalities' data paths."""
+"""The run's data: dataset files (the user's, or the synthetic omni tasks written as such files) read as one
+endless training stream and a held-out set, and turned into model-ready prompts by relax-modalities' data paths."""
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from relax_modalities import (
     AudioSettings,
     BadRowInfo,
     BadRowStats,
+    DataFileSpec,
     DataRecord,
     ImageSettings,
     MediaError,
     ProcessorSettings,
     SampleProcessor,
     VideoSettings,
+    build_stream,
 )
-from relax_modalities.synthetic import TaskItem, read_manifest, write_synthetic_tasks
+from relax_modalities.synthetic import TaskItem
 from relax_modalities.text import CheckpointTemplate
-from relax_services._dataset import (
-    DATASET_TASK,
-    DataReport,
-    RecordStream,
-    eval_stream,
-    record_item,
-    train_stream,
-)
+from relax_services._chance import ChanceLevels
+from relax_services._dataset import DataReport, RecordStream, eval_stream, record_item, train_stream
+from relax_services._synthetic import with_synthetic_files
 from relax_services.config import ModelConfig, RunConfig
-from relax_services.feeder import TaskStream
 from relax_services.models import Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
 from relax_services.rows import DataItem, HeldoutItem, ItemInfo
 
-__all__ = ["PromptBuilder", "RunData", "data_report", "prepare_data", "processor_settings"]
+__all__ = [
+    "PromptBuilder",
+    "RunData",
+    "WarmupItem",
+    "data_report",
+    "prepare_data",
+    "processor_settings",
+    "warmup_items",
+]
 
-_HELDOUT_SEED_OFFSET = 1_000_003
+WarmupItem = tuple[DataItem, tuple[str, ...]]
+"""A training row for the format warm-up: its feeder item and its valid answers (``extra_info.options``)."""
+
+_WARMUP_ROWS = 4096  # most training rows the warm-up draws from (read from the start of the files)
 
 
 def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
@@ -111,78 +115,29 @@ class PromptBuilder:
 
 @dataclass
 class RunData:
-    """Training streams per task, the held-out set, each task's chance level, and the prompt builder; for
-    dataset files (``data.train_files``) one record stream and the files' report."""
+    """The training stream, the held-out set, each task's chance level, the prompt builder, and the files'
+    report. Tasks are the rows' ``data_source`` values."""
 
-    streams: dict[str, TaskStream | RecordStream]
+    stream: RecordStream
     heldout: list[HeldoutItem]
     chance: dict[str, float]
     skipped_heldout: dict[str, int]
     to_prompt: PromptBuilder
-    report: DataReport | None = None
-
-
-def _as_entry(item: TaskItem) -> DataItem:
-    return {"id": item.id, "task": item.task, "answer": item.answer, "item": item}
+    report: DataReport
+    train_files: list[DataFileSpec] = field(default_factory=list)
 
 
 def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
-    """Write (or reuse) the synthetic task files and build the training streams and held-out prompts.
+    """The run's data from ``data.train_files`` / ``data.eval_files`` (without them: the synthetic tasks' files,
+    written first if missing, :func:`~relax_services._synthetic.with_synthetic_files`): one endless training
+    record stream, and the held-out records rendered once (tasks are their data_sources; no eval files: no
+    held-out evaluation).
 
     The checkpoint is validated first (:func:`~relax_services.models.validate_checkpoint`), so a bad
-    ``model.source`` fails here, before any service starts.
+    ``model.source`` fails here, before any file is written or service started.
     """
-    open_checkpoint(cfg.model.source, cfg.model.seed)  # validated before any file is written or service started
-    if cfg.data.train_files:
-        return _prepare_files(cfg, run_dir)
-    to_prompt = PromptBuilder(cfg.model)
-    root = cfg.data.data_dir or run_dir / "data"
-    tasks: list[str] = list(cfg.data.tasks)
-    # A user's data folder is read, never written: without a train split it is an error, without a held-out
-    # split the run has no held-out evaluation. Only the run folder's own data/ is filled with synthetic tasks.
-    users = cfg.data.data_dir is not None
-    if users and not (root / "train" / "manifest.jsonl").is_file():
-        raise ValueError(f"data.data_dir: {root} has no train/manifest.jsonl")
-    train = _manifest(root / "train", tasks, cfg.data.train_per_task, cfg.data.seed, cfg.data.difficulty)
-    heldout_items = (
-        []
-        if users and not (root / "heldout" / "manifest.jsonl").is_file()
-        else _manifest(
-            root / "heldout", tasks, cfg.data.eval_per_task, cfg.data.seed + _HELDOUT_SEED_OFFSET, cfg.data.difficulty
-        )
-    )
-    by_task: dict[str, list[DataItem]] = defaultdict(list)
-    for item in train:
-        by_task[item.task].append(_as_entry(item))
-    streams: dict[str, TaskStream | RecordStream] = {
-        task: TaskStream(items, seed=cfg.data.seed) for task, items in by_task.items()
-    }
-    heldout: list[HeldoutItem] = []
-    skipped: dict[str, int] = {}
-    for item in heldout_items:
-        try:
-            heldout.append((item.task, to_prompt(item), {"id": item.id, "task": item.task, "answer": item.answer}))
-        except MediaError as exc:  # a bad held-out file is skipped and counted, like a bad training file
-            skipped[exc.modality] = skipped.get(exc.modality, 0) + 1
-    chance = {item.task: item.chance for item in heldout_items}
-    return RunData(streams, heldout, chance, skipped, to_prompt)
-
-
-def _manifest(folder: Path, tasks: list[str], n: int, seed: int, difficulty: int) -> list[TaskItem]:
-    """The items of ``folder``'s manifest; written first unless a manifest is already there (then reused)."""
-    manifest = folder / "manifest.jsonl"
-    if not manifest.is_file():
-        manifest = write_synthetic_tasks(folder, tasks, n, seed, difficulty)
-    items = [item for item in read_manifest(manifest) if item.task in tasks]
-    missing = sorted(set(tasks) - {item.task for item in items})
-    if missing:
-        raise ValueError(f"data: the manifest {manifest} has no items of task(s) {missing}")
-    return items
-
-
-def _prepare_files(cfg: RunConfig, run_dir: Path) -> RunData:
-    """The run's data from ``data.train_files`` / ``data.eval_files``: one endless record stream, and the
-    held-out records rendered once (tasks are their data_sources; none given: no held-out evaluation)."""
+    open_checkpoint(cfg.model.source, cfg.model.seed)
+    cfg = with_synthetic_files(cfg)
     to_prompt = PromptBuilder(cfg.model, inline_dir=run_dir / "data" / "inline")
     stream = train_stream(cfg.data)
     report = DataReport(
@@ -190,6 +145,7 @@ def _prepare_files(cfg: RunConfig, run_dir: Path) -> RunData:
     )
     heldout: list[HeldoutItem] = []
     skipped: dict[str, int] = {}
+    chance = ChanceLevels(cfg.reward.runner_config())
     if cfg.data.eval_files:
         held = eval_stream(cfg.data)
         for record in held:
@@ -203,9 +159,24 @@ def _prepare_files(cfg: RunConfig, run_dir: Path) -> RunData:
             info: ItemInfo = {k: v for k, v in item.items() if k != "item"}  # type: ignore[assignment]
             heldout.append((item["task"], prompt, info))
             report.heldout_by_source[item["task"]] = report.heldout_by_source.get(item["task"], 0) + 1
+            chance.add(item["task"], record)
         _add_bad(report, held.stats)
-    chance = dict.fromkeys(report.heldout_by_source, math.nan)  # a dataset's chance level is not known
-    return RunData({DATASET_TASK: stream}, heldout, chance, skipped, to_prompt, report)
+    report.chance_unknown = dict(chance.unknown)
+    return RunData(stream, heldout, dict(chance.levels()), skipped, to_prompt, report, list(cfg.data.train_files))
+
+
+def warmup_items(cfg: RunConfig) -> list[WarmupItem]:
+    """Training rows that list their valid answers (``extra_info.options``, as the synthetic tasks' rows do),
+    from the first rows of the training files (at most 4096, one pass in file order): what the format warm-up
+    trains on. Empty when the rows list none (then there is no warm-up)."""
+    cfg = with_synthetic_files(cfg)
+    stream = build_stream(cfg.data.train_files, cfg.data.schema_, shuffle_buffer=0, seed=cfg.data.seed, epochs=1)
+    items: list[WarmupItem] = []
+    for record, _ in zip(stream, range(_WARMUP_ROWS), strict=False):
+        options = record.extra_info.get("options")
+        if isinstance(options, list) and options and all(isinstance(o, str) for o in options):
+            items.append((record_item(record), tuple(options)))
+    return items
 
 
 def _add_bad(report: DataReport, stats: BadRowStats) -> None:
@@ -215,14 +186,9 @@ def _add_bad(report: DataReport, stats: BadRowStats) -> None:
     report.recent_bad_rows += [(b.source, b.row, b.reason) for b in stats.recent]
 
 
-def data_report(data: RunData) -> dict[str, Any] | None:
-    """The dataset files' report at the end of a run (training bad rows as the stream counted them); None for
-    the synthetic tasks."""
-    if data.report is None:
-        return None
+def data_report(data: RunData) -> dict[str, object]:
+    """The dataset files' report at the end of a run (training bad rows as the stream counted them)."""
     report = DataReport(**{**data.report.__dict__, "bad_rows_by_file": dict(data.report.bad_rows_by_file)})
     report.recent_bad_rows = list(data.report.recent_bad_rows)
-    for stream in data.streams.values():
-        if isinstance(stream, RecordStream):
-            _add_bad(report, stream.stream.stats)
+    _add_bad(report, data.stream.stream.stats)
     return report.as_dict()

@@ -48,6 +48,7 @@ class DataReport:
     bad_rows_by_file: dict[str, int] = field(default_factory=dict)
     recent_bad_rows: list[tuple[str, int, str]] = field(default_factory=list)
     heldout_by_source: dict[str, int] = field(default_factory=dict)
+    chance_unknown: dict[str, str] = field(default_factory=dict)  # data_source -> why its chance level is unknown
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready."""
@@ -58,21 +59,33 @@ class DataReport:
             "bad_rows_by_file": dict(self.bad_rows_by_file),
             "recent_bad_rows": [list(b) for b in self.recent_bad_rows],
             "heldout_by_source": dict(self.heldout_by_source),
+            "chance_unknown": dict(self.chance_unknown),
         }
 
 
 class RecordStream:
-    """The feeder's stream over dataset files: an endless :class:`~relax_modalities.DataStream` (each file
-    reshuffled every pass) yielding :func:`record_item` items; its position is the stream's ``state_dict``.
+    """The feeder's stream over dataset files: an endless :class:`~relax_modalities.DataStream` yielding
+    :func:`record_item` items; its position is the stream's ``state_dict`` plus the task weights below.
 
-    Prompts are not cached by the feeder (``cache_prompts`` False): a file's rows are many and recur once per
-    pass, so caching them would grow with the file.
+    Task weights (the feeder's adaptive mix) act per file: a file's weight is its configured weight times the
+    mean weight of the ``data_source`` values its rows carried so far (``default`` for a file none of whose
+    tasks has one yet), so a file of one task gets exactly that task's share.
+
+    Args:
+        stream: The endless record stream.
+        cache_rows: The feeder may keep each row's processed prompt (by file and row, across passes) when the
+            files hold at most this many rows in all; above it prompts are processed every time, so memory does
+            not grow with the files.
     """
 
-    cache_prompts = False
-
-    def __init__(self, stream: DataStream) -> None:
+    def __init__(self, stream: DataStream, cache_rows: int = 4096) -> None:
         self.stream = stream
+        self._cache = sum(len(s) for s in stream.sources) <= cache_rows
+        self._base = list(stream.weights)
+        self._index = {s.name: i for i, s in enumerate(stream.sources)}
+        self.file_tasks: dict[str, list[str]] = {}  # file -> data_sources its rows carried so far
+        self.task_weights: dict[str, float] = {}
+        self.default_weight = 1.0
 
     def next(self) -> DataItem:
         """The next record's item.
@@ -81,12 +94,38 @@ class RecordStream:
             RuntimeError: every file's rows are bad (nothing left to train on).
         """
         try:
-            return record_item(next(self.stream))
+            record = next(self.stream)
         except StopIteration:
             files = [s.name for s in self.stream.sources]
             raise RuntimeError(
                 f"data.train_files {files}: no readable row left ({self.stream.stats.total} bad)"
             ) from None
+        item = record_item(record)
+        tasks = self.file_tasks.setdefault(record.source, [])
+        if item["task"] not in tasks:
+            tasks.append(item["task"])
+            self._apply()
+        return item
+
+    def cache_key(self, item: DataItem) -> str | None:
+        """What the feeder may cache ``item``'s prompt under (its file and row), or None (not cached)."""
+        record: DataRecord = item["item"]
+        return record.uid if self._cache else None
+
+    def set_task_weights(self, weights: Mapping[str, float], default: float) -> None:
+        """Weigh each file by its tasks' ``weights`` (``default`` for a task not in them); see the class."""
+        self.task_weights = dict(weights)
+        self.default_weight = default
+        self._apply()
+
+    def _apply(self) -> None:
+        if not self.task_weights:
+            return
+        factors = [self.default_weight] * len(self._base)
+        for name, tasks in self.file_tasks.items():
+            values = [self.task_weights.get(t, self.default_weight) for t in tasks]
+            factors[self._index[name]] = sum(values) / len(values)
+        self.stream.set_weights([b * f for b, f in zip(self._base, factors, strict=True)])
 
     def skip(self, item: DataItem, reason: str) -> None:
         """Count a row whose media could not be decoded as a bad row (on its first pass, as parse failures)."""
@@ -95,12 +134,26 @@ class RecordStream:
             self.stream.stats.add(BadRowInfo(record.source, record.row, reason))
 
     def state_dict(self) -> dict[str, object]:
-        """The stream's position (plain JSON values)."""
-        return self.stream.state_dict()
+        """The stream's position and the task weights (plain JSON values)."""
+        return {
+            **self.stream.state_dict(),
+            "file_tasks": {k: list(v) for k, v in self.file_tasks.items()},
+            "task_weights": dict(self.task_weights),
+            "default_weight": self.default_weight,
+        }
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Continue from :meth:`state_dict`."""
         self.stream.load_state_dict(state)
+        tasks = state.get("file_tasks", {})
+        weights = state.get("task_weights", {})
+        assert isinstance(tasks, dict) and isinstance(weights, dict)
+        self.file_tasks = {str(k): [str(t) for t in v] for k, v in tasks.items()}
+        self.task_weights = {str(k): float(v) for k, v in weights.items()}
+        default = state.get("default_weight", 1.0)
+        assert isinstance(default, int | float)
+        self.default_weight = float(default)
+        self._apply()
 
 
 def train_stream(cfg: DataConfig) -> RecordStream:

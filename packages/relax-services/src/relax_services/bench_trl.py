@@ -143,9 +143,9 @@ def _hparams(updates: int, seed: int) -> BenchHParams:
 
 
 def _write_task(work: Path) -> None:
-    """The task for both sides: relax's data folder (train and held-out manifests), TRL's prompt list, and the
-    shared tokenizer folder."""
-    from relax_modalities.synthetic import TaskItem
+    """The task for both sides: relax's dataset files (the same rows for training and held-out), TRL's prompt list,
+    and the shared tokenizer folder."""
+    from relax_modalities.synthetic import TaskItem, task_item_row
     from relax_services._data import PromptBuilder
     from relax_services.config import ModelConfig
     from relax_services.models import DEFAULT_SOURCE, open_checkpoint
@@ -156,10 +156,10 @@ def _write_task(work: Path) -> None:
         for a in range(5)
         for b in range(5)
     ]
-    for split in ("train", "heldout"):
-        folder = work / "data" / split
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "manifest.jsonl").write_text("".join(it.to_json(folder) + "\n" for it in items), encoding="utf-8")
+    folder = work / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = "".join(json.dumps(task_item_row(it, folder, data_source="text")) + "\n" for it in items)
+    (folder / "text.jsonl").write_text(rows, encoding="utf-8")
     to_prompt = PromptBuilder(ModelConfig())  # the default checkpoint's chat template and tokenizer
     hf = open_checkpoint(DEFAULT_SOURCE).tokenizer
     ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
@@ -234,8 +234,8 @@ def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> S
         f"run.name={name}",
         "run.progress=none",
         f"staleness.tau={tau}",
-        f"data.data_dir={work / 'data'}",
-        "data.tasks=[text]",
+        f"data.train_files={work / 'data' / 'text.jsonl'}",
+        f"data.eval_files={work / 'data' / 'text.jsonl'}",
         "data.adaptive_weights=false",
         f"trainer.total_steps={hp['updates']}",
         f"trainer.groups_per_step={hp['groups_per_step']}",

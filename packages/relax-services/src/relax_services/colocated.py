@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from relax_modalities.synthetic import TaskItem
 from relax_queue import TransferQueue
+from relax_services._data import WarmupItem
 from relax_services.checkpoint import PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.controller import Controller
@@ -237,7 +237,7 @@ class ColocatedController(Controller):
             raise GlobalRestartNeeded(f"trainer unavailable for a checkpoint: {exc}") from exc
         return self._write_checkpoint(version, trainer.save_engine, None if hold else trainer.resume)
 
-    def _run_warmup(self, cfg: RunConfig, items: list[TaskItem], out: Path) -> dict[str, object]:
+    def _run_warmup(self, cfg: RunConfig, items: list[WarmupItem], out: Path) -> dict[str, object]:
         """The format warm-up in this process (the distributed mode gives it a process of its own)."""
         from relax_services.warmup import format_warmup
 

@@ -70,8 +70,8 @@ class ModelConfig(ConfigModel):
 
 
 class DataConfig(ConfigModel):
-    """The training data: the user's dataset files (``train_files``), or by default the synthetic omni task mix
-    (written as real media files plus a JSONL manifest)."""
+    """The training data: the user's dataset files (``train_files``), or by default the synthetic omni tasks,
+    written as dataset files of the same schema (one per task, weighted evenly) and read the same way."""
 
     # `schema` is the YAML name of `schema_` (pydantic's BaseModel has a `schema` attribute of its own).
     model_config = pydantic.ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
@@ -117,12 +117,13 @@ class DataConfig(ConfigModel):
         return value
 
     adaptive_weights: bool = True
-    """Sample each task with probability ∝ (1 − its latest held-out reward + 0.1), so lagging tasks get more
-    prompts (uniform when off)."""
+    """Weigh each training file by (1 − the latest held-out reward of its rows' data_source + 0.1), so lagging
+    tasks get more prompts (the files' own weights when off)."""
 
     data_dir: Path | None = None
-    """Where the data lives: ``train/manifest.jsonl`` and ``heldout/manifest.jsonl`` there are used as they are
-    (any items in the manifest format); missing ones are written as synthetic tasks. Default: ``<run dir>/data``."""
+    """An existing folder where the synthetic tasks' dataset files (one training and one held-out JSONL per task,
+    media beside them) are written once and reused. Default: ``$RELAX_CACHE_DIR/datasets`` (the default model's
+    cache, ``~/.cache/relax``)."""
 
 
 class VLLMSettings(ConfigModel):

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from relax_core import dump_config
-from relax_modalities.synthetic import TaskItem
-from relax_services._data import data_report, prepare_data
+from relax_services._data import WarmupItem, data_report, prepare_data, warmup_items
 from relax_services._metrics import MetricsWriter
 from relax_services._reaper import start_reaper
+from relax_services._synthetic import with_synthetic_files
 from relax_services.checkpoint import (
     CONTROLLER_FILE,
     ENGINE_FILE,
@@ -28,7 +28,7 @@ from relax_services.checkpoint import (
     queued_prompt_keys,
 )
 from relax_services.config import RunConfig
-from relax_services.feeder import Ledger, PromptFeeder, TaskStream
+from relax_services.feeder import Ledger, PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
@@ -204,6 +204,7 @@ class Controller:
         cfg = self.cfg
         self._phase("imports_and_ray")  # from the command (``started_at``) to here: imports and Ray's start
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        cfg = self.cfg = with_synthetic_files(cfg)  # the default run's tasks as dataset files, read as a user's
         self.data = prepare_data(cfg, self.run_dir)
         cfg = self.cfg = self._warmup(cfg)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
@@ -310,12 +311,11 @@ class Controller:
         cfg = self.cfg
         self.pipeline = self.pipeline_builder(cfg, self.data.heldout, restore)
         self.feeder = PromptFeeder(
-            self.data.streams,
+            self.data.stream,
             self.data.to_prompt,
             self.pipeline.prompt_queue,
             self.pipeline.sample_queue,
             cfg.algorithm.group_size,
-            seed=cfg.data.seed,
             adaptive=cfg.data.adaptive_weights,
         )
         if restore is not None:
@@ -439,23 +439,18 @@ class Controller:
         """Run the format warm-up (once per run folder) and point every service at the warmed-up checkpoint."""
         if cfg.trainer.warmup_format_steps == 0:
             return cfg
-        if cfg.data.train_files:  # the warm-up teaches the synthetic tasks' answer options; a dataset has none
-            return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"warmup_format_steps": 0})})
         out = self.run_dir / "warmup_model"
         if not (out / "config.json").is_file():
             from relax_services.warmup_cache import load_or_run
 
-            items = [
-                entry["item"]
-                for stream in self.data.streams.values()
-                if isinstance(stream, TaskStream)
-                for entry in stream.items
-            ]
+            items = warmup_items(cfg)
+            if not items:  # the warm-up teaches rows' listed answer options (extra_info.options); these list none
+                return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"warmup_format_steps": 0})})
             # A warm-up of the same inputs ran before: its result is copied from the cache, no process started.
             self.metrics.write("warmup", load_or_run(cfg, items, out, lambda: self._run_warmup(cfg, items, out)))
         return cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": str(out)})})
 
-    def _run_warmup(self, cfg: RunConfig, items: list[TaskItem], out: Path) -> dict[str, object]:
+    def _run_warmup(self, cfg: RunConfig, items: list[WarmupItem], out: Path) -> dict[str, object]:
         """The warm-up in a process of its own (``max_calls=1``: it exits when done instead of idling with the
         model stack loaded); returns its metrics record."""
         import ray

@@ -1,17 +1,18 @@
 """The prompt feeder: asks the sample queue for admission (the staleness bound paces it), then puts one prompt
 row per admitted group into the prompt queue. It keeps the exact ledger of prompt keys.
 
-It runs on a thread of the controller; its position (task cursors, RNG, next key) is part of the run state, so
-a resumed run continues with exactly the prompts it would have seen.
+The items come from one stream (relax-modalities' dataset stream: weighted mixing, checkpointable position, bad
+rows skipped and counted); the feeder only sets its task weights. It runs on a thread of the controller; its
+position (the stream's, the running rewards, the next key) is part of the run state, so a resumed run continues
+with exactly the prompts it would have seen.
 """
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from relax_modalities import MediaError
 from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
@@ -20,7 +21,10 @@ from relax_services.rows import DataItem, ItemInfo, PromptRow, item_extras
 if TYPE_CHECKING:
     from relax_services.models import OmniPrompt
 
-__all__ = ["FeederState", "ItemStream", "Ledger", "LedgerState", "PromptFeeder", "TaskStream"]
+__all__ = ["STREAM_NAME", "FeederState", "ItemStream", "Ledger", "LedgerState", "PromptFeeder"]
+
+STREAM_NAME = "dataset"
+"""The stream's key in :class:`FeederState` ``streams`` (checkpoints keep the one-entry mapping they had)."""
 
 
 class LedgerState(TypedDict):
@@ -35,9 +39,8 @@ class FeederState(TypedDict):
     """:meth:`PromptFeeder.state_dict`: everything a resumed run needs to continue with the same prompts."""
 
     next_index: int
-    rng: tuple[object, ...]  # random.Random.getstate()
-    streams: dict[str, Any]  # stream name -> its state_dict()
-    running_reward: dict[str, float]
+    streams: dict[str, dict[str, object]]  # STREAM_NAME -> the stream's state_dict()
+    running_reward: dict[str, float]  # task -> running held-out reward (drives the adaptive task weights)
     ledger: LedgerState
     items: dict[str, DataItem]  # prompt key -> item, for prompts not yet consumed
 
@@ -78,109 +81,68 @@ class Ledger:
 
 
 class ItemStream(Protocol):
-    """An endless stream of feeder items whose position is checkpointable (:class:`TaskStream` over a task's
-    items, or a dataset files' record stream)."""
-
-    cache_prompts: bool
-    """Whether the feeder may keep each item's processed prompt for its next epoch (by item id)."""
+    """An endless stream of feeder items whose position is checkpointable, mixing its tasks by weights the feeder
+    may change (:class:`~relax_services._dataset.RecordStream` over dataset files: the synthetic tasks' or a
+    user's)."""
 
     def next(self) -> DataItem:
         """The next item."""
+        ...
+
+    def cache_key(self, item: DataItem) -> str | None:
+        """What ``item``'s processed prompt may be cached under across passes (None: not cached)."""
+        ...
+
+    def set_task_weights(self, weights: Mapping[str, float], default: float) -> None:
+        """Draw tasks by ``weights`` from now on (``default`` for a task not in them)."""
         ...
 
     def skip(self, item: DataItem, reason: str) -> None:
         """``item`` was skipped (its media could not be read): count it where the stream counts bad items."""
         ...
 
-    def state_dict(self) -> object:
+    def state_dict(self) -> dict[str, object]:
         """The position."""
         ...
 
-    def load_state_dict(self, state: Any) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore :meth:`state_dict`."""
         ...
-
-
-class TaskStream:
-    """Endless, seeded, reshuffled-per-epoch stream over one task's items; its position is checkpointable."""
-
-    cache_prompts = True  # few items, each seen every epoch
-
-    def __init__(self, items: Sequence[DataItem], seed: int) -> None:
-        if not items:
-            raise ValueError("a task stream needs at least one item")
-        self.items = list(items)
-        self.seed = seed
-        self.epoch = 0
-        self.cursor = 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> list[int]:
-        order = list(range(len(self.items)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def next(self) -> DataItem:
-        """The next item (a new epoch reshuffles)."""
-        if self.cursor == len(self._order):
-            self.epoch += 1
-            self.cursor = 0
-            self._order = self._shuffle()
-        item = self.items[self._order[self.cursor]]
-        self.cursor += 1
-        return item
-
-    def skip(self, item: DataItem, reason: str) -> None:
-        """Nothing to do: the feeder counts skipped task items itself."""
-
-    def state_dict(self) -> dict[str, int]:
-        """Epoch and cursor."""
-        return {"epoch": self.epoch, "cursor": self.cursor}
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.epoch = int(state["epoch"])
-        self.cursor = int(state["cursor"])
-        self._order = self._shuffle()
 
 
 class PromptFeeder:
     """Admission-paced producer of prompt rows.
 
     Args:
-        streams: One :class:`ItemStream` per task (a :class:`TaskStream` each), or one over dataset files.
+        stream: The items (see :class:`ItemStream`).
         to_prompt: Turns an item into the model-ready prompt (the modality data path).
         prompt_queue: Queue whose ``rollout`` task the Rollout workers read.
         sample_queue: Queue whose staleness policy grants admissions.
         group_size: Samples per prompt (admissions are taken in whole groups).
-        seed: Seed of the task choice.
-        adaptive: Choose a task with probability ∝ (1 − its running reward + 0.1) instead of uniformly.
+        adaptive: Weigh each task by max(1 − its running reward + 0.1, 0.1) instead of the stream's own mix.
     """
 
     def __init__(
         self,
-        streams: Mapping[str, ItemStream],
+        stream: ItemStream,
         to_prompt: Callable[[DataItem], OmniPrompt],
         prompt_queue: QueueClient,
         sample_queue: QueueClient,
         group_size: int,
-        seed: int,
         adaptive: bool,
     ) -> None:
-        self.streams = dict(streams)
-        self.tasks = sorted(self.streams)
+        self.stream = stream
         self.to_prompt = to_prompt
         self.prompt_queue = prompt_queue
         self.sample_queue = sample_queue
         self.group_size = group_size
         self.adaptive = adaptive
-        self.rng = random.Random(seed)
         self.next_index = 0
-        self.running_reward = {t: 0.0 for t in self.tasks}
+        self.running_reward: dict[str, float] = {}
         self.ledger = Ledger()
         self.skipped: dict[str, int] = {}  # reason -> items skipped because their media could not be read
         self.skipped_items: set[str] = set()
-        self._prompts: dict[str, OmniPrompt] = {}  # item id -> processed prompt
+        self._prompts: dict[str, OmniPrompt] = {}  # the stream's cache key -> processed prompt
         self._items: dict[str, DataItem] = {}  # prompt key -> item, until consumed (for requeues)
         self._lock = threading.Lock()
         self._pump_lock = threading.Lock()  # held by a pump in progress, or by pause()
@@ -188,20 +150,22 @@ class PromptFeeder:
         self._thread: threading.Thread | None = None
         self.error: str | None = None
 
-    # ------------------------------------------------------------------ task choice
+    # ------------------------------------------------------------------ task weights
     def observe(self, reward_by_task: Mapping[str, float], momentum: float = 0.8) -> None:
-        """Update the running reward per task (the controller feeds held-out greedy rewards; they drive the
-        adaptive task weights, so tasks already solved get fewer prompts)."""
+        """Update the running reward per task (the controller feeds held-out greedy rewards; with ``adaptive``
+        they set the stream's task weights, so tasks already solved get fewer prompts). A task not seen before
+        starts from 0."""
         with self._lock:
             for task, value in reward_by_task.items():
-                if task in self.running_reward:
-                    self.running_reward[task] = momentum * self.running_reward[task] + (1 - momentum) * value
+                previous = self.running_reward.get(task, 0.0)
+                self.running_reward[task] = momentum * previous + (1 - momentum) * value
+            self._apply_weights()
 
-    def _choose_task(self) -> str:
-        if not self.adaptive:
-            return self.rng.choice(self.tasks)
-        weights = [1.0 - self.running_reward[t] + 0.1 for t in self.tasks]
-        return self.rng.choices(self.tasks, weights=weights)[0]
+    def _apply_weights(self) -> None:
+        if self.adaptive and self.running_reward:
+            # At least 0.1 (a solved task's weight): a reward above 1 (a user's scale) must not zero a file out.
+            weights = {t: max(1.0 - r + 0.1, 0.1) for t, r in self.running_reward.items()}
+            self.stream.set_task_weights(weights, default=1.1)  # a task without a reward yet: as if at 0
 
     # ------------------------------------------------------------------ producing
     def _put_groups(self, groups: Sequence[tuple[DataItem, str, OmniPrompt]]) -> None:
@@ -234,9 +198,8 @@ class PromptFeeder:
             prompt = None
             for _attempt in range(10_000):
                 with self._lock:
-                    task = self._choose_task()
-                    item = self.streams[task].next()
-                prompt = self._process(item, self.streams[task])
+                    item = self.stream.next()
+                prompt = self._process(item)
                 if prompt is not None:
                     break
             else:
@@ -250,26 +213,26 @@ class PromptFeeder:
         self._put_groups(ready)
         return groups
 
-    def _process(self, item: DataItem, stream: ItemStream | None = None) -> OmniPrompt | None:
-        """The item's prompt, or None (skipped and counted) when its media cannot be read. Task prompts are cached
-        by item id: items recur every epoch, and decoding on the feeder's path would delay every update at τ = 0.
-        A stream without ``cache_prompts`` (dataset files: many rows) is processed every time."""
-        cached = self._prompts.get(str(item["id"]))
+    def _process(self, item: DataItem) -> OmniPrompt | None:
+        """The item's prompt, or None (skipped, and counted by the stream with its file, row and reason) when its
+        media cannot be read. Prompts are cached under the stream's cache key when it gives one (the rows of small
+        files recur every pass, and decoding on the feeder's path would delay every update at τ = 0)."""
+        key = self.stream.cache_key(item)
+        cached = None if key is None else self._prompts.get(key)
         if cached is not None:
             return cached
         try:
             prompt = self.to_prompt(item)
-            if stream is not None and stream.cache_prompts:
-                self._prompts[str(item["id"])] = prompt
-            return prompt
         except MediaError as exc:
             with self._lock:
                 reason = f"{exc.modality}: {exc.reason}"
                 self.skipped[reason] = self.skipped.get(reason, 0) + 1
                 self.skipped_items.add(str(item["id"]))
-                if stream is not None:
-                    stream.skip(item, reason)
+                self.stream.skip(item, reason)
             return None
+        if key is not None:
+            self._prompts[key] = prompt
+        return prompt
 
     def _prompt_room(self) -> int:
         metrics = self.prompt_queue.metrics()
@@ -341,20 +304,26 @@ class PromptFeeder:
         with self._lock:
             return {
                 "next_index": self.next_index,
-                "rng": self.rng.getstate(),
-                "streams": {t: s.state_dict() for t, s in self.streams.items()},
+                "streams": {STREAM_NAME: self.stream.state_dict()},
                 "running_reward": dict(self.running_reward),
                 "ledger": self.ledger.state_dict(),
                 "items": dict(self._items),
             }
 
     def load_state_dict(self, state: FeederState) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            ValueError: The state holds one stream per task (a checkpoint from before the one data path).
+        """
+        if STREAM_NAME not in state["streams"]:
+            raise ValueError(
+                f"the checkpoint's feeder state has per-task streams {sorted(state['streams'])}, not the one "
+                "dataset stream this version reads; start the run afresh"
+            )
         with self._lock:
             self.next_index = int(state["next_index"])
-            self.rng.setstate(state["rng"])
-            for task, s in state["streams"].items():
-                self.streams[task].load_state_dict(s)
+            self.stream.load_state_dict(state["streams"][STREAM_NAME])
             self.running_reward = dict(state["running_reward"])
             self.ledger.load_state_dict(state["ledger"])
             self._items = dict(state["items"])

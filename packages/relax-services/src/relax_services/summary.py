@@ -19,6 +19,8 @@ def _data_lines(data: dict[str, Any]) -> list[str]:
     else:
         held = ", ".join(f"{s or '(no data_source)'}: {n}" for s, n in sorted(data["heldout_by_source"].items()))
         lines.append(f"held-out: {', '.join(data['eval_files'])} ({held or 'no readable row'})")
+    for source, why in sorted(data.get("chance_unknown", {}).items()):
+        lines.append(f"chance of {source} unknown ('-'): {why}")
     lines.append(f"bad rows skipped: {data['bad_rows']}")
     lines += [f"  {source} row {row}: {reason}" for source, row, reason in data["recent_bad_rows"][-5:]]
     return lines
@@ -38,7 +40,7 @@ def format_summary(result: RunResult) -> str:
         reached = result.first_step_reaching.get(task)
         reached_text = f"{reached:.0f}s" if reached is not None else "-"
         chance = result.chance[task]
-        chance_text = "-" if math.isnan(chance) else f"{chance:.3f}"  # a dataset's chance level is unknown
+        chance_text = "-" if math.isnan(chance) else f"{chance:.3f}"  # unknown: the data lines say why
         lines.append(f"{task:<12} {value:>16.3f} {chance_text:>8} {reached_text:>15}")
     if result.data is not None:
         lines += _data_lines(result.data)

@@ -9,16 +9,19 @@ The warmed-up model is saved as a local transformers checkpoint that every servi
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from relax_modalities import MediaError
+from relax_services._data import WarmupItem
 from relax_services._policy import build_policy, build_train_engine, checkpoint_of
 from relax_services.config import RunConfig
 from relax_services.engines import LossInputs, TrainSample
-from relax_services.models import copy_side_files
+from relax_services.models import OmniPrompt, copy_side_files
+from relax_services.rows import DataItem
 
 __all__ = ["format_warmup"]
 
@@ -29,13 +32,17 @@ def _nll(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
 
 
 def format_warmup(
-    cfg: RunConfig, items: Sequence[Any], to_prompt: Any, out_dir: str, seed: int = 0
+    cfg: RunConfig,
+    items: Sequence[WarmupItem],
+    to_prompt: Callable[[DataItem], OmniPrompt],
+    out_dir: str,
+    seed: int = 0,
 ) -> dict[str, object]:
     """Train ``cfg.trainer.warmup_format_steps`` supervised steps on random valid options; save to ``out_dir``
     as a checkpoint folder (weights, configs, and the source checkpoint's tokenizer and preprocessor config).
 
     Args:
-        items: Training task items (with ``options``); their answers are not used.
+        items: Training rows with their valid answers (``extra_info.options``); their answers are not used.
         to_prompt: Item → model prompt (the modality data path).
         out_dir: Where the warmed-up checkpoint is written.
 
@@ -58,7 +65,12 @@ def format_warmup(
     )
     engine = build_train_engine(warm_cfg, build_policy(cfg.model))
     batch_size = cfg.trainer.micro_batch_groups * cfg.algorithm.group_size
-    prompts = [(to_prompt(item), item.options) for item in items]
+    prompts = []
+    for item, options in items:
+        try:
+            prompts.append((to_prompt(item), options))
+        except MediaError:  # a row whose media cannot be read: the feeder skips and counts it, the warm-up skips it
+            continue
     metrics: dict[str, float] = {}
     for _ in range(cfg.trainer.warmup_format_steps):
         batch = []

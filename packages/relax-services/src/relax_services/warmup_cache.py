@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relax_modalities.synthetic import TaskItem
+    from relax_services._data import WarmupItem
     from relax_services.config import RunConfig
 
 __all__ = [
@@ -147,13 +147,27 @@ def _code_digest() -> dict[str, object]:
     }
 
 
-def _item_record(item: TaskItem) -> dict[str, object]:
-    record = asdict(item)
-    record["media"] = [{**asdict(m), "path": _sha256_file(Path(m.path))} for m in item.media]
-    return record
+def _item_record(entry: WarmupItem) -> dict[str, object]:
+    # What the warm-up reads of a row: its prompt, its media by content and its valid options; not where the
+    # row or its files live (each run folder may hold its own copy of the same files).
+    item, options = entry
+    record = item["item"]
+    return {
+        "info": {k: v for k, v in item.items() if k not in ("id", "item")},
+        "messages": [asdict(m) for m in record.messages],
+        "media": [
+            {
+                "kind": m.kind,
+                "meta": m.meta,
+                "bytes": _sha256_file(Path(m.path)) if m.path else hashlib.sha256(m.data or b"").hexdigest(),
+            }
+            for m in record.media
+        ],
+        "options": list(options),
+    }
 
 
-def warmup_inputs(cfg: RunConfig, items: Sequence[TaskItem], checkpoint: Path) -> dict[str, object]:
+def warmup_inputs(cfg: RunConfig, items: Sequence[WarmupItem], checkpoint: Path) -> dict[str, object]:
     """Everything the warm-up of ``cfg`` on ``items`` reads, as JSON-ready values (the key digests this).
 
     Args:
@@ -243,7 +257,7 @@ def restore_warmup(entry: Path, out: Path) -> dict[str, object]:
 
 def load_or_run(
     cfg: RunConfig,
-    items: Sequence[TaskItem],
+    items: Sequence[WarmupItem],
     out: Path,
     run: Callable[[], dict[str, object]],
     cache: Path | None = None,

@@ -11,19 +11,20 @@ from typing import Any
 from relax_modalities.synthetic._manifest import TaskItem, iter_manifest
 from relax_modalities.synthetic._tasks import TASKS, write_synthetic_tasks
 
-__all__ = ["task_item_row", "write_synthetic_dataset"]
+__all__ = ["task_item_row", "write_synthetic_dataset", "write_task_file"]
 
 _COLUMN = {"image": "images", "video": "videos", "audio": "audios"}
 
 
-def task_item_row(item: TaskItem, root: Path) -> dict[str, Any]:
+def task_item_row(item: TaskItem, root: Path, data_source: str | None = None) -> dict[str, Any]:
     """One item as a verl-schema row: media before the text as markers, paths relative to ``root``.
 
-    ``data_source`` is ``synthetic/<task>``; ``extra_info`` keeps the id, task, options, chance and difficulty.
-    A video with a sound track is ``{"video": path, "audio_track": true}``.
+    ``data_source`` is ``synthetic/<task>`` unless given; ``extra_info`` keeps the id, task, options (every valid
+    answer: a uniform guess over them scores the chance level), chance and difficulty. A video with a sound
+    track is ``{"video": path, "audio_track": true}``.
     """
     row: dict[str, Any] = {
-        "data_source": f"synthetic/{item.task}",
+        "data_source": f"synthetic/{item.task}" if data_source is None else data_source,
         "prompt": [{"role": "user", "content": "".join(f"<{m.modality}>" for m in item.media) + item.prompt}],
         "images": [],
         "videos": [],
@@ -62,4 +63,28 @@ def write_synthetic_dataset(
     with path.open("w") as f:
         for item in iter_manifest(manifest):
             f.write(json.dumps(task_item_row(item, path.parent), separators=(",", ":")) + "\n")
+    return path
+
+
+def write_task_file(
+    out_dir: str | os.PathLike[str],
+    task: str,
+    n: int,
+    seed: int = 0,
+    difficulty: int = 0,
+    *,
+    data_source: str | None = None,
+) -> Path:
+    """Write ``n`` items of one task (media and manifest as :func:`write_synthetic_tasks` writes them) and
+    ``out_dir/<task>.jsonl`` in the row schema. An item depends on ``(seed, task, index)`` only, so a task's file
+    holds the very items a mix of several tasks written with the same arguments holds.
+
+    Returns:
+        The JSONL file (its media paths relative to it: the folder may be moved or renamed as a whole).
+    """
+    manifest = write_synthetic_tasks(out_dir, [task], n, seed, difficulty)
+    path = Path(out_dir) / f"{task}.jsonl"
+    with path.open("w") as f:
+        for item in iter_manifest(manifest):
+            f.write(json.dumps(task_item_row(item, path.parent, data_source), separators=(",", ":")) + "\n")
     return path
