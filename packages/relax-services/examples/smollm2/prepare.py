@@ -16,8 +16,8 @@ quantised to Q4_1; transformers dequantises it to float32 on load, so the folder
 values exactly, as float32 (≈ 540 MB).
 
 The task: ``What is a+b? Reply with only the number.`` for ``a, b`` in ``[0, 30]``; the reward
-(``reward.py:score``) is 1 when the whole response is the sum's digits, else 0. SmolLM2 usually answers right but
-in a sentence (``3 + 4 = 7``), so the reward starts low and RL teaches the format.
+(``reward.py:score``) is 1 for the bare sum and 0.5 when the response opens with it (``The answer is 37.``). SmolLM2
+answers in sentences, rarely with the answer first, so the reward starts low and RL teaches answer and format.
 """
 
 from __future__ import annotations
