@@ -1,4 +1,4 @@
-"""A text-only causal LM (a tiny random Qwen2 / Qwen3 / Llama checkpoint folder) trains through the asynchronous pipeline."""
+"""A text-only causal LM (a tiny random Qwen2 / Qwen3 / Llama checkpoint folder) trains through the async pipeline."""
 
 from __future__ import annotations
 

@@ -113,8 +113,9 @@ def _write_gguf(model, tokenizer, path: Path) -> Path:
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         writer.add_tensor(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
-        writer.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], cfg.num_key_value_heads))
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        writer.add_tensor(f"blk.{i}.attn_q.weight", _permute(q, cfg.num_attention_heads))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", _permute(k, cfg.num_key_value_heads))
         writer.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
         writer.add_tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
@@ -169,7 +170,9 @@ def test_task_files_hold_every_sum_once_with_its_answer(tmp_path: Path) -> None:
     assert len(rows[held_out]) == 32 and len(rows[train]) == 31 * 31 - 32
     seen = set()
     for row in rows[train] + rows[held_out]:
-        a, b = map(int, re.fullmatch(r"What is (\d+)\+(\d+)\? Reply with only the number\.", row["prompt"][-1]["content"]).groups())
+        question = re.fullmatch(r"What is (\d+)\+(\d+)\? Reply with only the number\.", row["prompt"][-1]["content"])
+        assert question is not None, row
+        a, b = int(question[1]), int(question[2])
         assert row["reward_model"]["ground_truth"] == str(a + b)
         seen.add((a, b))
     assert seen == {(a, b) for a in range(31) for b in range(31)}  # disjoint halves covering every pair
