@@ -185,12 +185,15 @@ def test_task_files_hold_every_sum_once_with_its_answer(tmp_path: Path) -> None:
         (" 37\n", "37", 1.0),
         ("The answer is 37.", "37", 0.5),
         ("37.", "37", 0.5),
-        ("12 + 25 = 37", "37", 0.0),  # its first number is 12
+        ("12 + 25 = 37", "37", 0.25),  # its first number is 12
+        ("12 + 25 = 36", "37", 0.0),
         ("The answer is 370", "37", 0.0),
+        ("4 + 17 is 1", "1", 0.25),
         ("-7", "-7", 1.0),
-        ("The sum of four is 27", "4", 0.0),  # "four" is no integer; 27 is the first
+        ("The sum of four is 27", "27", 0.5),  # "four" is no integer; 27 is the first
+        ("The sum of four is 27", "4", 0.0),
         ("", "3", 0.0),
     ],
 )
-def test_reward_wants_the_sum_first_and_alone(response: str, truth: str, expected: float) -> None:
+def test_reward_climbs_from_the_sum_to_the_sum_first_and_alone(response: str, truth: str, expected: float) -> None:
     assert reward.score(response, truth, {}) == expected
