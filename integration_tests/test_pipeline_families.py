@@ -1,4 +1,4 @@
-"""A text-only causal LM (a tiny random Qwen2 / Qwen3 checkpoint folder) trains through the asynchronous pipeline."""
+"""A text-only causal LM (a tiny random Qwen2 / Qwen3 / Llama checkpoint folder) trains through the async pipeline."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from relax_services.models.tiny_families import write_tiny_checkpoint
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp_path: Path) -> None:
     folder = write_tiny_checkpoint(tmp_path / family, family, seed=0)
     cfg = small_config(f"model.source={folder}", "data.tasks=[text]", "staleness.tau=2", "trainer.total_steps=4")

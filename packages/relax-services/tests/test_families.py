@@ -20,6 +20,7 @@ from relax_services.models.tiny_families import write_tiny_checkpoint
 FAMILY_MEDIA = {
     "qwen2": "text",
     "qwen3": "text",
+    "llama": "text",
     "qwen2.5-vl": "image",
     "qwen2.5-omni-thinker": "image",
 }

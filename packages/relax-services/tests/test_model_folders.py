@@ -71,8 +71,8 @@ def test_folder_without_tokenizer_is_rejected(tmp_path: Path) -> None:
 
 def test_unknown_architecture_names_it_and_the_supported_list(tmp_path: Path) -> None:
     path = _copy(tmp_path)
-    _edit_config(path, architectures=["LlamaForCausalLM"])
-    with pytest.raises(UnsupportedArchitectureError, match="'LlamaForCausalLM'") as info:
+    _edit_config(path, architectures=["MistralForCausalLM"])
+    with pytest.raises(UnsupportedArchitectureError, match="'MistralForCausalLM'") as info:
         validate_checkpoint(path)
     assert "Qwen2ForCausalLM" in str(info.value) and "Qwen2_5OmniThinkerForConditionalGeneration" in str(info.value)
 

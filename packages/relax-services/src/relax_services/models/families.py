@@ -87,6 +87,7 @@ _OMNI_KEYS: tuple[tuple[str, str], ...] = (
 _ALL: tuple[ModelFamily, ...] = (
     ModelFamily("qwen2", "Qwen2ForCausalLM", ("text",), "1d"),
     ModelFamily("qwen3", "Qwen3ForCausalLM", ("text",), "1d"),
+    ModelFamily("llama", "LlamaForCausalLM", ("text",), "1d"),  # Llama 2/3, SmolLM / SmolLM2
     ModelFamily("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", ("text", "image", "video"), "vl-mrope", _VL_KEYS),
     ModelFamily(
         "qwen2.5-omni-thinker",

@@ -38,8 +38,7 @@ def _text_config(cls_name: str, tokenizer: PreTrainedTokenizerBase, **extra: obj
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        **{**_TEXT, **extra},
+        **{**_TEXT, "tie_word_embeddings": False, **extra},
     )
     return config
 
@@ -50,6 +49,12 @@ def _qwen2(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
 
 def _qwen3(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     return transformers.Qwen3ForCausalLM(_text_config("Qwen3Config", tokenizer, head_dim=16))  # type: ignore[no-untyped-call]
+
+
+def _llama(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    # Tied input and output embeddings, as SmolLM2's (the one Llama-family checkpoint the examples train).
+    config = _text_config("LlamaConfig", tokenizer, tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
 
 
 def _qwen25_vl(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -86,6 +91,7 @@ def _qwen25_vl(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
 TINY_FAMILIES: dict[str, Callable[[PreTrainedTokenizerBase], PreTrainedModel]] = {
     "qwen2": _qwen2,
     "qwen3": _qwen3,
+    "llama": _llama,
     "qwen2.5-vl": _qwen25_vl,
 }
 """Family name → builder of a tiny random model of it (the omni thinker is :func:`write_tiny_omni`'s)."""
