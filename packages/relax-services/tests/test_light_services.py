@@ -83,6 +83,27 @@ def test_monitor_weight_store_and_queue_actor_code_import_no_model_stack() -> No
     assert _run(_LIGHT_ACTORS)["modules"] == []
 
 
+_UNPICKLE_PROMPT = """
+import json, pickle, sys
+prompt = pickle.loads(bytes.fromhex(sys.argv[1]))  # as a queue actor unpickles a prompt row
+print(json.dumps({"ids": [int(i) for i in prompt.input_ids], "modules": sorted(
+    m for m in sys.modules if m.split(".")[0] == "transformers" or m.startswith("relax_services.models.checkpoint")
+)}))
+"""
+
+
+def test_unpickling_a_prompt_imports_no_transformers() -> None:
+    # A queue actor holding prompt rows unpickles OmniPrompts; before the models package resolved its names
+    # lazily, the first prompt imported every family's modeling code (seconds, minutes on a loaded machine) on
+    # the actor's event loop, stalling every call to that queue meanwhile.
+    from relax_services.models import text_prompt
+
+    prompt = text_prompt([3, 5, 7])
+    result = _run(_UNPICKLE_PROMPT, pickle.dumps(prompt).hex())
+    assert result["ids"] == [3, 5, 7]
+    assert result["modules"] == []
+
+
 def _qwen_like_folder(root: Path) -> Path:
     """A byte-level BPE tokenizer in Qwen2's shape (ByteLevel pre-tokenizer and decoder, ``<|im_start|>`` /
     ``<|im_end|>`` / ``<|endoftext|>`` specials and a non-special added token), saved by transformers."""

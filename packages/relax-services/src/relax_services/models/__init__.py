@@ -2,40 +2,87 @@
 
 Every model is a local Hugging Face checkpoint folder; its tokenizer, chat template and every token id come from
 the folder (:func:`open_checkpoint`), never from constants.
+
+Names are resolved on first use (each from the module listed in ``_EXPORTS``): a process that only unpickles a
+prompt (a queue actor holding prompt rows) imports :mod:`relax_services.models.inputs`, which imports this package
+first, and must not pay for transformers' model code that the checkpoint and tiny-model modules bring.
 """
 
-from relax_services.models.checkpoint import (
-    DEFAULT_SOURCE,
-    Checkpoint,
-    CheckpointError,
-    CheckpointNotFoundError,
-    copy_side_files,
-    load_model,
-    open_checkpoint,
-    resolve_source,
-    validate_checkpoint,
-)
-from relax_services.models.families import FAMILIES, ModelFamily, UnsupportedArchitectureError, family_of
-from relax_services.models.inputs import (
-    OmniPrompt,
-    audio_token_count,
-    check_placeholders,
-    collate_media,
-    pad_sequences,
-    text_prompt,
-)
-from relax_services.models.modalities import MODEL_MODALITIES, ModelModality
-from relax_services.models.positions import prompt_positions, rope_positions, sequence_positions
-from relax_services.models.tiny_omni import (
-    OmniModel,
-    TinyOmniConfig,
-    build_tiny_omni,
-    num_parameters,
-    tiny_omni_checkpoint,
-    write_tiny_omni,
-)
-from relax_services.models.tokens import TokenIds, token_ids_from
-from relax_services.models.value import ValueModel, build_value_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_services.models.checkpoint import (
+        DEFAULT_SOURCE,
+        Checkpoint,
+        CheckpointError,
+        CheckpointNotFoundError,
+        copy_side_files,
+        load_model,
+        open_checkpoint,
+        resolve_source,
+        validate_checkpoint,
+    )
+    from relax_services.models.families import FAMILIES, ModelFamily, UnsupportedArchitectureError, family_of
+    from relax_services.models.inputs import (
+        OmniPrompt,
+        audio_token_count,
+        check_placeholders,
+        collate_media,
+        pad_sequences,
+        text_prompt,
+    )
+    from relax_services.models.modalities import MODEL_MODALITIES, ModelModality
+    from relax_services.models.positions import prompt_positions, rope_positions, sequence_positions
+    from relax_services.models.tiny_omni import (
+        OmniModel,
+        TinyOmniConfig,
+        build_tiny_omni,
+        num_parameters,
+        tiny_omni_checkpoint,
+        write_tiny_omni,
+    )
+    from relax_services.models.tokens import TokenIds, token_ids_from
+    from relax_services.models.value import ValueModel, build_value_model
+
+_EXPORTS: dict[str, str] = {
+    "DEFAULT_SOURCE": "relax_services.models.checkpoint",
+    "Checkpoint": "relax_services.models.checkpoint",
+    "CheckpointError": "relax_services.models.checkpoint",
+    "CheckpointNotFoundError": "relax_services.models.checkpoint",
+    "copy_side_files": "relax_services.models.checkpoint",
+    "load_model": "relax_services.models.checkpoint",
+    "open_checkpoint": "relax_services.models.checkpoint",
+    "resolve_source": "relax_services.models.checkpoint",
+    "validate_checkpoint": "relax_services.models.checkpoint",
+    "FAMILIES": "relax_services.models.families",
+    "ModelFamily": "relax_services.models.families",
+    "UnsupportedArchitectureError": "relax_services.models.families",
+    "family_of": "relax_services.models.families",
+    "OmniPrompt": "relax_services.models.inputs",
+    "audio_token_count": "relax_services.models.inputs",
+    "check_placeholders": "relax_services.models.inputs",
+    "collate_media": "relax_services.models.inputs",
+    "pad_sequences": "relax_services.models.inputs",
+    "text_prompt": "relax_services.models.inputs",
+    "MODEL_MODALITIES": "relax_services.models.modalities",
+    "ModelModality": "relax_services.models.modalities",
+    "prompt_positions": "relax_services.models.positions",
+    "rope_positions": "relax_services.models.positions",
+    "sequence_positions": "relax_services.models.positions",
+    "OmniModel": "relax_services.models.tiny_omni",
+    "TinyOmniConfig": "relax_services.models.tiny_omni",
+    "build_tiny_omni": "relax_services.models.tiny_omni",
+    "num_parameters": "relax_services.models.tiny_omni",
+    "tiny_omni_checkpoint": "relax_services.models.tiny_omni",
+    "write_tiny_omni": "relax_services.models.tiny_omni",
+    "TokenIds": "relax_services.models.tokens",
+    "token_ids_from": "relax_services.models.tokens",
+    "ValueModel": "relax_services.models.value",
+    "build_value_model": "relax_services.models.value",
+}
 
 # checkpoints and families
 __all__ = [
@@ -90,3 +137,16 @@ __all__ += [
     "sequence_positions",
     "text_prompt",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -98,7 +98,10 @@ _ALL: tuple[ModelFamily, ...] = (
     ),
 )
 
-FAMILIES: dict[str, ModelFamily] = {f.model_class: f for f in _ALL if hasattr(transformers, f.model_class)}
+# ``dir`` lists transformers' lazy names without importing their modules (``hasattr`` would import every family's
+# modeling code, and with it torch.distributed and sympy, in each process that only unpickles a prompt).
+_EXPORTED = frozenset(dir(transformers))
+FAMILIES: dict[str, ModelFamily] = {f.model_class: f for f in _ALL if f.model_class in _EXPORTED}
 """Architecture name (``config.json`` ``architectures[0]``) → family; Qwen2.5 checkpoints are ``Qwen2ForCausalLM``.
 Families whose class the installed transformers lacks are left out."""
 
