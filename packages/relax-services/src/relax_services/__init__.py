@@ -20,8 +20,9 @@ the ``relax`` command start without importing torch, transformers or ray.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from relax_services._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from relax_services.checkpoint import CheckpointManager
@@ -246,15 +247,4 @@ __all__ = [  # noqa: RUF022 - grouped by topic, as _EXPORTS
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Import a public name from its module on first use (see ``_EXPORTS``)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'relax_services' has no attribute {name!r}")
-    value: object = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,8 +10,9 @@ first, and must not pay for transformers' model code that the checkpoint and tin
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from relax_services._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from relax_services.models.checkpoint import (
@@ -139,14 +140,4 @@ __all__ += [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,8 +7,9 @@ process must not import the model stack (torch, transformers) that the other ser
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from relax_services._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from relax_services.services._base import HealthMonitor, ServiceBase
@@ -60,14 +61,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
