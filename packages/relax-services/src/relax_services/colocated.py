@@ -250,15 +250,5 @@ class ColocatedController(Controller):
         self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
         return dict(rewards), int(version)
 
-    def _inject_faults(self) -> None:
-        for fault in list(self._faults_pending):
-            if self.step < fault.at_step:
-                continue
-            if fault.min_trainer_backlog and self._trainer_backlog() < fault.min_trainer_backlog:
-                continue
-            self._faults_pending.remove(fault)
-            targets = [s for s in self.pipeline.services.values() if s.role == fault.service]
-            if not targets:
-                raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
-            self.health.record_event("injected", targets[0].name, fault=fault.kind, step=self.step)
-            targets[0].obj.inject(fault.kind)  # check_colocated rejected 'kill'
+    def _inject(self, service: str, kind: str) -> None:
+        self.pipeline.services[service].obj.inject(kind)  # check_colocated rejected 'kill'

@@ -550,15 +550,22 @@ class Controller:
             if fault.min_trainer_backlog and self._trainer_backlog() < fault.min_trainer_backlog:
                 continue
             self._faults_pending.remove(fault)
-            targets = [s for s in self.pipeline.services.values() if s.role == fault.service]
+            targets = [key for key, s in self.pipeline.services.items() if s.role == fault.service]
             if not targets:
                 raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
-            spec = targets[0]
-            self.health.record_event("injected", spec.name, fault=fault.kind, step=self.step)
-            if fault.kind == "kill":
-                os.kill(int(spec.pid or 0), signal.SIGKILL)
-            else:
-                spec.handle.inject.remote(fault.kind)
+            self.health.record_event(
+                "injected", self.pipeline.services[targets[0]].name, fault=fault.kind, step=self.step
+            )
+            self._inject(targets[0], fault.kind)
+
+    def _inject(self, service: str, kind: str) -> None:
+        """Deliver one fault to the pipeline's service ``service``: ``kill`` as SIGKILL of its process, any other
+        kind through its actor."""
+        spec = self.pipeline.services[service]
+        if kind == "kill":
+            os.kill(int(spec.pid or 0), signal.SIGKILL)
+        else:
+            spec.handle.inject.remote(kind)
 
     def _trainer_backlog(self) -> int:
         """Sample rows complete for the trainer (every field it reads present) that it has not taken yet."""
