@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from relax_services.engines import LossFn, LossInputs, TorchTrainConfig, TrainEngine, TrainSample
+from relax_services.engines import LossFn, LossInputs, LossResult, TorchTrainConfig, TrainEngine, TrainSample
 from relax_services.engines.fsdp_checkpoint import export_hf, load_checkpoint, save_checkpoint
 from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
 from relax_services.engines.weight_buckets import BucketLoader, InProcessWeightStream, stream_buckets
@@ -53,6 +53,15 @@ def pg_token_mean(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     return loss, {"mean_reward": float(inputs.fields["reward"].mean())}
 
 
+def pg_kept_mean(inputs: LossInputs) -> LossResult:
+    """A token mean over the tokens with a positive advantage only, with that count as its units: like masked
+    IS, it keeps a data-dependent number of tokens in each micro-batch (none in some)."""
+    kept = inputs.mask * (inputs.fields["advantages"] > 0)
+    units = float(kept.sum())
+    loss = -(inputs.logprobs * inputs.fields["advantages"] * kept).sum() / max(units, 1.0)
+    return LossResult(loss, units, {"kept": units})
+
+
 def _full(value: Any) -> Any:
     if isinstance(value, DTensor):
         return value.full_tensor().cpu()
@@ -81,6 +90,13 @@ def equivalence(out: dict[str, Any]) -> FSDPTrainEngine:
     _train(checkpointed, range(UPDATES))
     out["weights_checkpointed"] = checkpointed.policy_state()
     return engine
+
+
+def units(out: dict[str, Any]) -> None:
+    """Micro-batches combined by the units their loss reports (each rank's own units, summed over the group)."""
+    engine = FSDPTrainEngine(build_tiny_omni(0), CONFIG)
+    out["units_metrics"] = _train(engine, range(2), pg_kept_mean)
+    out["units_weights"] = engine.policy_state()
 
 
 def value_mse(inputs: LossInputs) -> torch.Tensor:
@@ -198,6 +214,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
         t2 = time.perf_counter()
         buckets(out, engine)
         critic(out)
+        units(out)
         t3 = time.perf_counter()
         checkpoints(out, Path(out_dir))
         step0_checkpoint(out, Path(out_dir))

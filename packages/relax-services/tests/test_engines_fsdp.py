@@ -122,6 +122,23 @@ def test_two_ranks_train_the_weights_one_process_trains(ranks: list[dict[str, An
     assert torch.equal(ranks[0]["weights"][name], reference["initial"][name])
 
 
+def test_micro_batches_combine_by_the_units_the_loss_reports(ranks: list[dict[str, Any]]) -> None:
+    # References: one process with the worker's micro-batches of 1, and with each minibatch as ONE micro-batch
+    # (nothing to combine). Every micro-batch keeps a different number of tokens, some none.
+    weights, metrics = [], []
+    for micro in (1, 4):
+        torch.manual_seed(0)
+        engine = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(worker.CONFIG, micro_batch_size=micro))
+        metrics.append([engine.step(worker.batch(s), worker.pg_kept_mean) for s in range(2)])
+        weights.append(engine.policy_state())
+    assert _max_diff(weights[0], weights[1]) < ATOL
+    assert _max_diff(ranks[0]["units_weights"], weights[1]) < ATOL
+    for ours, same_micro, whole in zip(ranks[0]["units_metrics"], metrics[0], metrics[1], strict=True):
+        assert ours["loss"] == pytest.approx(whole["loss"], rel=1e-4)  # the step's loss, however it was split
+        # The loss's own metrics are unit-weighted means over micro-batches: equal for the same micro-batches.
+        assert ours["kept"] == pytest.approx(same_micro["kept"], rel=1e-5)
+
+
 def test_a_state_dict_before_the_first_update_changes_nothing(ranks: list[dict[str, Any]]) -> None:
     # get_state_dict creates a fresh optimizer's moments with an lr-0 step, which made AdamW count the first
     # real update as its second (other bias correction: the weights moved differently, ~lr/4 after one update).

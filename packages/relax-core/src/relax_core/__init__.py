@@ -97,8 +97,8 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         token_logprobs,
         value_loss,
     )
-    from relax_core._loss_fn import compute_policy_loss
-    from relax_core._masked import aggregate_loss, masked_mean, masked_sum, masked_var, masked_whiten
+    from relax_core._loss_fn import compute_policy_loss, policy_loss_units
+    from relax_core._masked import aggregate_loss, aggregation_units, masked_mean, masked_sum, masked_var, masked_whiten
     from relax_core._policy_losses import (
         ImportanceWeights,
         cispo_loss,
@@ -130,7 +130,9 @@ _LAZY: dict[str, str] = {
     "token_logprobs": "relax_core._kl",
     "value_loss": "relax_core._kl",
     "compute_policy_loss": "relax_core._loss_fn",
+    "policy_loss_units": "relax_core._loss_fn",
     "aggregate_loss": "relax_core._masked",
+    "aggregation_units": "relax_core._masked",
     "masked_mean": "relax_core._masked",
     "masked_sum": "relax_core._masked",
     "masked_var": "relax_core._masked",
@@ -203,6 +205,7 @@ __all__ += [
 # masked reductions
 __all__ += [
     "aggregate_loss",
+    "aggregation_units",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -232,6 +235,7 @@ __all__ += [
     "compute_policy_loss",
     "gspo_log_ratio",
     "importance_weights",
+    "policy_loss_units",
     "ppo_clip_loss",
     "sapo_loss",
 ]

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from relax_core._configs import AlgorithmConfig
 from relax_core._kl import kl_estimate, kl_full
-from relax_core._masked import aggregate_loss, masked_mean
+from relax_core._masked import aggregate_loss, aggregation_units, masked_mean
 from relax_core._policy_losses import (
     LOG_RATIO_BOUND,
     cispo_loss,
@@ -17,7 +17,7 @@ from relax_core._policy_losses import (
     sapo_loss,
 )
 
-__all__ = ["compute_policy_loss"]
+__all__ = ["compute_policy_loss", "policy_loss_units"]
 
 
 def _check_shapes(shape: torch.Size, **tensors: Tensor | None) -> None:
@@ -171,3 +171,27 @@ def compute_policy_loss(
             loss=float(loss.item()),
         )
     return loss, diagnostics
+
+
+def policy_loss_units(
+    cfg: AlgorithmConfig, old_logprobs: Tensor, mask: Tensor, proximal_logprobs: Tensor | None = None
+) -> float:
+    """The units :func:`compute_policy_loss` averages over (its loss mask, after masked IS, counted by
+    :func:`~relax_core.aggregation_units`): the weight that combines the losses of a batch's parts exactly.
+
+    Every term of the objective (surrogate, KL, entropy) is aggregated over the same loss mask, so one count
+    serves the whole loss. The count depends on detached log-probs only and carries no gradient.
+
+    Args:
+        cfg: The algorithm (aggregation mode, masked-IS settings).
+        old_logprobs: Behaviour log-probs ``[B, T]``.
+        mask: Loss mask ``[B, T]``.
+        proximal_logprobs: log π_prox ``[B, T]`` when the objective is decoupled (as passed to
+            :func:`compute_policy_loss`), else None.
+    """
+    keep = mask.bool()
+    if proximal_logprobs is not None:
+        keep = importance_weights(
+            proximal_logprobs, old_logprobs, keep, cfg.tis_cap, cfg.mis_level, cfg.mis_low, cfg.mis_high
+        ).keep
+    return aggregation_units(keep, cfg.loss_agg_mode)

@@ -86,4 +86,25 @@ def aggregate_loss(
     raise ValueError(f"unknown loss_agg_mode {mode!r}; allowed: {', '.join(_MODES)}")
 
 
+def aggregation_units(mask: Tensor, mode: LossAggMode = "token-mean") -> float:
+    """How many units :func:`aggregate_loss` averages over: its denominator up to the constant of
+    ``seq-mean-token-sum-norm``.
+
+    Splitting a batch into parts ``p`` gives ``aggregate_loss(batch) = Σ_p n_p · aggregate_loss(p) / Σ_p n_p``
+    with ``n_p = aggregation_units(p)``, exactly, for every mode: kept tokens for ``token-mean``, sequences with a
+    kept token for ``seq-mean-token-mean`` / ``seq-mean-token-sum``, all sequences for
+    ``seq-mean-token-sum-norm`` (whose constant ``C`` is the same in every part when ``norm_constant`` is given).
+    This is what lets a training engine combine micro-batches exactly when masked importance sampling removes a
+    different number of tokens or sequences from each.
+    """
+    mask_b = mask.bool()
+    if mode == "token-mean":
+        return float(mask_b.sum())
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        return float(mask_b.any(dim=-1).sum())
+    if mode == "seq-mean-token-sum-norm":
+        return float(mask.shape[0])
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; allowed: {', '.join(_MODES)}")
+
+
 _MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

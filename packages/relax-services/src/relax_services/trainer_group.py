@@ -30,7 +30,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 
 from relax_parallel import ParallelConfig, ParallelPlan
 from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine
-from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
+from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
 from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
 
@@ -361,7 +361,7 @@ class TrainerGroup:
 def _dying(loss_fn: LossFn) -> LossFn:
     """``loss_fn`` whose first call kills this process (SIGKILL: no cleanup, as a crash or the OOM killer)."""
 
-    def die(inputs: LossInputs) -> torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]:
+    def die(inputs: LossInputs) -> torch.Tensor | tuple[torch.Tensor, Mapping[str, float]] | LossResult:
         os.kill(os.getpid(), signal.SIGKILL)
         return loss_fn(inputs)
 

@@ -47,7 +47,9 @@ from relax_services.engines.torch_train import (
     autocast_context,
     autocast_enabled,
     backward_micro_batch,
+    rescale_by_units,
     split_micro_batches,
+    units_of_step,
 )
 from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
@@ -371,11 +373,23 @@ class FSDPTrainEngine:
         self.root.train()
         local: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         offset = first
+        units: list[float | None] = []
         for micro in split_micro_batches(share, self.config.micro_batch_size):
             weight = sum(counts[offset : offset + len(micro)]) / total
             offset += len(micro)
-            backward_micro_batch(loss_fn, micro, self.score(micro), weight, local)
+            units.append(backward_micro_batch(loss_fn, micro, self.score(micro), weight, local))
+        local_units = units_of_step(units)
+        # Summed with the metrics (every rank joins that collective whatever form its loss returned).
+        local["_units"] = local_units or 0.0
+        local["_plain_ranks"] = 1.0 if local_units is None else 0.0
         totals = self._sum_metrics(local)
+        step_units, plain_ranks = totals.pop("_units"), totals.pop("_plain_ranks")
+        if 0 < plain_ranks < self.world_size:
+            raise ValueError("loss_fn returned a LossResult on some ranks and a plain loss on others")
+        if plain_ranks == 0:
+            # Gradients were reduce-scattered as sums (divide factor 1): dividing the shards by the units of the
+            # whole step gives the single-process engine's gradient.
+            rescale_by_units(self.model.parameters(), totals, step_units)
         totals["entropy"] /= max(totals["tokens"], 1.0)
         return totals
 

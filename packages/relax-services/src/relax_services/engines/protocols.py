@@ -159,9 +159,31 @@ class LossInputs:
     dist: torch.Tensor | None = None
 
 
-LossFn = Callable[[LossInputs], "torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]"]
-"""Returns the micro-batch loss (a scalar aggregated as the engine's ``loss_weighting`` says) and
-optionally metrics to average."""
+@dataclass(frozen=True)
+class LossResult:
+    """A micro-batch loss that says how many units it averages over, so the engine combines micro-batches
+    exactly: the step loss is ``Σ_m units_m · loss_m / Σ_m units_m`` (summed over every rank's micro-batches).
+
+    This is the form to return when the number of units a micro-batch averages over is known only from its
+    data, e.g. masked importance sampling removing a different number of tokens or sequences from each
+    micro-batch; static weights (the engine's ``loss_weighting``) would then weigh parts wrongly.
+
+    Attributes:
+        loss: The micro-batch's scalar loss, a mean over ``units``.
+        units: How many units (tokens, sequences) ``loss`` averages over; 0 when it has none (the loss then
+            contributes nothing).
+        metrics: Metrics to average, combined with the same weights.
+    """
+
+    loss: torch.Tensor
+    units: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+LossFn = Callable[[LossInputs], "torch.Tensor | tuple[torch.Tensor, Mapping[str, float]] | LossResult"]
+"""Returns the micro-batch loss and optionally metrics to average: a scalar or ``(scalar, metrics)`` is
+weighted as the engine's ``loss_weighting`` says; a :class:`LossResult` by its own ``units``. All micro-batches of
+a step must return the same form."""
 
 
 @runtime_checkable

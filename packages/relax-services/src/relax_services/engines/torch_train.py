@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 
 from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
-from relax_services.engines.protocols import LossFn, LossInputs, TrainSample
+from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.models.value import ValueModel
 
@@ -206,7 +206,8 @@ class TorchTrainEngine:
         """Adds the gradient of the batch loss to ``.grad`` (no optimizer step); returns loss metrics.
 
         The batch loss is ``Σ_m w_m · loss_fn(micro-batch m)`` with ``w_m`` the micro-batch's share of
-        unmasked tokens (or samples, per ``loss_weighting``).
+        unmasked tokens (or samples, per ``loss_weighting``), or its share of the units the loss reports when
+        ``loss_fn`` returns :class:`LossResult`.
         """
         if not batch:
             raise ValueError("cannot train on an empty batch")
@@ -215,8 +216,13 @@ class TorchTrainEngine:
         micro_batches = split_micro_batches(batch, self.config.micro_batch_size)
         weights = self._weights(micro_batches)
         totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
-        for micro, weight in zip(micro_batches, weights, strict=True):
+        units = [
             backward_micro_batch(loss_fn, micro, self.score(micro), weight, totals)
+            for micro, weight in zip(micro_batches, weights, strict=True)
+        ]
+        local_units = units_of_step(units)
+        if local_units is not None:
+            rescale_by_units(self.model.parameters(), totals, local_units)
         totals["entropy"] /= max(totals["tokens"], 1.0)
         return totals
 
@@ -348,19 +354,33 @@ def split_micro_batches(batch: Sequence[TrainSample], size: int) -> list[Sequenc
 
 def backward_micro_batch(
     loss_fn: LossFn, micro: Sequence[TrainSample], scores: TokenScores, weight: float, totals: dict[str, float]
-) -> None:
-    """Runs ``loss_fn`` on one micro-batch's scores, back-propagates ``weight · loss`` and adds its metrics into
+) -> float | None:
+    """Runs ``loss_fn`` on one micro-batch's scores, back-propagates its weighted loss and adds its metrics into
     ``totals``: ``loss`` and the loss function's own metrics weighted, ``entropy`` (a token sum) and ``tokens``.
 
+    The weight is ``weight`` for a plain loss; for a :class:`LossResult` it is the result's ``units``, and the
+    caller divides gradients and weighted metrics by the step's total units afterwards
+    (:func:`rescale_by_units`) — the total is known only once every micro-batch (of every rank) has run.
+
+    Returns:
+        The result's ``units`` for a :class:`LossResult`, else None.
+
     Raises:
-        ValueError: If ``loss_fn`` does not return a scalar.
+        ValueError: If ``loss_fn`` does not return a scalar, or reports negative units.
     """
     fields = _stack_fields(micro, scores.mask)
     inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.dist)
     result = loss_fn(inputs)
     loss: torch.Tensor
     extra: Mapping[str, float]
-    loss, extra = (result, {}) if isinstance(result, torch.Tensor) else result
+    units: float | None = None
+    if isinstance(result, LossResult):
+        loss, extra, units = result.loss, result.metrics, float(result.units)
+        if units < 0:
+            raise ValueError(f"loss_fn reported {units} units; a loss averages over zero or more")
+        weight = units
+    else:
+        loss, extra = (result, {}) if isinstance(result, torch.Tensor) else result
     if loss.ndim != 0:
         raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
     torch.autograd.backward(loss * weight)
@@ -370,6 +390,37 @@ def backward_micro_batch(
     for key, value in extra.items():
         if key not in ENGINE_METRICS:  # the engine measures these itself
             totals[key] = totals.get(key, 0.0) + weight * float(value)
+    return units
+
+
+def units_of_step(units: Sequence[float | None]) -> float | None:
+    """The sum of the micro-batches' units when the loss returned :class:`LossResult`, else None.
+
+    Raises:
+        ValueError: If some micro-batches returned a :class:`LossResult` and others a plain loss.
+    """
+    given = [u for u in units if u is not None]
+    if not given:
+        return None
+    if len(given) != len(units):
+        raise ValueError("loss_fn returned a LossResult for some micro-batches and a plain loss for others")
+    return float(sum(given))
+
+
+def rescale_by_units(parameters: Iterable[torch.nn.Parameter], totals: dict[str, float], units: float) -> None:
+    """Turns the unit-weighted sums of :func:`backward_micro_batch` into means over the step's ``units``: divides
+    every gradient and every weighted metric (all but the ``entropy`` and ``tokens`` sums) by ``units``.
+
+    With no units at all (masked IS rejected every token) every loss was weighted by 0: gradients stay zero.
+    """
+    scale = 1.0 / units if units > 0 else 0.0
+    with torch.no_grad():
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    for key in totals:
+        if key not in ("entropy", "tokens"):
+            totals[key] *= scale
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -40,10 +40,12 @@ def mismatch_sums(
     behaviour_logprobs: torch.Tensor,
     mask: torch.Tensor,
     current: torch.Tensor,
-    per_token: bool,
+    per_token: bool = True,
+    units: float | None = None,
 ) -> dict[str, float]:
     """The micro-batch's k3 sum and token count over current-version tokens, each divided by the micro-batch's
-    unit (its token count when ``per_token``, else its sample count).
+    unit: ``units`` when given (the units of its :class:`~relax_services.engines.LossResult`, which the engine
+    weights metrics by), else its token count when ``per_token``, else its sample count.
 
     Args:
         trainer_logprobs: ``[B, L]`` the trainer's log-probs before the update.
@@ -51,13 +53,15 @@ def mismatch_sums(
         mask: ``[B, L]`` response tokens that count.
         current: ``[B, L]`` :data:`CURRENT_VERSION_FIELD`.
         per_token: The engine weights metrics by tokens (token-mean loss aggregation), else by samples.
+        units: The loss's own units, which override ``per_token``. A micro-batch with 0 units (masked IS rejected
+            all of it) has weight 0, so its tokens leave the estimate.
     """
     keep = mask.bool() & current.bool()
     # float64: engines that agree differ by ~1e-7 per token, where float32's exp(w) − 1 − w is rounding noise.
     diff = trainer_logprobs.double() - behaviour_logprobs.double()
     w = torch.where(keep, diff, 0.0).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     k3 = torch.where(keep, torch.exp(w) - 1.0 - w, 0.0)
-    unit = float(mask.sum()) if per_token else float(mask.shape[0])
+    unit = units if units is not None else float(mask.sum()) if per_token else float(mask.shape[0])
     unit = max(unit, 1.0)
     return {_K3: float(k3.sum()) / unit, _COUNT: float(keep.sum()) / unit}
 

@@ -11,11 +11,18 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from relax_core import algorithm_spec, compute_advantages, compute_policy_loss, value_loss
+from relax_core import (
+    aggregation_units,
+    algorithm_spec,
+    compute_advantages,
+    compute_policy_loss,
+    policy_loss_units,
+    value_loss,
+)
 from relax_queue import Batch, GroupBatcher, LeaseError, QueueClient, QueueTimeoutError
 from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
-from relax_services.engines import LossFn, LossInputs, TrainEngine, TrainSample
+from relax_services.engines import LossFn, LossInputs, LossResult, TrainEngine, TrainSample
 from relax_services.engines.registry import make_train_engine
 from relax_services.rows import SampleRow, as_sample_row, split_sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
@@ -148,10 +155,11 @@ def proximal_logprobs(cfg: RunConfig, engine: TrainEngine, batch_rows: Sequence[
 
 
 def make_value_loss_fn(cfg: RunConfig) -> LossFn:
-    """The critic's loss per micro-batch: relax-core's clipped value loss against the rows' targets."""
+    """The critic's loss per micro-batch: relax-core's clipped value loss against the rows' targets, with the
+    units it averages over (the engine combines micro-batches by them)."""
     algo = cfg.algorithm
 
-    def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(inputs: LossInputs) -> LossResult:
         assert inputs.values is not None, "the critic's engine scores values"
         loss, diagnostics = value_loss(
             inputs.values,
@@ -161,7 +169,7 @@ def make_value_loss_fn(cfg: RunConfig) -> LossFn:
             algo.value_clip_eps,
             algo.loss_agg_mode,
         )
-        return algo.value_loss_coef * loss, diagnostics
+        return LossResult(algo.value_loss_coef * loss, aggregation_units(inputs.mask, algo.loss_agg_mode), diagnostics)
 
     return loss_fn
 
@@ -175,13 +183,16 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
 
     Samples with the ``current_version`` field also report the rollout/trainer mismatch
     (``services/_mismatch.py``).
+
+    The result carries the units the loss averages over (kept tokens or sequences after masked IS), so the engine
+    combines micro-batches into exactly the loss of the whole batch however masked IS splits them.
     """
     algo = cfg.algorithm
     one_step = cfg.trainer.minibatches * cfg.trainer.ppo_epochs == 1
-    per_token = algo.loss_agg_mode == "token-mean"  # the engine's metric weighting (_policy._train_config)
 
-    def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(inputs: LossInputs) -> LossResult:
         proximal = inputs.fields.get("proximal_logprobs", inputs.logprobs.detach()) if algo.decoupled else None
+        units = policy_loss_units(algo, inputs.fields["old_logprobs"], inputs.mask, proximal)
         loss, diagnostics = compute_policy_loss(
             algo,
             inputs.logprobs,
@@ -198,8 +209,8 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
         before = inputs.fields.get("proximal_logprobs", inputs.logprobs.detach() if one_step else None)
         if current is not None and before is not None:
             old = inputs.fields["old_logprobs"]
-            diagnostics.update(mismatch_sums(before, old, inputs.mask, current, per_token))
-        return loss, diagnostics
+            diagnostics.update(mismatch_sums(before, old, inputs.mask, current, units=units))
+        return LossResult(loss, units, diagnostics)
 
     return loss_fn
 
