@@ -22,8 +22,13 @@ FAMILY_MEDIA = {
     "qwen3": "text",
     "llama": "text",
     "qwen2.5-vl": "image",
+    "qwen3-vl": "image",
     "qwen2.5-omni-thinker": "image",
 }
+# Image tokens of the 56 × 84 px test image, by the Qwen-VL resize rule (sides rounded to patch × merge pixels,
+# then scaled up to the minimum pixel budget): patch 14 with 56 × 56 px minimum: 56 × 84 px, 2 × 3 tokens;
+# Qwen3-VL's patch 16 with 65536 px minimum: × sqrt(65536 / (56 · 84)) = 3.73, ceil to 32 px: 224 × 320, 7 × 10.
+IMAGE_TOKENS = {"qwen2.5-vl": 6, "qwen3-vl": 70, "qwen2.5-omni-thinker": 6}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +56,10 @@ def _reference_logprobs(model: torch.nn.Module, prompt: OmniPrompt, response: li
     """One plain transformers forward of prompt + response (positions computed by transformers itself)."""
     ids = torch.cat([prompt.input_ids, torch.tensor(response)])[None]
     media = {k: v for k, v in prompt.media().items() if k != "video_second_per_grid"}
-    if type(model).__name__.startswith("Qwen2_5_VL"):
-        media["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    if type(model).__name__.startswith(("Qwen2_5_VL", "Qwen3VL")):  # their forward's rope needs the token types
+        media["mm_token_type_ids"] = (ids == model.config.image_token_id).int() + 2 * (
+            ids == model.config.video_token_id
+        ).int()
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **media).logits[0].double()
     logits = logits[prompt.num_tokens - 1 : -1]  # [L, V] predicting each response token
@@ -70,7 +77,7 @@ def test_rollout_and_trainer_logprobs_equal_a_plain_forward(
     tokens = ckpt.tokens
     prompt = _prompt(folders[family], FAMILY_MEDIA[family], image_file)
     if FAMILY_MEDIA[family] == "image":
-        assert int((prompt.input_ids == tokens.placeholders["image"]).sum()) == 6  # 56 × 84 px: 2 × 3 tokens
+        assert int((prompt.input_ids == tokens.placeholders["image"]).sum()) == IMAGE_TOKENS[family]
     model = load_model(folders[family])
     params = SamplingParams(n=3, max_new_tokens=6, suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id)
     completions = HFRolloutEngine(model).generate([prompt, prompt], params)

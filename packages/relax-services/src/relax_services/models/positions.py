@@ -53,7 +53,7 @@ def rope_positions(
         args.update(modality.rope_args(kind, media))
     positions: torch.Tensor
     family_model = cast(Any, model)  # get_rope_index is the family's own method; transformers types it loosely
-    if kind == "vl-mrope":
+    if kind in ("vl-mrope", "vl3-mrope"):  # the VL families take per-token modality types
         cfg = family_model.config
         types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
         types[input_ids == cfg.image_token_id] = 1
@@ -143,6 +143,6 @@ def position_ids_for(model: torch.nn.Module, positions: torch.Tensor) -> torch.T
 def forward_media(model: torch.nn.Module, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Collated media kwargs under the names the family's forward takes (positions are always passed explicitly,
     so the seconds per video grid only matter to :func:`rope_positions`)."""
-    if family_of_model(model).positions == "vl-mrope":
+    if family_of_model(model).positions in ("vl-mrope", "vl3-mrope"):
         return {k: v for k, v in media.items() if k != "video_second_per_grid"}
     return media
