@@ -44,9 +44,7 @@ def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp
 @pytest.mark.integration
 def test_qwen3_vl_trains_images_at_tau2(small_config, run_pipeline, tmp_path: Path) -> None:
     folder = write_tiny_checkpoint(tmp_path / "qwen3-vl", "qwen3-vl", seed=0)
-    cfg = small_config(
-        f"model.source={folder}", "data.tasks=[image, text]", "staleness.tau=2", "trainer.total_steps=4"
-    )
+    cfg = small_config(f"model.source={folder}", "data.tasks=[image, text]", "staleness.tau=2", "trainer.total_steps=4")
     result = run_pipeline(cfg)
     assert result.steps == 4
     rows = list(read_metrics(result.run_dir / "metrics.jsonl", "train"))

@@ -53,9 +53,12 @@ class DeepstackFeatures:
         if not self._layers:
             self._layers = [torch.zeros(self._shape, dtype=self._dtype, device=self._device) for _ in per_layer]
         if len(per_layer) != len(self._layers):
-            raise ValueError(f"DeepStack: {len(per_layer)} feature maps where another modality gave {len(self._layers)}")
+            raise ValueError(
+                f"DeepStack: {len(per_layer)} feature maps where another modality gave {len(self._layers)}"
+            )
         self._layers = [
-            layer.masked_scatter(mask, feats.to(self._dtype)) for layer, feats in zip(self._layers, per_layer, strict=True)
+            layer.masked_scatter(mask, feats.to(self._dtype))
+            for layer, feats in zip(self._layers, per_layer, strict=True)
         ]
         self.visual = self.visual | mask[..., 0]
 
