@@ -151,8 +151,9 @@ def validate_checkpoint(path: str | Path) -> Checkpoint:
     """Checks a checkpoint folder and reads its config, tokenizer and ids; allocates no weight.
 
     Checked: the folder exists and has ``config.json`` with a supported ``architectures`` entry, weight files and
-    tokenizer files (a tokenizer without a chat template takes the processor's, :func:`_processor_chat_template`); the tokenizer's ids, the eos, pad and every media placeholder fit the model's vocabulary; the
-    text sizes are consistent (heads divide the width; the multimodal rope sections sum to half the head dim).
+    tokenizer files (a tokenizer without a chat template takes the processor's, :func:`_processor_chat_template`);
+    the tokenizer's ids, the eos, pad and every media placeholder fit the model's vocabulary; the text sizes are
+    consistent (heads divide the width; the multimodal rope sections sum to half the head dim).
 
     Raises:
         CheckpointError: naming the path and what is missing or wrong.

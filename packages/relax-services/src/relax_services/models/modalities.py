@@ -82,8 +82,8 @@ class ModelModality(Protocol):
 
     def rope_args(self, positions: str, media: Mapping[str, torch.Tensor]) -> dict[str, object]:
         """Keyword arguments of the family's ``get_rope_index`` (``positions`` is the family's rule,
-        ``"vl-mrope"``, ``"vl3-mrope"`` or ``"omni-mrope"``) from a batch's collated media; ``{}`` when its tokens are positioned
-        as text (one index each)."""
+        ``"vl-mrope"``, ``"vl3-mrope"`` or ``"omni-mrope"``) from a batch's collated media; ``{}`` when its tokens
+        are positioned as text (one index each)."""
         ...
 
 
