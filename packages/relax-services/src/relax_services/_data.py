@@ -4,6 +4,7 @@ endless training stream and a held-out set, and turned into model-ready prompts 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 from pathlib import Path
 
 from relax_modalities import (
@@ -51,7 +52,7 @@ def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
     transformers' Qwen-VL image processors read it: ``min_pixels`` / ``max_pixels`` where given, else ``size``'s
     ``shortest_edge`` / ``longest_edge`` (the key Qwen3-VL's processors ship)."""
     pre, config = ckpt.preprocessor, ckpt.config
-    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    size: dict[str, Any] = pre["size"] if isinstance(pre.get("size"), dict) else {}
     vision = getattr(config, "vision_config", None)
     audio = getattr(config, "audio_config", None)
     image = ImageSettings()

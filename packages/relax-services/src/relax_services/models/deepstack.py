@@ -12,7 +12,7 @@ embeddings, so it passes the maps itself: :class:`DeepstackFeatures` gathers the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -24,7 +24,7 @@ __all__ = ["DeepstackFeatures", "text_decoder"]
 def text_decoder(model: torch.nn.Module) -> Any:
     """The text decoder relax runs on input embeddings (final hidden states, no LM head): the family's base
     model, or for a DeepStack family its language model (the one module that takes ``deepstack_visual_embeds``)."""
-    base = model.model  # type: ignore[union-attr]  # every family's causal LM keeps its decoder here
+    base: Any = cast(Any, model).model  # every family's causal LM keeps its decoder here (typed loosely)
     return base.language_model if family_of_model(model).deepstack else base
 
 

@@ -58,6 +58,8 @@ def rope_positions(
         types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
         types[input_ids == cfg.image_token_id] = 1
         types[input_ids == cfg.video_token_id] = 2
+        if kind == "vl3-mrope":
+            _check_frame_blocks(types, attention_mask, args.get("video_grid_thw"))
         positions, _ = family_model.model.get_rope_index(
             input_ids, mm_token_type_ids=types, attention_mask=attention_mask, **args
         )
@@ -66,6 +68,27 @@ def rope_positions(
         input_ids, attention_mask=attention_mask, use_audio_in_video=False, **args
     )
     return positions
+
+
+def _check_frame_blocks(types: torch.Tensor, attention_mask: torch.Tensor, grids: object) -> None:
+    """Qwen3-VL's rope takes one video grid row per frame block: each temporal grid step's tokens must be their own
+    run (its processor writes ``<t seconds><vision_start> tokens <vision_end>`` per frame), else every position after
+    the video is wrong. relax's video data path writes one run per clip, so such prompts are refused here.
+
+    Raises:
+        ValueError: naming the number of frames and of runs.
+    """
+    if not isinstance(grids, torch.Tensor) or grids.numel() == 0:
+        return
+    video = (types == 2) & attention_mask.bool()  # [B, T]
+    runs = int((video[:, 1:] & ~video[:, :-1]).sum() + video[:, 0].sum())
+    frames = int(grids[:, 0].sum())
+    if runs != frames:
+        raise ValueError(
+            f"Qwen3-VL video: {frames} temporal grid steps but {runs} runs of video tokens; each step's tokens must "
+            "be their own block, with its timestamp before it (relax's video data path writes one block per clip and "
+            "does not render Qwen3-VL's timestamps yet)"
+        )
 
 
 def _key(model: torch.nn.Module, prompt: OmniPrompt) -> tuple[object, ...]:
