@@ -4,8 +4,8 @@ endless training stream and a held-out set, and turned into model-ready prompts 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from relax_modalities import (
     AudioSettings,
