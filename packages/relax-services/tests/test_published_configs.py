@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from relax_modalities.synthetic import MediaRef, TaskItem
 from relax_services._data import PromptBuilder
 from relax_services.config import ModelConfig
-from relax_services.models import CheckpointError, load_model, open_checkpoint, validate_checkpoint
+from relax_services.models import DEFAULT_SOURCE, CheckpointError, load_model, open_checkpoint, validate_checkpoint
 
 _spec = importlib.util.spec_from_file_location("_published", Path(__file__).with_name("_published.py"))
 assert _spec is not None and _spec.loader is not None
@@ -144,3 +145,24 @@ def test_published_folder_loads_and_runs(vl_folder: Path, tmp_path: Path) -> Non
             input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=(ids == 151655).int(), **media
         ).logits
     assert logits.shape == (1, ids.shape[1], 151936) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(("height", "width"), [(1080, 1920), (480, 640)])
+def test_omni_published_pixel_budget_is_the_image_processors(tmp_path: Path, height: int, width: int) -> None:
+    # A 1080p image is above the default folder's 1003520 px budget and below the published 12845056 px one: the
+    # prompt must follow the published preprocessor config, as the image processor it configures does.
+    folder = tmp_path / "omni"
+    shutil.copytree(open_checkpoint(DEFAULT_SOURCE).path, folder)
+    shutil.copy2(FIXTURES / "qwen2.5-omni-processor" / "preprocessor_config.json", folder / "preprocessor_config.json")
+    path = _image(tmp_path, height, width)
+    item = TaskItem(id="i", task="image", prompt="which colour? r g", media=(MediaRef("image", str(path)),))
+    prompt = PromptBuilder(ModelConfig(source=str(folder)))(item)
+    image_processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+    assert image_processor.size == {"shortest_edge": 3136, "longest_edge": 12845056}
+    pixels = image_processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
+    n_tokens = image_processor.get_number_of_image_patches(height, width, {}) // image_processor.merge_size**2
+    placeholder = open_checkpoint(folder).tokens.placeholders["image"]
+    assert int((prompt.input_ids == placeholder).sum()) == n_tokens
+    assert prompt.image_grid_thw is not None and prompt.pixel_values is not None
+    assert prompt.image_grid_thw.tolist() == pixels["image_grid_thw"].tolist()
+    torch.testing.assert_close(prompt.pixel_values, pixels["pixel_values"].float(), atol=1e-5, rtol=0)
