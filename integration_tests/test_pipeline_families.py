@@ -1,4 +1,5 @@
-"""A text-only causal LM (a tiny random Qwen2 / Qwen3 / Llama checkpoint folder) trains through the async pipeline."""
+"""Tiny random checkpoint folders of the families train through the async pipeline: the text causal LMs (Qwen2 /
+Qwen3 / Llama) and Qwen3-VL (images and text, its DeepStack vision features in the trainer's decoder)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
 from relax_services._metrics import read_metrics
 from relax_services.checkpoint import ENGINE_FILE, CheckpointManager
@@ -41,7 +42,35 @@ def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("family", "tasks"), [("qwen3", "[text]"), ("qwen2.5-vl", "[image, text]")])
+def test_qwen3_vl_trains_images_at_tau2(small_config, run_pipeline, tmp_path: Path) -> None:
+    folder = write_tiny_checkpoint(tmp_path / "qwen3-vl", "qwen3-vl", seed=0)
+    cfg = small_config(f"model.source={folder}", "data.tasks=[image, text]", "staleness.tau=2", "trainer.total_steps=4")
+    result = run_pipeline(cfg)
+    assert result.steps == 4
+    rows = list(read_metrics(result.run_dir / "metrics.jsonl", "train"))
+    hist: dict[int, int] = {}
+    for row in rows:
+        for k, v in row["token_staleness_hist"].items():
+            hist[int(k)] = hist.get(int(k), 0) + v
+    assert sum(hist.values()) == 4 * cfg.samples_per_step and max(hist) <= 2, hist  # never staler than τ
+    assert len(rows) == 4 and all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
+    latest = CheckpointManager(result.run_dir / "checkpoints").latest()
+    assert latest is not None
+    final = torch.load(latest / ENGINE_FILE, weights_only=False)["model"]
+    initial = load_file(folder / "model.safetensors")
+    # The updates moved the vision tower's weights too (DeepStack mergers included: their features reach the loss).
+    moved = {k for k in initial if not torch.equal(final[k], initial[k])}
+    assert any(k.startswith("model.visual.deepstack_merger_list") for k in moved), sorted(moved)[:5]
+    assert any(k.startswith("model.language_model") for k in moved)
+    exported = AutoModelForImageTextToText.from_pretrained(latest / "hf", local_files_only=True)
+    assert type(exported).__name__ == "Qwen3VLForConditionalGeneration"
+    assert all(torch.equal(exported.state_dict()[k], final[k]) for k in final)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("family", "tasks"), [("qwen3", "[text]"), ("qwen2.5-vl", "[image, text]"), ("qwen3-vl", "[image, text]")]
+)
 def test_tau0_pipeline_equals_sequential_trainer_for_a_family(
     family: str, tasks: str, small_config, run_pipeline, sequential_weights, tmp_path: Path
 ) -> None:

@@ -22,8 +22,13 @@ FAMILY_MEDIA = {
     "qwen3": "text",
     "llama": "text",
     "qwen2.5-vl": "image",
+    "qwen3-vl": "image",
     "qwen2.5-omni-thinker": "image",
 }
+# Image tokens of the 56 × 84 px test image, by the Qwen-VL resize rule (sides rounded to patch × merge pixels,
+# then scaled up to the minimum pixel budget): patch 14 with 56 × 56 px minimum: 56 × 84 px, 2 × 3 tokens;
+# Qwen3-VL's patch 16 with 65536 px minimum: × sqrt(65536 / (56 · 84)) = 3.73, ceil to 32 px: 224 × 320, 7 × 10.
+IMAGE_TOKENS = {"qwen2.5-vl": 6, "qwen3-vl": 70, "qwen2.5-omni-thinker": 6}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +56,10 @@ def _reference_logprobs(model: torch.nn.Module, prompt: OmniPrompt, response: li
     """One plain transformers forward of prompt + response (positions computed by transformers itself)."""
     ids = torch.cat([prompt.input_ids, torch.tensor(response)])[None]
     media = {k: v for k, v in prompt.media().items() if k != "video_second_per_grid"}
-    if type(model).__name__.startswith("Qwen2_5_VL"):
-        media["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    if type(model).__name__.startswith(("Qwen2_5_VL", "Qwen3VL")):  # their forward's rope needs the token types
+        media["mm_token_type_ids"] = (ids == model.config.image_token_id).int() + 2 * (
+            ids == model.config.video_token_id
+        ).int()
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **media).logits[0].double()
     logits = logits[prompt.num_tokens - 1 : -1]  # [L, V] predicting each response token
@@ -70,7 +77,7 @@ def test_rollout_and_trainer_logprobs_equal_a_plain_forward(
     tokens = ckpt.tokens
     prompt = _prompt(folders[family], FAMILY_MEDIA[family], image_file)
     if FAMILY_MEDIA[family] == "image":
-        assert int((prompt.input_ids == tokens.placeholders["image"]).sum()) == 6  # 56 × 84 px: 2 × 3 tokens
+        assert int((prompt.input_ids == tokens.placeholders["image"]).sum()) == IMAGE_TOKENS[family]
     model = load_model(folders[family])
     params = SamplingParams(n=3, max_new_tokens=6, suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id)
     completions = HFRolloutEngine(model).generate([prompt, prompt], params)
@@ -92,3 +99,54 @@ def test_text_family_never_samples_the_tokenizers_specials(folders: dict[str, Pa
     specials = {i for i, t in tok.added_tokens_decoder.items() if t.special}
     assert ckpt.tokens.placeholders == {}
     assert set(ckpt.tokens.never_sample) == specials - {tok.eos_token_id}
+
+
+def _qwen3_vl_video_prompt(folder: Path, frame_blocks: bool) -> OmniPrompt:
+    """A video prompt laid out as Qwen3-VL's processor writes it: per temporal grid step a timestamp (as text) and
+    its own vision block (``frame_blocks``), or (not) one block for the whole clip as relax's video path writes."""
+    ckpt = open_checkpoint(folder)
+    tok, ids = ckpt.tokenizer, ckpt.tokens.placeholders
+    grid = torch.tensor([[2, 4, 4]])  # 2 temporal steps of 4 × 4 patches: 4 tokens each after the 2 × 2 merge
+    rng = torch.Generator().manual_seed(4)
+    pixels = torch.randn(32, 3 * 2 * 16 * 16, generator=rng)  # [t·h·w, C·tp·p·p]
+    body: list[int] = []
+    if frame_blocks:
+        for seconds in (0.5, 1.5):
+            body += tok.encode(f"{seconds:.1f} seconds", add_special_tokens=False)
+            body += [ids["vision_start"], *[ids["video"]] * 4, ids["vision_end"]]
+    else:
+        body = [ids["vision_start"], *[ids["video"]] * 8, ids["vision_end"]]
+    head = tok.encode("<|im_start|>user\n", add_special_tokens=False)
+    tail = tok.encode("which colour? r g<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    return OmniPrompt(
+        torch.tensor(head + body + tail),
+        pixel_values_videos=pixels,
+        video_grid_thw=grid,
+        video_second_per_grid=torch.tensor([1.0]),
+    )
+
+
+def test_qwen3_vl_video_with_frame_blocks_scores_as_a_plain_forward(folders: dict[str, Path]) -> None:
+    folder = folders["qwen3-vl"]
+    ckpt = open_checkpoint(folder)
+    tokens = ckpt.tokens
+    prompt = _qwen3_vl_video_prompt(folder, frame_blocks=True)
+    model = load_model(folder)
+    params = SamplingParams(n=2, max_new_tokens=5, suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id)
+    completions = HFRolloutEngine(model).generate([prompt], params)
+    engine = TorchTrainEngine(load_model(folder), TorchTrainConfig(suppressed_ids=tokens.never_sample))
+    samples = [TrainSample(prompt, torch.tensor(c.token_ids)) for c in completions[0]]
+    trainer_logp, _ = engine.compute_logprobs(samples)
+    for row, c in enumerate(completions[0]):
+        ref = _reference_logprobs(model, prompt, c.token_ids, tokens.never_sample)
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(trainer_logp[row, : len(c.token_ids)], ref, atol=1e-5, rtol=0)
+
+
+def test_qwen3_vl_video_as_one_block_is_refused(folders: dict[str, Path]) -> None:
+    folder = folders["qwen3-vl"]
+    tokens = open_checkpoint(folder).tokens
+    prompt = _qwen3_vl_video_prompt(folder, frame_blocks=False)
+    engine = TorchTrainEngine(load_model(folder), TorchTrainConfig(suppressed_ids=tokens.never_sample))
+    with pytest.raises(ValueError, match="2 temporal grid steps but 1 runs of video tokens"):
+        engine.compute_logprobs([TrainSample(prompt, torch.tensor([12, 13]))])

@@ -19,10 +19,12 @@ from relax_services.models import (
     FAMILIES,
     CheckpointError,
     UnsupportedArchitectureError,
+    families,
     load_model,
     open_checkpoint,
     validate_checkpoint,
 )
+from relax_services.models.tiny_families import write_tiny_checkpoint
 
 CKPT = open_checkpoint(DEFAULT_SOURCE)
 
@@ -77,11 +79,28 @@ def test_unknown_architecture_names_it_and_the_supported_list(tmp_path: Path) ->
     assert "Qwen2ForCausalLM" in str(info.value) and "Qwen2_5OmniThinkerForConditionalGeneration" in str(info.value)
 
 
-def test_qwen3_vl_is_refused_with_its_reason(tmp_path: Path) -> None:
+def test_an_architecture_not_yet_supported_is_refused_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = _copy(tmp_path)
-    _edit_config(path, architectures=["Qwen3VLForConditionalGeneration"])
-    with pytest.raises(UnsupportedArchitectureError, match="deepstack"):
+    _edit_config(path, architectures=["Qwen3OmniMoeThinkerForConditionalGeneration"])
+    monkeypatch.setitem(families._NOT_YET, "Qwen3OmniMoeThinkerForConditionalGeneration", "its MoE text decoder")
+    with pytest.raises(UnsupportedArchitectureError, match=r"\(its MoE text decoder\); supported: "):
         validate_checkpoint(path)
+
+
+def test_qwen3_vl_folder_is_its_family(tmp_path: Path) -> None:
+    ckpt = validate_checkpoint(write_tiny_checkpoint(tmp_path / "q3vl", "qwen3-vl"))
+    assert ckpt.family is FAMILIES["Qwen3VLForConditionalGeneration"]
+    assert (ckpt.family.name, ckpt.family.positions, ckpt.family.deepstack) == ("qwen3-vl", "vl3-mrope", True)
+    tid = ckpt.tokenizer.convert_tokens_to_ids
+    assert ckpt.tokens.placeholders == {
+        "image": tid("<|IMAGE|>"),
+        "video": tid("<|VIDEO|>"),
+        "vision_start": tid("<|vision_bos|>"),
+        "vision_end": tid("<|vision_eos|>"),
+    }
+    assert ckpt.preprocessor["patch_size"] == 16 == ckpt.config.vision_config.patch_size
 
 
 def test_vocabulary_smaller_than_the_placeholder_ids_is_rejected(tmp_path: Path) -> None:

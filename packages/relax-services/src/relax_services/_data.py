@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from relax_modalities import (
     AudioSettings,
@@ -47,8 +48,11 @@ _WARMUP_ROWS = 4096  # most training rows the warm-up draws from (read from the 
 def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
     """relax-modalities' settings for a checkpoint: its chat template and placeholder ids, the vision geometry and
     mel bins of its model config, and the pixel budget, normalisation and audio framing of its
-    ``preprocessor_config.json`` (the processors' defaults where a key is absent)."""
+    ``preprocessor_config.json`` (the processors' defaults where a key is absent). The pixel budget is read as
+    transformers' Qwen-VL image processors read it: ``min_pixels`` / ``max_pixels`` where given, else ``size``'s
+    ``shortest_edge`` / ``longest_edge`` (the key Qwen3-VL's processors ship)."""
     pre, config = ckpt.preprocessor, ckpt.config
+    size: dict[str, Any] = pre["size"] if isinstance(pre.get("size"), dict) else {}
     vision = getattr(config, "vision_config", None)
     audio = getattr(config, "audio_config", None)
     image = ImageSettings()
@@ -57,8 +61,8 @@ def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
         patch_size=int(getattr(vision, "patch_size", pre.get("patch_size", image.patch_size))),
         merge_size=int(getattr(vision, "spatial_merge_size", pre.get("merge_size", image.merge_size))),
         temporal_patch_size=int(getattr(vision, "temporal_patch_size", image.temporal_patch_size)),
-        min_pixels=int(pre.get("min_pixels", image.min_pixels)),
-        max_pixels=int(pre.get("max_pixels", image.max_pixels)),
+        min_pixels=int(pre.get("min_pixels", size.get("shortest_edge", image.min_pixels))),
+        max_pixels=int(pre.get("max_pixels", size.get("longest_edge", image.max_pixels))),
         image_mean=tuple(pre.get("image_mean", image.image_mean)),
         image_std=tuple(pre.get("image_std", image.image_std)),
     )

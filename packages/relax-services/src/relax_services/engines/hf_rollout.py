@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -23,7 +23,8 @@ from relax_services.engines.protocols import (
     generation_stats,
 )
 from relax_services.engines.sampling import SamplingParams, sample_tokens
-from relax_services.models.embeddings import embed_inputs
+from relax_services.models.deepstack import text_decoder
+from relax_services.models.embeddings import decoder_inputs
 from relax_services.models.families import family_of_model
 from relax_services.models.inputs import OmniPrompt, collate_media, pad_sequences
 from relax_services.models.modalities import MODEL_MODALITIES
@@ -224,21 +225,19 @@ class HFRolloutEngine:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         positions, next_pos = sequence_positions(self.model, batch, [0] * len(batch), side="left")  # [3, U, T], [U]
         positions, next_pos = positions.to(self.device), next_pos.to(self.device)
-        inputs: dict[str, torch.Tensor]
+        common = {"attention_mask": attention_mask, "position_ids": position_ids_for(self.model, positions)}
         if _has_foreign_media(self.model, batch):
             # A registered modality the model's own forward does not take: its encoder call is the modality's,
-            # so the prompts go in as embeddings (each distinct item encoded once).
-            inputs = {"inputs_embeds": embed_inputs(self.model, batch, input_ids, self.device)}
+            # so the prompts go into the text decoder as embeddings (each distinct item encoded once, with a
+            # DeepStack family's inner-layer vision features), and its last states through the LM head.
+            inputs = decoder_inputs(self.model, batch, input_ids, self.device)
+            states = text_decoder(self.model)(**inputs, **common, use_cache=True)
+            cache = states.past_key_values
+            last = cast(Any, self.model).lm_head(states.last_hidden_state[:, -1])  # [U, V]
         else:
             media = {k: v.to(self.device) for k, v in forward_media(self.model, collate_media(batch)).items()}
-            inputs = {"input_ids": input_ids, **media}
-        out = self.model(
-            attention_mask=attention_mask,
-            position_ids=position_ids_for(self.model, positions),
-            use_cache=True,
-            **inputs,
-        )
-        cache = out.past_key_values
+            out = self.model(input_ids=input_ids, **media, **common, use_cache=True)
+            cache, last = out.past_key_values, out.logits[:, -1]  # [U, V]
         index = row_to_unique.to(self.device)
         cache.batch_select_indices(index)
         return _DecodeState(
@@ -246,7 +245,7 @@ class HFRolloutEngine:
             cache=cache,
             attention_mask=attention_mask[index],
             next_pos=next_pos[index],  # [R]
-            logits=out.logits[index, -1],  # [R, V]
+            logits=last[index],  # [R, V]
         )
 
     def _decode_step(self, state: _DecodeState, tokens: torch.Tensor) -> None:

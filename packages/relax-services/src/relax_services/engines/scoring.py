@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from relax_services.engines.sampling import policy_logprobs
-from relax_services.models.embeddings import embed_inputs
+from relax_services.models.deepstack import text_decoder
+from relax_services.models.embeddings import decoder_inputs
 from relax_services.models.inputs import OmniPrompt, pad_sequences
 from relax_services.models.positions import position_ids_for, sequence_positions
 from relax_services.models.tokens import model_pad_id
@@ -99,7 +100,7 @@ class _ResponseStates:
         targets, response_mask = pad_sequences(clean, pad_id, side="right")  # [B, L]
         kept_padded, _ = pad_sequences([k.long() for k in kept], 0, side="right")  # [B, L]
         targets, response_mask = targets.to(device), response_mask.to(device)
-        decoder = thinker.model  # the text decoder: final hidden states, no LM head
+        decoder = text_decoder(thinker)  # final hidden states, no LM head
 
         # Each distinct prompt once, left-padded so every prompt ends in the last column.
         distinct, row_prompt = distinct_prompts(prompts)
@@ -108,7 +109,7 @@ class _ResponseStates:
         ids, prompt_mask = ids.to(device), prompt_mask.to(device)
         positions, next_pos = sequence_positions(thinker, distinct, [0] * len(distinct), side="left")
         prefix = decoder(
-            inputs_embeds=embed_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
+            **decoder_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
             attention_mask=prompt_mask,
             position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
             use_cache=True,

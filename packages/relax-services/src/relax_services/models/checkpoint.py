@@ -131,12 +131,29 @@ def _placeholder_keys(family: ModelFamily) -> tuple[tuple[str, str], ...]:
     return family.placeholder_keys + extra
 
 
+def _processor_chat_template(path: Path) -> str | None:
+    """The chat template of the folder's processor files (``chat_template.jinja``, else the older
+    ``chat_template.json``), which transformers' processors read and its tokenizers do not: the published Qwen-VL
+    and Qwen-Omni checkpoints ship their template there."""
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    legacy = path / "chat_template.json"
+    if not legacy.is_file():
+        return None
+    template = _read_json(legacy).get("chat_template")
+    if not isinstance(template, str):
+        raise CheckpointError(f"{legacy}: expected a 'chat_template' string")
+    return template
+
+
 def validate_checkpoint(path: str | Path) -> Checkpoint:
     """Checks a checkpoint folder and reads its config, tokenizer and ids; allocates no weight.
 
     Checked: the folder exists and has ``config.json`` with a supported ``architectures`` entry, weight files and
-    tokenizer files; the tokenizer's ids, the eos, pad and every media placeholder fit the model's vocabulary; the
-    text sizes are consistent (heads divide the width; the multimodal rope sections sum to half the head dim).
+    tokenizer files (a tokenizer without a chat template takes the processor's, :func:`_processor_chat_template`);
+    the tokenizer's ids, the eos, pad and every media placeholder fit the model's vocabulary; the text sizes are
+    consistent (heads divide the width; the multimodal rope sections sum to half the head dim).
 
     Raises:
         CheckpointError: naming the path and what is missing or wrong.
@@ -164,6 +181,8 @@ def validate_checkpoint(path: str | Path) -> Checkpoint:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises several types for unreadable tokenizer files
         raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if not getattr(tokenizer, "chat_template", None) and (template := _processor_chat_template(path)) is not None:
+        tokenizer.chat_template = template
     try:
         generation = GenerationConfig.from_pretrained(path, local_files_only=True)
     except OSError:  # no generation_config.json: the model config's ids stand in

@@ -15,8 +15,12 @@ from typing import Any, cast
 
 import torch
 
+from relax_services.models.deepstack import DeepstackFeatures
+from relax_services.models.families import family_of_model
 from relax_services.models.inputs import OmniPrompt, tensors_digest
-from relax_services.models.modalities import MODEL_MODALITIES, ModelModality
+from relax_services.models.modalities import MODEL_MODALITIES, ModelModality, VisionModality
+
+__all__ = ["decoder_inputs", "embed_inputs"]
 
 
 def _fingerprint(prompt: OmniPrompt, fields: Sequence[str]) -> bytes | None:
@@ -26,38 +30,51 @@ def _fingerprint(prompt: OmniPrompt, fields: Sequence[str]) -> bytes | None:
     return tensors_digest({f: media[f] for f in fields})
 
 
-def _encode(
-    model: object, modality: ModelModality, prompts: Sequence[OmniPrompt], device: torch.device
-) -> list[torch.Tensor]:
-    """Features ``[tokens_i, H]`` of each prompt's media of one modality, in one encoder call."""
-    parts = [p.media_of(modality) for p in prompts]
-    media = {k: v.to(device) for k, v in modality.collate(parts).items()}
-    per_item = modality.encode(model, media)
+def _split(per_item: Sequence[torch.Tensor], counts: Sequence[int]) -> list[torch.Tensor]:
+    """Per-item features ``[tokens_j, H]`` regrouped per prompt (``counts[i]`` items each)."""
     out, start = [], 0
-    for part in parts:
-        n = modality.num_items(part)
+    for n in counts:
         out.append(torch.cat(list(per_item[start : start + n]), dim=0))
         start += n
     return out
 
 
-def embed_inputs(
+def _encode(
+    model: object, modality: ModelModality, prompts: Sequence[OmniPrompt], device: torch.device, deepstack: bool
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """Features ``[tokens_i, H]`` of each prompt's media of one modality, in one encoder call, and (``deepstack``
+    and a vision modality) per DeepStack layer the same per prompt; else that list is empty."""
+    parts = [p.media_of(modality) for p in prompts]
+    media = {k: v.to(device) for k, v in modality.collate(parts).items()}
+    counts = [modality.num_items(part) for part in parts]
+    if deepstack and isinstance(modality, VisionModality):
+        per_item, layers = modality.encode_layers(model, media)
+        return _split(per_item, counts), [_split(layer, counts) for layer in layers]
+    return _split(modality.encode(model, media), counts), []
+
+
+def decoder_inputs(
     model: torch.nn.Module, prompts: Sequence[OmniPrompt], input_ids: torch.Tensor, device: torch.device | str
-) -> torch.Tensor:
-    """Token embeddings with media features in the placeholders, each distinct media item encoded once.
+) -> dict[str, Any]:
+    """The text decoder's inputs (:func:`~relax_services.models.deepstack.text_decoder`) for a padded batch:
+    token embeddings with media features in the placeholders, each distinct media item encoded once, and for a
+    DeepStack family the vision tokens' inner-layer features.
 
     Args:
-        model: A Qwen2.5-Omni thinker.
+        model: A model of a supported family.
         prompts: The ``B`` prompts of the rows (each row's placeholders are in its prompt part).
         input_ids: ``[B, T]`` padded ids on ``device``.
         device: Device of ``model``.
 
     Returns:
-        ``[B, T, H]`` embeddings to pass as ``inputs_embeds`` (without the media kwargs).
+        ``inputs_embeds`` ``[B, T, H]`` (without the media kwargs), plus ``visual_pos_masks`` and
+        ``deepstack_visual_embeds`` for a DeepStack family's batch with vision tokens.
     """
     device = torch.device(device)
+    deepstack = family_of_model(model).deepstack
     embed_tokens = cast(Any, model).get_input_embeddings()  # a transformers model: typed loosely
     embeds: torch.Tensor = embed_tokens(input_ids)  # [B, T, H]
+    deep = DeepstackFeatures(input_ids, embeds.shape[-1], embeds.dtype)
     for kind, modality in MODEL_MODALITIES.items():
         rows = [
             (i, key) for i, p in enumerate(prompts) if (key := _fingerprint(p, modality.encoder_fields)) is not None
@@ -70,10 +87,25 @@ def embed_inputs(
             if key not in index_of:
                 index_of[key] = len(distinct)
                 distinct.append(prompts[i])
-        features = _encode(model, modality, distinct, device)
+        features, layers = _encode(model, modality, distinct, device, deepstack)
         source = torch.cat([features[index_of[key]] for _, key in rows], dim=0)  # [placeholders, H]
         mask = (input_ids == getattr(model.config, modality.token_attr))[..., None]  # [B, T, 1]
         if int(mask.sum()) != source.shape[0]:
             raise ValueError(f"{kind}: {int(mask.sum())} placeholder tokens but {source.shape[0]} feature rows")
         embeds = embeds.masked_scatter(mask, source.to(embeds.dtype))
+        if layers:
+            deep.add(mask, [torch.cat([layer[index_of[key]] for _, key in rows], dim=0) for layer in layers])
+    return {"inputs_embeds": embeds, **deep.decoder_kwargs()}
+
+
+def embed_inputs(
+    model: torch.nn.Module, prompts: Sequence[OmniPrompt], input_ids: torch.Tensor, device: torch.device | str
+) -> torch.Tensor:
+    """Token embeddings with media features in the placeholders, each distinct media item encoded once
+    (:func:`decoder_inputs`' ``inputs_embeds``; a DeepStack family's decoder needs the rest of them too).
+
+    Returns:
+        ``[B, T, H]`` embeddings to pass as ``inputs_embeds`` (without the media kwargs).
+    """
+    embeds: torch.Tensor = decoder_inputs(model, prompts, input_ids, device)["inputs_embeds"]
     return embeds

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 Modality = Literal["text", "image", "video", "audio"]
-Positions = Literal["1d", "vl-mrope", "omni-mrope"]
+Positions = Literal["1d", "vl-mrope", "vl3-mrope", "omni-mrope"]
 
 __all__ = [
     "FAMILIES",
@@ -39,14 +39,20 @@ class ModelFamily:
             ``architectures`` entry of its ``config.json``).
         modalities: Input modalities the family's forward accepts.
         positions: How position ids are computed: ``"1d"`` (one index per real token, the causal LM's), or the
-            3-D time/height/width rope of the model's own ``get_rope_index``: ``"vl-mrope"`` (Qwen-VL's, from
-            per-token modality types and seconds per grid) or ``"omni-mrope"`` (the omni thinker's, with audio).
+            3-D time/height/width rope of the model's own ``get_rope_index``: ``"vl-mrope"`` (Qwen2.5-VL's, from
+            per-token modality types and seconds per grid), ``"vl3-mrope"`` (Qwen3-VL's, from per-token modality
+            types, each video frame its own grid: its time is written as text tokens between frames, so it takes
+            no seconds) or ``"omni-mrope"`` (the omni thinker's, with audio).
         placeholder_keys: Model-config keys of each media placeholder id (``image`` / ``video`` / ``audio``),
             and of the span markers, read from the checkpoint (the text config when a key is not at the top).
         never_sample: What must never be sampled: every special (added) token of the tokenizer except the
             end-of-turn ids, and every placeholder and marker id named in ``placeholder_keys``.
         chat_template_required: A checkpoint of the family must ship a chat template (else prompts are
             rendered in the documented plain-text mode).
+        deepstack: The vision tower also gives features of some of its inner layers that the decoder adds to the
+            hidden states at the vision tokens after each of its first layers (Qwen3-VL's DeepStack): where relax
+            runs the decoder on its own input embeddings (media encoded once per distinct item) it passes those
+            features too (:mod:`~relax_services.models.deepstack`).
     """
 
     name: str
@@ -56,6 +62,7 @@ class ModelFamily:
     placeholder_keys: tuple[tuple[str, str], ...] = ()
     never_sample: str = "special tokens except eos; media placeholders and markers"
     chat_template_required: bool = False
+    deepstack: bool = False
 
     def load_class(self) -> type[PreTrainedModel]:
         """The transformers class (an ``ImportError`` names the version when this transformers lacks it)."""
@@ -90,6 +97,14 @@ _ALL: tuple[ModelFamily, ...] = (
     ModelFamily("llama", "LlamaForCausalLM", ("text",), "1d"),  # Llama 2/3, SmolLM / SmolLM2
     ModelFamily("qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", ("text", "image", "video"), "vl-mrope", _VL_KEYS),
     ModelFamily(
+        "qwen3-vl",
+        "Qwen3VLForConditionalGeneration",
+        ("text", "image"),  # video: its per-frame timestamps are not rendered by relax's video data path yet
+        "vl3-mrope",
+        _VL_KEYS,
+        deepstack=True,
+    ),
+    ModelFamily(
         "qwen2.5-omni-thinker",
         "Qwen2_5OmniThinkerForConditionalGeneration",
         ("text", "image", "video", "audio"),
@@ -112,12 +127,7 @@ def family_of_model(model: object) -> ModelFamily:
 
 
 # Not in the table yet, with the reason (named in the error):
-_NOT_YET: dict[str, str] = {
-    "Qwen3VLForConditionalGeneration": (
-        "Qwen3-VL's deepstack adds vision features inside decoder layers, which the trainer's shared-prompt scoring "
-        "(media embedded once, the decoder run on input embeddings) does not do yet"
-    ),
-}
+_NOT_YET: dict[str, str] = {}
 
 
 class UnsupportedArchitectureError(ValueError):

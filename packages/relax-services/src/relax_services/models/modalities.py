@@ -82,8 +82,8 @@ class ModelModality(Protocol):
 
     def rope_args(self, positions: str, media: Mapping[str, torch.Tensor]) -> dict[str, object]:
         """Keyword arguments of the family's ``get_rope_index`` (``positions`` is the family's rule,
-        ``"vl-mrope"`` or ``"omni-mrope"``) from a batch's collated media; ``{}`` when its tokens are positioned
-        as text (one index each)."""
+        ``"vl-mrope"``, ``"vl3-mrope"`` or ``"omni-mrope"``) from a batch's collated media; ``{}`` when its tokens
+        are positioned as text (one index each)."""
         ...
 
 
@@ -165,9 +165,17 @@ class VisionModality:
 
     def encode(self, model: object, media: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
         """The vision tower's merged features, split per item."""
+        return self.encode_layers(model, media)[0]
+
+    def encode_layers(
+        self, model: object, media: Mapping[str, torch.Tensor]
+    ) -> tuple[Sequence[torch.Tensor], list[Sequence[torch.Tensor]]]:
+        """The merged features split per item, and (a DeepStack tower's, :mod:`~relax_services.models.deepstack`)
+        each inner layer's features split per item; that list is empty for a tower without DeepStack."""
         encoded = getattr(model, self.encoder)(media[self.pixels], media[self.grid])
         per_item: Sequence[torch.Tensor] = encoded.pooler_output
-        return per_item
+        deep = encoded.get("deepstack_features")  # a ModelOutput: keys only for the fields the tower set
+        return per_item, list(deep) if deep is not None else []
 
     def structure(self, media: Mapping[str, torch.Tensor]) -> Hashable:
         """The grids (and seconds per grid): positions depend on them only."""
@@ -175,7 +183,8 @@ class VisionModality:
         return (_flat(media.get(self.grid)), seconds)
 
     def rope_args(self, positions: str, media: Mapping[str, torch.Tensor]) -> dict[str, object]:
-        """The grids, and the seconds per grid under the family's argument name."""
+        """The grids, and the seconds per grid under the family's argument name (Qwen3-VL's rule takes none:
+        its frames' times are text tokens of the prompt)."""
         args: dict[str, object] = {self.grid: media.get(self.grid)}
         if self.seconds is not None and positions in self.rope_seconds:
             args[self.rope_seconds[positions]] = media.get(self.seconds)

@@ -53,11 +53,13 @@ def rope_positions(
         args.update(modality.rope_args(kind, media))
     positions: torch.Tensor
     family_model = cast(Any, model)  # get_rope_index is the family's own method; transformers types it loosely
-    if kind == "vl-mrope":
+    if kind in ("vl-mrope", "vl3-mrope"):  # the VL families take per-token modality types
         cfg = family_model.config
         types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
         types[input_ids == cfg.image_token_id] = 1
         types[input_ids == cfg.video_token_id] = 2
+        if kind == "vl3-mrope":
+            _check_frame_blocks(types, attention_mask, args.get("video_grid_thw"))
         positions, _ = family_model.model.get_rope_index(
             input_ids, mm_token_type_ids=types, attention_mask=attention_mask, **args
         )
@@ -66,6 +68,27 @@ def rope_positions(
         input_ids, attention_mask=attention_mask, use_audio_in_video=False, **args
     )
     return positions
+
+
+def _check_frame_blocks(types: torch.Tensor, attention_mask: torch.Tensor, grids: object) -> None:
+    """Qwen3-VL's rope takes one video grid row per frame block: each temporal grid step's tokens must be their own
+    run (its processor writes ``<t seconds><vision_start> tokens <vision_end>`` per frame), else every position after
+    the video is wrong. relax's video data path writes one run per clip, so such prompts are refused here.
+
+    Raises:
+        ValueError: naming the number of frames and of runs.
+    """
+    if not isinstance(grids, torch.Tensor) or grids.numel() == 0:
+        return
+    video = (types == 2) & attention_mask.bool()  # [B, T]
+    runs = int((video[:, 1:] & ~video[:, :-1]).sum() + video[:, 0].sum())
+    frames = int(grids[:, 0].sum())
+    if runs != frames:
+        raise ValueError(
+            f"Qwen3-VL video: {frames} temporal grid steps but {runs} runs of video tokens; each step's tokens must "
+            "be their own block, with its timestamp before it (relax's video data path writes one block per clip and "
+            "does not render Qwen3-VL's timestamps yet)"
+        )
 
 
 def _key(model: torch.nn.Module, prompt: OmniPrompt) -> tuple[object, ...]:
@@ -143,6 +166,6 @@ def position_ids_for(model: torch.nn.Module, positions: torch.Tensor) -> torch.T
 def forward_media(model: torch.nn.Module, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Collated media kwargs under the names the family's forward takes (positions are always passed explicitly,
     so the seconds per video grid only matter to :func:`rope_positions`)."""
-    if family_of_model(model).positions == "vl-mrope":
+    if family_of_model(model).positions in ("vl-mrope", "vl3-mrope"):
         return {k: v for k, v in media.items() if k != "video_second_per_grid"}
     return media

@@ -6,6 +6,7 @@ loading, validation and engine code a real checkpoint of its family takes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -88,13 +89,67 @@ def _qwen25_vl(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     return transformers.Qwen2_5_VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]
 
 
+def _qwen3_vl(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    tid = cast("Callable[[str], int]", tokenizer.convert_tokens_to_ids)  # one token string: one id
+    config = transformers.Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": tokenizer.pad_token_id,
+            "head_dim": 16,
+            # Qwen3-VL's interleaved multimodal rope, its sections scaled to head_dim 16 (published: [24, 20, 20]).
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [4, 2, 2],
+                "mrope_interleaved": True,
+            },
+            **_TEXT,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 4,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 64,
+            "num_position_embeddings": 64,  # an 8 × 8 learned grid, resampled to each image's
+            "deepstack_visual_indexes": [0, 1],  # both tower layers feed the first two decoder layers
+        },
+        image_token_id=tid("<|IMAGE|>"),
+        video_token_id=tid("<|VIDEO|>"),
+        vision_start_token_id=tid("<|vision_bos|>"),
+        vision_end_token_id=tid("<|vision_eos|>"),
+    )
+    return transformers.Qwen3VLForConditionalGeneration(config)  # type: ignore[no-untyped-call]
+
+
 TINY_FAMILIES: dict[str, Callable[[PreTrainedTokenizerBase], PreTrainedModel]] = {
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "llama": _llama,
     "qwen2.5-vl": _qwen25_vl,
+    "qwen3-vl": _qwen3_vl,
 }
 """Family name → builder of a tiny random model of it (the omni thinker is :func:`write_tiny_omni`'s)."""
+
+_PREPROCESSORS: dict[str, dict[str, object]] = {
+    # Qwen3-VL's image processor settings as its published checkpoints ship them (patch 16, mean and std 0.5,
+    # pixel budget 65536 .. 16777216), so the data path's reading of them is exercised by its tests.
+    "qwen3-vl": {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    },
+}
+"""Family name → its tiny checkpoint's ``preprocessor_config.json`` (a family without one uses the defaults)."""
 
 
 def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidden_size: int | None = None) -> Path:
@@ -127,4 +182,6 @@ def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidde
     generation.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if family in _PREPROCESSORS:
+        (path / "preprocessor_config.json").write_text(json.dumps(_PREPROCESSORS[family], indent=2) + "\n")
     return path
