@@ -55,9 +55,11 @@ def rope_positions(
     family_model = cast(Any, model)  # get_rope_index is the family's own method; transformers types it loosely
     if kind == "vl-mrope":
         cfg = family_model.config
-        types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
-        types[input_ids == cfg.image_token_id] = 1
-        types[input_ids == cfg.video_token_id] = 2
+        types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0; each modality's number (image 1, video 2)
+        for modality in MODEL_MODALITIES.values():
+            token = getattr(cfg, modality.token_attr, None)
+            if modality.vl_token_type and token is not None:
+                types[input_ids == token] = modality.vl_token_type
         positions, _ = family_model.model.get_rope_index(
             input_ids, mm_token_type_ids=types, attention_mask=attention_mask, **args
         )
