@@ -23,6 +23,7 @@ from relax_modalities import (
     VideoSettings,
     media_columns,
     modality_path,
+    modality_table,
     pack_batch,
     parse_row,
     process_sample,
@@ -235,3 +236,10 @@ def test_the_row_reader_reads_a_registered_modalitys_column_and_marker(toy: None
         parse_row({**row, "toys": ["a.npy", "a.npy", "b.npy"]}, RowSchema(), tmp_path)
     with pytest.raises(ValueError, match="message 0: more toy placeholders than toy items"):
         parse_row({**row, "toys": ["a.npy"]}, RowSchema(), tmp_path)
+
+
+def test_the_readme_table_of_modalities_is_the_registrys(toy: None) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    shown = readme.split("<!-- modality-table -->\n")[1].split("\n<!-- /modality-table -->")[0]
+    toy_row = "| `toy` | `toys` | `<toy>` | `_ToySettings` | `toy_values` |"
+    assert modality_table() == shown + "\n" + toy_row  # the built-ins as the README shows them, then the toy

@@ -56,7 +56,7 @@ from relax_modalities._mel import (
 )
 from relax_modalities._mel_stream import StreamingLogMel, log_mel_stream
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
-from relax_modalities._modality import MODALITY_PATHS, ModalityPath, bundle_inputs, modality_path
+from relax_modalities._modality import MODALITY_PATHS, ModalityPath, bundle_inputs, modality_path, modality_table
 from relax_modalities._paths import AudioPath, ImagePath, VideoPath
 from relax_modalities._rows import (
     BadRow,
@@ -141,6 +141,7 @@ __all__ += [  # the modality seam
     "VideoPath",
     "bundle_inputs",
     "modality_path",
+    "modality_table",
 ]
 __all__ += [  # samples and batches
     "PackedBatch",

@@ -31,7 +31,15 @@ if TYPE_CHECKING:
     from relax_modalities._sample import ProcessorSettings
     from relax_modalities.synthetic._manifest import MediaRef
 
-__all__ = ["MODALITY_PATHS", "MediaBundle", "ModalityPath", "PackedMedia", "bundle_inputs", "modality_path"]
+__all__ = [
+    "MODALITY_PATHS",
+    "MediaBundle",
+    "ModalityPath",
+    "PackedMedia",
+    "bundle_inputs",
+    "modality_path",
+    "modality_table",
+]
 
 
 class ModalityPath(Protocol):
@@ -112,3 +120,17 @@ def bundle_inputs(media: MediaBundle, input_ids: Sequence[int]) -> dict[str, tor
         if items:
             out.update(path.model_inputs(items))
     return out
+
+
+def modality_table() -> str:
+    """The registered modalities as the Markdown table the package README shows (docs derived from the registry:
+    a README test compares the two): name, default dataset column, prompt marker, settings type, forward kwargs."""
+    lines = [
+        "| modality | dataset column (default) | prompt marker | settings (`ProcessorSettings(<name>=...)`) | forward kwargs |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, path in MODALITY_PATHS.items():
+        kwargs = ", ".join(f"`{k}`" for k in path.keys)
+        settings = type(path.default_settings).__name__
+        lines.append(f"| `{name}` | `{path.column}` | `<{name}>` | `{settings}` | {kwargs} |")
+    return "\n".join(lines)
