@@ -156,13 +156,18 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_processor_settings_hold_each_registered_paths_settings(tmp_path: Path) -> None:
     default = ProcessorSettings()
-    assert default.modalities == () and default.image == ImageSettings() and default.audio == AudioSettings()
-    assert default.of("video", VideoSettings) == VideoSettings()
+    assert default.image == ImageSettings() and default.audio == AudioSettings()
+    assert default.of("video", VideoSettings) == VideoSettings() and [n for n, _ in default.modalities] == [
+        "image",
+        "video",
+        "audio",
+    ]
+    assert ProcessorSettings(audio=AudioSettings()) == default  # the defaults given or not: equal settings
     small = ImageSettings(max_pixels=56 * 56)
     given = ProcessorSettings(image=small, use_audio_in_video=True)
-    assert given.modalities == (("image", small),) and given.image.max_pixels == 3136 and given.use_audio_in_video
+    assert given.modalities[0] == ("image", small) and given.image.max_pixels == 3136 and given.use_audio_in_video
     fast = dataclasses.replace(given, video=VideoSettings(fps=4.0))  # the keyword form replace() passes through
-    assert fast.video.fps == 4.0 and fast.image is small and [n for n, _ in fast.modalities] == ["image", "video"]
+    assert fast.video.fps == 4.0 and fast.image is small and fast.audio == AudioSettings()
     assert pickle.loads(pickle.dumps(fast)) == fast and hash(fast) == hash(pickle.loads(pickle.dumps(fast)))
     assert fast.with_modality("image", ImageSettings()).image == ImageSettings()
     with pytest.raises(TypeError, match=r"'smell' is not a registered modality \(registered: image, video, audio\)"):
@@ -182,7 +187,7 @@ def test_processor_settings_hold_each_registered_paths_settings(tmp_path: Path) 
 
 def test_a_registered_modality_gets_its_own_settings_entry(toy: None) -> None:
     settings = ProcessorSettings(toy=_ToySettings(scale=3.0))
-    assert settings.of("toy", _ToySettings).scale == 3.0 and [n for n, _ in settings.modalities] == ["toy"]
+    assert settings.of("toy", _ToySettings).scale == 3.0 and [n for n, _ in settings.modalities][-1] == "toy"
     assert ProcessorSettings().of("toy", _ToySettings) == _ToySettings()  # the path's defaults
     with pytest.raises(TypeError, match=r"ProcessorSettings\(toy=...\): expected _ToySettings, got ImageSettings"):
         ProcessorSettings(toy=ImageSettings())

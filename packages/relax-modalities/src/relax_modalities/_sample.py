@@ -57,7 +57,8 @@ class ProcessorSettings:
     (``image`` / ``video`` / ``audio`` are shorthands for the built-in three).
 
     Attributes:
-        modalities: ``(name, settings)`` of the modalities given at construction, in registry order.
+        modalities: ``(name, settings)`` of every modality registered at construction, in registry order (its
+            path's defaults where none were given).
         template: how prompts are rendered: a `CheckpointTemplate` renders with the tokenizer's own chat
             template (the checkpoint's placeholder ids given); a `ChatTemplate` renders fixed strings (the
             standalone tiny vocabulary's by default, `ChatTemplate.qwen()` for Qwen's tokenizers).
@@ -102,7 +103,8 @@ class ProcessorSettings:
             want = type(MODALITY_PATHS[name].default_settings)
             if not isinstance(value, want):
                 raise TypeError(f"ProcessorSettings({name}=...): expected {want.__name__}, got {type(value).__name__}")
-        ordered = tuple((n, given[n]) for n in MODALITY_PATHS if n in given)
+        # Every registered modality's entry, defaults filled in: equal settings compare equal however given.
+        ordered = tuple((n, given.get(n, path.default_settings)) for n, path in MODALITY_PATHS.items())
         for attr, value in (
             ("modalities", ordered),
             ("template", template),
@@ -114,7 +116,7 @@ class ProcessorSettings:
             object.__setattr__(self, attr, value)  # frozen: the generated __setattr__ refuses
 
     def of(self, name: str, kind: type[_T]) -> _T:
-        """The settings of modality ``name``: those given, else its path's defaults.
+        """The settings of modality ``name`` (its path's defaults for one registered after construction).
 
         Raises:
             KeyError: ``name`` is no registered modality.
