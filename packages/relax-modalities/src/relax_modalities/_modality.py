@@ -126,7 +126,8 @@ def modality_table() -> str:
     """The registered modalities as the Markdown table the package README shows (docs derived from the registry:
     a README test compares the two): name, default dataset column, prompt marker, settings type, forward kwargs."""
     lines = [
-        "| modality | dataset column (default) | prompt marker | settings (`ProcessorSettings(<name>=...)`) | forward kwargs |",
+        "| modality | dataset column (default) | prompt marker | settings (`ProcessorSettings(<name>=...)`) "
+        "| forward kwargs |",
         "| --- | --- | --- | --- | --- |",
     ]
     for name, path in MODALITY_PATHS.items():
