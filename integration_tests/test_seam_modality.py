@@ -118,6 +118,7 @@ class PointsModality:
     name: str = "points"
     fields: tuple[str, ...] = ("point_values", "point_counts")
     encoder_fields: tuple[str, ...] = ("point_values", "point_counts")
+    position_fields: tuple[str, ...] = ()
     token_attr: str = "points_token_id"
     vl_token_type: int = 0  # positioned as text by the Qwen-VL rule too
 

@@ -47,6 +47,8 @@ class ModelModality(Protocol):
         encoder_fields: The fields its encoder reads: two prompts whose values of these are equal share one
             encoding (the rest, such as seconds per video grid, only matter to positions).
         token_attr: The model-config attribute holding its placeholder id.
+        position_fields: The fields only the position rule reads (seconds per video grid): the model's forward is
+            always given positions, so they are not passed to it.
         vl_token_type: Its tokens' number in the ``mm_token_type_ids`` the Qwen-VL families' rope rule takes
             (0: positioned as text; image 1, video 2).
     """
@@ -54,6 +56,7 @@ class ModelModality(Protocol):
     name: str
     fields: tuple[str, ...]
     encoder_fields: tuple[str, ...]
+    position_fields: tuple[str, ...]
     token_attr: str
     vl_token_type: int
 
@@ -142,6 +145,7 @@ class VisionModality:
         self.name, self.pixels, self.grid, self.seconds = name, pixels, grid, seconds
         self.fields: tuple[str, ...] = (pixels, grid) + ((seconds,) if seconds else ())
         self.encoder_fields: tuple[str, ...] = (pixels, grid)
+        self.position_fields: tuple[str, ...] = (seconds,) if seconds else ()
         self.token_attr, self.encoder, self.vl_token_type = token_attr, encoder, vl_token_type
         self._settings = settings
         self.rope_seconds = dict(rope_seconds or {})
@@ -214,6 +218,7 @@ class AudioModality:
     name: str = "audio"
     fields: tuple[str, ...] = ("input_features", "feature_attention_mask")
     encoder_fields: tuple[str, ...] = ("input_features", "feature_attention_mask")
+    position_fields: tuple[str, ...] = ()
     token_attr: str = "audio_token_id"
     vl_token_type: int = 0  # the VL families have no audio
 

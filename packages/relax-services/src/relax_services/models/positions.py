@@ -143,8 +143,9 @@ def position_ids_for(model: torch.nn.Module, positions: torch.Tensor) -> torch.T
 
 
 def forward_media(model: torch.nn.Module, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Collated media kwargs under the names the family's forward takes (positions are always passed explicitly,
-    so the seconds per video grid only matter to :func:`rope_positions`)."""
-    if family_of_model(model).positions == "vl-mrope":
-        return {k: v for k, v in media.items() if k != "video_second_per_grid"}
-    return media
+    """Collated media kwargs the family's forward takes: positions are always passed explicitly, so each
+    modality's `ModelModality.position_fields` (the seconds per video grid) only matter to :func:`rope_positions`
+    and are left out (the VL families' forward has no such argument; the omni thinker's reads it only to compute
+    positions it is not given)."""
+    only_positions = {f for m in MODEL_MODALITIES.values() for f in m.position_fields}
+    return {k: v for k, v in media.items() if k not in only_positions}
