@@ -411,6 +411,10 @@ class FSDPTrainEngine:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self._version = int(state["version"])
 
+    def shutdown(self) -> None:
+        """Nothing to release here: the process group belongs to the rank process that runs this engine (its
+        `TrainerGroup` ends the ranks)."""
+
     # -- collectives over the mesh -------------------------------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
