@@ -412,8 +412,7 @@ class FSDPTrainEngine:
         self._version = int(state["version"])
 
     def shutdown(self) -> None:
-        """Nothing to release here: the process group belongs to the rank process that runs this engine (its
-        `TrainerGroup` ends the ranks)."""
+        """Nothing to release: the rank process that runs this engine owns its process group."""
 
     # -- collectives over the mesh -------------------------------------------------------------------------------
 
