@@ -1,19 +1,24 @@
 """A toy modality added through the modality seam: one module's worth of code per package it touches.
 
 "points" is a ``.npy`` file of ``[n, 4]`` float32 rows, one placeholder token per row, encoded by a linear layer.
-Its relax-modalities side (`PointsPath`: loading, processing to forward kwargs, packing, cost) and its
-relax-services side (`PointsModality`: the prompt's fields, placeholder check, collation, encoder call, position
-rule) are each one class, registered with one dict entry per package (``MODALITY_PATHS``, ``MODEL_MODALITIES``).
-Nothing else changes: the sample processor, the checkpoint chat template, `OmniPrompt`, `check_placeholders`,
-`collate_media`, the shared-media embeddings, the rope positions, the trainer's scoring and the built-in rollout
-engine take it as they are.
+Its relax-modalities side (`PointsPath`: its settings type and dataset column, loading, processing to forward
+kwargs, packing, cost) and its relax-services side (`PointsModality`: the prompt's fields, placeholder check,
+collation, encoder call, position rule and token type, its settings read from a checkpoint folder) are each one
+class, registered with one dict entry per package (``MODALITY_PATHS``, ``MODEL_MODALITIES``).
+Nothing else changes: the sample processor and its settings (``ProcessorSettings(points=...)``, and
+``processor_settings`` of a checkpoint), the dataset reader (the ``points`` column and ``<points>`` marker of a
+JSONL file, renamed by ``data.schema.media_keys.points``), the checkpoint chat template, `OmniPrompt`,
+`check_placeholders`, `collate_media`, the shared-media embeddings, the rope positions, the trainer's scoring and
+the built-in rollout engine take it as they are.
 The checks compare against values computed here by hand (token layout, the mrope rule, the embedding scatter and
 a plain forward of the model on those embeddings).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +33,25 @@ from relax_modalities import (
     MediaError,
     PackedMedia,
     ProcessorSettings,
+    RowSchema,
     SampleProcessor,
+    build_stream,
     estimate_cost,
     pack_batch,
 )
 from relax_modalities.synthetic import MediaRef
 from relax_modalities.text import CheckpointTemplate, MediaSlot
+from relax_services._data import processor_settings
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
 from relax_services.engines.scoring import score_responses
-from relax_services.models import MODEL_MODALITIES, OmniPrompt, check_placeholders, collate_media, token_ids_from
+from relax_services.models import (
+    MODEL_MODALITIES,
+    Checkpoint,
+    OmniPrompt,
+    check_placeholders,
+    collate_media,
+    token_ids_from,
+)
 from relax_services.models.checkpoint import _placeholder_keys
 from relax_services.models.embeddings import embed_inputs
 from relax_services.models.families import family_of_model
@@ -48,17 +63,34 @@ DIM = 4
 
 
 # ---- relax-modalities side: the toy's ModalityPath (one module's worth) --------------------------------------
+@dataclass(frozen=True)
+class PointsSettings:
+    """How a points file is read.
+
+    Attributes:
+        scale: every coordinate is multiplied by it (a unit conversion).
+        max_rows: files with more rows are refused.
+    """
+
+    scale: float = 1.0
+    max_rows: int = 64
+
+
 class PointsPath:
-    """``.npy`` rows → ``point_values [Σ rows, 4]`` and ``point_counts [n_items]``; one token per row."""
+    """``.npy`` rows → ``point_values [Σ rows, 4]`` (times `PointsSettings.scale`) and ``point_counts [n_items]``;
+    one token per row. Its dataset column is ``points``."""
 
     name: str = "points"
     keys: tuple[str, ...] = ("point_values", "point_counts")
+    column: str = "points"
+    default_settings: PointsSettings = PointsSettings()
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
+        own = settings.of("points", PointsSettings)
         rows = np.load(ref.path)
-        if rows.ndim != 2 or rows.shape[1] != DIM or len(rows) == 0:
-            raise MediaError(ref.path, "manifest", f"points must be [n >= 1, {DIM}], got {list(rows.shape)}")
-        media.add("points", torch.from_numpy(rows.astype(np.float32)))
+        if rows.ndim != 2 or rows.shape[1] != DIM or not 1 <= len(rows) <= own.max_rows:
+            raise MediaError(ref.path, "points", f"points must be [1..{own.max_rows}, {DIM}], got {list(rows.shape)}")
+        media.add("points", torch.from_numpy(rows.astype(np.float32)) * own.scale)
         media.slots.append(MediaSlot("points", len(rows)))
 
     def model_inputs(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
@@ -86,7 +118,13 @@ class PointsModality:
     name: str = "points"
     fields: tuple[str, ...] = ("point_values", "point_counts")
     encoder_fields: tuple[str, ...] = ("point_values", "point_counts")
+    position_fields: tuple[str, ...] = ()
     token_attr: str = "points_token_id"
+    vl_token_type: int = 0  # positioned as text by the Qwen-VL rule too
+
+    def processor_settings(self, config: object, preprocessor: Mapping[str, object]) -> PointsSettings | None:
+        scale = preprocessor.get("points_scale")  # the checkpoint's preprocessor_config.json key
+        return None if scale is None else PointsSettings(scale=float(str(scale)))
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
         values, counts = media.get("point_values"), media.get("point_counts")
@@ -243,3 +281,53 @@ def test_an_unregistered_modality_is_refused_by_name(files: tuple[Path, Path, np
         processor({"prompt": "1", "media": [{"modality": "points", "path": str(points_file)}]})
     with pytest.raises(TypeError, match=r"\['point_values'\] that no registered modality owns"):
         OmniPrompt(torch.tensor([12]), point_values=torch.zeros(1, DIM))
+
+
+def test_the_toys_settings_and_dataset_column_read_from_a_jsonl_file(
+    registered: None, files: tuple[Path, Path, np.ndarray], tmp_path: Path
+) -> None:
+    points_file, image_file, rows = files
+    tok, model = _tokenizer_and_model()
+    tokens = token_ids_from(tok, model.config, model.generation_config, _placeholder_keys(family_of_model(model)))
+    # A checkpoint folder as `open_checkpoint` reads it: the toy's setting comes from its preprocessor config.
+    ckpt = Checkpoint(tmp_path, family_of_model(model), model.config, tok, tokens, {"points_scale": 2.0})
+    settings = processor_settings(ckpt)
+    assert settings.of("points", PointsSettings) == PointsSettings(scale=2.0)
+    assert settings.image.patch_size == 14 and settings.video.vision == settings.image  # the built-ins' as before
+
+    # A JSONL dataset in the row schema: the toy's column, its <points> marker beside an image's.
+    data = tmp_path / "train.jsonl"
+    row = {
+        "data_source": "toy/points",
+        "prompt": [{"role": "user", "content": "<points><image>1+2="}],
+        "points": [points_file.name],
+        "images": [image_file.name],
+        "reward_model": {"ground_truth": "3"},
+    }
+    renamed = {**{k: v for k, v in row.items() if k != "points"}, "clouds": row["points"]}
+    data.write_text(json.dumps(row) + "\n" + json.dumps(renamed) + "\n")
+    first = next(build_stream([data], shuffle_buffer=0))
+    assert [(m.kind, m.path) for m in first.media] == [("points", str(points_file)), ("image", str(image_file))]
+    assert (first.data_source, first.ground_truth) == ("toy/points", "3")
+
+    kwargs = SampleProcessor(tok, settings).process_record(first)
+    assert torch.equal(kwargs["point_values"], torch.from_numpy(rows) * 2.0)  # the checkpoint's scale applied
+    ids = kwargs["input_ids"][0].tolist()
+    head = tok.encode("<|im_start|>user\n", add_special_tokens=False)
+    vision = [tok.convert_tokens_to_ids(t) for t in ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")]
+    tail = tok.encode("1+2=<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert ids == head + [64] * 3 + [vision[0]] + [vision[1]] * 4 + [vision[2]] + tail
+    media = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+    check_placeholders(OmniPrompt(kwargs["input_ids"][0], **media), tokens)
+
+    # `data.schema.media_keys.points=clouds` reads the renamed column; the default schema finds no points there.
+    stream = build_stream([data], RowSchema(media_keys={"points": "clouds"}), shuffle_buffer=0)
+    records = list(stream)
+    assert [r.row for r in records] == [1] and records[0].media == first.media
+    assert stream.stats.total == 1  # row 0 has its points under "points", which this schema does not read
+    assert stream.stats.recent[0].reason == "column 'prompt' message 0: more points placeholders than points items"
+
+    # The toy's own setting bounds what it reads: a file over max_rows is this file's MediaError.
+    strict = settings.with_modality("points", PointsSettings(max_rows=2))
+    with pytest.raises(MediaError, match=r"points file .*p\.npy.*must be \[1\.\.2, 4\], got \[3, 4\]"):
+        SampleProcessor(tok, strict).process_record(first)

@@ -103,6 +103,15 @@ def test_check_data_names_a_missing_file_a_missing_column_and_a_missing_reward(t
     check_data(load_run_config(None, [f"data.train_files={good}"]))  # a good file passes
 
 
+def test_check_data_names_a_schema_media_key_of_no_registered_modality(tmp_path: Path) -> None:
+    good = _write(tmp_path / "good")
+    with pytest.raises(ValueError, match=r"data\.schema\.media_keys: \['smell'\] not registered modalities"):
+        check_data(load_run_config(None, [f"data.train_files={good}", "data.schema.media_keys.smell=odours"]))
+    renamed = load_run_config(None, [f"data.train_files={good}", "data.schema.media_keys.audio=clips"])
+    assert renamed.data.schema_.media_key("audio") == "clips"
+    check_data(renamed)  # a registered modality's column may be renamed
+
+
 def test_relax_train_stops_on_a_file_without_the_prompt_column_before_a_run_folder(tmp_path: Path, capsys) -> None:
     table = tmp_path / "cols.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), table)

@@ -143,3 +143,37 @@ def test_vllm_is_registered_and_without_vllm_resolving_it_names_the_extra() -> N
         check_engines(cfg)
     with pytest.raises(ImportError, match=r"relax-services\[vllm\]"):
         make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
+
+
+class _NoShutdown:
+    """Every `TrainEngine` member but ``shutdown`` (what the Trainer service calls when it stops), delegated."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        if name == "shutdown":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    version = property(lambda self: self.inner.version)
+    step = property(lambda self: self.inner.step)
+    compute_logprobs = property(lambda self: self.inner.compute_logprobs)
+    compute_scores = property(lambda self: self.inner.compute_scores)
+    policy_state = property(lambda self: self.inner.policy_state)
+    state_dict = property(lambda self: self.inner.state_dict)
+    load_state_dict = property(lambda self: self.inner.load_state_dict)
+
+
+def build_without_shutdown(cfg: RunConfig, model: object = None) -> _NoShutdown:
+    from relax_services._policy import build_train_engine
+
+    return _NoShutdown(build_train_engine(cfg, model))
+
+
+def test_a_train_engine_without_shutdown_is_refused_by_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(TRAIN_ENGINES, "partial", f"{__name__}:build_without_shutdown")
+    with pytest.raises(TypeError, match=r"trainer\.engine='partial' built _NoShutdown, not a TrainEngine"):
+        make_train_engine(load_run_config(None, ["trainer.engine=partial"]))
+    engine = make_train_engine(load_run_config(None, []))  # the built-in one has it (nothing to release)
+    assert engine.shutdown() is None and engine.version == 0

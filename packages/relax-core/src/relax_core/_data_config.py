@@ -15,18 +15,26 @@ class RowSchema(ConfigModel):
     """Which columns of a dataset file hold what (defaults are verl's RL parquet names)."""
 
     prompt_key: str = "prompt"
-    """Column of the prompt: a list of chat messages ``{"role", "content"}`` (content a string with
-    ``<image>``/``<video>``/``<audio>`` markers, or a list of typed parts), or a plain string (one user turn)."""
+    """Column of the prompt: a list of chat messages ``{"role", "content"}`` (content a string with a ``<name>``
+    marker per media item, ``<image>``/``<video>``/``<audio>`` for the built-in modalities, or a list of typed
+    parts), or a plain string (one user turn)."""
 
-    image_key: str = "images"
-    """Column of the prompt's images, in marker order: paths (relative to the file or absolute), bytes, or
-    ``{"bytes": ..., "path": ...}`` dicts as ``datasets`` and verl write them."""
+    media_keys: dict[str, str] = pydantic.Field(default_factory=dict)
+    """Column of each modality's items, by modality name (``data.schema.media_keys.image=pictures``). A modality
+    not named here reads the column its data path declares (relax-modalities' ``ModalityPath.column``:
+    ``images``, ``videos``, ``audios`` for the built-in three). Items in marker order: paths (relative to the file
+    or absolute), bytes, or ``{"bytes": ..., "path": ...}`` dicts as ``datasets`` and verl write them
+    (``{"<name>": path, ...}`` also accepted). Names are checked against the registered modalities when the
+    files are opened."""
 
-    video_key: str = "videos"
-    """Column of the prompt's videos (same forms as images; ``{"video": path, ...}`` also accepted)."""
+    image_key: str | None = None
+    """Column of the prompt's images: the same as ``media_keys.image`` (None: the image path's ``images``)."""
 
-    audio_key: str = "audios"
-    """Column of the prompt's audio clips (same forms as images; ``{"audio": path}`` also accepted)."""
+    video_key: str | None = None
+    """Column of the prompt's videos: the same as ``media_keys.video`` (None: the video path's ``videos``)."""
+
+    audio_key: str | None = None
+    """Column of the prompt's audio clips: the same as ``media_keys.audio`` (None: the audio path's ``audios``)."""
 
     data_source_key: str = "data_source"
     """Column naming the dataset a row came from; rewards are routed by it."""
@@ -51,6 +59,25 @@ class RowSchema(ConfigModel):
 
     check_media_files: bool = True
     """Media paths must name existing files, checked when the row is read (a missing one makes a bad row)."""
+
+    @pydantic.model_validator(mode="after")
+    def _one_column_per_builtin(self) -> RowSchema:
+        """``image_key`` and ``media_keys.image`` (likewise video, audio) may not name two different columns."""
+        for name, key in self._named_keys().items():
+            other = self.media_keys.get(name)
+            if key is not None and other is not None and other != key:
+                raise ValueError(f"{name}_key is {key!r} but media_keys.{name} is {other!r}: give one of them")
+        return self
+
+    def _named_keys(self) -> dict[str, str | None]:
+        # The built-in modalities' own fields, kept so configs that set them keep working.
+        return {"image": self.image_key, "video": self.video_key, "audio": self.audio_key}
+
+    def media_key(self, modality: str) -> str | None:
+        """The column this schema names for ``modality``'s items (``media_keys``, or the built-in modalities'
+        ``<name>_key``); None when it names none and the modality's own column applies."""
+        named = self.media_keys.get(modality)
+        return named if named is not None else self._named_keys().get(modality)
 
 
 class DataFileSpec(ConfigModel):

@@ -56,9 +56,18 @@ from relax_modalities._mel import (
 )
 from relax_modalities._mel_stream import StreamingLogMel, log_mel_stream
 from relax_modalities._mix import TaskMixLoader, TaskMixSource, build_task_mix_loader
-from relax_modalities._modality import MODALITY_PATHS, ModalityPath, bundle_inputs, modality_path
+from relax_modalities._modality import MODALITY_PATHS, ModalityPath, bundle_inputs, modality_path, modality_table
 from relax_modalities._paths import AudioPath, ImagePath, VideoPath
-from relax_modalities._rows import BadRow, ChatMessage, ContentPart, DataRecord, MediaItem, RowSchema, parse_row
+from relax_modalities._rows import (
+    BadRow,
+    ChatMessage,
+    ContentPart,
+    DataRecord,
+    MediaItem,
+    RowSchema,
+    media_columns,
+    parse_row,
+)
 from relax_modalities._sample import ProcessorSettings, SampleProcessor, audio_in_video_chunks, process_sample
 from relax_modalities._sources import (
     DataFileError,
@@ -132,6 +141,7 @@ __all__ += [  # the modality seam
     "VideoPath",
     "bundle_inputs",
     "modality_path",
+    "modality_table",
 ]
 __all__ += [  # samples and batches
     "PackedBatch",
@@ -170,6 +180,7 @@ __all__ += [  # dataset files
     "RowSchema",
     "RowSource",
     "build_stream",
+    "media_columns",
     "open_source",
     "parse_row",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
-MediaModality = Literal["image", "audio", "video", "text", "manifest"]
+MediaModality = str
+"""Which data path rejected a file: a registered modality's name (``image``, ``audio``, ``video``, ...), ``text``
+or ``manifest`` (the item or row that names the file)."""
 
 
 class MediaError(Exception):

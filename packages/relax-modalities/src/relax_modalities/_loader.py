@@ -229,7 +229,7 @@ def worker_settings(settings: ProcessorSettings, num_workers: int) -> ProcessorS
     threads = min(settings.image.threads_per_image, max(1, available_cpus() // num_workers))
     if threads == settings.image.threads_per_image:
         return settings
-    return replace(settings, image=replace(settings.image, threads_per_image=threads))
+    return settings.with_modality("image", replace(settings.image, threads_per_image=threads))
 
 
 def assemble_graph(

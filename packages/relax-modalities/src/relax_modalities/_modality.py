@@ -8,6 +8,11 @@ cost-aware batching (`ModalityPath.cost`). The chat layer renders each slot as i
 checkpoint template the placeholder id is the checkpoint's ``<name>`` role; with the plain-string template the
 span strings are the template's (`ChatTemplate.spans`).
 
+A path also declares what the rest of the data layer derives from the registry: its settings
+(`ModalityPath.default_settings`, the defaults of its entry in `ProcessorSettings`, given as
+``ProcessorSettings(<name>=...)``) and its dataset column (`ModalityPath.column`, the default column of its items
+in the row schema; its marker in prompt text is ``<name>``).
+
 `MODALITY_PATHS` maps a modality's name (the ``modality`` of a `MediaRef` and of a `MediaSlot`) to its path, in
 the order the forward kwargs are laid out. Adding a modality is one module with its path plus one entry here.
 """
@@ -26,20 +31,40 @@ if TYPE_CHECKING:
     from relax_modalities._sample import ProcessorSettings
     from relax_modalities.synthetic._manifest import MediaRef
 
-__all__ = ["MODALITY_PATHS", "MediaBundle", "ModalityPath", "PackedMedia", "bundle_inputs", "modality_path"]
+__all__ = [
+    "MODALITY_PATHS",
+    "MediaBundle",
+    "ModalityPath",
+    "PackedMedia",
+    "bundle_inputs",
+    "modality_path",
+    "modality_table",
+]
 
 
 class ModalityPath(Protocol):
     """What one modality owns between a file and the model's forward kwargs.
 
     Attributes:
-        name: the modality's name: the ``modality`` of the `MediaRef`s and `MediaSlot`s it handles, and the role
-            of its placeholder id in a `CheckpointTemplate`.
+        name: the modality's name: the ``modality`` of the `MediaRef`s and `MediaSlot`s it handles, the role
+            of its placeholder id in a `CheckpointTemplate`, its keyword in `ProcessorSettings` and its ``<name>``
+            marker in a dataset row's prompt text.
         keys: the forward kwargs it produces, in order.
     """
 
     name: str
     keys: tuple[str, ...]
+
+    @property
+    def column(self) -> str:
+        """The dataset column of its items when the row schema names none (``RowSchema.media_keys``)."""
+        ...
+
+    @property
+    def default_settings(self) -> object:
+        """Its default settings: an immutable (frozen dataclass) value; `ProcessorSettings` holds one of this type
+        per registered modality and `process` reads it with `ProcessorSettings.of`."""
+        ...
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Loads, decodes and processes one file; appends its item(s) (`MediaBundle.add`) and slot(s).
@@ -95,3 +120,18 @@ def bundle_inputs(media: MediaBundle, input_ids: Sequence[int]) -> dict[str, tor
         if items:
             out.update(path.model_inputs(items))
     return out
+
+
+def modality_table() -> str:
+    """The registered modalities as the Markdown table the package README shows (docs derived from the registry:
+    a README test compares the two): name, default dataset column, prompt marker, settings type, forward kwargs."""
+    lines = [
+        "| modality | dataset column (default) | prompt marker | settings (`ProcessorSettings(<name>=...)`) "
+        "| forward kwargs |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, path in MODALITY_PATHS.items():
+        kwargs = ", ".join(f"`{k}`" for k in path.keys)
+        settings = type(path.default_settings).__name__
+        lines.append(f"| `{name}` | `{path.column}` | `<{name}>` | `{settings}` | {kwargs} |")
+    return "\n".join(lines)

@@ -14,11 +14,11 @@ import torch
 
 from relax_modalities._audio_io import AudioSettings, expected_num_samples, iter_audio_blocks, open_audio_track
 from relax_modalities._errors import MediaError, MediaModality
-from relax_modalities._image import ImageFeatures, load_image, preprocess_image
+from relax_modalities._image import ImageFeatures, ImageSettings, load_image, preprocess_image
 from relax_modalities._media import MediaBundle, PackedMedia
 from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
 from relax_modalities._mel_stream import log_mel_stream
-from relax_modalities._video import VideoFeatures, load_video
+from relax_modalities._video import VideoFeatures, VideoSettings, load_video
 from relax_modalities.text import MediaSlot
 
 if TYPE_CHECKING:
@@ -68,10 +68,13 @@ class ImagePath:
 
     name: str = "image"
     keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")
+    column: str = "images"
+    default_settings: ImageSettings = ImageSettings()
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Decodes and patchifies one image; one slot of its token count."""
-        feats = preprocess_image(load_image(ref.path, settings.image), settings.image)
+        own = settings.of("image", ImageSettings)
+        feats = preprocess_image(load_image(ref.path, own), own)
         media.add("image", feats)
         media.slots.append(MediaSlot("image", feats.num_tokens))
 
@@ -97,18 +100,22 @@ class VideoPath:
 
     name: str = "video"
     keys: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "video_second_per_grid")
+    column: str = "videos"
+    default_settings: VideoSettings = VideoSettings()
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Decodes one video (and its sound track when asked); its slot(s)."""
-        vfeats = load_video(ref.path, settings.video)
+        own = settings.of("video", VideoSettings)
+        vfeats = load_video(ref.path, own)
         media.add("video", vfeats)
         if not ref.audio_track:
             media.slots.append(MediaSlot("video", vfeats.num_tokens))
             return
-        track = open_audio_track(ref.path, settings.audio)
+        sound = settings.of("audio", AudioSettings)  # the track is read as the audio path reads clips
+        track = open_audio_track(ref.path, sound)
         if track is None:
             raise MediaError(ref.path, "video", "audio_track requested but the file has no audio stream")
-        afeats = audio_features_from_blocks(track, settings.audio, ref.path)
+        afeats = audio_features_from_blocks(track, sound, ref.path)
         media.add("audio", afeats)
         if not settings.use_audio_in_video:  # the track is its own audio span after the video
             media.slots += [MediaSlot("video", vfeats.num_tokens), MediaSlot("audio", afeats.num_tokens)]
@@ -117,7 +124,7 @@ class VideoPath:
             vfeats.grid_thw.tolist(),
             vfeats.second_per_grid,
             afeats.num_tokens,
-            settings.video.vision.merge_size,
+            own.vision.merge_size,
             settings.position_id_per_seconds,
             settings.seconds_per_chunk,
         )
@@ -147,10 +154,12 @@ class AudioPath:
 
     name: str = "audio"
     keys: tuple[str, ...] = ("input_features", "feature_attention_mask")
+    column: str = "audios"
+    default_settings: AudioSettings = AudioSettings()
 
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Log-mel features of one clip, streamed: memory grows with the features only, not with the samples."""
-        s = settings.audio
+        s = settings.of("audio", AudioSettings)
         n = expected_num_samples(ref.path, s)  # header only: the features are preallocated, held once
         afeats = audio_features_from_blocks(iter_audio_blocks(ref.path, s), s, ref.path, num_samples=n)
         media.add("audio", afeats)

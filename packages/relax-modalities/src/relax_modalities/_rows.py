@@ -3,18 +3,24 @@
 A row is a mapping of column names to values, as JSONL, Parquet and Hugging Face ``datasets`` all yield
 it. :func:`parse_row` turns one into a :class:`DataRecord` or raises :class:`BadRow` naming the reason;
 the stream counts bad rows and goes on.
+
+The media columns and prompt markers come from the modality registry (`MODALITY_PATHS`): each registered modality
+has a column (the schema's ``media_keys`` entry, else its path's `ModalityPath.column`) and a ``<name>`` marker,
+so a registered modality is read from dataset files with no change here (:func:`media_columns`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from relax_core import RewardRequest, RowSchema  # RowSchema lives in relax-core: run configs load it without torch
+from relax_modalities._modality import MODALITY_PATHS
 
 __all__ = [
     "BadRow",
@@ -23,13 +29,40 @@ __all__ = [
     "DataRecord",
     "MediaItem",
     "RowSchema",
+    "media_columns",
     "parse_row",
 ]
 
-MediaKind = Literal["image", "video", "audio"]
-_KINDS: tuple[MediaKind, ...] = ("image", "video", "audio")
-# verl writes "<image>" / "<video>" into the prompt text where the item goes; "<audio>" likewise.
-_MARKER = re.compile(r"<(image|video|audio)>")
+MediaKind = str
+"""A registered modality's name (a key of `MODALITY_PATHS`)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _marker(names: tuple[str, ...]) -> re.Pattern[str]:
+    # verl writes "<image>" / "<video>" into the prompt text where the item goes; every modality likewise.
+    return re.compile("<(" + "|".join(re.escape(n) for n in names) + ")>")
+
+
+def media_columns(schema: RowSchema) -> dict[str, str]:
+    """Modality name → the column of its items, for every registered modality, in registry order.
+
+    Raises:
+        ValueError: ``schema.media_keys`` names a modality that is not registered, or two modalities (or a
+            modality and the prompt) read one column; the message names the keys.
+    """
+    unknown = sorted(set(schema.media_keys) - set(MODALITY_PATHS))
+    if unknown:
+        registered = ", ".join(MODALITY_PATHS)
+        raise ValueError(f"schema.media_keys: {unknown} not registered modalities (registered: {registered})")
+    columns: dict[str, str] = {}
+    for name, path in MODALITY_PATHS.items():
+        column = schema.media_key(name) or path.column
+        clash = next((n for n, c in columns.items() if c == column), None)
+        if clash is not None or column == schema.prompt_key:
+            other = f"modality {clash!r}" if clash is not None else "prompt_key"
+            raise ValueError(f"schema: modality {name!r} and {other} both read column {column!r}")
+        columns[name] = column
+    return columns
 
 
 class BadRow(ValueError):
@@ -46,10 +79,10 @@ class BadRow(ValueError):
 
 @dataclass(frozen=True)
 class MediaItem:
-    """One image, video or audio input of a prompt.
+    """One media input of a prompt (an image, video, audio clip or an item of another registered modality).
 
     Attributes:
-        kind: ``image``, ``video`` or ``audio``.
+        kind: Its modality's name (``image``, ``video``, ``audio``, ...).
         path: Absolute path of the file, None when the item is inline bytes.
         data: The encoded file's bytes, None when the item is a path.
         meta: Other keys of a dict item (verl video items carry ``fps``, ``nframes``, ...).
@@ -65,7 +98,7 @@ class MediaItem:
 class ContentPart:
     """One piece of a chat message: text, or the placeholder of the ``index``-th media item of its kind."""
 
-    type: Literal["text", "image", "video", "audio"]
+    type: str  # "text" or a registered modality's name
     text: str = ""
     index: int = -1
 
@@ -125,9 +158,7 @@ def schema_columns(schema: RowSchema) -> tuple[str, ...]:
     """Every column the schema reads (a reader may skip decoding the others)."""
     return (
         schema.prompt_key,
-        schema.image_key,
-        schema.video_key,
-        schema.audio_key,
+        *media_columns(schema).values(),
         schema.data_source_key,
         schema.reward_key,
         schema.answer_key,
@@ -154,7 +185,7 @@ def parse_row(row: Mapping[str, Any], schema: RowSchema, root: Path) -> DataReco
     if not isinstance(row, Mapping):
         raise BadRow(f"row is a {type(row).__name__}, not a mapping of columns")
     media: dict[MediaKind, list[MediaItem]] = {}
-    for kind, key in zip(_KINDS, (schema.image_key, schema.video_key, schema.audio_key), strict=True):
+    for kind, key in media_columns(schema).items():
         media[kind] = _media_column(row.get(key), kind, key, root, schema.check_media_files)
     messages, ordered = _prompt(row, schema.prompt_key, media, root, schema.check_media_files)
     return DataRecord(
@@ -239,7 +270,7 @@ def _prompt(
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list | tuple) or not value:
         raise BadRow(f"column {key!r}: expected a non-empty list of chat messages, got {type(value).__name__}")
-    used = dict.fromkeys(_KINDS, 0)
+    used = dict.fromkeys(media, 0)
     ordered: list[MediaItem] = []
     messages = []
     for i, message in enumerate(value):
@@ -248,7 +279,7 @@ def _prompt(
             raise BadRow(f"{where}: expected a mapping with a string 'role'")
         parts = _parts(message.get("content"), where, root, check, media, used, ordered)
         messages.append(ChatMessage(message["role"], parts))
-    for kind in _KINDS:
+    for kind in media:
         if used[kind] != len(media[kind]):
             raise BadRow(f"column {key!r}: {used[kind]} {kind} placeholder(s) but {len(media[kind])} {kind} item(s)")
     return tuple(messages), tuple(ordered)
@@ -274,12 +305,12 @@ def _parts(
 
     if isinstance(content, str):
         out: list[ContentPart] = []
-        for j, piece in enumerate(_MARKER.split(content)):
+        for j, piece in enumerate(_marker(tuple(media)).split(content)):
             if j % 2 == 0:
                 if piece:
                     out.append(ContentPart("text", text=piece))
             else:
-                out.append(place(piece, None))  # type: ignore[arg-type]  # the regex only captures kinds
+                out.append(place(piece, None))  # the regex only captures registered names
         return tuple(out)
     if not isinstance(content, list | tuple):
         raise BadRow(f"{where}: 'content' must be a string or a list of typed parts, got {type(content).__name__}")
@@ -291,10 +322,10 @@ def _parts(
             if not isinstance(text, str):
                 raise BadRow(f"{where} part {j}: a text part needs a string 'text'")
             out.append(ContentPart("text", text=text))
-        elif kind in _KINDS:
+        elif isinstance(kind, str) and kind in media:
             has_own = any(part.get(k) is not None for k in (kind, "path", "bytes"))
             inline = _media_item(part, kind, f"{where} part {j}", root, check) if has_own else None
             out.append(place(kind, inline))
         else:
-            raise BadRow(f"{where} part {j}: 'type' must be text, image, video or audio")
+            raise BadRow(f"{where} part {j}: 'type' must be text or a registered modality ({', '.join(media)})")
     return tuple(out)

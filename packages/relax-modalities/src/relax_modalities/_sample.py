@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import torch
 
 from relax_modalities._audio_io import AudioSettings
-from relax_modalities._errors import MediaError, MediaModality
+from relax_modalities._errors import MediaError
 from relax_modalities._image import ImageSettings
 from relax_modalities._media import MediaBundle
-from relax_modalities._modality import MODALITY_PATHS, bundle_inputs
+from relax_modalities._modality import MODALITY_PATHS, bundle_inputs, modality_path
 from relax_modalities._paths import (  # re-exported: they were defined here before the modality paths
     audio_features_from_blocks,
     audio_features_from_waveform,
@@ -44,14 +44,21 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, init=False)
 class ProcessorSettings:
-    """Settings of every modality path plus the chat template.
+    """Settings of every registered modality path plus the chat template.
+
+    Each modality's settings are its own type, declared by its path (`ModalityPath.default_settings`) and given by
+    its name: ``ProcessorSettings(image=ImageSettings(max_pixels=...), points=PointsSettings(...))``. A modality
+    given none uses its path's defaults, so registering a modality needs no change here. `of` reads them
+    (``image`` / ``video`` / ``audio`` are shorthands for the built-in three).
 
     Attributes:
-        image: image path settings.
-        audio: audio path settings.
-        video: video path settings.
+        modalities: ``(name, settings)`` of every modality registered at construction, in registry order (its
+            path's defaults where none were given).
         template: how prompts are rendered: a `CheckpointTemplate` renders with the tokenizer's own chat
             template (the checkpoint's placeholder ids given); a `ChatTemplate` renders fixed strings (the
             standalone tiny vocabulary's by default, `ChatTemplate.qwen()` for Qwen's tokenizers).
@@ -64,14 +71,82 @@ class ProcessorSettings:
         seconds_per_chunk: the thinker config's ``seconds_per_chunk`` (interleaving chunk length).
     """
 
-    image: ImageSettings = field(default_factory=ImageSettings)
-    audio: AudioSettings = field(default_factory=AudioSettings)
-    video: VideoSettings = field(default_factory=VideoSettings)
-    template: ChatTemplate | CheckpointTemplate = TINY_TEMPLATE
-    system: str | None = None
-    use_audio_in_video: bool = False
-    position_id_per_seconds: int = 25
-    seconds_per_chunk: float = 2.0
+    modalities: tuple[tuple[str, object], ...]
+    template: ChatTemplate | CheckpointTemplate
+    system: str | None
+    use_audio_in_video: bool
+    position_id_per_seconds: int
+    seconds_per_chunk: float
+
+    def __init__(
+        self,
+        *,
+        template: ChatTemplate | CheckpointTemplate = TINY_TEMPLATE,
+        system: str | None = None,
+        use_audio_in_video: bool = False,
+        position_id_per_seconds: int = 25,
+        seconds_per_chunk: float = 2.0,
+        modalities: Mapping[str, object] | Iterable[tuple[str, object]] = (),
+        **per_modality: object,
+    ) -> None:
+        """Args: the attributes above; ``per_modality`` and ``modalities`` map a registered modality's name to its
+        settings (``per_modality`` wins; `dataclasses.replace` passes both).
+
+        Raises:
+            TypeError: a name that is no registered modality, or settings not of its path's type (named).
+        """
+        given = {**dict(modalities.items() if isinstance(modalities, Mapping) else modalities), **per_modality}
+        for name, value in given.items():
+            if name not in MODALITY_PATHS:
+                registered = ", ".join(MODALITY_PATHS)
+                raise TypeError(f"ProcessorSettings: {name!r} is not a registered modality (registered: {registered})")
+            want = type(MODALITY_PATHS[name].default_settings)
+            if not isinstance(value, want):
+                raise TypeError(f"ProcessorSettings({name}=...): expected {want.__name__}, got {type(value).__name__}")
+        # Every registered modality's entry, defaults filled in: equal settings compare equal however given.
+        ordered = tuple((n, given.get(n, path.default_settings)) for n, path in MODALITY_PATHS.items())
+        for attr, value in (
+            ("modalities", ordered),
+            ("template", template),
+            ("system", system),
+            ("use_audio_in_video", use_audio_in_video),
+            ("position_id_per_seconds", position_id_per_seconds),
+            ("seconds_per_chunk", seconds_per_chunk),
+        ):
+            object.__setattr__(self, attr, value)  # frozen: the generated __setattr__ refuses
+
+    def of(self, name: str, kind: type[_T]) -> _T:
+        """The settings of modality ``name`` (its path's defaults for one registered after construction).
+
+        Raises:
+            KeyError: ``name`` is no registered modality.
+            TypeError: its settings are not a ``kind``.
+        """
+        value = dict(self.modalities).get(name)
+        if value is None:
+            value = modality_path(name, "ProcessorSettings.of").default_settings
+        if not isinstance(value, kind):
+            raise TypeError(f"ProcessorSettings.of({name!r}): settings are {type(value).__name__}, not {kind.__name__}")
+        return value
+
+    def with_modality(self, name: str, settings: object) -> ProcessorSettings:
+        """A copy with modality ``name``'s settings replaced (checked as the constructor checks them)."""
+        return replace(self, modalities=(*((n, v) for n, v in self.modalities if n != name), (name, settings)))
+
+    @property
+    def image(self) -> ImageSettings:
+        """The image path's settings."""
+        return self.of("image", ImageSettings)
+
+    @property
+    def video(self) -> VideoSettings:
+        """The video path's settings."""
+        return self.of("video", VideoSettings)
+
+    @property
+    def audio(self) -> AudioSettings:
+        """The audio path's settings."""
+        return self.of("audio", AudioSettings)
 
 
 def _as_item(item: TaskItem | Mapping[str, Any]) -> TaskItem:
@@ -147,8 +222,7 @@ class SampleProcessor:
         except MediaError:
             raise
         except Exception as exc:  # any other failure on this file is still this file's error
-            modality = cast(MediaModality, ref.modality)
-            raise MediaError(ref.path, modality, f"{type(exc).__name__}: {exc}") from exc
+            raise MediaError(ref.path, ref.modality, f"{type(exc).__name__}: {exc}") from exc
 
     def _add(self, ref: MediaRef, media: MediaBundle) -> None:
         MODALITY_PATHS[ref.modality].process(ref, self.settings, media)

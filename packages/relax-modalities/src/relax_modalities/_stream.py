@@ -17,7 +17,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relax_core import DataFileSpec  # lives in relax-core: run configs load it without torch
-from relax_modalities._rows import BadRow, DataRecord, RowSchema, parse_row, required_columns, schema_columns
+from relax_modalities._rows import (
+    BadRow,
+    DataRecord,
+    RowSchema,
+    media_columns,
+    parse_row,
+    required_columns,
+    schema_columns,
+)
 from relax_modalities._sources import DataFileError, RowSource, open_source
 
 __all__ = [
@@ -84,7 +92,8 @@ class DataStream(Iterator[DataRecord]):
 
     Raises:
         DataFileError: A source lacks a required column.
-        ValueError: ``weights`` does not match ``sources`` or is not positive, or a source appears twice.
+        ValueError: ``weights`` does not match ``sources`` or is not positive, a source appears twice, or the
+            schema's ``media_keys`` name an unregistered modality or a shared column (`media_columns`).
     """
 
     def __init__(
@@ -98,6 +107,7 @@ class DataStream(Iterator[DataRecord]):
         epochs: int | None = 1,
     ) -> None:
         self.schema = schema or RowSchema()
+        media_columns(self.schema)  # a media_keys entry naming no registered modality fails here, not per row
         for source in sources:
             check_columns(source, self.schema)
         if weights is None:

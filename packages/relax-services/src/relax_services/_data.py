@@ -3,21 +3,17 @@ endless training stream and a held-out set, and turned into model-ready prompts 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from relax_modalities import (
-    AudioSettings,
     BadRowInfo,
     BadRowStats,
     DataFileSpec,
     DataRecord,
-    ImageSettings,
     MediaError,
     ProcessorSettings,
     SampleProcessor,
-    VideoSettings,
     build_stream,
 )
 from relax_modalities.synthetic import TaskItem
@@ -26,7 +22,7 @@ from relax_services._chance import ChanceLevels
 from relax_services._dataset import DataReport, RecordStream, eval_stream, record_item, train_stream
 from relax_services._synthetic import with_synthetic_files
 from relax_services.config import ModelConfig, RunConfig
-from relax_services.models import Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
+from relax_services.models import MODEL_MODALITIES, Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
 from relax_services.rows import DataItem, HeldoutItem, ItemInfo
 
 __all__ = [
@@ -46,36 +42,18 @@ _WARMUP_ROWS = 4096  # most training rows the warm-up draws from (read from the 
 
 
 def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
-    """relax-modalities' settings for a checkpoint: its chat template and placeholder ids, the vision geometry and
-    mel bins of its model config, and the pixel budget, normalisation and audio framing of its
-    ``preprocessor_config.json`` (the processors' defaults where a key is absent). The pixel budget is read as
-    transformers' Qwen-VL image processors read it: ``min_pixels`` / ``max_pixels`` where given, else ``size``'s
-    ``shortest_edge`` / ``longest_edge`` (the key Qwen3-VL's processors ship)."""
-    pre, config = ckpt.preprocessor, ckpt.config
-    size: dict[str, Any] = pre["size"] if isinstance(pre.get("size"), dict) else {}
-    vision = getattr(config, "vision_config", None)
-    audio = getattr(config, "audio_config", None)
-    image = ImageSettings()
-    image = replace(
-        image,
-        patch_size=int(getattr(vision, "patch_size", pre.get("patch_size", image.patch_size))),
-        merge_size=int(getattr(vision, "spatial_merge_size", pre.get("merge_size", image.merge_size))),
-        temporal_patch_size=int(getattr(vision, "temporal_patch_size", image.temporal_patch_size)),
-        min_pixels=int(pre.get("min_pixels", size.get("shortest_edge", image.min_pixels))),
-        max_pixels=int(pre.get("max_pixels", size.get("longest_edge", image.max_pixels))),
-        image_mean=tuple(pre.get("image_mean", image.image_mean)),
-        image_std=tuple(pre.get("image_std", image.image_std)),
-    )
-    sound = AudioSettings()
-    sound = replace(
-        sound,
-        sampling_rate=int(pre.get("sampling_rate", sound.sampling_rate)),
-        n_fft=int(pre.get("n_fft", sound.n_fft)),
-        hop_length=int(pre.get("hop_length", sound.hop_length)),
-        num_mel_bins=int(getattr(audio, "num_mel_bins", pre.get("feature_size", sound.num_mel_bins))),
-    )
+    """relax-modalities' settings for a checkpoint: its chat template and placeholder ids, and each registered
+    modality's settings as its `ModelModality.processor_settings` reads them from the model config and
+    ``preprocessor_config.json`` (for the built-in ones: the vision geometry and mel bins of the model config, the
+    pixel budget, normalisation and audio framing of the preprocessor config, the processors' defaults where a key
+    is absent)."""
+    per_modality: dict[str, object] = {}
+    for name, modality in MODEL_MODALITIES.items():
+        own = modality.processor_settings(ckpt.config, ckpt.preprocessor)
+        if own is not None:
+            per_modality[name] = own
     template = CheckpointTemplate.of(ckpt.tokens.placeholders)
-    return ProcessorSettings(image=image, audio=sound, video=VideoSettings(vision=image), template=template)
+    return ProcessorSettings(template=template, modalities=per_modality)
 
 
 @dataclass

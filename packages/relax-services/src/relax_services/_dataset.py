@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from relax_core import build_reward_runner
-from relax_modalities import BadRowInfo, DataFileError, DataRecord, DataStream, build_stream
+from relax_modalities import BadRowInfo, DataFileError, DataRecord, DataStream, build_stream, media_columns
 from relax_services.config import DataConfig, RunConfig
 from relax_services.rows import DataItem
 
@@ -173,8 +173,13 @@ def check_data(cfg: RunConfig) -> None:
 
     Raises:
         DataFileError: A dataset file is missing, unreadable or lacks a required column.
-        ValueError: A reward function cannot be loaded, or only some files are weighted.
+        ValueError: A reward function cannot be loaded, only some files are weighted, or ``data.schema`` names a
+            media column for a modality that is not registered (or one column for two modalities).
     """
+    try:  # the schema's media columns against the registered modalities (relax-modalities' MODALITY_PATHS)
+        media_columns(cfg.data.schema_)
+    except ValueError as exc:
+        raise ValueError(f"data.{exc}") from None
     for name, files in (("data.train_files", cfg.data.train_files), ("data.eval_files", cfg.data.eval_files)):
         try:
             if files:

@@ -134,6 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``relax bench train``: parse ``argv`` (the command line when None) and run the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     run(parser.parse_args(argv))

@@ -51,6 +51,7 @@ class CheckpointManager:
         self.keep = keep
 
     def path(self, step: int) -> Path:
+        """The folder of the checkpoint after ``step`` updates (``step_<8 digits>``; it may not exist)."""
         return self.folder / f"step_{step:08d}"
 
     def steps(self) -> list[int]:
@@ -114,6 +115,8 @@ class CheckpointManager:
 
     @staticmethod
     def load_controller(path: Path) -> dict[str, Any]:
+        """The controller's state saved in checkpoint folder ``path``: ``step``, ``feeder`` (its state dict) and
+        ``elapsed_s``."""
         import torch
 
         state: dict[str, Any] = torch.load(path / CONTROLLER_FILE, map_location="cpu", weights_only=False)

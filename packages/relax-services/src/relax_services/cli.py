@@ -209,6 +209,7 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``relax`` command's argument parser (train, export, bench, chaos, plan)."""
     parser = argparse.ArgumentParser(prog="relax", description="Asynchronous RL post-training for omni-modal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
@@ -261,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``relax`` command: runs the sub-command in ``argv`` (the command line when None).
+
+    Returns:
+        The exit code: 0 on success, 2 for a bad config, data file or model folder (the message names it).
+    """
     # Workers must run in this very environment. Ray's `uv run` hook would instead rebuild an environment per
     # worker from the working directory (slow, and it breaks in a workspace); it is read when ray is imported.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

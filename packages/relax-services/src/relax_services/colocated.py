@@ -83,10 +83,12 @@ class LocalHealth:
         self.beat = _LocalBeat(self.monitor, self._lock)
 
     def snapshot(self) -> dict[str, Beat]:
+        """The latest heartbeat of every service, by name."""
         with self._lock:
             return self.monitor.snapshot()
 
     def forget(self, name: str) -> None:
+        """Drops service ``name``'s heartbeats (it is being rebuilt; its age restarts at its next beat)."""
         with self._lock:
             self.monitor.forget(name)
 
@@ -131,6 +133,7 @@ class LocalPipeline:
             spec.create()
 
     def node_ids(self) -> dict[str, str]:
+        """Service name → node: ``"local"`` for every service (they share this process)."""
         return {name: "local" for name in self.services}
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -143,6 +146,7 @@ class LocalPipeline:
         self.sample_queue.close()
 
     def trainer(self) -> TrainerService:
+        """The Trainer service object."""
         obj = self.services["trainer"].obj
         assert isinstance(obj, TrainerService)
         return obj
@@ -174,6 +178,7 @@ class LocalHealthManager(HealthManager):
     the trainer (or a service past its restarts) brings a global restart from the last checkpoint."""
 
     def collect_reports(self, pipeline: LocalPipeline) -> dict[str, list[dict[str, object]]]:  # type: ignore[override]
+        """Each service's records since the last call (its ``report()``), by service name."""
         return {name: spec.obj.report() for name, spec in pipeline.services.items() if spec.obj is not None}
 
     def check(self, pipeline: LocalPipeline) -> None:  # type: ignore[override]

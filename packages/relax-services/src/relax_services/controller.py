@@ -166,6 +166,7 @@ class Controller:
         self.global_restarts = 0
 
     def request_stop(self, reason: str) -> None:
+        """Asks the run's loop to stop (it ends at its next check); the first ``reason`` given is the one recorded."""
         if self._stop_reason is None:
             self._stop_reason = reason
 
@@ -201,6 +202,14 @@ class Controller:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> RunResult:
+        """Runs the whole run: writes its config, prepares the data and the warm-up, starts (or, resuming, restores)
+        the services, drives the updates, evaluations, checkpoints and faults until the run's end or a stop request
+        (SIGINT / SIGTERM included), then writes a final checkpoint and evaluation.
+
+        Returns:
+            The run's result: steps, wall time, why it stopped, final evaluation and chance levels, the sample
+            ledger, health events, staleness histogram and timings.
+        """
         cfg = self.cfg
         self._phase("imports_and_ray")  # from the command (``started_at``) to here: imports and Ray's start
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")

@@ -112,6 +112,7 @@ class UpdateSplit:
 
     @property
     def total_s(self) -> float:
+        """Seconds of one update: compute + publish + wait."""
         return self.compute_s + self.publish_s + self.wait_s
 
 

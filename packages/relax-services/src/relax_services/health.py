@@ -74,6 +74,8 @@ class HealthManager:
         self._lock = threading.Lock()
 
     def record_event(self, event: str, service: str, **details: object) -> None:
+        """Records one health event (a restart, a missed beat, ...) of ``service``, with a timestamp, in memory and in
+        the run's metrics when it has them."""
         entry = {"event": event, "service": service, "time": time.time(), **details}
         with self._lock:
             self.events.append(entry)

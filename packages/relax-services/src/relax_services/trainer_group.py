@@ -267,6 +267,7 @@ class TrainerGroup:
         return metrics
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs and mask of the batch, every rank scoring its share (rank 0's gathered answer)."""
         import ray
 
         result: tuple[torch.Tensor, torch.Tensor] = self._call("compute_logprobs", ray.put(list(batch)))[0]
@@ -293,6 +294,7 @@ class TrainerGroup:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Loads a `state_dict` (of any world size) into every rank and takes its version."""
         import ray
 
         self._call("load_full_state", ray.put(dict(state)))

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from relax_modalities._modality import MODALITY_PATHS
 from relax_modalities.synthetic._manifest import TaskItem, iter_manifest
 from relax_modalities.synthetic._tasks import TASKS, write_synthetic_tasks
 
 __all__ = ["task_item_row", "write_synthetic_dataset", "write_task_file"]
 
-_COLUMN = {"image": "images", "video": "videos", "audio": "audios"}
+_SYNTHETIC_MODALITIES = ("image", "video", "audio")  # what the synthetic tasks' items hold
 
 
 def task_item_row(item: TaskItem, root: Path, data_source: str | None = None) -> dict[str, Any]:
@@ -26,9 +27,7 @@ def task_item_row(item: TaskItem, root: Path, data_source: str | None = None) ->
     row: dict[str, Any] = {
         "data_source": f"synthetic/{item.task}" if data_source is None else data_source,
         "prompt": [{"role": "user", "content": "".join(f"<{m.modality}>" for m in item.media) + item.prompt}],
-        "images": [],
-        "videos": [],
-        "audios": [],
+        **{MODALITY_PATHS[name].column: [] for name in _SYNTHETIC_MODALITIES},  # the paths' default columns
         "reward_model": {"style": "rule", "ground_truth": item.answer},
         "extra_info": {
             "id": item.id,
@@ -40,7 +39,9 @@ def task_item_row(item: TaskItem, root: Path, data_source: str | None = None) ->
     }
     for media in item.media:
         path = os.path.relpath(media.path, root)
-        row[_COLUMN[media.modality]].append({"video": path, "audio_track": True} if media.audio_track else path)
+        row[MODALITY_PATHS[media.modality].column].append(
+            {"video": path, "audio_track": True} if media.audio_track else path
+        )
     return row
 
 

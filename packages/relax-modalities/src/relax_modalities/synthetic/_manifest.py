@@ -12,6 +12,7 @@ from typing import Any, Literal
 from relax_modalities._errors import MediaError
 
 MediaKind = Literal["image", "audio", "video"]
+"""The modalities of the synthetic tasks' items."""
 
 
 @dataclass(frozen=True)
@@ -19,12 +20,12 @@ class MediaRef:
     """One media file of an item.
 
     Attributes:
-        modality: ``"image"``, ``"audio"`` or ``"video"``.
+        modality: a registered modality's name (``"image"``, ``"audio"``, ``"video"``, ...; `MODALITY_PATHS`).
         path: absolute path (the manifest stores it relative to its own directory).
         audio_track: for a video, also extract its audio track as a separate audio input.
     """
 
-    modality: MediaKind
+    modality: str
     path: str
     audio_track: bool = False
 

@@ -425,6 +425,9 @@ class FSDPTrainEngine:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self._version = int(state["version"])
 
+    def shutdown(self) -> None:
+        """Nothing to release: the rank process that runs this engine owns its process group."""
+
     # -- collectives over the mesh -------------------------------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:

@@ -219,3 +219,8 @@ class TrainEngine(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned."""
         ...
+
+    def shutdown(self) -> None:
+        """Releases what the engine holds outside the calling process (a Trainer group's rank actors) when the
+        Trainer service stops; an in-process engine has nothing to release."""
+        ...

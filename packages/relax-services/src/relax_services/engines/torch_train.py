@@ -293,6 +293,9 @@ class TorchTrainEngine:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self._version = int(state["version"])
 
+    def shutdown(self) -> None:
+        """Nothing to release: the model and optimizer live in this process and go with it."""
+
     def _weights(self, micro_batches: list[Sequence[TrainSample]]) -> list[float]:
         if self.config.loss_weighting == "samples":
             counts = [float(len(m)) for m in micro_batches]

@@ -250,6 +250,8 @@ class InProcessWeightStream:
         self.is_source = is_source
 
     def send(self, version: int, buckets: Iterable[PackedBucket]) -> SyncStats:
+        """Loads every bucket of ``version`` into each loader in order (on the source side) and returns the bytes
+        and seconds it took."""
         start = time.perf_counter()
         if self.is_source:
             for loader in self.loaders:

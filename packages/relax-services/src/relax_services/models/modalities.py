@@ -5,8 +5,10 @@ A `ModelModality` owns its forward kwargs in a prompt (`ModelModality.fields`, c
 several prompts' tensors are collated into a batch (`ModelModality.collate`), its encoder call
 (`ModelModality.encode`: one feature row per placeholder token), and its part in the position rule: the shapes
 positions depend on (`ModelModality.structure`, the cache key) and the arguments it gives the family's
-``get_rope_index`` (`ModelModality.rope_args`). Its placeholder id is the model config's
-`ModelModality.token_attr` (and the checkpoint's ``TokenIds`` role of the same name as the modality).
+``get_rope_index`` (`ModelModality.rope_args`, and its number in the Qwen-VL rule's token types,
+`ModelModality.vl_token_type`). Its placeholder id is the model config's `ModelModality.token_attr` (and the
+checkpoint's ``TokenIds`` role of the same name as the modality). It also reads its data path's settings from a
+checkpoint folder (`ModelModality.processor_settings`: the model config and ``preprocessor_config.json``).
 
 `MODEL_MODALITIES` is the explicit registry, in the order the forward kwargs are laid out. Adding a modality is
 one module with its `ModelModality` plus one entry here; its data path is relax-modalities' `ModalityPath`.
@@ -14,10 +16,13 @@ one module with its `ModelModality` plus one entry here; its data path is relax-
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from relax_modalities import ImageSettings
 
 __all__ = [
     "AUDIO",
@@ -28,6 +33,7 @@ __all__ = [
     "ModelModality",
     "VisionModality",
     "audio_token_count",
+    "image_settings",
     "media_fields",
 ]
 
@@ -41,12 +47,24 @@ class ModelModality(Protocol):
         encoder_fields: The fields its encoder reads: two prompts whose values of these are equal share one
             encoding (the rest, such as seconds per video grid, only matter to positions).
         token_attr: The model-config attribute holding its placeholder id.
+        position_fields: The fields only the position rule reads (seconds per video grid): the model's forward is
+            always given positions, so they are not passed to it.
+        vl_token_type: Its tokens' number in the ``mm_token_type_ids`` the Qwen-VL families' rope rule takes
+            (0: positioned as text; image 1, video 2).
     """
 
     name: str
     fields: tuple[str, ...]
     encoder_fields: tuple[str, ...]
+    position_fields: tuple[str, ...]
     token_attr: str
+    vl_token_type: int
+
+    def processor_settings(self, config: object, preprocessor: Mapping[str, object]) -> object | None:
+        """Its data path's settings for a checkpoint (of the type of relax-modalities'
+        ``ModalityPath.default_settings``), from the model ``config`` and ``preprocessor_config.json``;
+        None: the path's defaults."""
+        ...
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
         """Checks one prompt's tensors of this modality (some of `fields`, at least one).
@@ -107,6 +125,8 @@ class VisionModality:
         seconds: The seconds-per-temporal-grid kwarg (video), ``None`` for images.
         token_attr: The model-config attribute of the placeholder id.
         encoder: The model's encoder method (``get_image_features`` / ``get_video_features``).
+        vl_token_type: Its number in the Qwen-VL rope rule's token types.
+        settings: Its data path's settings from a checkpoint's model config and preprocessor config.
         rope_seconds: Name of the seconds argument of ``get_rope_index`` per position rule.
     """
 
@@ -118,13 +138,22 @@ class VisionModality:
         seconds: str | None,
         token_attr: str,
         encoder: str,
+        vl_token_type: int,
+        settings: Callable[[object, Mapping[str, object]], object],
         rope_seconds: Mapping[str, str] | None = None,
     ) -> None:
         self.name, self.pixels, self.grid, self.seconds = name, pixels, grid, seconds
         self.fields: tuple[str, ...] = (pixels, grid) + ((seconds,) if seconds else ())
         self.encoder_fields: tuple[str, ...] = (pixels, grid)
-        self.token_attr, self.encoder = token_attr, encoder
+        self.position_fields: tuple[str, ...] = (seconds,) if seconds else ()
+        self.token_attr, self.encoder, self.vl_token_type = token_attr, encoder, vl_token_type
+        self._settings = settings
         self.rope_seconds = dict(rope_seconds or {})
+
+    def processor_settings(self, config: object, preprocessor: Mapping[str, object]) -> object:
+        """The patch geometry of the config's ``vision_config``, the pixel budget and normalisation of the
+        preprocessor config (the image processor's defaults where a key is absent)."""
+        return self._settings(config, preprocessor)
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
         """Pixels and grid both set, their patch counts equal, one seconds value per video."""
@@ -198,7 +227,23 @@ class AudioModality:
     name: str = "audio"
     fields: tuple[str, ...] = ("input_features", "feature_attention_mask")
     encoder_fields: tuple[str, ...] = ("input_features", "feature_attention_mask")
+    position_fields: tuple[str, ...] = ()
     token_attr: str = "audio_token_id"
+    vl_token_type: int = 0  # the VL families have no audio
+
+    def processor_settings(self, config: object, preprocessor: Mapping[str, object]) -> object:
+        """The mel bins of the config's ``audio_config``, the sampling rate and framing of the preprocessor
+        config (the feature extractor's defaults where a key is absent)."""
+        from relax_modalities import AudioSettings  # lazily: unpickling a prompt must not load the media stack
+
+        sound = AudioSettings()
+        mels = getattr(getattr(config, "audio_config", None), "num_mel_bins", None)
+        return AudioSettings(
+            sampling_rate=_int(preprocessor, "sampling_rate", sound.sampling_rate),
+            n_fft=_int(preprocessor, "n_fft", sound.n_fft),
+            hop_length=_int(preprocessor, "hop_length", sound.hop_length),
+            num_mel_bins=int(mels) if mels is not None else _int(preprocessor, "feature_size", sound.num_mel_bins),
+        )
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
         """Features ``[n_aud, n_mels, L]`` come with a mask."""
@@ -257,7 +302,56 @@ class AudioModality:
         return {"audio_seqlens": mask.sum(-1) if mask is not None else None}
 
 
-IMAGE = VisionModality("image", "pixel_values", "image_grid_thw", None, "image_token_id", "get_image_features")
+def _int(pre: Mapping[str, object], key: str, default: int) -> int:
+    value = pre.get(key, default)
+    if not isinstance(value, int | float | str):
+        raise ValueError(f"preprocessor_config.json: {key!r} must be a number, got {value!r}")
+    return int(value)
+
+
+def _rgb(pre: Mapping[str, object], key: str, default: tuple[float, float, float]) -> tuple[float, float, float]:
+    value = pre.get(key, default)
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError(f"preprocessor_config.json: {key!r} must be 3 numbers (R, G, B), got {value!r}")
+    return float(value[0]), float(value[1]), float(value[2])
+
+
+def image_settings(config: object, pre: Mapping[str, object]) -> ImageSettings:
+    """relax-modalities' image settings of a checkpoint: the vision tower's patch geometry (``vision_config``), the
+    pixel budget and normalisation of ``preprocessor_config.json`` (the image processor's defaults elsewhere).
+
+    The pixel budget is read as transformers' Qwen-VL image processors read it: ``min_pixels`` / ``max_pixels``
+    where given, else ``size``'s ``shortest_edge`` / ``longest_edge`` (the key Qwen3-VL's processors ship)."""
+    from relax_modalities import ImageSettings  # lazily: unpickling a prompt must not load the media stack
+
+    vision, image = getattr(config, "vision_config", None), ImageSettings()
+    size = pre.get("size")
+    edges: Mapping[str, object] = size if isinstance(size, Mapping) else {}
+
+    def geometry(attr: str, key: str | None, default: int) -> int:
+        own = getattr(vision, attr, None)
+        return int(own) if own is not None else (_int(pre, key, default) if key else default)
+
+    return ImageSettings(
+        patch_size=geometry("patch_size", "patch_size", image.patch_size),
+        merge_size=geometry("spatial_merge_size", "merge_size", image.merge_size),
+        temporal_patch_size=geometry("temporal_patch_size", None, image.temporal_patch_size),
+        min_pixels=_int(pre, "min_pixels", _int(edges, "shortest_edge", image.min_pixels)),
+        max_pixels=_int(pre, "max_pixels", _int(edges, "longest_edge", image.max_pixels)),
+        image_mean=_rgb(pre, "image_mean", image.image_mean),
+        image_std=_rgb(pre, "image_std", image.image_std),
+    )
+
+
+def _video_settings(config: object, pre: Mapping[str, object]) -> object:
+    from relax_modalities import VideoSettings
+
+    return VideoSettings(vision=image_settings(config, pre))  # frames share the images' patch geometry
+
+
+IMAGE = VisionModality(
+    "image", "pixel_values", "image_grid_thw", None, "image_token_id", "get_image_features", 1, image_settings
+)
 VIDEO = VisionModality(
     "video",
     "pixel_values_videos",
@@ -265,6 +359,8 @@ VIDEO = VisionModality(
     "video_second_per_grid",
     "video_token_id",
     "get_video_features",
+    2,
+    _video_settings,
     rope_seconds={"omni-mrope": "second_per_grids", "vl-mrope": "second_per_grid_ts"},
 )
 AUDIO = AudioModality()

@@ -55,9 +55,11 @@ def rope_positions(
     family_model = cast(Any, model)  # get_rope_index is the family's own method; transformers types it loosely
     if kind in ("vl-mrope", "vl3-mrope"):  # the VL families take per-token modality types
         cfg = family_model.config
-        types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0, image 1, video 2
-        types[input_ids == cfg.image_token_id] = 1
-        types[input_ids == cfg.video_token_id] = 2
+        types = torch.zeros_like(input_ids, dtype=torch.int32)  # text 0; each modality's number (image 1, video 2)
+        for modality in MODEL_MODALITIES.values():
+            token = getattr(cfg, modality.token_attr, None)
+            if modality.vl_token_type and token is not None:
+                types[input_ids == token] = modality.vl_token_type
         if kind == "vl3-mrope":
             _check_frame_blocks(types, attention_mask, args.get("video_grid_thw"))
         positions, _ = family_model.model.get_rope_index(
@@ -164,8 +166,9 @@ def position_ids_for(model: torch.nn.Module, positions: torch.Tensor) -> torch.T
 
 
 def forward_media(model: torch.nn.Module, media: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Collated media kwargs under the names the family's forward takes (positions are always passed explicitly,
-    so the seconds per video grid only matter to :func:`rope_positions`)."""
-    if family_of_model(model).positions in ("vl-mrope", "vl3-mrope"):
-        return {k: v for k, v in media.items() if k != "video_second_per_grid"}
-    return media
+    """Collated media kwargs the family's forward takes: positions are always passed explicitly, so each
+    modality's `ModelModality.position_fields` (the seconds per video grid) only matter to :func:`rope_positions`
+    and are left out (the VL families' forward has no such argument; the omni thinker's reads it only to compute
+    positions it is not given)."""
+    only_positions = {f for m in MODEL_MODALITIES.values() for f in m.position_fields}
+    return {k: v for k, v in media.items() if k not in only_positions}

@@ -274,9 +274,7 @@ class TrainerService(ServiceBase):
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the loop, then the engine's processes when it has its own (a Trainer group's ranks)."""
         stopped = super().stop(timeout)
-        shutdown = getattr(self.engine, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        self.engine.shutdown()
         return stopped
 
     def _publish(self) -> None:
