@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relax_services.models.families import ModelFamily, family_of
+from relax_services.models.families import CONTAINERS, ModelFamily, family_of
 from relax_services.models.modalities import MODEL_MODALITIES
 from relax_services.models.tokens import TokenIds, token_ids_from
 
@@ -150,6 +150,9 @@ def _processor_chat_template(path: Path) -> str | None:
 def validate_checkpoint(path: str | Path) -> Checkpoint:
     """Checks a checkpoint folder and reads its config, tokenizer and ids; allocates no weight.
 
+    A whole published model that holds a family's model as a part (:data:`~relax_services.models.families.
+    CONTAINERS`: Qwen2.5-Omni, whose thinker relax trains) is read as that part: its sub-config, its weights.
+
     Checked: the folder exists and has ``config.json`` with a supported ``architectures`` entry, weight files and
     tokenizer files (a tokenizer without a chat template takes the processor's, :func:`_processor_chat_template`);
     the tokenizer's ids, the eos, pad and every media placeholder fit the model's vocabulary; the text sizes are
@@ -176,6 +179,11 @@ def validate_checkpoint(path: str | Path) -> Checkpoint:
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         raise CheckpointError(f"{path}: no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if (container := CONTAINERS.get(str(architectures[0]))) is not None:
+        # Checked in the file: transformers fills a missing part config with the full-size model's defaults.
+        if not isinstance(raw.get(container.config_key), dict):
+            raise CheckpointError(f"{path / 'config.json'}: {architectures[0]} without {container.config_key!r}")
+        config = getattr(config, container.config_key)
     _check_sizes(path, family, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -19,7 +19,9 @@ Modality = Literal["text", "image", "video", "audio"]
 Positions = Literal["1d", "vl-mrope", "vl3-mrope", "omni-mrope"]
 
 __all__ = [
+    "CONTAINERS",
     "FAMILIES",
+    "Container",
     "Modality",
     "ModelFamily",
     "Positions",
@@ -121,6 +123,34 @@ FAMILIES: dict[str, ModelFamily] = {f.model_class: f for f in _ALL if f.model_cl
 Families whose class the installed transformers lacks are left out."""
 
 
+@dataclass(frozen=True)
+class Container:
+    """A published architecture that holds a family's model as one part (with parts relax does not train).
+
+    Attributes:
+        part: The architecture of the part relax trains (a :data:`FAMILIES` key); its transformers class loads
+            it from the container's folder, reading the sub-config and the weights under its prefix.
+        config_key: The container config's attribute holding the part's config.
+        other_parts: What the container also holds, which relax neither loads nor trains (named in the docs).
+    """
+
+    part: str
+    config_key: str
+    other_parts: str
+
+
+_OMNI_CONTAINER = Container(
+    "Qwen2_5OmniThinkerForConditionalGeneration", "thinker_config", "the talker and token2wav (speech output)"
+)
+CONTAINERS: dict[str, Container] = {
+    "Qwen2_5OmniModel": _OMNI_CONTAINER,  # the published Qwen2.5-Omni-3B / 7B config.json
+    "Qwen2_5OmniForConditionalGeneration": _OMNI_CONTAINER,  # what transformers writes for the full model
+}
+"""Architecture of a whole published model → the part relax trains. A folder of such a model is trained as its
+part (the thinker of Qwen2.5-Omni: text out from text, image, audio and video in); the other parts' weights are
+not loaded, and exported checkpoints are the part's own."""
+
+
 def family_of_model(model: object) -> ModelFamily:
     """The family of a loaded model, by its class (a critic's thinker included)."""
     return family_of(type(model).__name__, where=f"model class {type(model).__module__}.{type(model).__name__}")
@@ -140,6 +170,8 @@ def family_of(architecture: str, where: str = "") -> ModelFamily:
     Raises:
         UnsupportedArchitectureError: naming the architecture, ``where`` it came from and the supported list.
     """
+    if architecture in CONTAINERS:
+        architecture = CONTAINERS[architecture].part
     try:
         return FAMILIES[architecture]
     except KeyError:
