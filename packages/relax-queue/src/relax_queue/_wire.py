@@ -1,10 +1,10 @@
 """Wire forms of the Ray transport's calls: what a client and the queue actor hand Ray to move.
 
 Ray serialises each argument and return value with msgpack, falling back to pickle per object it
-cannot pack as-is; with tuples that is one fallback per tuple (a list of 1,000 tuple keys: about
-1.1 ms each way here, against 0.02 ms for one ``pickle.dumps``). So a call's keys, metadata and
-small columns travel as one pickled ``bytes`` (:func:`pack`), and only what Ray must see itself
-travels beside it (:func:`split_columns`): arrays of at least ``INLINE_ARRAY_BYTES`` (Ray moves a
+cannot pack as-is; with tuples that is one fallback per tuple (a call carrying a list of 1,000 tuple
+keys: 1.8 ms here, 0.7 ms with the list pickled first, 0.55 ms for a call carrying nothing). So a
+call's keys, metadata and small columns travel as one pickled ``bytes`` (:func:`pack`), and only
+what Ray must see itself travels beside it (:func:`split_columns`): arrays of at least ``INLINE_ARRAY_BYTES`` (Ray moves a
 large argument or reply through the object store without copying it into a pickle) and columns
 holding object-store references (:class:`StoreRef`; Ray tracks the references it serialises, so a
 row's object cannot be freed while the reference is in flight). A payload whose pickle names a Ray
