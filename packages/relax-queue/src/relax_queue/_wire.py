@@ -4,12 +4,12 @@ Ray serialises each argument and return value with msgpack, falling back to pick
 cannot pack as-is; with tuples that is one fallback per tuple (a call carrying a list of 1,000 tuple
 keys: 1.8 ms here, 0.7 ms with the list pickled first, 0.55 ms for a call carrying nothing). So a
 call's keys, metadata and small columns travel as one pickled ``bytes`` (:func:`pack`), and only
-what Ray must see itself travels beside it (:func:`split_columns`): arrays of at least ``INLINE_ARRAY_BYTES`` (Ray moves a
-large argument or reply through the object store without copying it into a pickle) and columns
-holding object-store references (:class:`StoreRef`; Ray tracks the references it serialises, so a
-row's object cannot be freed while the reference is in flight). A payload whose pickle names a Ray
-object (an ``ObjectRef`` or actor handle nested in a field value), or that plain pickle refuses,
-goes through Ray's serialiser unchanged.
+what Ray must see itself travels beside it (:func:`split_columns`): arrays of at least
+``INLINE_ARRAY_BYTES`` (Ray moves a large argument or reply through the object store without
+copying it into a pickle) and columns holding object-store references (:class:`StoreRef`; Ray
+tracks the references it serialises, so a row's object cannot be freed while the reference is in
+flight). A payload whose pickle names a Ray object (an ``ObjectRef`` or actor handle nested in a
+field value), or that plain pickle refuses, goes through Ray's serialiser unchanged.
 
 ``ray`` is not imported here.
 """
