@@ -115,7 +115,10 @@ def bench_ray_self_loop(ray: Any, measure: Measure, scale: float) -> list[Result
             ops = _ops(n, scale)
             workload = f"numpy (n, d), {n} rows a call, self loop"
             out.append(measure("ray.util.queue, whole batch", workload, rq_op, ops, n, ROW_BYTES))
+            calls = getattr(client, "round_trips", None)  # None: an older relax-queue measured side by side
             out.append(measure("relax Ray columns", workload, relax_op, ops, n, ROW_BYTES))
+            if calls is not None:
+                out[-1]["calls_per_op"] = (client.round_trips - calls) / (ops + 1)  # measure() warms up once
             reader.ack(held[0])
     finally:
         client.shutdown()

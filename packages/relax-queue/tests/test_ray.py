@@ -252,7 +252,9 @@ def test_uniform_metadata_columns_travel_once_and_come_back_row_for_row() -> Non
     import pickle
 
     from relax_queue._core import NO_TAGS
-    from relax_queue._ray import _pack, _pack_tags, _unpack
+    from relax_queue._wire import pack_column as _pack
+    from relax_queue._wire import pack_tags as _pack_tags
+    from relax_queue._wire import unpack_column as _unpack
 
     def through_the_wire(column: list[Any], tags: bool = False) -> list[Any]:
         packed = pickle.loads(pickle.dumps(_pack_tags(column) if tags else _pack(column)))

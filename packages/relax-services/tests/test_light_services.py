@@ -66,10 +66,10 @@ def test_reward_service_scores_without_importing_torch_or_transformers(tmp_path:
 _LIGHT_ACTORS = """
 import json, sys
 from relax_queue import QueueConfig, TaskSpec
-from relax_queue._ray import _actor_class
+from relax_queue._ray_actor import actor_class
 from relax_services._health_monitor import HealthMonitor
 from relax_services.weights import WeightStoreActor
-_actor_class()  # the queue actor's class, with everything its body imports
+actor_class()  # the queue actor's class, with everything its body imports
 monitor = HealthMonitor()
 monitor.beat("reward", 1, 123, None)
 store = WeightStoreActor(keep=2)

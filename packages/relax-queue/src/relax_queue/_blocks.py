@@ -179,7 +179,7 @@ def _lease(core: QueueCore, ts: TaskState, ranges: list[Range], now: float) -> t
     core.next_lease_id += 1
     timeout = core.config.lease_timeout_s
     core.leases[lease_id] = Lease(lease_id, ts, [], now + timeout, ranges)
-    core._push_deadline(now + timeout, lease_id)
+    core.push_deadline(now + timeout, lease_id)
     name = ts.spec.name
     for block, _, stop in ranges:
         block.taken[name] = stop

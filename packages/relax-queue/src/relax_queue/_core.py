@@ -1,40 +1,36 @@
 """The queue state and its non-blocking operations (callers hold the lock).
 
 ``TransferQueue`` (threads) and ``AsyncTransferQueue`` (asyncio) both drive one ``QueueCore``;
-the only blocking lives in those facades, which wait on the core's condition or listeners.
+the only blocking lives in those facades, which wait on the core's condition or listeners. This
+module holds the state, the put path, removal and admission; choosing and leasing batches live in
+``_delivery``, settling leases in ``_leasing``, validation of put arguments in ``_fields``.
 """
 
 from __future__ import annotations
 
-import heapq
-import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
-from itertools import islice, repeat
-from operator import attrgetter, contains, ge, is_
-from typing import Any, cast
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import islice
+from operator import attrgetter
+from typing import Any
 
-from relax_queue._batchers import Batcher, FixedSizeBatcher
-from relax_queue._blocks import SLOW, Range, ack_ranges, choose_ranges, explode, rows_batch
+from relax_queue import _delivery, _leasing
+from relax_queue._blocks import explode
 from relax_queue._config import QueueConfig
-from relax_queue._errors import (
-    AdmissionError,
-    FieldTypeError,
-    GroupError,
-    LeaseError,
-    RowTooLargeError,
-    UnknownTaskError,
-)
+from relax_queue._errors import AdmissionError, FieldTypeError, GroupError, RowTooLargeError, UnknownTaskError
+from relax_queue._fields import as_version, check_fields, fields_nbytes, parse_versions
 from relax_queue._metrics import Counters
-from relax_queue._rows import NO_TAGS, Block, Lease, Segment, StoredRow, TaskState, field_value
+from relax_queue._rows import NO_TAGS, Block, Lease, RetiredKeys, Segment, StoredRow, TaskState, field_value
 from relax_queue._sizing import estimate_nbytes
-from relax_queue._types import Batch, Key, RequeuedRow, Row, RowInput
+from relax_queue._types import Key, RequeuedRow, RowInput
 
 __all__ = [
+    "FULL",
     "NO_TAGS",
     "Lease",
     "QueueCore",
+    "RetiredKeys",
     "Segment",
     "StoredRow",
     "TaskState",
@@ -45,121 +41,8 @@ __all__ = [
 ]
 
 FULL = object()  # sentinel: the row did not fit; wait for capacity
-_BULK = 16  # from this many rows on, a C-level pass (map/all) beats a Python loop over them
-_row_fields = attrgetter("fields")
 _row_key = attrgetter("key")
 _row_nbytes = attrgetter("nbytes")
-
-
-class RetiredKeys:
-    """Keys of freed or dropped rows, remembered so a late duplicate put is ignored; bounded.
-
-    Two generations of at most ``keep`` keys each: when the newer one fills up it becomes the older
-    one and the oldest generation is forgotten whole. So at least the last ``keep`` retired keys (and
-    at most ``2 * keep``) are remembered, and retiring a batch of keys is one C-level set update
-    instead of one ordered-dict insert and eviction per key.
-    """
-
-    __slots__ = ("keep", "newer", "older")
-
-    def __init__(self, keep: int, keys: Iterable[Key] = ()) -> None:
-        self.keep = keep
-        self.newer: set[Key] = set()
-        self.older: set[Key] = set()
-        self.add_many(list(keys))
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.newer or key in self.older
-
-    def __len__(self) -> int:
-        return len(self.newer) + len(self.older)
-
-    def __iter__(self) -> Iterator[Key]:
-        """Older generation first."""
-        yield from self.older
-        yield from self.newer
-
-    def isdisjoint(self, keys: Iterable[Key]) -> bool:
-        """Whether none of ``keys`` is remembered."""
-        return self.newer.isdisjoint(keys) and (not self.older or self.older.isdisjoint(keys))
-
-    def add_many(self, keys: list[Key]) -> None:
-        """Remember ``keys`` (in order: a generation turns over between two of them if it fills up)."""
-        keep = self.keep
-        if not keep:
-            return
-        newer = self.newer
-        start = 0
-        while len(keys) - start > keep - len(newer):
-            stop = start + keep - len(newer)
-            newer.update(keys[start:stop])
-            start = stop
-            self.older, newer = newer, set()
-            self.newer = newer
-        newer.update(keys[start:] if start else keys)
-
-
-def as_version(value: Any) -> int | None:
-    """``value`` as a policy version (an int >= 0; numpy and other integer types included), or ``None``."""
-    if type(value) is int:
-        return value if value >= 0 else None
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        return None  # bools are not versions; floats (and numpy floats) have no __index__
-    try:
-        number = operator.index(value)
-    except TypeError:  # numpy.bool_ defines __index__ only to refuse it
-        return None
-    return number if number >= 0 else None
-
-
-def parse_versions(key: Key, versions: tuple[int, int] | int | None) -> tuple[int, int]:
-    """``(v_min, v_max)`` from a tuple or a single int, validated: ints >= 0 with ``v_min <= v_max``.
-
-    Raises:
-        FieldTypeError: naming the row and the value given.
-    """
-    if isinstance(versions, tuple | list):
-        if len(versions) == 2:
-            v_min, v_max = as_version(versions[0]), as_version(versions[1])
-            if v_min is not None and v_max is not None and v_min <= v_max:
-                return v_min, v_max
-    else:
-        v = as_version(versions)
-        if v is not None:
-            return v, v
-    raise FieldTypeError(
-        f"row {key!r}: versions must be an int >= 0 or (v_min, v_max) ints with 0 <= v_min <= v_max, got {versions!r}"
-    )
-
-
-def fields_nbytes(fields: Mapping[str, Any]) -> int:
-    """The payload estimate of a row's fields (8 bytes a scalar, :func:`estimate_nbytes` otherwise)."""
-    nbytes = 0
-    for value in fields.values():
-        kind = type(value)
-        nbytes += 8 if kind is int or kind is float else estimate_nbytes(value)
-    return nbytes
-
-
-def _has_fields(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], bool]:
-    """A test that a row's fields include every one of ``fields`` (non-empty)."""
-    if len(fields) == 1:
-        name = fields[0]
-        return lambda row_fields: name in row_fields
-    need = frozenset(fields)
-    return lambda row_fields: row_fields.keys() >= need
-
-
-def check_fields(key: Key, fields: Any) -> dict[str, Any]:
-    """Validate a fields mapping (str names) and return it as a dict."""
-    if not isinstance(fields, Mapping):
-        raise FieldTypeError(
-            f"row {key!r}: fields must be a mapping of field name to value, got {type(fields).__name__}"
-        )
-    for name in fields:
-        if not isinstance(name, str):
-            raise FieldTypeError(f"row {key!r}: field names must be str, got {name!r}")
-    return fields if type(fields) is dict else dict(fields)
 
 
 class QueueCore:
@@ -457,313 +340,32 @@ class QueueCore:
         self._add_missing(row, checked)
         return True
 
-    # ------------------------------------------------------------------ get
-    def ready(self, task: str, fields: tuple[str, ...] | None) -> int:
-        """Rows ``task`` has not leased or consumed yet that carry every one of ``fields``."""
-        ts = self.task(task)
-        self.unblock()
-        rows = self.rows
-        if not fields:
-            return len(ts.pending) + len(ts.retry)
-        return sum(
-            1 for source in (ts.retry, ts.pending) for key in source if all(f in rows[key].fields for f in fields)
-        )
+    # ------------------------------------------------------------------ get and leases
+    # Delivery (``_delivery``) and lease settling (``_leasing``) are functions over this state;
+    # bound here, callers keep calling them as methods of the core.
+    ready = _delivery.ready
+    try_get = _delivery.try_get
+    choose = _delivery.choose
+    take = _delivery.take
+    ack = _leasing.ack
+    nack = _leasing.nack
+    renew = _leasing.renew
+    expire = _leasing.expire
+    live_rows = _leasing.live_rows
+    next_deadline = _leasing.next_deadline
+    push_deadline = _leasing.push_deadline
 
-    def try_get(
-        self, task: str, fields: tuple[str, ...] | None, n: int | None, batcher: Batcher, now: float
-    ) -> Batch | None:
-        """Lease the batch the batcher picks, or ``None`` when it wants to wait."""
-        ts = self.tasks.get(task) or self.task(task)
-        if self.blocks:
-            ranges = choose_ranges(self, ts, fields, n, batcher, now)
-            if ranges is not SLOW:
-                return None if ranges is None else rows_batch(self, ts, fields, cast("list[Range]", ranges), now)
-        rows = self.choose(ts, fields, n, batcher, now)
-        return None if rows is None else self._lease(ts, fields, rows, now)
-
-    def choose(
-        self, ts: TaskState, fields: tuple[str, ...] | None, n: int | None, batcher: Batcher, now: float
-    ) -> list[StoredRow] | None:
-        """The rows of the next batch of ``ts`` (whole groups, none stale unless flagged), or ``None``.
-
-        Expires due leases and removes the stale rows it meets first; leases nothing.
-        """
-        if self.blocks:
-            explode(self)
-        if self.lease_heap and self.lease_heap[0][0] <= now:
-            self.expire(now)
-        if type(batcher) is FixedSizeBatcher and not self.groups and not self._drops_stale(ts):
-            # Every unit is one row and none is removed as stale: the batch is the first ready rows.
-            target = n or batcher.size
-            rows = self._ready_rows(ts, fields, target)
-            if len(rows) < target and not (batcher.partial and rows):
-                return None
-            return rows
-        stale: list[list[StoredRow]] = []
-        units = self._units(ts, fields, stale)
-        try:
-            chosen = batcher.select(units, n)
-        finally:
-            units.close()
-        if stale:
-            self._remove_stale(stale)
-        if not chosen:
-            return None
-        # The batcher hands back units of the rows it was given.
-        return cast("list[StoredRow]", [row for unit in chosen for row in unit])
-
-    def _drops_stale(self, ts: TaskState) -> bool:
-        """Whether stale rows are removed (not only flagged) when ``ts`` consumes them."""
-        return ts.spec.check_staleness and self.policy.on_stale != "flag"
-
-    def _ready_rows(self, ts: TaskState, fields: tuple[str, ...] | None, limit: int) -> list[StoredRow]:
-        """Up to ``limit`` rows of ``ts`` in delivery order (redeliveries first) carrying all ``fields``."""
-        rows = self.rows
-        out: list[StoredRow] = []
-        # One wanted field (the common case) is tested inline; several through a key-set comparison.
-        one = fields[0] if fields and len(fields) == 1 else None
-        need = frozenset(fields) if fields and one is None else frozenset()
-        for source in (ts.retry, ts.pending):
-            if len(out) == limit:
-                break
-            if not source:
-                continue
-            if not fields:
-                out.extend(map(rows.__getitem__, islice(source, limit - len(out))))
-                continue
-            if limit - len(out) >= _BULK:
-                head = list(map(rows.__getitem__, islice(source, limit - len(out))))
-                if (
-                    all(map(contains, map(_row_fields, head), repeat(one)))
-                    if one is not None
-                    else all(map(ge, map(dict.keys, map(_row_fields, head)), repeat(need)))
-                ):
-                    out.extend(head)  # the usual case, tested in C: every row at the head of the queue is ready
-                    continue
-            for key in source:
-                row = rows[key]
-                if (one in row.fields) if one is not None else (row.fields.keys() >= need):
-                    out.append(row)
-                    if len(out) == limit:
-                        break
-        return out
-
-    def _units(
-        self, ts: TaskState, fields: tuple[str, ...] | None, stale: list[list[StoredRow]]
-    ) -> Generator[list[StoredRow], None, None]:
-        rows = self.rows
-        policy = self.policy
-        version = self.version
-        drop_stale = self._drops_stale(ts)
-        has = _has_fields(fields) if fields else None
-        buckets: dict[Hashable, list[StoredRow]] = {}
-        for source in (ts.retry, ts.pending):
-            for key in source:
-                row = rows[key]
-                if has is not None and not has(row.fields):
-                    continue
-                if row.group_id is None:
-                    if drop_stale and policy.is_stale(version, row.v_min):
-                        stale.append([row])
-                        continue
-                    yield [row]
-                    continue
-                bucket = buckets.get(row.group_id)
-                if bucket is None:
-                    bucket = buckets[row.group_id] = []
-                bucket.append(row)
-                if len(bucket) == row.group_size:
-                    if drop_stale and any(policy.is_stale(version, r.v_min) for r in bucket):
-                        stale.append(bucket)
-                        continue
-                    yield bucket
-
-    def take(self, ts: TaskState, rows: list[StoredRow], now: float) -> tuple[int, float]:
-        """Lease ``rows`` (chosen by :meth:`choose`) to ``ts``; returns the lease id and timeout.
-
-        The caller builds the delivered batch and adds ``len(rows)`` to ``ts.delivered``.
-        """
-        lease_id = self.next_lease_id
-        self.next_lease_id += 1
-        timeout = self.config.lease_timeout_s
-        retry, pending = ts.retry, ts.pending
-        if retry:
-            for row in rows:
-                if row.key in retry:
-                    del retry[row.key]
-                else:
-                    del pending[row.key]
-        elif len(rows) == len(pending):
-            pending.clear()
-        else:
-            for row in rows:
-                del pending[row.key]
-        self.leases[lease_id] = Lease(lease_id, ts, rows, now + timeout)
-        self._push_deadline(now + timeout, lease_id)
-        return lease_id, timeout
-
-    def _lease(self, ts: TaskState, fields: tuple[str, ...] | None, rows: list[StoredRow], now: float) -> Batch:
-        lease_id, timeout = self.take(ts, rows, now)
-        version = self.version
-        check = ts.spec.check_staleness
-        policy = self.policy
-        hist = ts.staleness_hist
-        returned = ts.returned
-        only = fields[0] if fields is not None and len(fields) == 1 else None
-        segments = self.segments > 0
-        flagged = 0
-        out: list[Row] = []
-        append = out.append
-        for row in rows:
-            v_min = row.v_min
-            staleness = version - v_min
-            hist[staleness] = hist.get(staleness, 0) + 1
-            stale = check and policy.is_stale(version, v_min)
-            if stale:
-                flagged += 1
-            count = 1 + returned.get(row.key, 0) if returned else 1
-            rf = row.fields
-            if only is not None:
-                values = {only: rf[only]}
-            elif fields is None:
-                values = dict(rf)
-            else:
-                values = {f: rf[f] for f in fields}
-            if segments:
-                for name, value in values.items():
-                    if type(value) is Segment:
-                        values[name] = value.data[row.offset]
-            append(
-                Row(row.key, values, v_min, row.v_max, row.group_id, row.group_size, row.tags, staleness, stale, count)
-            )
-        self.counters.flagged += flagged
-        ts.delivered += len(out)
-        return Batch(ts.spec.name, lease_id, out, timeout, version)
-
-    # ------------------------------------------------------------------ leases
-    def _pop_lease(self, lease_id: int, action: str) -> Lease:
-        held = self.leases.get(lease_id)
-        if held is not None and held.ranges is not None:
-            explode(self)  # fills the lease's rows
-        lease = self.leases.pop(lease_id, None)
-        if lease is None:
-            raise LeaseError(f"cannot {action} lease {lease_id}: it is unknown, already settled, or expired")
-        if lease.on_settle is not None:
-            lease.on_settle()
-        return lease
-
-    def ack(self, lease_id: int) -> int:
-        """Consume the lease's rows for its task; returns how many rows were freed entirely."""
-        held = self.leases.get(lease_id)
-        if held is not None and held.ranges is not None:
-            freed = ack_ranges(self, held)  # block rows acked in order: no per-row work
-            if freed is not None:
-                return freed
-        lease = self._pop_lease(lease_id, "ack")
-        rows = self.rows
-        returned = lease.task.returned
-        leased = lease.rows
-        done: list[StoredRow] = []
-        append = done.append
-        acked = len(leased)
-        if len(leased) >= _BULK and not returned and all(map(is_, map(rows.get, map(_row_key, leased)), leased)):
-            # The usual case (none dropped or returned meanwhile), checked in C above.
-            if len(self.tasks) == 1:
-                done = leased  # this task was the only one each row waited for
-            else:
-                for row in leased:
-                    left = row.pending_tasks - 1
-                    row.pending_tasks = left
-                    if not left:
-                        append(row)
-        else:
-            for row in leased:
-                if rows.get(row.key) is not row:  # dropped or requeued meanwhile: not consumed by this ack
-                    acked -= 1
-                    continue
-                if returned:
-                    returned.pop(row.key, None)
-                row.pending_tasks -= 1
-                if row.pending_tasks == 0:
-                    append(row)
-        if done:
-            self._remove_many(done, retire=True, consumed=True)
-        lease.task.acked += acked
-        self.counters.freed += len(done)
-        return len(done)
-
-    def nack(self, lease_id: int) -> None:
-        """Return the lease's rows to its task for redelivery (first in line)."""
-        lease = self._pop_lease(lease_id, "nack")
-        self.counters.nacks += 1
-        self._redeliver(lease)
-
-    def renew(self, lease_id: int, now: float, timeout_s: float | None) -> float:
-        """Extend a lease to ``now + timeout_s`` (default the lease timeout); returns the new deadline."""
-        lease = self.leases.get(lease_id)
-        if lease is None:
-            raise LeaseError(f"cannot renew lease {lease_id}: it is unknown, already settled, or expired")
-        lease.deadline = now + (timeout_s if timeout_s is not None else self.config.lease_timeout_s)
-        self._push_deadline(lease.deadline, lease_id)
-        return lease.deadline
-
-    def _push_deadline(self, deadline: float, lease_id: int) -> None:
-        """Track a lease deadline. Settled and renewed leases leave stale entries behind until their
-        deadline passes; rebuild the heap from the live leases when those outnumber them, so that it
-        stays O(live leases) at any ack rate."""
-        heap = self.lease_heap
-        if len(heap) > 2 * len(self.leases) + 64:
-            heap[:] = [(lease.deadline, lid) for lid, lease in self.leases.items() if lid != lease_id]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (deadline, lease_id))
-
-    def _redeliver(self, lease: Lease) -> None:
-        rows = self.rows
-        retry = lease.task.retry
-        returned = lease.task.returned
-        for row in lease.rows:
-            if rows.get(row.key) is row:
-                retry[row.key] = None
-                returned[row.key] = returned.get(row.key, 0) + 1
-                self.counters.redeliveries += 1
-
-    def expire(self, now: float) -> bool:
-        """Redeliver the rows of every lease past its deadline; ``True`` if any expired."""
-        heap = self.lease_heap
-        expired = False
-        while heap and heap[0][0] <= now:
-            deadline, lease_id = heapq.heappop(heap)
-            lease = self.leases.get(lease_id)
-            if lease is None or lease.deadline != deadline:  # settled, or renewed (a newer entry exists)
-                continue
-            self._pop_lease(lease_id, "expire")
-            self.counters.expired_leases += 1
-            self._redeliver(lease)
-            expired = True
-        if expired:
-            self.notify()
-        return expired
-
+    # ------------------------------------------------------------------ sizing
     def measure_bytes(self) -> int:
         """The stored payload estimate, measured now (unbounded queues keep no running byte count)."""
         self.unblock()
         return sum(fields_nbytes(row.fields) for row in self.rows.values())
 
-    def live_rows(self, lease: Lease) -> list[StoredRow]:
-        """The rows of ``lease`` still stored as leased (not dropped, requeued or re-put since)."""
-        self.unblock()
-        rows = self.rows
-        return [row for row in lease.rows if rows.get(row.key) is row]
-
-    def next_deadline(self) -> float | None:
-        """The earliest lease deadline (blocked waiters wake then to expire it)."""
-        return self.lease_heap[0][0] if self.lease_heap else None
-
     # ------------------------------------------------------------------ removal
     def _remove(self, row: StoredRow, retire: bool) -> None:
-        self._remove_many([row], retire)
+        self.remove_many([row], retire)
 
-    def _remove_many(self, removed: list[StoredRow], retire: bool, consumed: bool = False) -> None:
+    def remove_many(self, removed: list[StoredRow], retire: bool, consumed: bool = False) -> None:
         """Forget stored rows (each at most once), optionally retiring their keys in order.
 
         ``consumed``: every task acked these rows, so no task's pending or retry queue holds them.
@@ -807,7 +409,7 @@ class QueueCore:
         if retire:
             self.retired.add_many(keys)
 
-    def _remove_stale(self, units: list[list[StoredRow]]) -> None:
+    def remove_stale(self, units: list[list[StoredRow]]) -> None:
         action = self.policy.on_stale
         for unit in units:
             for row in unit:

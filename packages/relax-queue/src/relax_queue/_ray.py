@@ -4,7 +4,8 @@ The actor (``num_cpus=0``) holds a :class:`TransferQueue` and serves blocking ca
 asyncio face, so a waiting ``get`` never stalls other callers. Field values at or above
 ``object_store_threshold`` bytes (tensors, arrays, media) are ``ray.put`` by the producer and only
 their references go through the actor; consumers fetch all references of a batch in one ``ray.get``.
-Every call moves many rows.
+Every client call is one actor call (counted in ``RayQueueClient.round_trips``) and moves many rows;
+what it carries is described in ``_wire``, the actor is in ``_ray_actor``.
 
 Ray objects die with the process that owns them, and Ray >= 2.56 no longer lets a producer hand
 ownership to another actor. With ``durable_payloads=True`` (default) the queue actor therefore
@@ -12,205 +13,44 @@ adopts each large value (``ray.put`` of it on the actor: one extra copy inside t
 so rows survive the death of their producer; ``False`` skips that copy and a dead producer's
 large values become unreadable.
 
-``ray`` is imported only inside this module's functions.
+``ray`` is imported only inside functions.
 """
 
 from __future__ import annotations
 
-import functools
-import gc
-import pickle
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
-from relax_queue._core import NO_TAGS
 from relax_queue._queue import _lease_id, _normalise_fields
+from relax_queue._ray_actor import actor_class, ray_module
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
+from relax_queue._wire import (
+    StoreRef,
+    join_columns,
+    may_hold_refs,
+    pack,
+    split_columns,
+    unpack,
+    unpack_column,
+)
 
 __all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
 
 DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
 DEFAULT_OBJECT_STORE_CHUNK_BYTES = 64 * 2**20
-_SMALL_TYPES = frozenset((int, float, bool, str, type(None)))  # never large enough for the object store
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - exercised only where ray is absent
-        raise ImportError("relax_queue's Ray transport needs ray: pip install 'relax-queue[ray]'") from exc
-    return ray
-
-
-class StoreRef:
-    """A field value living in the Ray object store (the queue holds only this reference).
-
-    ``index`` is ``None`` when the object is the value itself, else the value's position in the
-    object, a list of the large values of one ``put_columns`` column (one object, one reference
-    for them all: each reference passed through the actor costs Ray bookkeeping on both sides).
-    Such an object lives until the last row holding it is freed.
-    """
-
-    __slots__ = ("index", "nbytes", "ref")
-
-    def __init__(self, ref: Any, nbytes: int, index: int | None = None) -> None:
-        self.ref = ref
-        self.nbytes = nbytes  # read by estimate_nbytes, so capacity counts the real payload
-        self.index = index
-
-    def pick(self, stored: Any) -> Any:
-        """This value, out of ``stored``: the object its reference names, fetched."""
-        return stored if self.index is None else stored[self.index]
 
 
 def _resolve(values: list[StoreRef]) -> list[Any]:
     """The values ``values`` stand for, each object fetched once in one ``ray.get``."""
     objects = list(dict.fromkeys(v.ref for v in values))
-    fetched = dict(zip(objects, _ray().get(objects), strict=True))
+    fetched = dict(zip(objects, ray_module().get(objects), strict=True))
     return [v.pick(fetched[v.ref]) for v in values]
-
-
-@functools.cache
-def _actor_class() -> Any:
-    import asyncio
-
-    ray = _ray()
-    from relax_queue._async import AsyncTransferQueue
-    from relax_queue._queue import TransferQueue
-
-    @ray.remote(num_cpus=0)
-    class QueueActor:
-        """Holds the queue; every method is one round trip for many rows."""
-
-        def __init__(self, config: QueueConfig, durable_payloads: bool) -> None:
-            self.queue = TransferQueue(config)
-            self.aqueue = AsyncTransferQueue(self.queue)
-            self.durable = durable_payloads
-            # The worker's own objects (Ray, its imports: ~67k) live as long as the process; frozen,
-            # the collections that the queue's many short-lived rows trigger no longer traverse them
-            # (a 10,000-row put_columns: 18.6 -> 11 ms here).
-            gc.freeze()
-
-        async def adopt(self, fields_list: list[Mapping[str, Any]]) -> None:
-            """Re-own object-store values (one ``ray.put`` here) so they outlive their producer."""
-            if self.durable:
-                await self.adopt_refs([v for fields in fields_list for v in fields.values() if isinstance(v, StoreRef)])
-
-        async def adopt_refs(self, refs: list[StoreRef]) -> None:
-            """Re-own these object-store values (see :meth:`adopt`); an object several share, once."""
-            if refs:
-                objects = list(dict.fromkeys(r.ref for r in refs))
-                values = await asyncio.gather(*objects)
-                adopted = {old: ray.put(value) for old, value in zip(objects, values, strict=True)}
-                for r in refs:
-                    r.ref = adopted[r.ref]
-
-        async def put_many(self, wire: list[tuple[Any, ...]], admitted: bool, timeout: float | None) -> None:
-            rows = [RowInput(*item) for item in wire]
-            await self.adopt([r.fields for r in rows])
-            await self.aqueue.put_many(rows, admitted=admitted, timeout=timeout)
-
-        async def put_columns(self, keys: list[Key], columns: dict[str, list[Any]], options: dict[str, Any]) -> None:
-            """One round trip for all rows: the keys, one list per field, and put_columns' keyword arguments."""
-            if self.durable:
-                await self.adopt_refs(
-                    [
-                        v
-                        for column in columns.values()
-                        if type(column) is list and _may_hold_refs(column)
-                        for v in column
-                        if isinstance(v, StoreRef)
-                    ]
-                )
-                for name, column in columns.items():
-                    if is_array(column) and not _writeable(column):
-                        # Deserialised from the producer's object (a large argument travels through the
-                        # object store, owned by the caller): a copy of our own outlives the producer.
-                        columns[name] = column.copy()
-            await self.aqueue.put_columns(keys, columns, **options)
-
-        async def get_columns(self, request: bytes) -> tuple[Any, ...]:
-            task, fields, n, batcher, timeout, replica, ack = _load_request(request)
-            self._ack_first(ack, replica)
-            b = await self.aqueue.get_columns(
-                task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica
-            )
-            # A tuple of lists pickles faster than the slotted dataclass; per-row metadata that is
-            # the same for every row (the usual case) travels once.
-            return (
-                b.task,
-                b.lease_id,
-                b.keys,
-                b.columns,
-                _pack_ints(b.v_min),
-                _pack_ints(b.v_max),
-                _pack(b.group_ids),
-                _pack_ints(b.group_sizes),
-                _pack_tags(b.tags),
-                _pack_ints(b.staleness),
-                _pack(b.stale),
-                _pack_ints(b.deliveries),
-                b.lease_timeout_s,
-                b.version,
-            )
-
-        async def add_fields_many(self, updates: dict[Key, Mapping[str, Any]]) -> int:
-            await self.adopt(list(updates.values()))
-            return self.queue.add_fields_many(updates)
-
-        def _ack_first(self, lease_id: int | None, replica: ReplicaSet | None) -> None:
-            """Ack the batch a get carries (the reader's previous one) before leasing the next."""
-            if lease_id is not None:
-                self.queue.ack(lease_id, rank=None if replica is None else replica.rank)
-
-        async def get(self, request: bytes) -> tuple[Any, ...]:
-            task, fields, n, batcher, timeout, replica, ack = _load_request(request)
-            self._ack_first(ack, replica)
-            batch = await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
-            # Plain tuples pickle several times faster than slotted dataclasses.
-            rows = [
-                (
-                    r.key,
-                    r.fields,
-                    r.v_min,
-                    r.v_max,
-                    r.group_id,
-                    r.group_size,
-                    r.tags,
-                    r.staleness,
-                    r.stale,
-                    r.deliveries,
-                )
-                for r in batch.rows
-            ]
-            return batch.task, batch.lease_id, rows, batch.lease_timeout_s, batch.version
-
-        def version(self) -> int:
-            return self.queue.version
-
-        async def admit(self, n: int, timeout: float) -> int:
-            return await self.aqueue.admit(n, timeout)
-
-        async def save(self, path: str) -> None:
-            state = self.queue.state_dict()
-            for row in state["rows"]:  # snapshots hold values, not object-store references
-                for name, value in row["fields"].items():
-                    if isinstance(value, StoreRef):
-                        row["fields"][name] = value.pick(await value.ref)
-            from relax_queue._snapshot import atomic_write
-
-            atomic_write(path, state)
-
-        def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-            return getattr(self.queue, method)(*args, **kwargs)
-
-    return QueueActor
 
 
 def _request(
@@ -226,80 +66,13 @@ def _request(
     (≈ 0.2 ms for a get's seven here), one pickled blob costs one. Batchers and replica sets go
     through cloudpickle, so classes Ray would ship by value still travel."""
     return cast(
-        bytes, _ray().cloudpickle.dumps((task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, ack))
+        bytes, ray_module().cloudpickle.dumps((task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, ack))
     )
-
-
-def _load_request(request: bytes) -> tuple[Any, ...]:
-    return cast("tuple[Any, ...]", pickle.loads(request))
-
-
-class _Same:
-    """Wire form of a per-row metadata column in which every row holds ``value`` (an immutable scalar)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __reduce__(self) -> tuple[type[_Same], tuple[Any]]:
-        return _Same, (self.value,)
-
-
-class _EmptyTags:
-    """Wire form of a tags column in which every row's tags are empty."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[type[_EmptyTags], tuple[()]]:
-        return _EmptyTags, ()
-
-
-def _pack(column: list[Any]) -> list[Any] | _Same:
-    """``column`` for the wire: its one value when every row holds the same scalar (of one type)."""
-    if column and column.count(column[0]) == len(column):
-        kinds = set(map(type, column))
-        if len(kinds) == 1 and kinds <= _SMALL_TYPES:
-            return _Same(column[0])
-    return column
-
-
-def _pack_ints(column: list[Any]) -> list[Any] | _Same:
-    """:func:`_pack` for a column the queue fills with ints (or ``None``) only: versions, staleness,
-    deliveries, group sizes. Their type needs no per-row check (a C-level count is all)."""
-    if column and column.count(column[0]) == len(column) and type(column[0]) in _SMALL_TYPES:
-        return _Same(column[0])
-    return column
-
-
-def _pack_tags(tags: list[Any]) -> list[Any] | _EmptyTags:
-    return _EmptyTags() if tags and tags.count(NO_TAGS) == len(tags) else tags
-
-
-def _unpack(column: list[Any] | _Same | _EmptyTags, n: int) -> list[Any]:
-    """A column as :func:`_pack` or :func:`_pack_tags` sent it, one entry per row again."""
-    kind = type(column)
-    if kind is _Same:
-        return [cast(_Same, column).value] * n
-    if kind is _EmptyTags:
-        return [NO_TAGS] * n  # the read-only empty tags every row put without tags shares in-process
-    return cast("list[Any]", column)
-
-
-def _writeable(array: Any) -> bool:
-    """Whether an array owns writeable memory (numpy ``flags.writeable``; other array types: assumed)."""
-    flags = getattr(array, "flags", None)
-    return bool(getattr(flags, "writeable", True))
-
-
-def _may_hold_refs(column: list[Any]) -> bool:
-    """Whether a column may hold values large enough for the object store (a cheap test by type, in C)."""
-    return not set(map(type, column)) <= _SMALL_TYPES
 
 
 def _unwrap(refs: Any) -> Any:
     """``ray.get`` that re-raises the queue's own exception instead of Ray's wrapper."""
-    ray = _ray()
+    ray = ray_module()
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as err:
@@ -335,13 +108,13 @@ def create_ray_queue(
     Raises:
         ValueError: an actor of that name already exists.
     """
-    ray = _ray()
+    ray = ray_module()
     options: dict[str, Any] = {"name": name, "max_concurrency": 1000}
     if namespace is not None:
         options["namespace"] = namespace
     if detached:
         options["lifetime"] = "detached"
-    actor = _actor_class().options(**options).remote(config, durable_payloads)
+    actor = actor_class().options(**options).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
     return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes)
 
@@ -354,7 +127,7 @@ def connect(
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
 ) -> RayQueueClient:
     """A client of the queue actor ``name`` (raises ``ValueError`` when there is none)."""
-    actor = _ray().get_actor(name, namespace=namespace)
+    actor = ray_module().get_actor(name, namespace=namespace)
     return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes)
 
 
@@ -370,9 +143,16 @@ class RayQueueClient:
     namespace: str | None = None
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES
+    round_trips: int = field(default=0, compare=False)
+    """Calls this client made to the queue actor (each one round trip); every method makes one."""
+
+    def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Submit one call to the queue actor (counted in :attr:`round_trips`); returns its reference."""
+        self.round_trips += 1
+        return getattr(self.actor, method).remote(*args, **kwargs)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _unwrap(self.actor.call.remote(method, *args, **kwargs))
+        return _unwrap(self._remote("call", method, *args, **kwargs))
 
     def _offload(self, fields: Mapping[str, Any]) -> Mapping[str, Any]:
         out: dict[str, Any] | None = None
@@ -381,7 +161,7 @@ class RayQueueClient:
             if size >= self.object_store_threshold:
                 if out is None:
                     out = dict(fields)
-                out[name] = StoreRef(_ray().put(value), size)
+                out[name] = StoreRef(ray_module().put(value), size)
         return fields if out is None else out
 
     # ------------------------------------------------------------------ producers
@@ -405,7 +185,7 @@ class RayQueueClient:
     def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
         """See :meth:`TransferQueue.put_many`; one round trip, large values via the object store."""
         sent = [(r.key, self._offload(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
-        _unwrap(self.actor.put_many.remote(sent, admitted, timeout))
+        _unwrap(self._remote("put_many", pack(sent), admitted, timeout))
 
     def put_columns(
         self,
@@ -438,7 +218,8 @@ class RayQueueClient:
             "admitted": admitted,
             "timeout": timeout,
         }
-        _unwrap(self.actor.put_columns.remote(cols.keys, wire, options))
+        inline, passed = split_columns(wire)
+        _unwrap(self._remote("put_columns", pack((cols.keys, inline, options)), passed))
 
     def _offload_column(self, column: list[Any]) -> list[Any]:
         """``column`` with its large values in the object store and a :class:`StoreRef` in each one's place.
@@ -448,7 +229,7 @@ class RayQueueClient:
         the actor and the consumer). The cap bounds what a consumer of one row of a chunk fetches
         and how long memory of consumed rows stays held by a chunk's unconsumed rows.
         """
-        if not _may_hold_refs(column):
+        if not may_hold_refs(column):
             return column
         threshold, cap = self.object_store_threshold, self.object_store_chunk_bytes
         chunks: list[list[tuple[int, int]]] = []
@@ -464,7 +245,7 @@ class RayQueueClient:
         if not chunks:
             return column
         out = list(column)
-        put = _ray().put
+        put = ray_module().put
         for chunk in chunks:
             if len(chunk) == 1:
                 i, size = chunk[0]
@@ -481,7 +262,7 @@ class RayQueueClient:
 
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """See :meth:`TransferQueue.add_fields_many`."""
-        return int(_unwrap(self.actor.add_fields_many.remote({k: self._offload(f) for k, f in updates.items()})))
+        return int(_unwrap(self._remote("add_fields_many", {k: self._offload(f) for k, f in updates.items()})))
 
     # ------------------------------------------------------------------ consumers
     def reader(
@@ -511,8 +292,8 @@ class RayQueueClient:
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
         acked = None if ack is None else _lease_id(ack)
-        task_name, lease_id, wire, lease_timeout_s, version = _unwrap(
-            self.actor.get.remote(_request(task, fields, n, batcher, timeout, replica, acked))
+        task_name, lease_id, wire, lease_timeout_s, version = unpack(
+            _unwrap(self._remote("get", _request(task, fields, n, batcher, timeout, replica, acked)))
         )
         batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
         slots = [
@@ -539,13 +320,33 @@ class RayQueueClient:
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
         acked = None if ack is None else _lease_id(ack)
-        wire = _unwrap(self.actor.get_columns.remote(_request(task, fields, n, batcher, timeout, replica, acked)))
+        reply = _unwrap(self._remote("get_columns", _request(task, fields, n, batcher, timeout, replica, acked)))
+        head, passed = (reply, None) if type(reply) is bytes else reply
+        wire = unpack(head)
         n_rows = len(wire[2])
-        batch = ColumnBatch(*wire[:4], *(_unpack(column, n_rows) for column in wire[4:12]), *wire[12:])
+        v_min, v_max, group_ids, group_sizes, tags, staleness, stale, deliveries = (
+            unpack_column(column, n_rows) for column in wire[4:12]
+        )
+        batch = ColumnBatch(
+            wire[0],
+            wire[1],
+            wire[2],
+            join_columns(wire[3], passed),
+            v_min,
+            v_max,
+            group_ids,
+            group_sizes,
+            tags,
+            staleness,
+            stale,
+            deliveries,
+            wire[12],
+            wire[13],
+        )
         slots = [
             (column, i, value)
             for column in batch.columns.values()
-            if type(column) is list and _may_hold_refs(column)
+            if type(column) is list and may_hold_refs(column)
             for i, value in enumerate(column)
             if isinstance(value, StoreRef)
         ]
@@ -570,7 +371,7 @@ class RayQueueClient:
     @property
     def version(self) -> int:
         """See :attr:`TransferQueue.version` (one small round trip, no metrics)."""
-        return int(_unwrap(self.actor.version.remote()))
+        return int(_unwrap(self._remote("version")))
 
     def publish_version(self, version: int) -> None:
         """See :meth:`TransferQueue.publish_version`."""
@@ -578,7 +379,7 @@ class RayQueueClient:
 
     def admit(self, n: int, timeout: float = 0.0) -> int:
         """See :meth:`TransferQueue.admit`."""
-        return int(_unwrap(self.actor.admit.remote(n, timeout)))
+        return int(_unwrap(self._remote("admit", n, timeout)))
 
     def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
         """See :meth:`TransferQueue.release_admission`."""
@@ -600,7 +401,7 @@ class RayQueueClient:
     # ------------------------------------------------------------------ snapshots, metrics, lifetime
     def save(self, path: str) -> None:
         """Snapshot to ``path`` (on the actor's node) with object-store values inlined."""
-        _unwrap(self.actor.save.remote(path))
+        _unwrap(self._remote("save", path))
 
     def load(self, path: str, *, reset_running: bool = True) -> None:
         """Restore from ``path`` (on the actor's node); leased rows are redelivered."""
@@ -623,7 +424,7 @@ class RayQueueClient:
 
     def shutdown(self) -> None:
         """Kill the queue actor (its rows are lost unless saved)."""
-        _ray().kill(self.actor)
+        ray_module().kill(self.actor)
 
 
 @dataclass

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 from relax_queue._config import TaskSpec
 from relax_queue._types import Key, Tags
 
-__all__ = ["NO_TAGS", "Block", "Lease", "Segment", "StoredRow", "TaskState", "field_value"]
+__all__ = ["NO_TAGS", "Block", "Lease", "RetiredKeys", "Segment", "StoredRow", "TaskState", "field_value"]
 
 
 class _NoTags(dict[str, Any]):
@@ -185,3 +185,51 @@ class Block:
         self.taken: dict[str, int] = dict.fromkeys(tasks, 0)
         self.acked: dict[str, int] = dict.fromkeys(tasks, 0)
         self.freed = 0
+
+
+class RetiredKeys:
+    """Keys of freed or dropped rows, remembered so a late duplicate put is ignored; bounded.
+
+    Two generations of at most ``keep`` keys each: when the newer one fills up it becomes the older
+    one and the oldest generation is forgotten whole. So at least the last ``keep`` retired keys (and
+    at most ``2 * keep``) are remembered, and retiring a batch of keys is one C-level set update
+    instead of one ordered-dict insert and eviction per key.
+    """
+
+    __slots__ = ("keep", "newer", "older")
+
+    def __init__(self, keep: int, keys: Iterable[Key] = ()) -> None:
+        self.keep = keep
+        self.newer: set[Key] = set()
+        self.older: set[Key] = set()
+        self.add_many(list(keys))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.newer or key in self.older
+
+    def __len__(self) -> int:
+        return len(self.newer) + len(self.older)
+
+    def __iter__(self) -> Iterator[Key]:
+        """Older generation first."""
+        yield from self.older
+        yield from self.newer
+
+    def isdisjoint(self, keys: Iterable[Key]) -> bool:
+        """Whether none of ``keys`` is remembered."""
+        return self.newer.isdisjoint(keys) and (not self.older or self.older.isdisjoint(keys))
+
+    def add_many(self, keys: list[Key]) -> None:
+        """Remember ``keys`` (in order: a generation turns over between two of them if it fills up)."""
+        keep = self.keep
+        if not keep:
+            return
+        newer = self.newer
+        start = 0
+        while len(keys) - start > keep - len(newer):
+            stop = start + keep - len(newer)
+            newer.update(keys[start:stop])
+            start = stop
+            self.older, newer = newer, set()
+            self.newer = newer
+        newer.update(keys[start:] if start else keys)
