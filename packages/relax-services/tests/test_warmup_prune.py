@@ -68,7 +68,7 @@ def test_a_hit_marks_its_entry_used_and_a_store_prunes(tmp_path: Path) -> None:
 
 
 def test_store_prunes_to_the_given_number(tmp_path: Path) -> None:
-    folder, keys = _cache(tmp_path, 3)
+    folder, _ = _cache(tmp_path, 3)
     result = tmp_path / "fresh"
     result.mkdir()
     (result / "config.json").write_text("{}", encoding="utf-8")
