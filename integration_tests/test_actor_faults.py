@@ -11,6 +11,7 @@ import pytest
 
 from relax_services._metrics import read_metrics
 from relax_services.chaos import fault_table
+from relax_services.config import FaultSpec
 from relax_services.controller import Controller
 
 
@@ -86,3 +87,34 @@ def test_a_death_past_the_restart_allowance_ends_clearly_and_resumes(small_confi
     assert resumed.error is None and resumed.stop_reason == "total_steps reached" and resumed.steps == 60
     assert resumed.ledger["lost"] == 0 and resumed.ledger["duplicated"] == 0, resumed.ledger
     assert resumed.ledger["consumed"] == 60 * cfg.trainer.groups_per_step, resumed.ledger
+
+
+class _QueueDiesAtStart(Controller):
+    """The sample queue is SIGKILLed at the end of the run's very first start, before any update."""
+
+    killed = False
+
+    def _start_pipeline(self, restore: Path | None) -> None:
+        super()._start_pipeline(restore)
+        if not self.killed:
+            self.killed = True
+            self._kill_actor(FaultSpec(service="sample_queue", kind="kill"))
+            self.watch.check()
+
+
+@pytest.mark.integration
+def test_a_queue_that_dies_during_the_first_start_is_a_global_restart(small_config) -> None:
+    cfg = small_config("staleness.tau=1", "trainer.total_steps=6", "trainer.checkpoint_every=2", "data.tasks=[text]")
+    run_dir = cfg.run.output_dir / "run"
+    run_dir.mkdir(parents=True)
+    result = _QueueDiesAtStart(cfg, run_dir).run()
+    assert result.error is None and result.stop_reason == "total_steps reached" and result.steps == 6
+    assert result.ledger["lost"] == 0 and result.ledger["duplicated"] == 0, result.ledger
+    assert result.ledger["consumed"] == 6 * cfg.trainer.groups_per_step, result.ledger
+    seq = [(e["event"], e["service"]) for e in _health(run_dir)]
+    assert seq[:4] == [
+        ("injected", "sample_queue"),
+        ("detected", "sample_queue"),
+        ("global_restart", "run"),
+        ("restored", "run"),  # from the step-0 checkpoint the first start wrote
+    ], seq

@@ -243,7 +243,10 @@ class Controller:
         final: dict[str, float] = {}
         final_version: int | None = None
         try:
-            self._start_pipeline(restore)
+            try:
+                self._start_pipeline(restore)
+            except Exception as exc:  # an actor died while the run started: start again (from its checkpoint)
+                self._global_restart(self._restart_cause(exc))
             with Progress(cfg.run.progress) as progress:
                 while True:
                     try:
@@ -270,13 +273,13 @@ class Controller:
             final, final_version = dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         finally:
             self.health.settle()
-            self.feeder.stop()
-            self.pipeline.stop()
+            self._stop_parts()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         wall = self.clock()
         ledger = self._final_ledger()
-        skipped = {"train": dict(self.feeder.skipped), "heldout": dict(self.data.skipped_heldout)}
+        fed = "feeder" in vars(self)  # not when the run gave up before its first start succeeded
+        skipped = {"train": dict(self.feeder.skipped) if fed else {}, "heldout": dict(self.data.skipped_heldout)}
         data = data_report(self.data)
         self.metrics.write(
             "summary",
@@ -314,7 +317,7 @@ class Controller:
             service_nodes=self.nodes,
             skipped_media=skipped,
             data=data,
-            service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
+            service_pids={name: int(spec.pid or 0) for name, spec in self._services().items()},
             resume_changes=self.resume_changes,
             resumed_from_s=self.resumed_from_s,
             startup=dict(self.startup),
@@ -478,8 +481,7 @@ class Controller:
                     f"(health.max_global_restarts={self.cfg.health.max_global_restarts}); last failure: {reason}"
                 )
             self.health.settle()  # an in-place restart still creating its actor must not outlive the old pipeline
-            self.feeder.stop()
-            self.pipeline.stop()
+            self._stop_parts()
             try:
                 self._start_pipeline(self.checkpoints.latest())
             except Exception as exc:  # an actor died while the run came back: try again from the same checkpoint
@@ -488,6 +490,18 @@ class Controller:
                 continue
             self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
             return
+
+    def _stop_parts(self) -> None:
+        """Stop the feeder and the pipeline, as far as they exist (a first start can fail before either is built)."""
+        built = vars(self)
+        if "feeder" in built:
+            self.feeder.stop()
+        if "pipeline" in built:
+            self.pipeline.stop()
+
+    def _services(self) -> dict[str, Any]:
+        """The pipeline's services (none when no pipeline was ever built)."""
+        return dict(self.pipeline.services) if "pipeline" in vars(self) else {}
 
     def _gave_up_message(self, exc: ServiceGaveUpError) -> str:
         """What failed, what the run kept, and how to continue it."""
@@ -507,7 +521,7 @@ class Controller:
         by a queue snapshot of that checkpoint."""
         path = self.checkpoints.latest()
         if path is None:
-            return self.feeder.ledger.check()
+            return self.feeder.ledger.check() if "feeder" in vars(self) else Ledger().check()
         ledger = Ledger()
         ledger.load_state_dict(self.checkpoints.load_controller(path)["feeder"]["ledger"])
         counts = ledger.check()
