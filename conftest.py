@@ -16,6 +16,19 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+INTEGRATION_TIMEOUT_S = 900
+"""pytest-timeout's limit for ``integration``-marked tests (unit tests keep the ``timeout`` of the pytest config).
+
+They start Ray and several service processes that each import the model stack: on a 4-5x overloaded 2-core machine
+that alone can pass the unit tests' 300 s, and pytest-timeout's signal then lands inside a Ray call (seen as a
+``SystemError``) instead of failing the test for a reason of its own. A test's own ``timeout`` marker still wins."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("integration") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(INTEGRATION_TIMEOUT_S))
+
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:

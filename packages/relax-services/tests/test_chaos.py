@@ -68,3 +68,57 @@ def test_chaos_allows_a_global_restart_per_trainer_fault() -> None:
     assert trainer_faults == 3 and len(cfg.faults) == 10
     assert cfg.health.max_global_restarts == trainer_faults + 1
     assert chaos_config(None, ["health.max_global_restarts=9"], 10, seed=1).health.max_global_restarts == 9
+
+
+def test_actor_faults_kill_a_queue_then_another_actor_during_the_restart() -> None:
+    from relax_services.chaos import actor_faults
+
+    for seed in range(10):
+        taken = {5, 9, 17}
+        faults = actor_faults(4, seed=seed, total_steps=40, taken=taken)
+        assert faults == actor_faults(4, seed=seed, total_steps=40, taken=taken)  # seeded
+        for mid, during in (faults[0:2], faults[2:4]):
+            assert mid.service in ("prompt_queue", "sample_queue") and mid.kind == "kill" and not mid.during_restart
+            assert 2 <= mid.at_step < 36 and mid.at_step not in taken
+            # Armed at the same step: it lands in the global restart the queue's death brings.
+            assert during.during_restart and during.kind == "kill" and during.at_step == mid.at_step
+            assert during.service in ("prompt_queue", "sample_queue", "weights", "health_monitor")
+    assert {f.service for s in range(30) for f in actor_faults(2, s, 40, critic=True)} >= {"critic_weights"}
+
+
+def test_chaos_plans_include_actor_faults_and_allow_their_restarts() -> None:
+    from relax_services.chaos import chaos_config
+
+    cfg = chaos_config(None, [], 5, seed=0, n_actor_faults=2)
+    services, actors = cfg.faults[:5], cfg.faults[5:]
+    assert [f.service for f in services if f.service == "trainer"] and len(actors) == 2
+    assert actors[0].service.endswith("_queue") and actors[1].during_restart
+    # One global restart per Trainer fault, one for the killed queue, one for the attempt the second kill
+    # interrupts, and one spare.
+    trainer = sum(f.service == "trainer" for f in services)
+    assert cfg.health.max_global_restarts == max(2, trainer + 2 + 1)
+
+
+def test_fault_table_of_actor_deaths() -> None:
+    events = [
+        {"event": "injected", "service": "sample_queue", "fault": "kill", "step": 6, "time": 100.0},
+        {"event": "detected", "service": "sample_queue", "time": 100.4},
+        {"event": "global_restart", "service": "run", "time": 100.4},
+        {
+            "event": "injected",
+            "service": "health_monitor",
+            "fault": "kill",
+            "step": 6,
+            "time": 107.0,
+            "during_restart": True,
+        },
+        {"event": "detected", "service": "health_monitor", "time": 133.0},
+        {"event": "global_restart", "service": "run", "time": 133.0},
+        {"event": "recovered", "service": "run", "time": 175.5},
+    ]
+    lines = fault_table(events, {"lost": 0, "duplicated": 0}).splitlines()
+    assert lines[1].split()[:5] == ["sample_queue", "kill", "6", "0.4s", "75.5s"]
+    assert "global restart from the last checkpoint" in lines[1]
+    assert lines[2].split()[:5] == ["health_monitor", "kill", "6", "26.0s", "68.5s"]
+    assert "killed during a global restart" in lines[2]
+    assert "all recovered: yes" in lines[-1]

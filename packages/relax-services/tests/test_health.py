@@ -203,3 +203,36 @@ def test_a_raised_loop_is_rebuilt_in_place_and_a_failed_rebuild_replaces_the_pro
         assert events == ["sleep", "forget", REBUILD]  # no kill, no new process
         assert last["process"] == "same" and last["pid"] == 11
     assert last["event"] == "restarted" and spec.restarts == 1
+
+
+def test_an_in_place_restart_does_not_block_the_controller_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restart (a new process importing the model stack: seconds to tens of seconds) runs on a thread: the
+    call that starts it returns while the new process is still being built, and the loop goes on meanwhile."""
+    import sys
+    import threading
+
+    fake_ray = SimpleNamespace(kill=lambda handle, no_restart: None, get=lambda ref, timeout: ref)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    release, building = threading.Event(), threading.Event()
+
+    class Spec:
+        name, role, restarts, pid, handle = "reward", "reward", 0, 11, object()
+
+        def spawn(self, namespace: str) -> None:
+            building.set()
+            release.wait(120)  # the new process's imports, until the test lets them end
+
+        def start_loop(self) -> int:
+            self.pid = 12
+            return self.pid
+
+    pipeline = SimpleNamespace(namespace="ns", health=SimpleNamespace(forget=SimpleNamespace(remote=lambda n: None)))
+    manager = HealthManager(HealthConfig(restart_backoff_s=0.0))
+    manager._restart(pipeline, Spec(), "process died")  # type: ignore[arg-type]
+    building.wait(120)
+    assert manager.restarting(), "the restart ended before its new process was built: it blocked the caller"
+    assert [e["event"] for e in manager.events] == ["detected"]
+    release.set()
+    manager.settle()
+    assert not manager.restarting()
+    assert [e["event"] for e in manager.events] == ["detected", "restarted"] and manager.events[-1]["pid"] == 12

@@ -55,3 +55,14 @@ def test_an_update_larger_than_the_queue_is_a_config_error_naming_both_fields() 
     assert "trainer.groups_per_step=1024" in text and "queue.max_rows=4096" in text and "8192" in text
     assert "{" not in text  # the message, not the whole input
     load_run_config(None, ["trainer.groups_per_step=512"])  # 4096 samples: exactly fits
+
+
+def test_actor_faults_are_kills_and_only_actors_die_during_a_restart() -> None:
+    cfg = load_run_config(None, ["faults=[{service: sample_queue, kind: kill, at_step: 3, during_restart: true}]"])
+    assert cfg.faults[0].service == "sample_queue" and cfg.faults[0].during_restart
+    with pytest.raises(ConfigError, match=r"sample_queue: an actor without a work loop can only be killed"):
+        load_run_config(None, ["faults=[{service: sample_queue, kind: hang}]"])
+    with pytest.raises(ConfigError, match=r"fault on rollout: during_restart applies to prompt_queue, sample_queue"):
+        load_run_config(None, ["faults=[{service: rollout, kind: kill, during_restart: true}]"])
+    with pytest.raises(ConfigError, match="service"):
+        load_run_config(None, ["faults=[{service: no_such_actor}]"])

@@ -1,5 +1,8 @@
 """``relax chaos``: a run with faults injected at seeded random times, ending with the fault table — faults
-injected, detected, recovered, time to recover, and the prompts lost and duplicated (both must be 0)."""
+injected, detected, recovered, time to recover, and the prompts lost and duplicated (both must be 0).
+
+Besides the services' faults, a plan can kill the run's other actors (queues, weight stores, health monitor), as
+Ray's memory monitor does on a node short of memory: mid-run, and during the global restart that follows."""
 
 from __future__ import annotations
 
@@ -7,10 +10,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from relax_services.config import FaultSpec, RunConfig
+from relax_services.config import ACTOR_TARGETS, FaultSpec, RunConfig
 
 __all__ = [
     "CHAOS_DEFAULTS",
+    "actor_faults",
     "chaos_config",
     "chaos_targets",
     "fault_table",
@@ -74,14 +78,41 @@ def _rounds(rng: random.Random, choices: tuple[str, ...], n: int) -> list[str]:
     return picks[:n]
 
 
+def actor_faults(
+    n: int, seed: int, total_steps: int, taken: set[int] | None = None, critic: bool = False
+) -> list[FaultSpec]:
+    """``n`` SIGKILLs of the pipeline's non-service actors, in pairs: a queue actor killed mid-run at a random step
+    (not one of ``taken``, the steps of the services' faults, where there is one left), then another actor (a
+    queue, a weight store — the critic's only with ``critic`` — or the health monitor) killed during the global
+    restart that the first one causes."""
+    rng = random.Random(f"actors-{seed}")
+    lo, hi = 2, max(3, total_steps - 4)
+    free = [s for s in range(lo, hi) if s not in (taken or set())] or list(range(lo, hi))
+    targets = tuple(t for t in ACTOR_TARGETS if critic or t != "critic_weights")
+    faults: list[FaultSpec] = []
+    step = lo
+    for i in range(n):
+        if i % 2 == 0:
+            step = rng.choice(free)
+            target, during = rng.choice(("prompt_queue", "sample_queue")), False
+        else:
+            target, during = rng.choice(targets), True
+        faults.append(
+            FaultSpec.model_validate({"service": target, "kind": "kill", "at_step": step, "during_restart": during})
+        )
+    return faults
+
+
 def global_restarts_needed(faults: list[FaultSpec]) -> int:
-    """Global restarts a fault plan causes by design: one per Trainer fault (other roles restart in place)."""
-    return sum(f.service == "trainer" for f in faults)
+    """Global restarts a fault plan causes by design: one per Trainer fault (other roles restart in place), one
+    per killed queue, store or monitor actor, and one per kill during a global restart (it interrupts that
+    attempt)."""
+    return sum(f.service == "trainer" or f.service in ACTOR_TARGETS for f in faults)
 
 
 def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
     """One line per injected fault: when it was detected and recovered, from the run's health events."""
-    lines = [f"{'service':<10} {'kind':<6} {'step':>5} {'detected':>9} {'recovered':>10}  how"]
+    lines = [f"{'service':<14} {'kind':<6} {'step':>5} {'detected':>9} {'recovered':>10}  how"]
     recovered_all = True
     for i, event in enumerate(events):
         if event["event"] != "injected":
@@ -90,7 +121,9 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
         detected = next((e for e in later if e["event"] == "detected" and e["service"] == event["service"]), None)
         # A global restart replaces every service, the faulty one included: it recovers any fault it absorbs.
         restart = next((e for e in later if e["event"] == "recovered"), None)
-        if event["service"] == "trainer":
+        if event.get("during_restart"):
+            done, how = restart, "killed during a global restart: restarted again from the last checkpoint"
+        elif event["service"] == "trainer" or event["service"] in ACTOR_TARGETS:
             done, how = restart, "global restart from the last checkpoint"
         else:
             done = next((e for e in later if e["event"] == "restarted" and e["service"] == event["service"]), None)
@@ -100,7 +133,7 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
         recovered_all &= done is not None
         det = f"{detected['time'] - event['time']:.1f}s" if detected else "no"
         rec = f"{done['time'] - event['time']:.1f}s" if done else "no"
-        lines.append(f"{event['service']:<10} {event['fault']:<6} {event['step']:>5} {det:>9} {rec:>10}  {how}")
+        lines.append(f"{event['service']:<14} {event['fault']:<6} {event['step']:>5} {det:>9} {rec:>10}  {how}")
     injected = sum(e["event"] == "injected" for e in events)
     lines.append(
         f"faults injected {injected}, all recovered: {'yes' if recovered_all else 'NO'}; "
@@ -109,9 +142,12 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def chaos_config(config: Path | None, overrides: list[str], n_faults: int, seed: int) -> RunConfig:
+def chaos_config(
+    config: Path | None, overrides: list[str], n_faults: int, seed: int, n_actor_faults: int = 0
+) -> RunConfig:
     """The run config of ``relax chaos``: :data:`CHAOS_DEFAULTS` under ``overrides``, with ``n_faults`` seeded faults
-    on the run's roles, and enough global restarts allowed for them.
+    on the run's roles and ``n_actor_faults`` on its other actors (:func:`actor_faults`), and enough global
+    restarts allowed for them.
 
     Raises:
         ConfigError: for a bad config or override.
@@ -120,23 +156,26 @@ def chaos_config(config: Path | None, overrides: list[str], n_faults: int, seed:
 
     cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
     faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
-    # Each Trainer fault is a global restart by design: the plan must not exhaust the run's allowance of them
-    # (one more is left for a service that keeps failing).
+    taken = {f.at_step for f in faults}
+    faults += actor_faults(n_actor_faults, seed, cfg.trainer.total_steps, taken, critic=cfg.algorithm.uses_critic)
+    # Each Trainer or actor fault is a global restart by design: the plan must not exhaust the run's allowance of
+    # them (one more is left for a service that keeps failing).
     needed = global_restarts_needed(faults) + 1
     health = cfg.health.model_copy(update={"max_global_restarts": max(cfg.health.max_global_restarts, needed)})
     return cfg.model_copy(update={"faults": faults, "health": health})
 
 
-def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: int) -> int:
-    """Run with ``n_faults`` random faults; print the fault table; exit status 1 if any fault was not recovered
-    from or a prompt was lost or duplicated."""
+def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: int, n_actor_faults: int = 0) -> int:
+    """Run with ``n_faults`` random faults on services and ``n_actor_faults`` on the other actors; print the fault
+    table; exit status 1 if the run ended with an error, any fault was not recovered from, or a prompt was lost or
+    duplicated."""
     import sys
 
     from relax_core import ConfigError
     from relax_services.preflight import check_run, make_run_dir
 
     try:
-        cfg = chaos_config(config, overrides, n_faults, seed)
+        cfg = chaos_config(config, overrides, n_faults, seed, n_actor_faults)
         faults = cfg.faults
         run_dir = make_run_dir(cfg, check_run(cfg))
     except ConfigError as exc:
@@ -162,5 +201,7 @@ def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: in
     (run_dir / "faults.txt").write_text(table + "\n", encoding="utf-8")
     print(format_summary(result), flush=True)
     print(table, flush=True)
+    if result.error:
+        print(f"relax chaos: {result.error}", file=sys.stderr)
     ok = "NO" not in table.splitlines()[-1] and result.ledger.get("lost") == 0 and result.ledger["duplicated"] == 0
-    return 0 if ok else 1
+    return 0 if ok and not result.error else 1

@@ -191,7 +191,7 @@ def _bench_trl(args: argparse.Namespace) -> int:
 def _chaos(args: argparse.Namespace) -> int:
     from relax_services.chaos import run_chaos
 
-    return run_chaos(args.config, args.overrides, args.faults, args.seed)
+    return run_chaos(args.config, args.overrides, args.faults, args.seed, args.actor_faults)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -253,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("config", nargs="?", type=Path, default=None)
     chaos.add_argument("overrides", nargs="*")
     chaos.add_argument("--faults", type=_count, default=3, help="how many faults to inject (default 3)")
+    chaos.add_argument(
+        "--actor-faults",
+        type=_count,
+        default=2,
+        help="SIGKILLs of the queue, weight-store and monitor actors besides (default 2: a queue mid-run, then "
+        "another actor during the global restart that follows)",
+    )
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
     chaos.set_defaults(func=_chaos)
     plan = sub.add_parser("plan", help="parallelism plan (same as relax-plan)", add_help=False)

@@ -132,6 +132,10 @@ class LocalPipeline:
         for spec in self.services.values():
             spec.create()
 
+    def actors(self) -> dict[str, Any]:
+        """No actors: the queues, stores and monitor are objects of this process."""
+        return {}
+
     def node_ids(self) -> dict[str, str]:
         """Service name → node: ``"local"`` for every service (they share this process)."""
         return {name: "local" for name in self.services}

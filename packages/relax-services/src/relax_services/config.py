@@ -30,6 +30,7 @@ from relax_services._sizes import queue_bytes_problem
 from relax_services._trainer_group_config import check_trainer_group, default_train_engine
 
 __all__ = [
+    "ACTOR_TARGETS",
     "DataConfig",
     "EvalConfig",
     "FaultSpec",
@@ -296,15 +297,33 @@ class HealthConfig(ConfigModel):
     failing) before the run stops with an error."""
 
 
+ACTOR_TARGETS = ("prompt_queue", "sample_queue", "weights", "critic_weights", "health_monitor")
+"""The actors of a pipeline that are not services (no work loop, no heartbeat) and that faults can kill: the two
+queues, the policy and critic weight stores, and the health monitor."""
+
+
 class FaultSpec(ConfigModel):
     """One injected fault (for tests and ``relax chaos``)."""
 
-    service: Literal["rollout", "reward", "reference", "critic", "trainer"]
-    """Which service to hit."""
+    service: Literal[
+        "rollout",
+        "reward",
+        "reference",
+        "critic",
+        "trainer",
+        "prompt_queue",
+        "sample_queue",
+        "weights",
+        "critic_weights",
+        "health_monitor",
+    ]
+    """Which service, or which of the pipeline's other actors (:data:`ACTOR_TARGETS`: a queue, a weight store, the
+    health monitor), to hit."""
 
     kind: Literal["kill", "raise", "hang", "kill_rank"] = "kill"
     """SIGKILL its process, raise inside its work loop, or hang its work loop; ``kill_rank`` (the Trainer with
-    ``trainer.world_size`` > 1): the last rank's process dies inside the next update."""
+    ``trainer.world_size`` > 1): the last rank's process dies inside the next update. An actor target has no work
+    loop: ``kill`` only."""
 
     at_step: int = pydantic.Field(default=5, ge=0)
     """Inject once the trainer has reached this version."""
@@ -313,6 +332,26 @@ class FaultSpec(ConfigModel):
     """And only once at least this many complete sample rows (every field the trainer reads present) wait for the
     trainer (e.g. a whole update's worth, so that the outage of a producer overlaps work the trainer can still
     consume); 0: no condition."""
+
+    during_restart: bool = False
+    """Inject during the first global restart that begins once the trainer has reached ``at_step``: right after
+    the new pipeline's queues are restored from the checkpoint and its stores exist, before its services start
+    (where Ray's memory monitor once killed the queue actors). An actor target only."""
+
+    @pydantic.model_validator(mode="after")
+    def _actor_faults(self) -> FaultSpec:
+        actor = self.service in ACTOR_TARGETS
+        if actor and self.kind != "kill":
+            raise ValueError(
+                f"fault on {self.service}: an actor without a work loop can only be killed (kind=kill), "
+                f"got kind={self.kind}"
+            )
+        if self.during_restart and not actor:
+            raise ValueError(
+                f"fault on {self.service}: during_restart applies to {', '.join(ACTOR_TARGETS)} only "
+                "(a global restart starts the services after it)"
+            )
+        return self
 
 
 class RunSettings(ConfigModel):

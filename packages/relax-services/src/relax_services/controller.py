@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core import dump_config
+from relax_services._actor_watch import ActorLost, ActorWatch, actor_lost, why_dead
 from relax_services._data import WarmupItem, data_report, prepare_data, warmup_items
 from relax_services._metrics import MetricsWriter
 from relax_services._reaper import start_reaper
@@ -27,7 +28,7 @@ from relax_services.checkpoint import (
     CheckpointManager,
     queued_prompt_keys,
 )
-from relax_services.config import RunConfig
+from relax_services.config import ACTOR_TARGETS, FaultSpec, RunConfig
 from relax_services.feeder import Ledger, PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
@@ -125,6 +126,21 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 class Controller:
     """Drives one run to its end (steps, time limit, target reward, or a signal)."""
 
@@ -160,6 +176,8 @@ class Controller:
         self.reached: dict[str, float] = {}
         self._last_train: dict[str, Any] = {}
         self._faults_pending = list(cfg.faults)
+        self._restart_faults: list[FaultSpec] = []  # armed ``during_restart`` faults: they land in the next one
+        self.watch = ActorWatch({})  # the pipeline's queue, store and monitor actors (set with each pipeline)
         self.nodes: dict[str, str] = {}
         self._checkpoint_step = 0
         self._checkpoint_time = time.monotonic()
@@ -234,35 +252,43 @@ class Controller:
         final: dict[str, float] = {}
         final_version: int | None = None
         try:
-            self._start_pipeline(restore)
+            try:
+                self._start_pipeline(restore)
+            except Exception as exc:  # an actor died while the run started: start again (from its checkpoint)
+                self._global_restart(self._restart_cause(exc))
             with Progress(cfg.run.progress) as progress:
                 while True:
                     try:
                         self._loop(progress)
                         break
-                    except GlobalRestartNeeded as exc:
-                        self._global_restart(str(exc))
+                    except Exception as exc:  # the trainer, a service that kept failing, or an actor died
+                        self._global_restart(self._restart_cause(exc))
             self.feeder.stop()  # nothing new is generated after the final checkpoint: its ledger is the run's
             try:
                 # Graceful end (and SIGINT/SIGTERM): the run can be resumed from here. The trainer stays held, so
                 # the final evaluation scores exactly the checkpointed version the summary reports.
                 self._checkpoint(hold=True)
-            except GlobalRestartNeeded as exc:
-                self.health.record_event("final_checkpoint_skipped", "trainer", reason=str(exc))
+            except Exception as exc:
+                cause = self._restart_cause(exc)
+                self.health.record_event("final_checkpoint_skipped", "trainer", reason=str(cause))
             final, final_version = self._final_eval()
         except CheckpointWriteError as exc:  # e.g. the disk is full: stop, and still write what can be written
             self._error = str(exc)
             self.request_stop("checkpoint write failed")
             final, final_version = dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
+        except ServiceGaveUpError as exc:  # recovery is impossible: say what failed, what was kept, how to go on
+            self._error = self._gave_up_message(exc)
+            self.request_stop("gave up")
+            final, final_version = dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         finally:
             self.health.settle()
-            self.feeder.stop()
-            self.pipeline.stop()
+            self._stop_parts()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         wall = self.clock()
         ledger = self._final_ledger()
-        skipped = {"train": dict(self.feeder.skipped), "heldout": dict(self.data.skipped_heldout)}
+        fed = "feeder" in vars(self)  # not when the run gave up before its first start succeeded
+        skipped = {"train": dict(self.feeder.skipped) if fed else {}, "heldout": dict(self.data.skipped_heldout)}
         data = data_report(self.data)
         self.metrics.write(
             "summary",
@@ -270,6 +296,7 @@ class Controller:
                 "final_eval": final,
                 "ledger": ledger,
                 "stop_reason": self._stop_reason,
+                **({} if self._error is None else {"error": self._error}),
                 "skipped_media": skipped,
                 **({} if data is None else {"data": data}),
             },
@@ -299,7 +326,7 @@ class Controller:
             service_nodes=self.nodes,
             skipped_media=skipped,
             data=data,
-            service_pids={name: int(spec.pid or 0) for name, spec in self.pipeline.services.items()},
+            service_pids={name: int(spec.pid or 0) for name, spec in self._services().items()},
             resume_changes=self.resume_changes,
             resumed_from_s=self.resumed_from_s,
             startup=dict(self.startup),
@@ -316,9 +343,21 @@ class Controller:
             self.startup[name] = round(self.clock() - self.resumed_from_s, 2)
 
     def _start_pipeline(self, restore: Path | None) -> None:
-        """Build and start the services, from a checkpoint folder when given (else from step 0)."""
+        """Build and start the services, from a checkpoint folder when given (else from step 0). In a global
+        restart, the armed ``during_restart`` faults land once the queues are restored, and the restart is complete
+        only when every queue, store and monitor actor still answers.
+
+        Raises:
+            ActorLost: (in a global restart) one of those actors died meanwhile.
+        """
         cfg = self.cfg
         self.pipeline = self.pipeline_builder(cfg, self.data.heldout, restore)
+        self.watch = ActorWatch(self.pipeline.actors())
+        restarting = self.global_restarts > 0
+        if restarting:
+            for fault in self._restart_faults:
+                self._kill_actor(fault)
+            self._restart_faults.clear()
         self.feeder = PromptFeeder(
             self.data.stream,
             self.data.to_prompt,
@@ -339,6 +378,8 @@ class Controller:
         self.feeder.start()
         if restore is None:
             self._checkpoint()  # step 0: a global restart always has somewhere to go back to
+        if restarting:
+            self.watch.check()
 
     def _checkpoint(self, hold: bool = False) -> Path:
         """A consistent checkpoint: trainer held between updates, feeder held, then engine state, prompt queue,
@@ -401,6 +442,10 @@ class Controller:
                 if tmp is not None:
                     shutil.rmtree(tmp, ignore_errors=True)
                 raise CheckpointWriteError(self.checkpoints.folder, version, self.checkpoints.latest(), exc) from exc
+            except BaseException:  # e.g. a queue actor died during its snapshot: no partial folder stays
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
         finally:
             self.feeder.resume()
             if resume_trainer is not None:
@@ -416,26 +461,76 @@ class Controller:
         )
         return path
 
-    def _global_restart(self, reason: str) -> None:
-        """Tear every service down and bring the run back from its last checkpoint."""
-        self.global_restarts += 1
-        self.health.record_event("global_restart", "run", reason=reason, step=self.step)
-        if self.global_restarts > self.cfg.health.max_global_restarts:
-            raise ServiceGaveUpError(f"gave up after {self.global_restarts - 1} global restarts; last: {reason}")
+    def _restart_cause(self, exc: Exception) -> GlobalRestartNeeded:
+        """``exc`` as the cause of a global restart: itself when it is one; for Ray reporting an actor gone (a call
+        to a queue, a store or the monitor from this loop), which actor died and why. Anything else is re-raised."""
+        if isinstance(exc, GlobalRestartNeeded):
+            return exc
+        if actor_lost(exc):
+            return self.watch.find(exc) or GlobalRestartNeeded(f"an actor died: {why_dead(exc)}")
+        raise exc
+
+    def _global_restart(self, cause: GlobalRestartNeeded) -> None:
+        """Tear every service down and bring the run back from its last checkpoint; an attempt that an actor's death
+        interrupts is followed by another, each one counted against ``health.max_global_restarts``.
+
+        Raises:
+            ServiceGaveUpError: the allowance of global restarts is spent.
+        """
         t0 = time.monotonic()
-        self.health.settle()  # an in-place restart still creating its actor must not outlive the old pipeline
-        self.feeder.stop()
-        self.pipeline.stop()
-        restore = self.checkpoints.latest()
-        self._start_pipeline(restore)
-        self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
+        reason = str(cause)
+        while True:
+            if isinstance(cause, ActorLost):
+                self.health.record_event("detected", cause.actor, reason=cause.why)
+            self.global_restarts += 1
+            self.health.record_event("global_restart", "run", reason=reason, step=self.step)
+            if self.global_restarts > self.cfg.health.max_global_restarts:
+                raise ServiceGaveUpError(
+                    f"gave up after {self.global_restarts - 1} global restarts "
+                    f"(health.max_global_restarts={self.cfg.health.max_global_restarts}); last failure: {reason}"
+                )
+            self.health.settle()  # an in-place restart still creating its actor must not outlive the old pipeline
+            self._stop_parts()
+            try:
+                self._start_pipeline(self.checkpoints.latest())
+            except Exception as exc:  # an actor died while the run came back: try again from the same checkpoint
+                cause = self._restart_cause(exc)
+                reason = f"global restart interrupted: {cause}"
+                continue
+            self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
+            return
+
+    def _stop_parts(self) -> None:
+        """Stop the feeder and the pipeline, as far as they exist (a first start can fail before either is built)."""
+        built = vars(self)
+        if "feeder" in built:
+            self.feeder.stop()
+        if "pipeline" in built:
+            self.pipeline.stop()
+
+    def _services(self) -> dict[str, Any]:
+        """The pipeline's services (none when no pipeline was ever built)."""
+        return dict(self.pipeline.services) if "pipeline" in vars(self) else {}
+
+    def _gave_up_message(self, exc: ServiceGaveUpError) -> str:
+        """What failed, what the run kept, and how to continue it."""
+        latest = self.checkpoints.latest()
+        if latest is None:
+            kept = "no complete checkpoint: start the run again"
+        else:
+            kept = (
+                f"kept: the checkpoint of step {self.checkpoints.load_controller(latest)['step']} ({latest}: weights, "
+                "optimizer, queue snapshots and the prompt ledger); continue with: relax train "
+                f"run.output_dir={self.run_dir.parent} run.name={self.run_dir.name} --resume"
+            )
+        return f"{exc}; {kept}"
 
     def _final_ledger(self) -> dict[str, int]:
         """The ledger of the final checkpoint, with ``lost``: prompts neither consumed, regenerated, nor still held
         by a queue snapshot of that checkpoint."""
         path = self.checkpoints.latest()
         if path is None:
-            return self.feeder.ledger.check()
+            return self.feeder.ledger.check() if "feeder" in vars(self) else Ledger().check()
         ledger = Ledger()
         ledger.load_state_dict(self.checkpoints.load_controller(path)["feeder"]["ledger"])
         counts = ledger.check()
@@ -486,9 +581,11 @@ class Controller:
     def _loop(self, progress: Progress) -> None:
         cfg = self.cfg
         last_report = -float("inf")
+        self.health.precheck = self.watch.check  # a service failing because an actor died is not restarted in place
         while self._stop_reason is None:
             self._inject_faults()  # before the tick's wait: a fault due at step 0 lands before updates race past it
             time.sleep(0.25)
+            self.watch.poll()
             self._poll_services()
             self.health.check(self.pipeline)
             if self.step > 0 and "first_update" not in self.startup:
@@ -497,6 +594,7 @@ class Controller:
                 self._checkpoint()
             now = self.clock()
             if self.feeder.error:
+                self.watch.check()  # a dead prompt queue is a global restart, not the end of the run
                 raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")
             if self.step >= cfg.trainer.total_steps:
                 self.request_stop("total_steps reached")
@@ -559,6 +657,12 @@ class Controller:
             if fault.min_trainer_backlog and self._trainer_backlog() < fault.min_trainer_backlog:
                 continue
             self._faults_pending.remove(fault)
+            if fault.during_restart:
+                self._restart_faults.append(fault)  # armed: lands in the next global restart
+                continue
+            if fault.service in ACTOR_TARGETS:
+                self._kill_actor(fault)
+                continue
             targets = [key for key, s in self.pipeline.services.items() if s.role == fault.service]
             if not targets:
                 raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
@@ -566,6 +670,19 @@ class Controller:
                 "injected", self.pipeline.services[targets[0]].name, fault=fault.kind, step=self.step
             )
             self._inject(targets[0], fault.kind)
+
+    def _kill_actor(self, fault: FaultSpec) -> None:
+        """SIGKILL the process of the queue, store or monitor actor ``fault.service`` (as Ray's memory monitor
+        would end it), and wait until it is gone."""
+        if fault.service not in self.watch.actors:
+            raise ValueError(f"faults: no {fault.service!r} actor in this pipeline")
+        pid = self.watch.pid(fault.service)
+        extra = {"during_restart": True} if fault.during_restart else {}
+        self.health.record_event("injected", fault.service, fault=fault.kind, step=self.step, pid=pid, **extra)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30.0
+        while _alive(pid) and time.monotonic() < deadline:  # SIGKILL ends it within moments: the fault is in place
+            time.sleep(0.05)
 
     def _inject(self, service: str, kind: str) -> None:
         """Deliver one fault to the pipeline's service ``service``: ``kill`` as SIGKILL of its process, any other

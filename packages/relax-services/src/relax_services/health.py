@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_services._metrics import MetricsWriter
@@ -72,6 +72,10 @@ class HealthManager:
         self._restarting: dict[str, threading.Thread] = {}
         self._restart_errors: dict[str, BaseException] = {}
         self._lock = threading.Lock()
+        # Called (it may raise) before any service is restarted in place: the controller checks that the queues and
+        # stores every service uses are alive, since a service failing because one of them died needs a global
+        # restart instead.
+        self.precheck: Callable[[], None] | None = None
 
     def record_event(self, event: str, service: str, **details: object) -> None:
         """Records one health event (a restart, a missed beat, ...) of ``service``, with a timestamp, in memory and in
@@ -127,7 +131,10 @@ class HealthManager:
 
         self._finish_restarts()
         beats = ray.get(pipeline.health.snapshot.remote(), timeout=30)
-        for name, reason in self.judge(beats, pipeline.services, time.monotonic()).items():
+        failed = self.judge(beats, pipeline.services, time.monotonic())
+        if failed and self.precheck is not None:
+            self.precheck()
+        for name, reason in failed.items():
             self._restart(pipeline, pipeline.services[name], reason)
 
     def judge(self, beats: Mapping[str, Beat], services: Mapping[str, _Service], now: float) -> dict[str, str]:

@@ -139,19 +139,37 @@ class Pipeline:
             zip(self.services, ray.get([s.handle.node_id.remote() for s in self.services.values()]), strict=True)
         )
 
+    def actors(self) -> dict[str, Any]:
+        """The pipeline's actors that are not services, by the keys faults target them with: the queues, the weight
+        stores and the health monitor (an :class:`relax_services._actor_watch.ActorWatch` watches them)."""
+        actors = {
+            "prompt_queue": self.prompt_queue.actor,
+            "sample_queue": self.sample_queue.actor,
+            "weights": self.weights.actor,
+            "health_monitor": self.health,
+        }
+        if self.critic_weights is not None:
+            actors["critic_weights"] = self.critic_weights.actor
+        return actors
+
     def stop(self, timeout: float = 15.0) -> None:
-        """Stop every service loop, then end their processes and the queue and store actors."""
+        """Stop every service loop, then end their processes and the queue and store actors (any of them may be
+        dead already; stopping twice is harmless)."""
         import ray
 
-        stops = [s.handle.stop.remote() for s in self.services.values() if s.handle is not None]
-        with contextlib.suppress(Exception):  # a dead or hung service is killed below all the same
-            ray.get(stops, timeout=timeout)
+        stops = []
         for spec in self.services.values():
             if spec.handle is not None:
-                ray.kill(spec.handle, no_restart=True)
-        stores = [self.weights] if self.critic_weights is None else [self.weights, self.critic_weights]
-        for actor in (self.prompt_queue.actor, self.sample_queue.actor, *(w.actor for w in stores), self.health):
-            ray.kill(actor, no_restart=True)
+                with contextlib.suppress(Exception):  # a handle whose actor is gone
+                    stops.append(spec.handle.stop.remote())
+        with contextlib.suppress(Exception):  # a dead or hung service is killed below all the same
+            ray.get(stops, timeout=timeout)
+        for actor in [spec.handle for spec in self.services.values() if spec.handle is not None]:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        for actor in self.actors().values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
 
 
 def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
@@ -177,11 +195,6 @@ def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
         lease_timeout_s=min(cfg.queue.lease_timeout_s, 15.0),
     )
     return prompts, samples
-
-
-def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
-    prompts, samples = queue_configs(cfg)
-    return create_ray_queue(f"{namespace}-prompts", prompts), create_ray_queue(f"{namespace}-samples", samples)
 
 
 def build_grpo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
@@ -230,13 +243,27 @@ def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, 
     import ray
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
-    prompt_queue, sample_queue = _queues(cfg, namespace)
-    if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
-        prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
-        sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
-    weights = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
-    critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
-    health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
+    created: list[Any] = []  # actors made so far: a build that fails midway (an actor died) must not leave them
+    try:
+        prompts, samples = queue_configs(cfg)
+        prompt_queue = create_ray_queue(f"{namespace}-prompts", prompts)
+        created.append(prompt_queue.actor)
+        sample_queue = create_ray_queue(f"{namespace}-samples", samples)
+        created.append(sample_queue.actor)
+        if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
+            prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
+            sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
+        weights = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
+        created.append(weights.actor)
+        critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
+        if critic_weights is not None:
+            created.append(critic_weights.actor)
+        health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
+    except BaseException:
+        for actor in created:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        raise
     services: dict[str, ServiceSpec] = {}
     for name, role, cls, args, kwargs in service_plan(
         cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights

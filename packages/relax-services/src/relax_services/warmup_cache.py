@@ -14,11 +14,15 @@ The warm-up is deterministic given what it reads, so its result is stored once, 
 An entry is a complete checkpoint folder plus ``warmup.json`` (the warm-up's metrics record) and ``inputs.json``
 (what the key digests, to read when a miss is unexpected). Entries are written into a private folder and renamed
 into place, so a reader sees a whole entry or none; of two runs storing one key at once, the first rename wins.
-This module imports neither torch nor transformers.
+
+The cache keeps the :data:`KEEP_ENTRIES` most recently used entries: a hit touches its entry, and each store prunes
+the rest (renamed aside, then deleted, so a reader again sees a whole entry or none; a run whose entry is pruned
+while it copies it runs the warm-up instead). This module imports neither torch nor transformers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -26,6 +30,7 @@ import os
 import platform
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from importlib import metadata
@@ -38,10 +43,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INFO_FILE",
+    "KEEP_ENTRIES",
     "UNREAD_FIELDS",
     "cached_warmup",
     "folder_digest",
     "load_or_run",
+    "prune_warmups",
     "restore_warmup",
     "store_warmup",
     "warmup_inputs",
@@ -52,6 +59,13 @@ _FORMAT = 1  # bump when the entry layout or the meaning of a key changes
 INFO_FILE = "warmup.json"
 _INPUTS_FILE = "inputs.json"
 _REQUIRED = ("config.json", INFO_FILE)
+
+KEEP_ENTRIES = 8
+"""Entries the cache keeps (the most recently used). Every change to the relax sources is a new key, so without a
+bound the folder grows by one entry (~2 MB for the default model) per edit; 8 covers a few configs or branches in
+use at once while bounding the default model's cache at ~16 MB."""
+
+_STALE_PRIVATE_S = 24 * 3600.0  # a private folder older than this is what a killed store or prune left behind
 
 SECTIONS = ("model", "optimizer", "algorithm", "trainer", "rollout")
 """Config sections the warm-up reads (``format_warmup`` and the train engine it builds); the rest (``data``,
@@ -215,9 +229,15 @@ def cached_warmup(key: str, cache: Path | None = None) -> Path | None:
 
 
 def store_warmup(
-    key: str, result: Path, info: dict[str, object], inputs: dict[str, object], cache: Path | None = None
+    key: str,
+    result: Path,
+    info: dict[str, object],
+    inputs: dict[str, object],
+    cache: Path | None = None,
+    keep: int = KEEP_ENTRIES,
 ) -> Path:
-    """Store the warm-up checkpoint folder ``result`` with its metrics ``info`` as the entry of ``key``.
+    """Store the warm-up checkpoint folder ``result`` with its metrics ``info`` as the entry of ``key``, then prune
+    the cache to its ``keep`` most recently used entries (:func:`prune_warmups`).
 
     Returns:
         The entry (another run's, when it stored the same key first).
@@ -236,22 +256,80 @@ def store_warmup(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    prune_warmups(entry.parent, keep)
     return entry
 
 
+def _last_used(entry: Path) -> float:
+    """When ``entry`` was stored or last hit (its info file's modification time; 0 if it went meanwhile)."""
+    try:
+        return (entry / INFO_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _discard(folder: Path) -> None:
+    """Remove ``folder``: renamed aside first (atomic), so no reader ever sees part of an entry."""
+    trash = folder.with_name(f".trash-{folder.name}-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        folder.rename(trash)
+    except OSError:  # another run removed (or is removing) it
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune_warmups(folder: Path, keep: int = KEEP_ENTRIES) -> list[str]:
+    """Keep the ``keep`` most recently used entries of the warm-up cache ``folder`` (``<cache>/warmup``), remove the
+    others and what killed stores left behind; safe with other runs storing, reading or pruning at once.
+
+    Returns:
+        The keys of the entries removed.
+
+    Raises:
+        ValueError: ``keep`` is negative.
+    """
+    if keep < 0:
+        raise ValueError(f"prune_warmups: keep must be >= 0, got {keep}")
+    try:
+        children = list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+    entries = [p for p in children if not p.name.startswith(".") and p.is_dir()]
+    entries.sort(key=lambda p: (_last_used(p), p.name), reverse=True)
+    removed = entries[keep:]
+    for entry in removed:
+        _discard(entry)
+    now = time.time()
+    for private in (p for p in children if p.name.startswith(".") and p.is_dir()):
+        with contextlib.suppress(OSError):  # another run's live store is minutes old at most
+            if now - private.stat().st_mtime > _STALE_PRIVATE_S:
+                shutil.rmtree(private, ignore_errors=True)
+    return [p.name for p in removed]
+
+
 def restore_warmup(entry: Path, out: Path) -> dict[str, object]:
-    """Copy the cache ``entry`` to the checkpoint folder ``out`` (written aside and renamed into place); returns
-    the warm-up's metrics record."""
+    """Copy the cache ``entry`` to the checkpoint folder ``out`` (written aside and renamed into place) and mark the
+    entry used now (pruning keeps the most recently used); returns the warm-up's metrics record.
+
+    Raises:
+        FileNotFoundError: the entry was pruned (by another run) before or while it was copied.
+    """
+    os.utime(entry / INFO_FILE)  # first: an entry in use is the newest, the last another run's prune removes
+    info: dict[str, object] = json.loads((entry / INFO_FILE).read_text(encoding="utf-8"))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        shutil.copytree(entry, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(INFO_FILE, _INPUTS_FILE))
+        try:
+            shutil.copytree(entry, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(INFO_FILE, _INPUTS_FILE))
+        except shutil.Error as exc:  # copytree gathers each file's error: the entry was renamed away mid-copy
+            if not _complete(entry):
+                raise FileNotFoundError(f"warm-up cache entry {entry} was removed while it was copied") from exc
+            raise
         if not (out / "config.json").is_file():  # else an earlier restore of this run's warm-up is complete
             shutil.rmtree(out, ignore_errors=True)  # what an interrupted warm-up of this run folder left
             os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    info: dict[str, object] = json.loads((entry / INFO_FILE).read_text(encoding="utf-8"))
     return info
 
 
@@ -275,7 +353,10 @@ def load_or_run(
     key = warmup_key(inputs)
     entry = cached_warmup(key, cache)
     if entry is not None:
-        return {**restore_warmup(entry, out), "path": str(out), "cached": True, "key": key}
+        try:
+            return {**restore_warmup(entry, out), "path": str(out), "cached": True, "key": key}
+        except FileNotFoundError:  # another run pruned the entry meanwhile: a miss after all
+            pass
     info = run()
     store_warmup(key, out, info, inputs, cache)
     return {**info, "cached": False, "key": key}
