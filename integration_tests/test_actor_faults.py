@@ -67,7 +67,8 @@ def test_a_death_past_the_restart_allowance_ends_clearly_and_resumes(small_confi
         "trainer.checkpoint_every=2",
         "data.tasks=[text]",
         "health.max_global_restarts=0",
-        "faults=[{service: prompt_queue, kind: kill, at_step: 3}]",
+        # The second fault is not reached before the first ends the run: the resumed run injects it, not the first.
+        "faults=[{service: prompt_queue, kind: kill, at_step: 3}, {service: reward, kind: kill, at_step: 55}]",
     )
     result = run_pipeline(cfg)  # returns: no exception escapes the controller
     assert result.stop_reason == "gave up"
@@ -82,11 +83,15 @@ def test_a_death_past_the_restart_allowance_ends_clearly_and_resumes(small_confi
     kept = int(error.split("kept: the checkpoint of step ")[1].split()[0])
     assert 2 <= kept < 60  # a checkpoint after step 2 (the fault came at step 3 or later) and before the end
 
-    # The message's way on: --resume from what was kept finishes the run, the ledger exact across both parts.
-    resumed = Controller(cfg.model_copy(update={"faults": []}), result.run_dir, resume=True).run()
+    # The message's way on: --resume from what was kept (same config, faults included) finishes the run, the
+    # ledger exact across both parts. The fault the earlier run injected is not injected again (it would end the
+    # resumed run the same way); the one it never reached is.
+    resumed = Controller(cfg, result.run_dir, resume=True).run()
     assert resumed.error is None and resumed.stop_reason == "total_steps reached" and resumed.steps == 60
     assert resumed.ledger["lost"] == 0 and resumed.ledger["duplicated"] == 0, resumed.ledger
     assert resumed.ledger["consumed"] == 60 * cfg.trainer.groups_per_step, resumed.ledger
+    injected = [e for e in _health(result.run_dir) if e["event"] == "injected"]
+    assert [e["fault_index"] for e in injected] == [0, 1], injected
 
 
 class _QueueDiesAtStart(Controller):

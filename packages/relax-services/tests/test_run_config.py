@@ -66,3 +66,18 @@ def test_actor_faults_are_kills_and_only_actors_die_during_a_restart() -> None:
         load_run_config(None, ["faults=[{service: rollout, kind: kill, during_restart: true}]"])
     with pytest.raises(ConfigError, match="service"):
         load_run_config(None, ["faults=[{service: no_such_actor}]"])
+
+
+def test_a_fault_on_a_role_the_run_does_not_have_is_a_config_error() -> None:
+    # The default run (GRPO, no KL) has neither a critic nor a Reference: the fault could never land.
+    for service in ("critic", "critic_weights"):
+        with pytest.raises(ConfigError, match=rf"faults\[0\].service='{service}': this run has none .*grpo"):
+            load_run_config(None, ["algorithm.kl_coef=0", f"faults=[{{service: {service}, kind: kill}}]"])
+    with pytest.raises(ConfigError, match=r"faults\[1\].service='reference': this run has none \(algorithm.kl_coef=0"):
+        load_run_config(
+            None, ["algorithm.kl_coef=0", "faults=[{service: reward, kind: kill}, {service: reference, kind: kill}]"]
+        )
+    ppo = load_run_config(
+        None, ["algorithm.preset=ppo", "staleness.tau=0", "faults=[{service: critic_weights, kind: kill}]"]
+    )
+    assert ppo.algorithm.uses_critic and ppo.faults[0].service == "critic_weights"

@@ -483,7 +483,25 @@ class RunConfig(ConfigModel):
                 f"trainer.micro_batch_groups={self.trainer.micro_batch_groups}"
             )
         check_trainer_group(self)
+        self._check_fault_targets()
         return self
+
+    def _check_fault_targets(self) -> None:
+        """A fault must hit something the run has: the critic and its weight store exist only for an estimator
+        with a critic, the Reference only with a KL term or an estimator that needs it."""
+        algo = self.algorithm
+        absent = {
+            "critic": None if algo.uses_critic else f"algorithm.advantage_estimator={algo.advantage_estimator!r}",
+            "critic_weights": None
+            if algo.uses_critic
+            else f"algorithm.advantage_estimator={algo.advantage_estimator!r}",
+            "reference": None
+            if algo.uses_reference
+            else f"algorithm.kl_coef={algo.kl_coef} with algorithm.advantage_estimator={algo.advantage_estimator!r}",
+        }
+        for i, fault in enumerate(self.faults):
+            if (why := absent.get(fault.service)) is not None:
+                raise ValueError(f"faults[{i}].service={fault.service!r}: this run has none ({why})")
 
     @property
     def samples_per_step(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from relax_core import dump_config
 from relax_services._actor_watch import ActorLost, ActorWatch, actor_lost, why_dead
 from relax_services._data import WarmupItem, data_report, prepare_data, warmup_items
-from relax_services._metrics import MetricsWriter
+from relax_services._metrics import MetricsWriter, read_metrics
 from relax_services._reaper import start_reaper
 from relax_services._synthetic import with_synthetic_files
 from relax_services.checkpoint import (
@@ -175,8 +175,10 @@ class Controller:
         self.staleness: dict[int, int] = {}
         self.reached: dict[str, float] = {}
         self._last_train: dict[str, Any] = {}
-        self._faults_pending = list(cfg.faults)
-        self._restart_faults: list[FaultSpec] = []  # armed ``during_restart`` faults: they land in the next one
+        # (index in cfg.faults, fault): the index is recorded with each injection, so a resumed run skips the
+        # faults the earlier run already injected (_drop_fired_faults).
+        self._faults_pending = list(enumerate(cfg.faults))
+        self._restart_faults: list[tuple[int, FaultSpec]] = []  # armed ``during_restart`` faults: the next restart
         self.watch = ActorWatch({})  # the pipeline's queue, store and monitor actors (set with each pipeline)
         self.nodes: dict[str, str] = {}
         self._checkpoint_step = 0
@@ -355,8 +357,8 @@ class Controller:
         self.watch = ActorWatch(self.pipeline.actors())
         restarting = self.global_restarts > 0
         if restarting:
-            for fault in self._restart_faults:
-                self._kill_actor(fault)
+            for index, fault in self._restart_faults:
+                self._kill_actor(fault, index)
             self._restart_faults.clear()
         self.feeder = PromptFeeder(
             self.data.stream,
@@ -371,6 +373,8 @@ class Controller:
             self.feeder.load_state_dict(state["feeder"])
             self.step = self._checkpoint_step = int(state["step"])
             self.metrics.write("health", {"event": "restored", "service": "run", "step": self.step})
+            if not restarting:
+                self._drop_fired_faults()
         self.pipeline.start()
         self.health.started(self.pipeline)  # grace for every new process, at the start and after a global restart
         self._phase("services_ready")
@@ -650,34 +654,42 @@ class Controller:
             "restarts": sum(s.restarts for s in self.pipeline.services.values()),
         }
 
+    def _drop_fired_faults(self) -> None:
+        """On ``--resume``: the faults the earlier run injected (its ``injected`` health events in metrics.jsonl
+        carry their index in ``faults``) are not injected again; the others still are, at their steps."""
+        fired = {e.get("fault_index") for e in read_metrics(self.run_dir / "metrics.jsonl", "health")}
+        self._faults_pending = [(i, f) for i, f in self._faults_pending if i not in fired]
+
     def _inject_faults(self) -> None:
-        for fault in list(self._faults_pending):
+        for index, fault in list(self._faults_pending):
             if self.step < fault.at_step:
                 continue
             if fault.min_trainer_backlog and self._trainer_backlog() < fault.min_trainer_backlog:
                 continue
-            self._faults_pending.remove(fault)
+            self._faults_pending.remove((index, fault))
             if fault.during_restart:
-                self._restart_faults.append(fault)  # armed: lands in the next global restart
+                self._restart_faults.append((index, fault))  # armed: lands in the next global restart
                 continue
             if fault.service in ACTOR_TARGETS:
-                self._kill_actor(fault)
+                self._kill_actor(fault, index)
                 continue
             targets = [key for key, s in self.pipeline.services.items() if s.role == fault.service]
             if not targets:
                 raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
             self.health.record_event(
-                "injected", self.pipeline.services[targets[0]].name, fault=fault.kind, step=self.step
+                "injected", self.pipeline.services[targets[0]].name, fault=fault.kind, step=self.step, fault_index=index
             )
             self._inject(targets[0], fault.kind)
 
-    def _kill_actor(self, fault: FaultSpec) -> None:
+    def _kill_actor(self, fault: FaultSpec, index: int | None = None) -> None:
         """SIGKILL the process of the queue, store or monitor actor ``fault.service`` (as Ray's memory monitor
-        would end it), and wait until it is gone."""
+        would end it), and wait until it is gone. ``index``: the fault's place in ``faults`` (recorded)."""
         if fault.service not in self.watch.actors:
             raise ValueError(f"faults: no {fault.service!r} actor in this pipeline")
         pid = self.watch.pid(fault.service)
-        extra = {"during_restart": True} if fault.during_restart else {}
+        extra: dict[str, object] = {"during_restart": True} if fault.during_restart else {}
+        if index is not None:
+            extra["fault_index"] = index
         self.health.record_event("injected", fault.service, fault=fault.kind, step=self.step, pid=pid, **extra)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30.0
