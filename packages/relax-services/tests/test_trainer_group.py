@@ -103,3 +103,21 @@ def test_a_two_rank_group_trains_like_one_process_fails_whole_and_restarts_on_on
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.integration
+def test_the_group_realises_the_plan_relax_plan_prints(ray_session: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services._policy import build_trainer_group
+    from relax_services.cli import main
+    from relax_services.config import load_run_config
+
+    overrides = ["trainer.world_size=2", "trainer.groups_per_step=4"]
+    assert main(["plan", *overrides]) == 0
+    printed = capsys.readouterr().out
+    group = build_trainer_group(load_run_config(None, overrides), build_tiny_omni(0))
+    try:
+        # Rank 0 writes its text from the DeviceMesh torch built and the process groups it holds.
+        assert group.plan_text + "\n" == printed
+        assert "dp groups  [[0, 1]]; rank 0 in [0, 1]" in group.plan_text
+    finally:
+        group.shutdown()

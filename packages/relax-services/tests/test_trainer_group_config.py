@@ -126,3 +126,38 @@ def test_the_group_layout_is_relax_parallels_data_parallel_plan() -> None:
         TrainerGroupConfig(world_size=2, parallel=ParallelConfig(tp=2))
     with pytest.raises(ValueError, match=r"world_size=2 ranks .*dp=4"):
         TrainerGroupConfig(world_size=2, parallel=ParallelConfig(dp=4))
+
+
+def test_relax_plan_prints_the_trainer_plan_of_a_run_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+
+    assert main(["plan", "trainer.world_size=2", "trainer.groups_per_step=4"]) == 0
+    # 4 groups × 8 samples = 32 per minibatch, 16 per rank; micro_batch_groups defaults to 4 (32 samples), so
+    # a rank's micro-batch is its whole share. Mesh (pp, dp, cp, tp) = (1, 2, 1, 1): one dp group of both ranks.
+    expected = """\
+[trainer] engine fsdp, 2 rank(s) over gloo: tp=1 pp=1 cp=1 ep=1 dp=2 mb=16 recompute=none
+  mesh       (pp, dp, cp, tp) = (1, 2, 1, 1)
+  pp groups  [[0], [1]]; rank 0 in [0]
+  dp groups  [[0, 1]]; rank 0 in [0, 1]
+  cp groups  [[0], [1]]; rank 0 in [0]
+  tp groups  [[0], [1]]; rank 0 in [0]
+  - FSDP2 shards parameters, gradients and optimizer state over dp=2; every rank trains on an equal share of \
+each minibatch, in micro-batches of at most 16 samples
+"""
+    assert capsys.readouterr().out == expected
+    assert main(["plan"]) == 0
+    assert capsys.readouterr().out == "[trainer] engine torch: one process, no process group (trainer.world_size=1)\n"
+
+
+def test_relax_plan_names_a_bad_run_config_field(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+
+    assert main(["plan", "trainer.world_size=3"]) == 2
+    assert "trainer.world_size=3 must divide the samples of each minibatch" in capsys.readouterr().err
+
+
+def test_relax_plan_with_options_is_the_cluster_planner(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+
+    assert main(["plan", "--model", "qwen2-7b", "--gpus", "8", "--no-split"]) == 0
+    assert "== training on all 8 GPUs" in capsys.readouterr().out

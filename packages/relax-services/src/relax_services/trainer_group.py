@@ -15,6 +15,7 @@ produced no version and nothing to publish; the caller restarts a new group from
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -35,6 +36,8 @@ from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
 
 __all__ = ["TrainerGroup", "TrainerGroupConfig", "TrainerGroupFailed"]
+
+logger = logging.getLogger(__name__)
 
 ModelFactory = Callable[[], torch.nn.Module]
 """Builds the model on a rank (every rank must build the same weights, e.g. from one seed or checkpoint)."""
@@ -121,8 +124,11 @@ class _TrainerRank:
         )
         return f"{host}:{self._store.port}"
 
-    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> int:
-        """Join the process group through rank 0's store at ``address`` and build this rank's engine."""
+    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> str:
+        """Join the process group through rank 0's store at ``address`` and build this rank's engine; returns the
+        plan text read back from the mesh it built (:func:`~relax_services.trainer_plan.realised_plan_text`)."""
+        from relax_services.trainer_plan import realised_plan_text
+
         if self._store is None:
             host, _, port = address.rpartition(":")
             self._store = TCPStore(host, int(port), self.group.world_size, is_master=False, timeout=self._timeout)
@@ -136,7 +142,7 @@ class _TrainerRank:
         plan = ParallelPlan.from_config(self.group.layout, service="trainer")
         mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
         self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"])
-        return self.rank
+        return realised_plan_text(self.group.layout, self.group.backend, mesh)
 
     @property
     def _timeout(self) -> timedelta:
@@ -241,7 +247,11 @@ class TrainerGroup:
         self._version = 0
         start = self.group.start_timeout_s
         address = str(self._call("open_store", timeout_s=start, ranks=1)[0])
-        self._call("join", address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig(), timeout_s=start)
+        train, shard = config or TorchTrainConfig(), fsdp or FSDPConfig()
+        self.plan_text: str = str(self._call("join", address, model_factory, train, shard, timeout_s=start)[0])
+        """The layout this group realised, as rank 0 read it back from its ``DeviceMesh`` and process groups (the
+        text ``relax plan`` prints for the run config that built the group)."""
+        logger.info("trainer group started:\n%s", self.plan_text)
 
     @property
     def alive(self) -> bool:
