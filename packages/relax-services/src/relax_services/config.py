@@ -243,6 +243,16 @@ class TrainerConfig(ConfigModel):
     seed: int = 0
     """Seed of the trainer RNG (sampling seeds derive from it and the prompt key)."""
 
+    weight_sync: Literal["object_store", "broadcast"] = "object_store"
+    """How new weights reach the rollout workers: ``object_store`` (each version put once in Ray's object store,
+    every reader fetches it) or ``broadcast`` (also broadcast bucket by bucket over a torch.distributed group of
+    the Trainer and the rollout workers, gloo on CPU and NCCL on GPU; a worker outside the group, just restarted or
+    after a broken broadcast, reads the object store until it joins at the next version). Not with
+    ``run.mode=colocated``."""
+
+    sync_bucket_mib: float = pydantic.Field(default=256.0, gt=0.0)
+    """Bucket size of the broadcast, MiB (a larger tensor travels alone in its own bucket)."""
+
     @pydantic.model_validator(mode="before")
     @classmethod
     def _default_micro_batch(cls, data: object) -> object:

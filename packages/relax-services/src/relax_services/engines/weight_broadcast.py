@@ -307,6 +307,11 @@ class BroadcastWeightReceiver:
         self.incarnation = 0
         self._register()
 
+    @property
+    def member(self) -> bool:
+        """Whether this worker is in the current generation's group (its next version comes by broadcast)."""
+        return self._group is not None
+
     def receive(self, sink: BucketSink, timeout_s: float) -> SyncStats | None:
         """Waits up to ``timeout_s`` for the next version and delivers it into ``sink``; ``None`` if none came.
         A version whose broadcast breaks is dropped (``sink.finish`` is not called) and the worker registers
