@@ -58,7 +58,7 @@ def test_tau0_pipeline_with_broadcast_weight_sync_equals_sequential_trainer(
     small_config, run_pipeline, sequential_weights, tmp_path: Path
 ) -> None:
     """``trainer.weight_sync=broadcast``: the rollout worker takes the Trainer's versions from a gloo broadcast
-    (after its first, read from the object store before it joined the group) and the run stays bit-identical."""
+    once it is in the group (a version before that comes from the object store) and the run stays bit-identical."""
     cfg = small_config(
         "staleness.tau=0",
         f"trainer.total_steps={STEPS}",
@@ -73,11 +73,14 @@ def test_tau0_pipeline_with_broadcast_weight_sync_equals_sequential_trainer(
     paths: dict[str, str] = {}
     for record in read_metrics(result.run_dir / "metrics.jsonl", "rollout"):
         paths.update(record["weight_paths"])
-    # Versions 0 .. STEPS - 1 generate the STEPS batches; every one after the worker joined came by broadcast.
-    assert set(paths) >= {str(v) for v in range(STEPS)}, paths
+    # The worker starts on version 0 (its own copy of the initial weights); versions 1 .. STEPS - 1 generate the
+    # later batches, and every one from the worker's joining the group on came by broadcast.
+    assert set(paths) >= {str(v) for v in range(1, STEPS)}, paths
     assert "broadcast" in paths.values(), paths
     joined = min(int(v) for v, path in paths.items() if path == "broadcast")
     assert all(paths[str(v)] == "broadcast" for v in range(joined, STEPS)), paths
+    plans = list(read_metrics(result.run_dir / "metrics.jsonl", "plan"))
+    assert len(plans) == 1 and "engine torch: one process" in plans[0]["text"]  # the plan record of the run
     latest = CheckpointManager(result.run_dir / "checkpoints").latest()
     assert latest is not None
     pipeline_weights = CheckpointManager.load_engine(latest)["model"]
