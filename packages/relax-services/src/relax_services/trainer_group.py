@@ -60,8 +60,9 @@ class TrainerGroupConfig:
             Trainer's role to chosen nodes); None: Ray places the ranks freely.
         parallel: relax-parallel's layout of the group, realised as each rank's ``DeviceMesh``
             (:meth:`relax_parallel.ParallelPlan.device_mesh`, the FSDP engine sharding over its ``dp``
-            dimension); None: data-parallel over every rank (``dp = world_size``). Only ``dp`` may exceed 1 (the
-            engine has no tensor, context, pipeline or expert parallelism yet).
+            dimension and splitting the decoder blocks over ``tp``); None: data-parallel over every rank
+            (``dp = world_size``). Only ``dp`` and ``tp`` may exceed 1 (the engine has no context, pipeline or
+            expert parallelism yet).
     """
 
     world_size: int = 2
@@ -83,11 +84,11 @@ class TrainerGroupConfig:
         if self.start_timeout_s <= 0:
             raise ValueError(f"TrainerGroupConfig.start_timeout_s must be > 0, got {self.start_timeout_s}")
         layout = self.layout
-        others = {d: getattr(layout, d) for d in ("tp", "pp", "cp", "ep") if getattr(layout, d) != 1}
-        if others or layout.dp != self.world_size:
+        others = {d: getattr(layout, d) for d in ("pp", "cp", "ep") if getattr(layout, d) != 1}
+        if others or layout.world_size != self.world_size:
             raise ValueError(
-                f"TrainerGroupConfig.parallel must be data-parallel over the world_size={self.world_size} ranks "
-                f"(dp={self.world_size}, tp = pp = cp = ep = 1), got {layout.short()}"
+                f"TrainerGroupConfig.parallel must be data- and tensor-parallel over the world_size="
+                f"{self.world_size} ranks (dp × tp = {self.world_size}, pp = cp = ep = 1), got {layout.short()}"
             )
 
     @property
@@ -141,7 +142,8 @@ class _TrainerRank:
         )
         plan = ParallelPlan.from_config(self.group.layout, service="trainer")
         mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
-        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"])
+        tp_mesh = mesh["tp"] if self.group.layout.tp > 1 else None
+        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh)
         return realised_plan_text(self.group.layout, self.group.backend, mesh)
 
     @property
