@@ -197,6 +197,11 @@ class TrainerConfig(ConfigModel):
     ``algorithm.filter_groups``, ``algorithm.group_size`` must be (any number of kept groups then splits
     evenly). ``micro_batch_groups`` bounds each rank's micro-batch."""
 
+    tensor_parallel: int = pydantic.Field(default=1, ge=1)
+    """Tensor-parallel degree of a Trainer group (``trainer.engine=fsdp``): each decoder block's attention and MLP
+    split over this many ranks (it must divide ``world_size``, and the model's attention heads, key/value heads and
+    MLP width); the group is ``world_size / tensor_parallel`` data-parallel ranks of ``tensor_parallel`` each."""
+
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from relax_parallel import MESH_DIMS, ParallelConfig, ParallelPlan
-from relax_services._trainer_group_config import GROUP_TRAIN_ENGINES, rank_split
+from relax_services._trainer_group_config import GROUP_TRAIN_ENGINES, data_parallel, rank_split
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -42,12 +42,13 @@ def trainer_backend(device: str = TRAINER_DEVICE) -> Literal["gloo", "nccl"]:
 
 
 def trainer_layout(cfg: RunConfig) -> ParallelConfig:
-    """The Trainer group's layout from the run config: data-parallel over ``trainer.world_size`` ranks, each
-    rank's micro-batch the smaller of ``trainer.micro_batch_groups × algorithm.group_size`` and its share of a
-    minibatch (what :class:`~relax_services.engines.FSDPTrainEngine` forwards at once)."""
+    """The Trainer group's layout from the run config: ``world_size / tensor_parallel`` data-parallel ranks of
+    ``tensor_parallel`` ranks each; a data-parallel rank's micro-batch is the smaller of
+    ``trainer.micro_batch_groups × algorithm.group_size`` and its share of a minibatch (what
+    :class:`~relax_services.engines.FSDPTrainEngine` forwards at once)."""
     _, per_rank = rank_split(cfg)
     micro = min(cfg.trainer.micro_batch_groups * cfg.algorithm.group_size, per_rank)
-    return ParallelConfig(dp=cfg.trainer.world_size, micro_batch=max(1, micro))
+    return ParallelConfig(dp=data_parallel(cfg), tp=cfg.trainer.tensor_parallel, micro_batch=max(1, micro))
 
 
 def trainer_plan(cfg: RunConfig) -> ParallelPlan:
@@ -80,6 +81,11 @@ def describe_plan(
         f"  - FSDP2 shards parameters, gradients and optimizer state over dp={layout.dp}; every rank trains on "
         f"an equal share of each minibatch, in micro-batches of at most {layout.micro_batch} samples"
     )
+    if layout.tp > 1:
+        lines.append(
+            f"  - each decoder block's attention and MLP are split over tp={layout.tp} ranks (colwise q/k/v, "
+            "gate/up; rowwise o, down); the ranks of a tp group train on the same samples"
+        )
     return "\n".join(lines)
 
 
