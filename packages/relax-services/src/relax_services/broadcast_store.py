@@ -16,12 +16,13 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from relax_services.weights import PublishStats, RayWeightStore, WeightUpdate
+from relax_services.weights import PublishStats, RayWeightStore, WeightStoreActor, WeightUpdate
 
 if TYPE_CHECKING:
     import torch
+    from ray.actor import ActorHandle
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     from relax_services.engines.weight_broadcast import BroadcastConfig, BroadcastWeightReceiver, BroadcastWeightSender
@@ -90,15 +91,13 @@ class BroadcastWeightStore:
         return BroadcastWeightStore(self.inner, self.address, self.config, self.bucket_bytes, slot)
 
     @property
-    def actor(self) -> Any:
+    def actor(self) -> ActorHandle[WeightStoreActor]:
         """The object store's actor (what a pipeline stops)."""
         return self.inner.actor
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("inner", "address", "config", "bucket_bytes", "slot")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]  # a fresh side in the receiving process
+    def __reduce__(self) -> tuple[type[BroadcastWeightStore], tuple[object, ...]]:
+        # Address and settings only: the receiving process builds its own sender or receiver on first use.
+        return (BroadcastWeightStore, (self.inner, self.address, self.config, self.bucket_bytes, self.slot))
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
         """Broadcasts ``version`` to the group's workers, then publishes it to the object store. A failed

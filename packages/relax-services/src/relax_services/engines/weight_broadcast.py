@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -143,18 +143,26 @@ def _store(address: str, is_master: bool, timeout_s: float) -> TCPStore:
     return TCPStore(host, int(port), is_master=is_master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
-def _new_group(config: BroadcastConfig, store: TCPStore, generation: int, rank: int, size: int) -> Any:
+class _Group(Protocol):
+    """What this module uses of a ``ProcessGroupGloo`` / ``ProcessGroupNCCL``."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+
+def _new_group(config: BroadcastConfig, store: TCPStore, generation: int, rank: int, size: int) -> _Group:
     """Generation ``generation``'s process group (blocks until every member has built it, or ``timeout_s``)."""
     prefix = PrefixStore(f"pg/{generation}", store)
     timeout = timedelta(seconds=config.timeout_s)
     if config.resolved_backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefix, rank, size, options)
-    return dist.ProcessGroupGloo(prefix, rank, size, timeout)
+        return cast(_Group, dist.ProcessGroupNCCL(prefix, rank, size, options))  # its stubs overload broadcast
+    return cast(_Group, dist.ProcessGroupGloo(prefix, rank, size, timeout))
 
 
-def _broadcast(group: Any, tensor: torch.Tensor) -> None:
+def _broadcast(group: _Group | None, tensor: torch.Tensor) -> None:
+    if group is None:
+        raise RuntimeError("no broadcast group")
     options = dist.BroadcastOptions()
     options.rootRank = 0
     group.broadcast([tensor], options).wait()
@@ -189,7 +197,7 @@ class BroadcastWeightSender:
         self.members: tuple[int, ...] = ()
         """Slots of the current generation's members, in rank order (rank = position + 1)."""
         self._generation = int(self.store.get("gen")) if self.store.check(["gen"]) else 0
-        self._group: Any = None
+        self._group: _Group | None = None
         self._joins_seen = -1
         self._broken = True
         self._seq = 0
@@ -301,7 +309,7 @@ class BroadcastWeightReceiver:
             raise ValueError(f"slot {slot} is not in 0..{self.config.receivers - 1} (BroadcastConfig.receivers)")
         self.slot = slot
         self.store = _store(address, False, self.config.timeout_s)
-        self._group: Any = None
+        self._group: _Group | None = None
         self._generation = 0
         self._seq = 0
         self.incarnation = 0
