@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax_services._metrics import read_metrics
 from relax_services._policy import build_policy
 from relax_services.checkpoint import CheckpointManager
 
@@ -47,5 +48,43 @@ def test_tau0_pipeline_equals_sequential_trainer(
     expected = sequential_weights(cfg, tmp_path / "sequential", STEPS)
     initial = build_policy(cfg.model).state_dict()
     assert any(not torch.equal(initial[k], expected[k]) for k in expected), "the reference loop did not train"
+    mismatched = [k for k in expected if not torch.equal(pipeline_weights[k], expected[k])]
+    assert not mismatched, f"{len(mismatched)} tensors differ, e.g. {mismatched[:3]}"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_tau0_pipeline_with_broadcast_weight_sync_equals_sequential_trainer(
+    small_config, run_pipeline, sequential_weights, tmp_path: Path
+) -> None:
+    """``trainer.weight_sync=broadcast``: the rollout worker takes the Trainer's versions from a gloo broadcast
+    once it is in the group (a version before that comes from the object store) and the run stays bit-identical."""
+    cfg = small_config(
+        "staleness.tau=0",
+        f"trainer.total_steps={STEPS}",
+        "data.adaptive_weights=false",
+        "data.tasks=[image, text]",
+        "algorithm.kl_coef=0.0",
+        "trainer.weight_sync=broadcast",
+        "trainer.sync_bucket_mib=0.25",  # several buckets for the tiny model (about 1.7 MB)
+    )
+    result = run_pipeline(cfg)
+    assert result.steps == STEPS
+    paths: dict[str, str] = {}
+    for record in read_metrics(result.run_dir / "metrics.jsonl", "rollout"):
+        paths.update(record["weight_paths"])
+    # The worker starts on version 0 (its own copy of the initial weights); versions 1 .. STEPS - 1 generate the
+    # later batches, and every one from the worker's joining the group on came by broadcast.
+    assert set(paths) >= {str(v) for v in range(1, STEPS)}, paths
+    assert "broadcast" in paths.values(), paths
+    joined = min(int(v) for v, path in paths.items() if path == "broadcast")
+    assert all(paths[str(v)] == "broadcast" for v in range(joined, STEPS)), paths
+    plans = list(read_metrics(result.run_dir / "metrics.jsonl", "plan"))
+    assert len(plans) == 1 and "engine torch: one process" in plans[0]["text"]  # the plan record of the run
+    latest = CheckpointManager(result.run_dir / "checkpoints").latest()
+    assert latest is not None
+    pipeline_weights = CheckpointManager.load_engine(latest)["model"]
+    torch.set_num_threads(2)
+    expected = sequential_weights(cfg, tmp_path / "sequential", STEPS)
     mismatched = [k for k in expected if not torch.equal(pipeline_weights[k], expected[k])]
     assert not mismatched, f"{len(mismatched)} tensors differ, e.g. {mismatched[:3]}"

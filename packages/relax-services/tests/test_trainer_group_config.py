@@ -122,7 +122,95 @@ def test_the_group_layout_is_relax_parallels_data_parallel_plan() -> None:
     assert group.layout == ParallelConfig(dp=2)
     # The mesh every rank builds: ("pp", "dp", "cp", "tp") = (1, 2, 1, 1); the engine shards over "dp".
     assert ParallelPlan.from_config(group.layout).mesh_shape() == (1, 2, 1, 1)
-    with pytest.raises(ValueError, match=r"must be data-parallel over the world_size=2 ranks.*tp=2"):
-        TrainerGroupConfig(world_size=2, parallel=ParallelConfig(tp=2))
+    # Tensor parallelism is realised now (dp × tp ranks); pipeline, context and expert parallelism are not.
+    assert TrainerGroupConfig(world_size=2, parallel=ParallelConfig(tp=2)).layout.tp == 2
+    with pytest.raises(ValueError, match=r"must be data- and tensor-parallel over the world_size=2 ranks.*pp=2"):
+        TrainerGroupConfig(world_size=2, parallel=ParallelConfig(pp=2))
     with pytest.raises(ValueError, match=r"world_size=2 ranks .*dp=4"):
         TrainerGroupConfig(world_size=2, parallel=ParallelConfig(dp=4))
+
+
+def test_relax_plan_prints_the_trainer_plan_of_a_run_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+
+    assert main(["plan", "trainer.world_size=2", "trainer.groups_per_step=4"]) == 0
+    # 4 groups × 8 samples = 32 per minibatch, 16 per rank; micro_batch_groups defaults to 4 (32 samples), so
+    # a rank's micro-batch is its whole share. Mesh (pp, dp, cp, tp) = (1, 2, 1, 1): one dp group of both ranks.
+    expected = """\
+[trainer] engine fsdp, 2 rank(s) over gloo: tp=1 pp=1 cp=1 ep=1 dp=2 mb=16 recompute=none
+  mesh       (pp, dp, cp, tp) = (1, 2, 1, 1)
+  pp groups  [[0], [1]]; rank 0 in [0]
+  dp groups  [[0, 1]]; rank 0 in [0, 1]
+  cp groups  [[0], [1]]; rank 0 in [0]
+  tp groups  [[0], [1]]; rank 0 in [0]
+  - FSDP2 shards parameters, gradients and optimizer state over dp=2; every rank trains on an equal share of \
+each minibatch, in micro-batches of at most 16 samples
+"""
+    assert capsys.readouterr().out == expected
+    assert main(["plan"]) == 0
+    assert capsys.readouterr().out == "[trainer] engine torch: one process, no process group (trainer.world_size=1)\n"
+
+
+def test_relax_plan_names_a_bad_run_config_field(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+
+    assert main(["plan", "trainer.world_size=3"]) == 2
+    assert "trainer.world_size=3 must divide the samples of each minibatch" in capsys.readouterr().err
+
+
+def test_relax_plan_with_options_is_the_cluster_planner(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+
+    assert main(["plan", "--model", "qwen2-7b", "--gpus", "8", "--no-split"]) == 0
+    assert "== training on all 8 GPUs" in capsys.readouterr().out
+
+
+def test_tensor_parallel_in_the_run_config_is_the_plans_tp(capsys: pytest.CaptureFixture[str]) -> None:
+    from relax_services.cli import main
+    from relax_services.trainer_plan import trainer_layout
+
+    overrides = ["trainer.world_size=4", "trainer.tensor_parallel=2", "trainer.groups_per_step=4"]
+    cfg = load_run_config(None, overrides)
+    layout = trainer_layout(cfg)
+    # 4 ranks = dp 2 × tp 2; each dp rank trains on half of the 32 samples of a minibatch.
+    assert (layout.dp, layout.tp, layout.micro_batch) == (2, 2, 16)
+    assert rank_split(cfg) == (32, 16)
+    assert main(["plan", *overrides]) == 0
+    out = capsys.readouterr().out
+    # tp varies fastest (megatron's order): tp groups {0, 1} and {2, 3}, dp groups {0, 2} and {1, 3}.
+    assert "  mesh       (pp, dp, cp, tp) = (1, 2, 1, 2)\n" in out
+    assert "  dp groups  [[0, 2], [1, 3]]; rank 0 in [0, 2]\n" in out
+    assert "  tp groups  [[0, 1], [2, 3]]; rank 0 in [0, 1]\n" in out
+    assert "split over tp=2 ranks" in out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.world_size=2", "trainer.tensor_parallel=4"],
+            r"trainer.tensor_parallel=4 must divide trainer.world_size=2",
+        ),
+        (["trainer.tensor_parallel=2"], r"trainer.tensor_parallel=2 needs a multi-rank trainer.engine"),
+        (
+            ["trainer.world_size=6", "trainer.tensor_parallel=2", "trainer.groups_per_step=4"],
+            r"trainer.world_size / tensor_parallel = 3 must divide the samples of each minibatch",
+        ),
+    ],
+)
+def test_bad_tensor_parallel_settings_name_the_fields(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, overrides)
+
+
+def test_tensor_parallel_must_divide_the_decoders_heads() -> None:
+    from relax_services.engines.fsdp_train import decoder_blocks
+    from relax_services.engines.tensor_parallel import _check_divisible
+    from relax_services.models import build_tiny_omni
+
+    block = decoder_blocks(build_tiny_omni(0))[0]  # 4 attention heads, 2 key/value heads, MLP 128
+    _check_divisible(0, block, 2)
+    with pytest.raises(ValueError, match=r"tp=4 must divide the key/value heads of decoder block 0, got 2"):
+        _check_divisible(0, block, 4)
+    with pytest.raises(ValueError, match=r"tp=3 must divide the attention heads of decoder block 0, got 4"):
+        _check_divisible(0, block, 3)

@@ -80,16 +80,18 @@ def build_trainer_group(cfg: RunConfig, model: torch.nn.Module | None = None) ->
     import functools
 
     from relax_services.trainer_group import TrainerGroup, TrainerGroupConfig
+    from relax_services.trainer_plan import trainer_backend, trainer_layout
 
     train = _train_config(cfg)
     cuda = train.device.startswith("cuda")
     group = TrainerGroupConfig(
         world_size=cfg.trainer.world_size,
-        backend="nccl" if cuda else "gloo",
+        backend=trainer_backend(train.device),
         step_timeout_s=max(2 * cfg.health.heartbeat_timeout_s, 120.0),
         num_cpus_per_rank=0.0,  # as every service actor: the ranks share the node's cores with the other services
         num_gpus_per_rank=1.0 if cuda else 0.0,
         resource=cfg.run.placement.get("trainer"),
+        parallel=trainer_layout(cfg),  # the layout `relax plan` prints for this config
     )
     factory = functools.partial(build_policy, cfg.model) if model is None else _GivenModel(model)
     return TrainerGroup(factory, train, group=group)
@@ -103,7 +105,10 @@ def build_value_engine(cfg: RunConfig) -> TorchValueEngine:
 def _train_config(cfg: RunConfig) -> TorchTrainConfig:
     opt = cfg.optimizer
     weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
+    from relax_services.trainer_plan import TRAINER_DEVICE
+
     return TorchTrainConfig(
+        device=TRAINER_DEVICE,
         lr=opt.lr,
         betas=opt.betas,
         eps=opt.eps,

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from relax_services.config import RunConfig
 
-__all__ = ["GROUP_TRAIN_ENGINES", "check_trainer_group", "default_train_engine", "rank_split", "single_process"]
+__all__ = [
+    "GROUP_TRAIN_ENGINES",
+    "check_trainer_group",
+    "data_parallel",
+    "default_train_engine",
+    "rank_split",
+    "single_process",
+]
 
 GROUP_TRAIN_ENGINES: frozenset[str] = frozenset({"fsdp"})
 """``trainer.engine`` ids that run the Trainer as a group of ``trainer.world_size`` ranks; every other engine is
@@ -25,10 +32,16 @@ def default_train_engine(data: object) -> object:
     return data
 
 
+def data_parallel(cfg: RunConfig) -> int:
+    """Data-parallel ranks of the Trainer: ``world_size / tensor_parallel`` (the ranks of one tensor-parallel group
+    train on the same samples)."""
+    return max(1, cfg.trainer.world_size // cfg.trainer.tensor_parallel)
+
+
 def rank_split(cfg: RunConfig) -> tuple[int, int]:
-    """``(samples per minibatch, samples per rank of it)`` of one update."""
+    """``(samples per minibatch, samples per data-parallel rank of it)`` of one update."""
     per_minibatch = cfg.trainer.groups_per_step // cfg.trainer.minibatches * cfg.algorithm.group_size
-    return per_minibatch, per_minibatch // cfg.trainer.world_size
+    return per_minibatch, per_minibatch // data_parallel(cfg)
 
 
 def check_trainer_group(cfg: RunConfig) -> None:
@@ -62,18 +75,28 @@ def check_trainer_group(cfg: RunConfig) -> None:
                 f"faults: kind 'kill_rank' hits a rank of the Trainer group (service: trainer, trainer.engine in "
                 f"{sorted(GROUP_TRAIN_ENGINES)}); got service {fault.service!r}, trainer.engine={trainer.engine!r}"
             )
-    if world == 1:
+    tp = trainer.tensor_parallel
+    if tp > 1 and trainer.engine not in GROUP_TRAIN_ENGINES:
+        raise ValueError(
+            f"trainer.tensor_parallel={tp} needs a multi-rank trainer.engine ({', '.join(sorted(GROUP_TRAIN_ENGINES))})"
+            f"; trainer.engine={trainer.engine!r} runs in one process"
+        )
+    if world % tp:
+        raise ValueError(f"trainer.tensor_parallel={tp} must divide trainer.world_size={world}")
+    dp = data_parallel(cfg)
+    if dp == 1:
         return
     per_minibatch, _ = rank_split(cfg)
-    if per_minibatch % world:
+    ranks = f"trainer.world_size={world}" if tp == 1 else f"trainer.world_size / tensor_parallel = {dp}"
+    if per_minibatch % dp:
         raise ValueError(
-            f"trainer.world_size={world} must divide the samples of each minibatch, trainer.groups_per_step="
+            f"{ranks} must divide the samples of each minibatch, trainer.groups_per_step="
             f"{trainer.groups_per_step} / trainer.minibatches={trainer.minibatches} × algorithm.group_size="
             f"{cfg.algorithm.group_size} = {per_minibatch} (every rank trains on an equal share)"
         )
-    if cfg.algorithm.filter_groups and cfg.algorithm.group_size % world:
+    if cfg.algorithm.filter_groups and cfg.algorithm.group_size % dp:
         raise ValueError(
-            f"trainer.world_size={world} must divide algorithm.group_size={cfg.algorithm.group_size} with "
+            f"{ranks} must divide algorithm.group_size={cfg.algorithm.group_size} with "
             "algorithm.filter_groups (the groups kept per update vary, and every rank trains on an equal share)"
         )
 
@@ -84,5 +107,5 @@ def single_process(cfg: RunConfig) -> RunConfig:
     would double the Trainer's processes for no gain on models that fit one device."""
     if cfg.trainer.engine not in GROUP_TRAIN_ENGINES:
         return cfg
-    trainer = cfg.trainer.model_copy(update={"engine": "torch", "world_size": 1})
+    trainer = cfg.trainer.model_copy(update={"engine": "torch", "world_size": 1, "tensor_parallel": 1})
     return cfg.model_copy(update={"trainer": trainer})

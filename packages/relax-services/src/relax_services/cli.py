@@ -95,6 +95,14 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
     print(f"relax train: run folder {run_dir}", flush=True)
+    from relax_services.trainer_plan import trainer_plan_text
+
+    plan_text = trainer_plan_text(cfg)  # the Trainer service records what its engine realised beside it
+    print(plan_text, flush=True)
+    try:
+        (run_dir / "plan.txt").write_text(plan_text + "\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"relax train: plan.txt not written: {exc}", file=sys.stderr)
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
     from relax_services.controller import Controller, init_ray  # the heavy imports (torch, transformers, ray)
@@ -195,9 +203,26 @@ def _chaos(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from relax_parallel.cli import main as plan_main
+    """``relax plan [CONFIG] [overrides]``: the Trainer plan the run with that config realises (the text
+    ``relax train`` prints and the Trainer group reads back from its mesh); ``relax plan --model ...``: the
+    cluster planner (``relax-plan``)."""
+    rest = list(args.rest)
+    if rest and rest[0].startswith("-"):
+        from relax_parallel.cli import main as plan_main
 
-    return int(plan_main(args.rest))
+        return int(plan_main(rest))
+    from relax_core import ConfigError
+    from relax_services.config import load_run_config
+    from relax_services.trainer_plan import trainer_plan_text
+
+    config = rest.pop(0) if rest and "=" not in rest[0] else None
+    try:
+        cfg = load_run_config(config, rest)
+    except ConfigError as exc:
+        print(f"relax plan: {exc}", file=sys.stderr)
+        return 2
+    print(trainer_plan_text(cfg), flush=True)
+    return 0
 
 
 def _count(text: str) -> int:
@@ -262,7 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
     chaos.set_defaults(func=_chaos)
-    plan = sub.add_parser("plan", help="parallelism plan (same as relax-plan)", add_help=False)
+    plan = sub.add_parser(
+        "plan",
+        help="the Trainer plan of a run config ([CONFIG] [overrides]), or the cluster planner (--model ..., as "
+        "relax-plan)",
+        add_help=False,
+    )
     plan.add_argument("rest", nargs=argparse.REMAINDER)
     plan.set_defaults(func=_plan)
     return parser
@@ -278,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     # worker from the working directory (slow, and it breaks in a workspace); it is read when ray is imported.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:  # every later argument is the plan's own (argparse would take `--model` as relax's)
+        return _plan(argparse.Namespace(rest=argv[1:]))
     # A config path given first is told apart from an override by the '=' sign.
     parser = build_parser()
     # Options may stand between overrides (`relax train run.name=r --resume trainer.total_steps=200`): argparse

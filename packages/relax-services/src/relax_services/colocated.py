@@ -51,8 +51,14 @@ def check_colocated(cfg: RunConfig) -> None:
     """Reject settings the colocated mode cannot honour.
 
     Raises:
-        ValueError: ``run.ray_address`` or ``run.placement`` set, or a ``kill`` fault (it would end the process).
+        ValueError: ``run.ray_address`` or ``run.placement`` set, a ``kill`` fault (it would end the process), or
+            ``trainer.weight_sync=broadcast`` (the threads share one in-process weight store).
     """
+    if cfg.trainer.weight_sync != "object_store":
+        raise ValueError(
+            f"trainer.weight_sync={cfg.trainer.weight_sync!r} needs run.mode=distributed: the colocated services "
+            "share one in-process weight store"
+        )
     if cfg.run.ray_address is not None:
         raise ValueError("run.mode=colocated runs in one process without Ray: unset run.ray_address")
     if cfg.run.placement:

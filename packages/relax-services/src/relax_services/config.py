@@ -198,6 +198,11 @@ class TrainerConfig(ConfigModel):
     ``algorithm.filter_groups``, ``algorithm.group_size`` must be (any number of kept groups then splits
     evenly). ``micro_batch_groups`` bounds each rank's micro-batch."""
 
+    tensor_parallel: int = pydantic.Field(default=1, ge=1)
+    """Tensor-parallel degree of a Trainer group (``trainer.engine=fsdp``): each decoder block's attention and MLP
+    split over this many ranks (it must divide ``world_size``, and the model's attention heads, key/value heads and
+    MLP width); the group is ``world_size / tensor_parallel`` data-parallel ranks of ``tensor_parallel`` each."""
+
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
 
@@ -243,6 +248,16 @@ class TrainerConfig(ConfigModel):
 
     seed: int = 0
     """Seed of the trainer RNG (sampling seeds derive from it and the prompt key)."""
+
+    weight_sync: Literal["object_store", "broadcast"] = "object_store"
+    """How new weights reach the rollout workers: ``object_store`` (each version put once in Ray's object store,
+    every reader fetches it) or ``broadcast`` (also broadcast bucket by bucket over a torch.distributed group of
+    the Trainer and the rollout workers, gloo on CPU and NCCL on GPU; a worker outside the group, just restarted or
+    after a broken broadcast, reads the object store until it joins at the next version). Not with
+    ``run.mode=colocated``."""
+
+    sync_bucket_mib: float = pydantic.Field(default=256.0, gt=0.0)
+    """Bucket size of the broadcast, MiB (a larger tensor travels alone in its own bucket)."""
 
     @pydantic.model_validator(mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from relax_queue import (
     create_ray_queue,
 )
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
+from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.engines.registry import check_engines
@@ -117,7 +118,7 @@ class Pipeline:
     namespace: str
     prompt_queue: RayQueueClient
     sample_queue: RayQueueClient
-    weights: RayWeightStore
+    weights: RayWeightStore | BroadcastWeightStore
     health: Any  # the HealthMonitor actor's handle
     services: dict[str, ServiceSpec]
     critic_weights: RayWeightStore | None = None
@@ -229,7 +230,8 @@ def service_plan(
     trainer_args = (cfg, sample_queue, weights, engine_state)
     plan.append(("trainer", "trainer", TrainerService, trainer_args, {"critic_weights": critic_weights}))
     for i in range(cfg.rollout.num_workers):
-        plan.append((f"rollout-{i}", "rollout", RolloutService, (cfg, prompt_queue, sample_queue, weights), {}))
+        worker_weights = weights.for_worker(i) if isinstance(weights, BroadcastWeightStore) else weights
+        plan.append((f"rollout-{i}", "rollout", RolloutService, (cfg, prompt_queue, sample_queue, worker_weights), {}))
     plan.append(("reward", "reward", RewardService, (cfg, sample_queue), {}))
     if cfg.algorithm.uses_reference:
         plan.append(("reference", "reference", ReferenceService, (cfg, sample_queue), {}))
@@ -253,8 +255,14 @@ def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, 
         if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
             prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
             sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
-        weights = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
-        created.append(weights.actor)
+        store = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
+        created.append(store.actor)
+        weights: RayWeightStore | BroadcastWeightStore = store
+        if cfg.trainer.weight_sync == "broadcast":
+            from relax_services.engines.weight_broadcast import BroadcastConfig
+
+            sync = BroadcastConfig(receivers=cfg.rollout.num_workers)
+            weights = BroadcastWeightStore.create(store, sync, bucket_bytes=int(cfg.trainer.sync_bucket_mib * 2**20))
         critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
         if critic_weights is not None:
             created.append(critic_weights.actor)

@@ -15,6 +15,7 @@ produced no version and nothing to publish; the caller restarts a new group from
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -35,6 +36,8 @@ from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch_train import TorchTrainConfig
 
 __all__ = ["TrainerGroup", "TrainerGroupConfig", "TrainerGroupFailed"]
+
+logger = logging.getLogger(__name__)
 
 ModelFactory = Callable[[], torch.nn.Module]
 """Builds the model on a rank (every rank must build the same weights, e.g. from one seed or checkpoint)."""
@@ -57,8 +60,9 @@ class TrainerGroupConfig:
             Trainer's role to chosen nodes); None: Ray places the ranks freely.
         parallel: relax-parallel's layout of the group, realised as each rank's ``DeviceMesh``
             (:meth:`relax_parallel.ParallelPlan.device_mesh`, the FSDP engine sharding over its ``dp``
-            dimension); None: data-parallel over every rank (``dp = world_size``). Only ``dp`` may exceed 1 (the
-            engine has no tensor, context, pipeline or expert parallelism yet).
+            dimension and splitting the decoder blocks over ``tp``); None: data-parallel over every rank
+            (``dp = world_size``). Only ``dp`` and ``tp`` may exceed 1 (the engine has no context, pipeline or
+            expert parallelism yet).
     """
 
     world_size: int = 2
@@ -80,11 +84,11 @@ class TrainerGroupConfig:
         if self.start_timeout_s <= 0:
             raise ValueError(f"TrainerGroupConfig.start_timeout_s must be > 0, got {self.start_timeout_s}")
         layout = self.layout
-        others = {d: getattr(layout, d) for d in ("tp", "pp", "cp", "ep") if getattr(layout, d) != 1}
-        if others or layout.dp != self.world_size:
+        others = {d: getattr(layout, d) for d in ("pp", "cp", "ep") if getattr(layout, d) != 1}
+        if others or layout.world_size != self.world_size:
             raise ValueError(
-                f"TrainerGroupConfig.parallel must be data-parallel over the world_size={self.world_size} ranks "
-                f"(dp={self.world_size}, tp = pp = cp = ep = 1), got {layout.short()}"
+                f"TrainerGroupConfig.parallel must be data- and tensor-parallel over the world_size="
+                f"{self.world_size} ranks (dp × tp = {self.world_size}, pp = cp = ep = 1), got {layout.short()}"
             )
 
     @property
@@ -121,8 +125,11 @@ class _TrainerRank:
         )
         return f"{host}:{self._store.port}"
 
-    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> int:
-        """Join the process group through rank 0's store at ``address`` and build this rank's engine."""
+    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> str:
+        """Join the process group through rank 0's store at ``address`` and build this rank's engine; returns the
+        plan text read back from the mesh it built (:func:`~relax_services.trainer_plan.realised_plan_text`)."""
+        from relax_services.trainer_plan import realised_plan_text
+
         if self._store is None:
             host, _, port = address.rpartition(":")
             self._store = TCPStore(host, int(port), self.group.world_size, is_master=False, timeout=self._timeout)
@@ -135,8 +142,9 @@ class _TrainerRank:
         )
         plan = ParallelPlan.from_config(self.group.layout, service="trainer")
         mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
-        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"])
-        return self.rank
+        tp_mesh = mesh["tp"] if self.group.layout.tp > 1 else None
+        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh)
+        return realised_plan_text(self.group.layout, self.group.backend, mesh)
 
     @property
     def _timeout(self) -> timedelta:
@@ -241,7 +249,11 @@ class TrainerGroup:
         self._version = 0
         start = self.group.start_timeout_s
         address = str(self._call("open_store", timeout_s=start, ranks=1)[0])
-        self._call("join", address, model_factory, config or TorchTrainConfig(), fsdp or FSDPConfig(), timeout_s=start)
+        train, shard = config or TorchTrainConfig(), fsdp or FSDPConfig()
+        self.plan_text: str = str(self._call("join", address, model_factory, train, shard, timeout_s=start)[0])
+        """The layout this group realised, as rank 0 read it back from its ``DeviceMesh`` and process groups (the
+        text ``relax plan`` prints for the run config that built the group)."""
+        logger.info("trainer group started:\n%s", self.plan_text)
 
     @property
     def alive(self) -> bool:

@@ -37,10 +37,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from relax_services.engines.protocols import LossFn, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
+from relax_services.engines.tensor_parallel import clip_gradients
 from relax_services.engines.torch_train import (
     TorchTrainConfig,
     _pad_to,
@@ -138,6 +138,9 @@ class FSDPTrainEngine:
         fsdp: Sharding settings.
         mesh: A 1-D data-parallel mesh of the ranks that train together; defaults to every rank of the default
             process group on ``config.device``'s type.
+        tp_mesh: A 1-D tensor-parallel mesh (the same parent mesh as ``mesh``): the decoder blocks are split over
+            it (:mod:`~relax_services.engines.tensor_parallel`) before FSDP shards over ``mesh``; its ranks
+            train on the same data. None: no tensor parallelism.
 
     Raises:
         RuntimeError: If no process group is initialised.
@@ -149,6 +152,7 @@ class FSDPTrainEngine:
         config: TorchTrainConfig | None = None,
         fsdp: FSDPConfig | None = None,
         mesh: DeviceMesh | None = None,
+        tp_mesh: DeviceMesh | None = None,
     ) -> None:
         if mesh is None and not dist.is_initialized():
             raise RuntimeError(
@@ -168,6 +172,10 @@ class FSDPTrainEngine:
         self.rank = mesh.get_local_rank()
         self.model = model.to(self.device)
         self.root = _Scorer(self.model, self.config, self.device)
+        if tp_mesh is not None and tp_mesh.size() > 1:
+            from relax_services.engines.tensor_parallel import parallelize_decoder
+
+            parallelize_decoder(decoder_blocks(self.model), tp_mesh)
         self._track_usage()
         self._shard()
         self.optimizer = torch.optim.AdamW(
@@ -325,8 +333,7 @@ class FSDPTrainEngine:
         self._drop_unused_gradients()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # over the DTensor shards: the global norm
-        metrics["grad_norm"] = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        metrics["grad_norm"] = clip_gradients(params, max_norm)  # over the DTensor shards: the global norm
         self.optimizer.step()
         return metrics
 

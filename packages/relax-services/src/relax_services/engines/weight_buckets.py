@@ -32,6 +32,7 @@ __all__ = [
     "WeightStream",
     "bucket_tensors",
     "full_tensors",
+    "log_sync",
     "pack_bucket",
     "stream_buckets",
     "unpack_bucket",
@@ -267,15 +268,21 @@ class InProcessWeightStream:
             for loader in self.loaders:
                 loader.finish()
         stats = SyncStats(version, num_bytes, num_buckets, time.perf_counter() - start)
-        logger.info(
-            "weight sync v%d: %d bytes in %d buckets, %.4f s, %.3f GB/s",
-            version,
-            stats.num_bytes,
-            stats.num_buckets,
-            stats.seconds,
-            stats.gb_per_s,
-        )
+        log_sync(stats)
         return stats
+
+
+def log_sync(stats: SyncStats, how: str = "") -> None:
+    """Logs one version's sync figures (every :class:`WeightStream` writes this line; ``how`` says by which path)."""
+    logger.info(
+        "weight sync v%d%s: %d bytes in %d buckets, %.4f s, %.3f GB/s",
+        stats.version,
+        how,
+        stats.num_bytes,
+        stats.num_buckets,
+        stats.seconds,
+        stats.gb_per_s,
+    )
 
 
 def stream_buckets(

@@ -8,6 +8,7 @@ import time
 
 from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, RowInput
 from relax_services._policy import sampling_params
+from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.config import RunConfig
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import make_rollout_engine
@@ -57,9 +58,21 @@ class RolloutService(ServiceBase):
         )
         # In process a poll is a dict lookup; across processes an actor call (the store says which interval fits).
         interval = float(getattr(weights, "poll_interval_s", 0.05))
+        self._no_paths: dict[int, str] = {}
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
         self._load_s: dict[int, float] = {}  # version -> seconds engine.load_weights took (loads made here)
         self._sync_weights()  # a (re)started worker begins from the newest published weights
+
+    def _paths(self) -> dict[int, str]:
+        """``{version: path}`` of the versions fetched since the last record (the broadcast store tells them)."""
+        return self.weights.paths if isinstance(self.weights, BroadcastWeightStore) else self._no_paths
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the loop, then the broadcast receiver's thread when there is one."""
+        stopped = super().stop(timeout)
+        if isinstance(self.weights, BroadcastWeightStore):
+            self.weights.close()
+        return stopped
 
     def _sync_weights(self) -> None:
         newer = self._poll()
@@ -121,6 +134,8 @@ class RolloutService(ServiceBase):
             version=self.engine.version,
             weight_sync_s=dict(self._poll.sync_seconds),
             weight_load_s=dict(self._load_s),
+            weight_paths=dict(self._paths()),
         )
         self._poll.sync_seconds.clear()
         self._load_s.clear()
+        self._paths().clear()

@@ -215,6 +215,15 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
     return loss_fn
 
 
+def _realised_plan(cfg: RunConfig, engine: TrainEngine) -> str:
+    """The Trainer's layout as the engine built it: a group's rank 0 reads it back from its mesh; a one-process
+    engine has no mesh, and its text is the config's."""
+    from relax_services.trainer_group import TrainerGroup
+    from relax_services.trainer_plan import trainer_plan_text
+
+    return engine.plan_text if isinstance(engine, TrainerGroup) else trainer_plan_text(cfg)
+
+
 class TrainerService(ServiceBase):
     """The policy update loop (its own process)."""
 
@@ -234,6 +243,7 @@ class TrainerService(ServiceBase):
         self.queue = sample_queue
         self.weights = weights
         self.engine: TrainEngine = make_train_engine(cfg)  # trainer.engine, from the engine registry
+        self.record("plan", text=_realised_plan(cfg, self.engine))  # what `relax plan` printed for this config
         # PPO: the critic trains here, next to the policy; the Critic service scores with its published weights.
         self.critic = build_value_engine(cfg) if cfg.algorithm.uses_critic else None
         self.critic_weights = critic_weights
