@@ -328,11 +328,9 @@ class Controller:
         self.health.started(self.pipeline)  # grace for every new process, at the start and after a global restart
         self._phase("services_ready")
         self.nodes = self.pipeline.node_ids()
-        if restore is None:
-            # Step 0, before any prompt is fed (so the trainer cannot have updated yet): a global restart always
-            # has somewhere to go back to, and the first checkpoint is that of the initial weights.
-            self._checkpoint()
         self.feeder.start()
+        if restore is None:
+            self._checkpoint()  # step 0: a global restart always has somewhere to go back to
 
     def _checkpoint(self, hold: bool = False) -> Path:
         """A consistent checkpoint: trainer held between updates, feeder held, then engine state, prompt queue,
