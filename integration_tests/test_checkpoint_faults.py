@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from relax_services._metrics import read_metrics
 from relax_services.checkpoint import CheckpointManager
@@ -16,16 +15,17 @@ from relax_services.checkpoint import CheckpointManager
 
 @pytest.mark.integration
 def test_disk_full_at_a_checkpoint(small_config, run_pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_save = torch.save
+    from relax_services import controller
 
-    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+    real_write = controller.write_controller_state
+
+    def write(path: Path, state: Any) -> None:
         # The controller writes its state last into a ".tmp-step_…" folder; from step 1 on, the disk is "full".
-        path = Path(f) if isinstance(f, str | Path) else None
-        if path is not None and path.parent.name.startswith(".tmp-step_") and "step_00000000" not in path.parent.name:
+        if path.parent.name.startswith(".tmp-step_") and "step_00000000" not in path.parent.name:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real_save(obj, f, *args, **kwargs)
+        real_write(path, state)
 
-    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(controller, "write_controller_state", write)
     cfg = small_config("staleness.tau=0", "trainer.total_steps=6", "trainer.checkpoint_every=1", "data.tasks=[text]")
     result = run_pipeline(cfg)
     assert result.error is not None and "the disk is full" in result.error, result.error

@@ -66,3 +66,47 @@ def test_tree_pss_counts_children() -> None:
 def test_peak_memory_rejects_a_bad_interval() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         PeakMemory(interval_s=0)
+
+
+def test_peak_split_sums_to_the_peak_and_names_each_process() -> None:
+    pytest.importorskip("psutil")
+    size = 150_000_000
+    script = f"import sys; b = b'\\x01' * {size}; print('ok', flush=True); sys.stdin.read()"
+    command = [sys.executable, "-c", script]
+    children = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline().strip() == b"ok"
+        with PeakMemory(interval_s=0.05) as memory:
+            pass
+        split = memory.peak_processes
+        assert sum(sum(sizes) for sizes in split.values()) == memory.peak_bytes  # the split of that one sample
+        assert len(split["driver"]) == 1  # this process, the root
+        others = sorted(size for label, sizes in split.items() if label != "driver" for size in sizes)
+        assert len(others) >= 2 and all(s >= size for s in others[-2:])  # each child's touched bytes, at least
+    finally:
+        for child in children:
+            child.communicate(b"")
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "name", "label"),
+    [
+        (["ray::relax-3741ce77-reward-0:RewardService.__init__"], "ray::relax-3741", "RewardService"),
+        (["ray::QueueActor"], "ray::QueueActor", "QueueActor"),
+        (["ray::TrainerService.start"], "ray::TrainerSer", "TrainerService"),
+        (["ray::IDLE"], "ray::IDLE", "IDLE"),
+        (["/v/bin/python", "-u", "/v/site-packages/ray/dashboard/agent.py", "--port=1"], "python", "agent.py"),
+        (["/v/site-packages/ray/core/src/ray/raylet/raylet", "--node=1"], "raylet", "raylet"),
+        ([], "gcs_server", "gcs_server"),
+    ],
+)
+def test_process_labels(cmdline: list[str], name: str, label: str) -> None:
+    from relax_services.footprint import _label
+
+    assert _label(cmdline, name) == label
+
+
+def test_footprint_lists_the_peak_split_largest_first() -> None:
+    text = format_footprint(None, 771_000_000, {"QueueActor": [95e6, 93e6], "TrainerService": [583e6]})
+    assert text.splitlines()[-1] == "  at that peak, per process (MB PSS): TrainerService 583, QueueActor ×2 95+93"

@@ -24,6 +24,7 @@ from relax_queue._errors import (
     RowTooLargeError,
     UnknownTaskError,
 )
+from relax_queue._payload import PLAIN_MODULES, Payload, is_plain
 from relax_queue._protocols import QueueClient, QueueReader
 from relax_queue._queue import Reader, TransferQueue, VersionError
 from relax_queue._ray import RayQueueClient, RayReader, connect, create_ray_queue
@@ -67,6 +68,10 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "RayReader",
     "connect",
     "create_ray_queue",
+    # opaque payloads (values the queue moves without importing their modules)
+    "PLAIN_MODULES",
+    "Payload",
+    "is_plain",
     # utilities
     "estimate_nbytes",
     "snapshot_keys",

@@ -21,6 +21,8 @@ from relax_queue._errors import (
     RelaxQueueError,
 )
 from relax_queue._metrics import latency_summary
+from relax_queue._payload import PayloadPacker
+from relax_queue._payload import open_payloads as _open_payloads
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
 from relax_queue._snapshot import atomic_write, core_state, load_core_state, read_state
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
@@ -597,12 +599,27 @@ class TransferQueue:
             self._replicas.reset()
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`state_dict` to ``path`` atomically (temp file, fsync, rename)."""
-        atomic_write(path, self.state_dict())
+        """Write :meth:`state_dict` to ``path`` atomically (temp file, fsync, rename).
 
-    def load(self, path: str | os.PathLike[str], *, reset_running: bool = True) -> None:
-        """Restore the state saved at ``path`` by :meth:`save`."""
-        self.load_state_dict(read_state(path), reset_running=reset_running)
+        Field values whose classes live outside :data:`~relax_queue._payload.PLAIN_MODULES` are written as
+        :class:`~relax_queue._payload.Payload` bytes (each distinct object once), as the Ray transport holds
+        them: a queue actor can load this file without importing the values' modules.
+        """
+        atomic_write(path, self.state_dict(resolve=PayloadPacker().pack))
+
+    def load(self, path: str | os.PathLike[str], *, reset_running: bool = True, open_payloads: bool = True) -> None:
+        """Restore the state saved at ``path`` by :meth:`save` (or by a Ray queue actor).
+
+        Args:
+            path: the snapshot file.
+            reset_running: see :meth:`load_state_dict`.
+            open_payloads: unpickle the file's :class:`~relax_queue._payload.Payload` values (in-process readers
+                get the values themselves); a queue actor keeps them packed for its clients to open.
+        """
+        state = read_state(path)
+        if open_payloads and isinstance(state.get("rows"), list):  # not a snapshot: load_state_dict says so
+            _open_payloads((row["fields"] for row in state["rows"]), dict.items)
+        self.load_state_dict(state, reset_running=reset_running)
 
     # ------------------------------------------------------------------ introspection
     def __len__(self) -> int:

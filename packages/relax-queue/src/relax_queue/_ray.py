@@ -7,6 +7,11 @@ their references go through the actor; consumers fetch all references of a batch
 Every client call is one actor call (counted in ``RayQueueClient.round_trips``) and moves many rows;
 what it carries is described in ``_wire``, the actor is in ``_ray_actor``.
 
+Field values whose classes live outside the modules every queue process has (a model's prompt object, a
+tensor) travel as opaque :class:`~relax_queue._payload.Payload` bytes, pickled by the producer's client and
+unpickled by the consumer's (``opaque_values``): the actor never imports the values' modules (see
+``_payload.py``), and its byte count of such a value is its pickle's exact length.
+
 Ray objects die with the process that owns them, and Ray >= 2.56 no longer lets a producer hand
 ownership to another actor. With ``durable_payloads=True`` (default) the queue actor therefore
 adopts each large value (``ray.put`` of it on the actor: one extra copy inside the object store),
@@ -25,6 +30,7 @@ from typing import Any, cast
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
+from relax_queue._payload import PayloadPacker, open_payloads
 from relax_queue._queue import _lease_id, _normalise_fields
 from relax_queue._ray_actor import actor_class, ray_module
 from relax_queue._replica import ReplicaSet
@@ -91,6 +97,7 @@ def create_ray_queue(
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     durable_payloads: bool = True,
+    opaque_values: bool = True,
 ) -> RayQueueClient:
     """Start the named queue actor (once per cluster) and return a client.
 
@@ -104,6 +111,8 @@ def create_ray_queue(
             object of at most this many bytes (one ``ray.put`` and one reference for many rows).
         durable_payloads: the actor adopts object-store values so they outlive their producer
             (one extra copy in the object store); ``False`` trades that safety for speed.
+        opaque_values: this client sends field values of classes outside ``PLAIN_MODULES`` as pickled
+            payloads, so the actor never imports their modules (``False``: as they are).
 
     Raises:
         ValueError: an actor of that name already exists.
@@ -116,7 +125,7 @@ def create_ray_queue(
         options["lifetime"] = "detached"
     actor = actor_class().options(**options).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
-    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes)
+    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values)
 
 
 def connect(
@@ -125,10 +134,11 @@ def connect(
     namespace: str | None = None,
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
+    opaque_values: bool = True,
 ) -> RayQueueClient:
     """A client of the queue actor ``name`` (raises ``ValueError`` when there is none)."""
     actor = ray_module().get_actor(name, namespace=namespace)
-    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes)
+    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values)
 
 
 @dataclass
@@ -143,6 +153,7 @@ class RayQueueClient:
     namespace: str | None = None
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES
+    opaque_values: bool = True
     round_trips: int = field(default=0, compare=False)
     """Calls this client made to the queue actor (each one round trip); every method makes one."""
 
@@ -154,15 +165,28 @@ class RayQueueClient:
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return _unwrap(self._remote("call", method, *args, **kwargs))
 
-    def _offload(self, fields: Mapping[str, Any]) -> Mapping[str, Any]:
-        out: dict[str, Any] | None = None
-        for name, value in fields.items():
-            size = estimate_nbytes(value)
-            if size >= self.object_store_threshold:
-                if out is None:
-                    out = dict(fields)
-                out[name] = StoreRef(ray_module().put(value), size)
-        return fields if out is None else out
+    def _wire_rows(self) -> Any:
+        """A function giving one message's rows' fields as they travel: non-plain values packed (when
+        ``opaque_values``), large values in the object store; a value several rows share, once."""
+        packer = PayloadPacker() if self.opaque_values else None
+        stored: dict[int, tuple[Any, StoreRef]] = {}  # id(value) -> (value kept alive, its reference)
+
+        def wire(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+            if packer is not None:
+                fields = packer.pack_fields(fields)
+            out: dict[str, Any] | None = None
+            for name, value in fields.items():
+                size = estimate_nbytes(value)
+                if size >= self.object_store_threshold:
+                    if out is None:
+                        out = dict(fields)
+                    hit = stored.get(id(value))
+                    if hit is None:
+                        hit = stored[id(value)] = (value, StoreRef(ray_module().put(value), size))
+                    out[name] = hit[1]
+            return fields if out is None else out
+
+        return wire
 
     # ------------------------------------------------------------------ producers
     def put(
@@ -184,7 +208,8 @@ class RayQueueClient:
 
     def put_many(self, rows: Sequence[RowInput], *, admitted: bool = False, timeout: float | None = None) -> None:
         """See :meth:`TransferQueue.put_many`; one round trip, large values via the object store."""
-        sent = [(r.key, self._offload(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
+        wire = self._wire_rows()
+        sent = [(r.key, wire(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
         _unwrap(self._remote("put_many", pack(sent), admitted, timeout))
 
     def put_columns(
@@ -205,8 +230,9 @@ class RayQueueClient:
         cols = ColumnInput(keys, columns, v_min, v_max, group_ids, group_sizes, tags)
         # An array column travels whole: one buffer (Ray moves a large argument through the object
         # store by itself); a list column has its large values put in the object store.
+        packer = PayloadPacker() if self.opaque_values else None
         wire = {
-            name: column if is_array(column) else self._offload_column(column)
+            name: column if is_array(column) else self._offload_column(column, packer)
             for name, column in zip(cols.names, cols.columns, strict=True)
         }
         options = {  # the validated, list-valued form of the arguments
@@ -221,8 +247,9 @@ class RayQueueClient:
         inline, passed = split_columns(wire)
         _unwrap(self._remote("put_columns", pack((cols.keys, inline, options)), passed))
 
-    def _offload_column(self, column: list[Any]) -> list[Any]:
-        """``column`` with its large values in the object store and a :class:`StoreRef` in each one's place.
+    def _offload_column(self, column: list[Any], packer: PayloadPacker | None) -> list[Any]:
+        """``column`` with its non-plain values packed (``packer``), its large values in the object store and a
+        :class:`StoreRef` in each one's place.
 
         Consecutive large values share one object (a list) of at most ``object_store_chunk_bytes``:
         one ``ray.put`` and one reference for many rows (each costs Ray bookkeeping in the producer,
@@ -231,6 +258,8 @@ class RayQueueClient:
         """
         if not may_hold_refs(column):
             return column
+        if packer is not None:
+            column = packer.pack_column(column)
         threshold, cap = self.object_store_threshold, self.object_store_chunk_bytes
         chunks: list[list[tuple[int, int]]] = []
         chunk_bytes = 0
@@ -262,7 +291,8 @@ class RayQueueClient:
 
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """See :meth:`TransferQueue.add_fields_many`."""
-        return int(_unwrap(self._remote("add_fields_many", {k: self._offload(f) for k, f in updates.items()})))
+        wire = self._wire_rows()
+        return int(_unwrap(self._remote("add_fields_many", {k: wire(f) for k, f in updates.items()})))
 
     # ------------------------------------------------------------------ consumers
     def reader(
@@ -302,6 +332,7 @@ class RayQueueClient:
         if slots:
             for (row_fields, name, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
                 row_fields[name] = value
+        open_payloads((row.fields for row in batch.rows), dict.items)
         return batch
 
     def get_columns(
@@ -353,6 +384,7 @@ class RayQueueClient:
         if slots:
             for (column, i, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
                 column[i] = value
+        open_payloads((c for c in batch.columns.values() if type(c) is list and may_hold_refs(c)), enumerate)
         return batch
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
@@ -405,7 +437,7 @@ class RayQueueClient:
 
     def load(self, path: str, *, reset_running: bool = True) -> None:
         """Restore from ``path`` (on the actor's node); leased rows are redelivered."""
-        self._call("load", path, reset_running=reset_running)
+        _unwrap(self._remote("load", path, reset_running))
 
     def ready(self, task: str, fields: Sequence[str] | None = None) -> int:
         """See :meth:`TransferQueue.ready`."""

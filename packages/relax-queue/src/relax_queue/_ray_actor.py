@@ -78,7 +78,7 @@ def actor_class() -> Any:
                 await asyncio.gather(*objects)
                 values = ray.get(objects)
                 adopted = {old: ray.put(value) for old, value in zip(objects, values, strict=True)}
-                for r in refs:
+                for r in {id(r): r for r in refs}.values():  # rows sharing a value share its StoreRef: once
                     r.ref = adopted[r.ref]
 
         async def put_many(self, wire: Any, admitted: bool, timeout: float | None) -> None:
@@ -173,6 +173,10 @@ def actor_class() -> Any:
 
         async def admit(self, n: int, timeout: float) -> int:
             return await self.aqueue.admit(n, timeout)
+
+        def load(self, path: str, reset_running: bool) -> None:
+            # Payloads stay packed here: only consumers' clients open them.
+            self.queue.load(path, reset_running=reset_running, open_payloads=False)
 
         async def save(self, path: str) -> None:
             state = self.queue.state_dict()

@@ -40,10 +40,11 @@ def sample_row_min_bytes(cfg: RunConfig) -> int:
     Reward, Reference and Critic never block a put): a response of at least one token in each of
     :data:`PER_TOKEN_FIELDS` (16 bytes an item), the row's ``meta`` (its keys, the shortest task name of the
     synthetic tasks — none for dataset files, whose ``data_source`` may be empty — and the prompt key) and the
-    ``prompt`` as one opaque Python object (16 bytes, the least any object has). Conservative on purpose: the
-    queue's estimate treats a prompt (an ``OmniPrompt``) as an opaque object, so neither its token ids nor its
-    media tensors (images, audio features, video patches) count toward ``queue.max_bytes`` today, and responses
-    may stop at their first token; counting them here would reject runs that do not hang.
+    ``prompt`` at the least any object counts (16 bytes). Conservative on purpose: the Ray queue counts a prompt
+    (an ``OmniPrompt``) at its pickle's exact length (it crosses the queue as an opaque payload: tens of kB with
+    an image or video, a few hundred bytes for text), but the in-process queue of ``run.mode=colocated`` still
+    counts it as one opaque object, and responses may stop at their first token; counting more here would
+    reject runs that do not hang in one transport or the other.
     """
     tokens = 1  # every response holds at least its first sampled token (the end token when it stops at once)
     per_token = len(PER_TOKEN_FIELDS) * _LIST_ITEM_BYTES * tokens

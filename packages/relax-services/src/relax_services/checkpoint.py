@@ -4,13 +4,21 @@ A checkpoint is a folder ``step_XXXXXXXX/`` holding the trainer's engine state (
 snapshots of both queues (rows, leases, versions; leased work is redelivered on restore) and the controller's
 state (prompt feeder position, ledger). Everything is written into a temporary folder first and renamed into
 place in one step, so a crash mid-write leaves the previous checkpoint intact; only the newest ``keep`` are kept.
+
+The controller reads and writes its own files without torch: its state is a plain pickle
+(:func:`write_controller_state`), and a checkpoint's engine file (a ``torch.save`` zip archive written by the
+trainer) is checked by the archive's checksums rather than loaded, so finding the latest checkpoint never brings
+a model and optimizer state into the controller's memory.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,7 @@ __all__ = [
     "CheckpointManager",
     "fsync_path",
     "queued_prompt_keys",
+    "write_controller_state",
 ]
 
 ENGINE_FILE = "engine.pt"
@@ -30,6 +39,24 @@ PROMPTS_FILE = "prompts.queue"
 SAMPLES_FILE = "samples.queue"
 _REQUIRED = (ENGINE_FILE, CONTROLLER_FILE, PROMPTS_FILE, SAMPLES_FILE)
 _NAME = re.compile(r"^step_(\d{8})$")
+_ZIP_MAGIC = b"PK\x03\x04"  # how a torch.save file (a zip archive) begins
+
+
+def write_controller_state(path: Path, state: Mapping[str, Any]) -> None:
+    """Write the controller's state (feeder position, ledger, step, time) to ``path`` as a plain pickle."""
+    with open(path, "wb") as f:
+        pickle.dump(dict(state), f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_archive(path: Path) -> None:
+    """Raise unless ``path`` is a complete zip archive whose every member matches its checksum (what a
+    ``torch.save`` file is); reads the file, allocates none of its tensors."""
+    with zipfile.ZipFile(path) as archive:
+        bad = archive.testzip()
+    if bad is not None:
+        raise zipfile.BadZipFile(f"{path}: member {bad} fails its checksum")
 
 
 def fsync_path(path: Path) -> None:
@@ -92,14 +119,13 @@ class CheckpointManager:
         return final
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint whose files load; a damaged one (e.g. truncated) is skipped."""
-        import torch  # here, not at module level: the CLI lists checkpoints before any heavy import
-
+        """The newest complete checkpoint whose files are intact (the engine archive's checksums hold, the controller
+        state loads); a damaged one (e.g. truncated) is skipped."""
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
-                torch.load(path / ENGINE_FILE, map_location="cpu", weights_only=False)
-                torch.load(path / CONTROLLER_FILE, map_location="cpu", weights_only=False)
+                _check_archive(path / ENGINE_FILE)
+                self.load_controller(path)
             except Exception:  # unreadable: fall back to the previous checkpoint
                 continue
             return path
@@ -116,10 +142,17 @@ class CheckpointManager:
     @staticmethod
     def load_controller(path: Path) -> dict[str, Any]:
         """The controller's state saved in checkpoint folder ``path``: ``step``, ``feeder`` (its state dict) and
-        ``elapsed_s``."""
+        ``elapsed_s`` (:func:`write_controller_state`; a file written by ``torch.save``, as checkpoints of earlier
+        versions hold, is read with torch)."""
+        file = path / CONTROLLER_FILE
+        with open(file, "rb") as f:
+            if f.read(4) != _ZIP_MAGIC:
+                f.seek(0)
+                state: dict[str, Any] = pickle.load(f)
+                return state
         import torch
 
-        state: dict[str, Any] = torch.load(path / CONTROLLER_FILE, map_location="cpu", weights_only=False)
+        state = torch.load(file, map_location="cpu", weights_only=False)
         return state
 
 

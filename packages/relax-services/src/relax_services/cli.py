@@ -153,7 +153,11 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
 
             ray.shutdown()
     memory.stop()
-    text = format_summary(result) + "\n" + format_footprint(update_split(run_dir / "metrics.jsonl"), memory.peak_bytes)
+    text = (
+        format_summary(result)
+        + "\n"
+        + format_footprint(update_split(run_dir / "metrics.jsonl"), memory.peak_bytes, memory.peak_processes)
+    )
     try:
         (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
     except OSError as exc:  # e.g. the disk that stopped the run: the summary still reaches the terminal

@@ -27,6 +27,7 @@ from relax_services.checkpoint import (
     SAMPLES_FILE,
     CheckpointManager,
     queued_prompt_keys,
+    write_controller_state,
 )
 from relax_services.config import ACTOR_TARGETS, FaultSpec, RunConfig
 from relax_services.feeder import Ledger, PromptFeeder
@@ -427,8 +428,6 @@ class Controller:
             CheckpointWriteError: the files could not be written (the partial folder is removed; the previous
                 checkpoint stays the latest).
         """
-        import torch
-
         self.feeder.pause()
         try:
             self._poll_services()  # the ledger must include every update up to this version
@@ -439,7 +438,7 @@ class Controller:
                 self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
                 self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
                 state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
-                torch.save(state, tmp / CONTROLLER_FILE)
+                write_controller_state(tmp / CONTROLLER_FILE, state)
                 data = data_report(self.data)  # while the feeder is held: its bad-row counts do not move
                 path = self.checkpoints.commit(version, tmp)
             except OSError as exc:

@@ -11,31 +11,54 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["PeakMemory", "UpdateSplit", "format_footprint", "tree_pss", "update_split"]
+__all__ = ["PeakMemory", "UpdateSplit", "format_footprint", "tree_pss", "tree_pss_by_process", "update_split"]
 
 
 def tree_pss(pid: int | None = None) -> int:
     """Bytes of PSS of process ``pid`` (default: this one) and all its descendants; a process that ends while
     being read counts 0. Falls back to RSS where the kernel does not report PSS."""
+    return sum(size for _, _, size in tree_pss_by_process(pid))
+
+
+def tree_pss_by_process(pid: int | None = None) -> list[tuple[int, str, int]]:
+    """``(pid, label, bytes of PSS)`` of process ``pid`` (default: this one) and each of its descendants (see
+    :func:`tree_pss`); the root is labelled ``driver``, a Ray worker by its actor class (``RolloutService``,
+    ``QueueActor``, ``IDLE`` for an idle worker), any other process by its script or executable name."""
     import psutil
 
     try:
         root = psutil.Process(pid if pid is not None else os.getpid())
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return []
+    out = []
     for proc in procs:
         try:
             info = proc.memory_full_info()
-            total += int(getattr(info, "pss", info.rss))
+            label = "driver" if proc.pid == root.pid else _label(proc.cmdline(), proc.name())
+            out.append((proc.pid, label, int(getattr(info, "pss", info.rss))))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return total
+    return out
+
+
+def _label(cmdline: list[str], name: str) -> str:
+    """A process's role: ``ray::<actor name>:<Class>.<method>`` or ``ray::<Class>`` gives the class; a Python
+    process its script's file name; anything else its executable name."""
+    first = cmdline[0] if cmdline else ""
+    if first.startswith("ray::"):
+        title = first.split()[0].removeprefix("ray::").rpartition(":")[2]
+        return title.partition(".")[0] or name
+    if "python" in os.path.basename(first) and len(cmdline) > 1:
+        script = next((a for a in cmdline[1:] if a.endswith(".py")), None)
+        if script is not None:
+            return os.path.basename(script)
+    return name
 
 
 class PeakMemory:
@@ -47,6 +70,8 @@ class PeakMemory:
 
     Attributes:
         peak_bytes: The largest sample so far.
+        peak_processes: The process labels of that sample (:func:`tree_pss_by_process`), each with the PSS bytes
+            of its processes (largest first): the split of ``peak_bytes``.
         samples: Samples taken.
     """
 
@@ -56,14 +81,21 @@ class PeakMemory:
         self.pid = pid
         self.interval_s = interval_s
         self.peak_bytes = 0
+        self.peak_processes: dict[str, list[int]] = {}
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
 
     def sample(self) -> int:
         """Take one sample now; returns it."""
-        value = tree_pss(self.pid)
-        self.peak_bytes = max(self.peak_bytes, value)
+        processes = tree_pss_by_process(self.pid)
+        value = sum(size for _, _, size in processes)
+        if value > self.peak_bytes:
+            self.peak_bytes = value
+            split: dict[str, list[int]] = {}
+            for _, label, size in processes:
+                split.setdefault(label, []).append(size)
+            self.peak_processes = {label: sorted(sizes, reverse=True) for label, sizes in split.items()}
         self.samples += 1
         return value
 
@@ -130,8 +162,12 @@ def update_split(metrics_path: Path) -> UpdateSplit | None:
     return UpdateSplit(len(compute), statistics.median(compute), statistics.median(publish), statistics.median(wait))
 
 
-def format_footprint(split: UpdateSplit | None, peak_bytes: int | None) -> str:
-    """Summary lines: the per-update split and the peak PSS of the process tree."""
+def format_footprint(
+    split: UpdateSplit | None, peak_bytes: int | None, processes: Mapping[str, Sequence[float]] | None = None
+) -> str:
+    """Summary lines: the per-update split, the peak PSS of the process tree and, given ``processes``
+    (:attr:`PeakMemory.peak_processes`), its split by process label, largest first (MB; ``label ×n`` with each
+    process's share for a label several processes have)."""
     if split is None:
         lines = ["per update: no update was made"]
     else:
@@ -142,4 +178,10 @@ def format_footprint(split: UpdateSplit | None, peak_bytes: int | None) -> str:
         ]
     if peak_bytes is not None:
         lines.append(f"peak memory of the process tree (PSS): {peak_bytes / 1e9:.2f} GB")
+    if processes:
+        parts = []
+        for label, sizes in sorted(processes.items(), key=lambda kv: -sum(kv[1])):
+            each = "+".join(f"{s / 1e6:.0f}" for s in sizes)
+            parts.append(f"{label} {each}" if len(sizes) == 1 else f"{label} ×{len(sizes)} {each}")
+        lines.append(f"  at that peak, per process (MB PSS): {', '.join(parts)}")
     return "\n".join(lines)

@@ -331,6 +331,11 @@ class TrainerService(ServiceBase):
             self._wait_s += time.perf_counter() - start
             return
         self._wait_s += time.perf_counter() - start
+        if self._pause_requested.is_set():
+            # A pause asked for while the lease was pending holds at the version it was asked at: the batch goes
+            # back for redelivery (the run's first checkpoint is then always that of step 0).
+            self.reader.nack(batch)
+            return
         self._train_on(batch)
 
     def _train_on(self, batch: Batch) -> None:
