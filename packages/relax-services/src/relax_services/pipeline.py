@@ -198,6 +198,17 @@ def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
     return prompts, samples
 
 
+def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
+    """The run's prompt and sample queue actors (a build that fails after the first kills it, see ``_build``)."""
+    prompts, samples = queue_configs(cfg)
+    prompt_queue = create_ray_queue(f"{namespace}-prompts", prompts)
+    try:
+        return prompt_queue, create_ray_queue(f"{namespace}-samples", samples)
+    except BaseException:
+        prompt_queue.shutdown()
+        raise
+
+
 def build_grpo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
     """Critic-free group algorithms (GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++): Rollout workers, Reward,
     Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator."""
@@ -247,11 +258,8 @@ def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
     created: list[Any] = []  # actors made so far: a build that fails midway (an actor died) must not leave them
     try:
-        prompts, samples = queue_configs(cfg)
-        prompt_queue = create_ray_queue(f"{namespace}-prompts", prompts)
-        created.append(prompt_queue.actor)
-        sample_queue = create_ray_queue(f"{namespace}-samples", samples)
-        created.append(sample_queue.actor)
+        prompt_queue, sample_queue = _queues(cfg, namespace)
+        created += [prompt_queue.actor, sample_queue.actor]
         if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
             prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
             sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
