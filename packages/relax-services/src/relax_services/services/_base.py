@@ -102,6 +102,9 @@ class ServiceBase:
         Raises:
             RuntimeError: If the work loop is still running (a hang: only a new process ends it).
         """
+        if self._thread is not None and self._error is not None:
+            # The loop raised: it records the error, then returns; the status can be read in between.
+            self._thread.join(timeout=5.0)
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError(f"{self.name}: the work loop is still running; it cannot be rebuilt in place")
         self.stop(timeout=5.0)  # the loop is out: releases what the service holds (a reward runner's threads)
