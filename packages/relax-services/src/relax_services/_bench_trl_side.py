@@ -28,29 +28,15 @@ def main() -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from relax_core import exact_match_reward
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.work / "tokenizer"))
-    model_cfg = hp["model"]
+    # The shared policy folder relax trains as model.source: same weights, config and tokenizer.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.work / "model"))
     torch.manual_seed(hp["seed"])
-    model = Qwen2ForCausalLM(  # type: ignore[no-untyped-call]
-        Qwen2Config(
-            vocab_size=len(tokenizer),
-            hidden_size=model_cfg["hidden_size"],
-            intermediate_size=model_cfg["ffn_size"],
-            num_hidden_layers=model_cfg["num_layers"],
-            num_attention_heads=model_cfg["num_heads"],
-            num_key_value_heads=model_cfg["num_kv_heads"],
-            max_position_embeddings=256,
-            tie_word_embeddings=model_cfg["tie_word_embeddings"],
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    model = Qwen2ForCausalLM.from_pretrained(str(args.work / "model"))
     task = json.loads((args.work / "task.json").read_text(encoding="utf-8"))
     pairs = zip(task["prompts"], task["answers"], strict=True)
     dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in pairs])

@@ -7,17 +7,15 @@ sum, else 0), the same function on both sides. Both start from random weights wi
 random policy scores about 1/53 (53 samplable ids); one-token answers keep that rate high enough for GRPO to find
 the signal from scratch (with an end-of-answer token as well it would be about 1/53², and neither side learns).
 
-Held equal: the tokenizer (relax's 64-token character vocabulary, built locally with ``tokenizers`` and saved
-with ``save_pretrained`` for TRL), the prompt ids (``<|bos|><|user|>a+b=<|assistant|>``), the text decoder's sizes
-(width 64, 2 layers, 4 heads, 2 KV heads, FFN 128, untied head), group size, prompts per update, completion
-length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
+Held equal: the model — one ``Qwen2ForCausalLM`` checkpoint folder written from a config (width 64, 2 layers,
+4 heads, 2 KV heads, FFN 128, untied head, the same initial weights) with relax's 64-token character tokenizer
+and chat template, which TRL loads with ``from_pretrained`` and relax as ``model.source`` — the prompt ids
+(``<|bos|><|user|>a+b=<|assistant|>``, rendered by the folder's chat template), group size, prompts per update,
+completion length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
 per-sequence-token-mean loss, group-std advantage scaling, one optimizer step per batch, the ids never sampled,
 torch and its thread count (TRL runs on this environment's torch through a venv layered over it).
 
-Not held equal: relax's policy is its own tiny Qwen2.5-Omni thinker (the same text decoder plus vision and audio
-encoders the text prompts never use, and multimodal rotary positions), because ``model.source`` cannot take a
-plain Qwen2 folder on this branch; TRL's is ``Qwen2ForCausalLM`` from a config. relax also computes the final
-held-out evaluation, which TRL does not.
+Not held equal: relax also computes the final held-out evaluation, which TRL does not.
 
 Measured per side, from one clock: command → first update, median seconds per update (between consecutive
 updates, the first ten skipped), samples/s, updates and wall seconds from the command until the moving average
@@ -120,11 +118,10 @@ class BenchHParams(TypedDict):
     grad_clip: float
     clip_eps: float
     suppressed_ids: list[int]
-    model: dict[str, int | bool]
 
 
-def _hparams(updates: int, seed: int) -> BenchHParams:
-    from relax_services.models import DEFAULT_SOURCE, open_checkpoint
+def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
+    from relax_services.models import open_checkpoint
 
     return {
         "updates": updates,
@@ -136,19 +133,50 @@ def _hparams(updates: int, seed: int) -> BenchHParams:
         "lr": 1e-3,
         "grad_clip": 1.0,
         "clip_eps": 0.2,
-        "suppressed_ids": list(open_checkpoint(DEFAULT_SOURCE).tokens.never_sample),
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 128}
-        | {"tie_word_embeddings": False},
+        "suppressed_ids": list(open_checkpoint(work / "model").tokens.never_sample),
     }
 
 
+def _write_model(work: Path, seed: int) -> Path:
+    """The policy both sides train: a ``Qwen2ForCausalLM`` folder (weights, config, tokenizer with its chat
+    template) at ``work/model``, the bench's decoder sizes, initial weights from ``seed``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from relax_services.models import DEFAULT_SOURCE, open_checkpoint
+
+    tokenizer = open_checkpoint(DEFAULT_SOURCE).tokenizer  # relax's 64-token vocabulary and chat template
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    folder = work / "model"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def _write_task(work: Path) -> None:
-    """The task for both sides: relax's dataset files (the same rows for training and held-out), TRL's prompt list,
-    and the shared tokenizer folder."""
+    """The task for both sides: relax's dataset files (the same rows for training and held-out) and TRL's prompt
+    list, rendered by the shared model folder's chat template."""
     from relax_modalities.synthetic import TaskItem, task_item_row
     from relax_services._data import PromptBuilder
     from relax_services.config import ModelConfig
-    from relax_services.models import DEFAULT_SOURCE, open_checkpoint
+    from relax_services.models import open_checkpoint
 
     options = tuple(str(i) for i in range(10))
     items = [
@@ -160,12 +188,11 @@ def _write_task(work: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rows = "".join(json.dumps(task_item_row(it, folder, data_source="text")) + "\n" for it in items)
     (folder / "text.jsonl").write_text(rows, encoding="utf-8")
-    to_prompt = PromptBuilder(ModelConfig())  # the default checkpoint's chat template and tokenizer
-    hf = open_checkpoint(DEFAULT_SOURCE).tokenizer
+    to_prompt = PromptBuilder(ModelConfig(source=str(work / "model")))  # the folder's chat template and tokenizer
+    hf = open_checkpoint(work / "model").tokenizer
     ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
     prompts = [hf.decode(x) for x in ids]
     assert [hf(p, add_special_tokens=False)["input_ids"] for p in prompts] == ids
-    hf.save_pretrained(str(work / "tokenizer"))
     task = {"prompts": prompts, "answers": [it.answer for it in items]}
     (work / "task.json").write_text(json.dumps(task), encoding="utf-8")
 
@@ -234,6 +261,7 @@ def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> S
         f"run.name={name}",
         "run.progress=none",
         f"staleness.tau={tau}",
+        f"model.source={work / 'model'}",
         f"data.train_files={work / 'data' / 'text.jsonl'}",
         f"data.eval_files={work / 'data' / 'text.jsonl'}",
         "data.adaptive_weights=false",
@@ -316,8 +344,9 @@ def run_trl_bench(work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), 
     """Write the task, run TRL then relax at each τ, print and save the table (``work/results.md``)."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
+    _write_model(work, seed)
     _write_task(work)
-    hp = _hparams(updates, seed)
+    hp = _hparams(updates, seed, work)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     print(
         f"relax bench trl: {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} samples per "
