@@ -199,3 +199,11 @@ def test_task_files_hold_every_sum_once_with_its_answer(tmp_path: Path) -> None:
 )
 def test_reward_is_one_for_the_sum_as_the_answer_only(response: str, truth: str, expected: float) -> None:
     assert reward.score(response, truth, {}) == expected
+
+
+def test_example_config_validates_and_scores_with_the_example_reward() -> None:
+    from relax_services.config import load_run_config
+
+    cfg = load_run_config(EXAMPLE / "smollm2_arith.yaml")
+    assert cfg.reward.fn == f"{EXAMPLE / 'reward.py'}:score"
+    assert cfg.data.train_files[0].path.endswith("train.jsonl")
