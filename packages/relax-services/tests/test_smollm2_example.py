@@ -165,9 +165,9 @@ def test_converted_tokenizer_encodes_and_renders_as_the_source(converted) -> Non
 
 
 def test_task_files_hold_every_sum_once_with_its_answer(tmp_path: Path) -> None:
-    train, held_out = prepare.write_task(tmp_path, eval_size=32)
+    train, held_out = prepare.write_task(tmp_path, eval_size=64)
     rows = {f: [json.loads(line) for line in f.read_text().splitlines()] for f in (train, held_out)}
-    assert len(rows[held_out]) == 32 and len(rows[train]) == 31 * 31 - 32
+    assert len(rows[held_out]) == 64 and len(rows[train]) == 20 * 20 - 64  # operands 0-19
     seen = set()
     for row in rows[train] + rows[held_out]:
         question = re.fullmatch(r"What is (\d+)\+(\d+)\? Reply with only the number\.", row["prompt"][-1]["content"])
@@ -175,25 +175,35 @@ def test_task_files_hold_every_sum_once_with_its_answer(tmp_path: Path) -> None:
         a, b = int(question[1]), int(question[2])
         assert row["reward_model"]["ground_truth"] == str(a + b)
         seen.add((a, b))
-    assert seen == {(a, b) for a in range(31) for b in range(31)}  # disjoint halves covering every pair
+    assert seen == {(a, b) for a in range(20) for b in range(20)}  # disjoint halves covering every pair
 
 
 @pytest.mark.parametrize(
     ("response", "truth", "expected"),
     [
-        ("37", "37", 1.0),
-        (" 37\n", "37", 1.0),
-        ("The answer is 37.", "37", 0.5),
-        ("37.", "37", 0.5),
-        ("12 + 25 = 37", "37", 0.25),  # its first number is 12
-        ("12 + 25 = 36", "37", 0.0),
-        ("The answer is 370", "37", 0.0),
-        ("4 + 17 is 1", "1", 0.25),
+        ("22", "22", 1.0),
+        (" 22\n", "22", 1.0),
+        ("4 + 18 = 22", "22", 1.0),  # SmolLM2's usual reply: the restated question is not the answer
+        ("4+18=22.", "22", 1.0),
+        ("The answer is 22.", "22", 1.0),
+        ("4 + 18 = 21", "22", 0.0),
+        ("4 + 18 = 21, no, 22", "22", 0.0),  # the first answer counts, not a later correction
+        ("4 + 18", "22", 0.0),  # a restatement alone answers nothing
+        ("4 + 18 = 220", "22", 0.0),
+        ("4 and 18 make 22", "22", 0.0),  # no "a + b" to skip: its answer is 4
+        ("The sum of four and 18 is 22", "22", 0.0),  # "four" is no integer; its answer is 18
         ("-7", "-7", 1.0),
-        ("The sum of four is 27", "27", 0.5),  # "four" is no integer; 27 is the first
-        ("The sum of four is 27", "4", 0.0),
         ("", "3", 0.0),
+        ("four", "4", 0.0),
     ],
 )
-def test_reward_climbs_from_the_sum_to_the_sum_first_and_alone(response: str, truth: str, expected: float) -> None:
+def test_reward_is_one_for_the_sum_as_the_answer_only(response: str, truth: str, expected: float) -> None:
     assert reward.score(response, truth, {}) == expected
+
+
+def test_example_config_validates_and_scores_with_the_example_reward() -> None:
+    from relax_services.config import load_run_config
+
+    cfg = load_run_config(EXAMPLE / "smollm2_arith.yaml")
+    assert cfg.reward.fn == f"{EXAMPLE / 'reward.py'}:score"
+    assert cfg.data.train_files[0].path.endswith("train.jsonl")

