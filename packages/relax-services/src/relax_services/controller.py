@@ -3,22 +3,20 @@ health and restarts failed services, writes metrics, shows progress, and ends wi
 
 from __future__ import annotations
 
-import errno
-import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relax_core import dump_config
 from relax_services._actor_watch import ActorLost, ActorWatch, actor_lost, why_dead
 from relax_services._data import WarmupItem, data_report, prepare_data, warmup_items
-from relax_services._metrics import MetricsWriter, read_metrics
-from relax_services._reaper import start_reaper
+from relax_services._fault_injection import FaultInjector
+from relax_services._metrics import MetricsWriter
+from relax_services._ray_init import init_ray
+from relax_services._run_result import CheckpointWriteError, RunResult
 from relax_services._synthetic import with_synthetic_files
 from relax_services.checkpoint import (
     CONTROLLER_FILE,
@@ -29,7 +27,7 @@ from relax_services.checkpoint import (
     queued_prompt_keys,
     write_controller_state,
 )
-from relax_services.config import ACTOR_TARGETS, FaultSpec, RunConfig
+from relax_services.config import FaultSpec, RunConfig
 from relax_services.feeder import Ledger, PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
@@ -41,108 +39,7 @@ from relax_services.rows import prompt_key_of
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
 
 
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (a full or read-only disk): the run stops, its partial folder removed."""
-
-    def __init__(self, folder: Path, step: int, latest: Path | None, exc: OSError) -> None:
-        self.folder, self.step, self.latest, self.cause = folder, step, latest, exc
-        full = exc.errno == errno.ENOSPC
-        what = "the disk is full" if full else (exc.strerror or str(exc))
-        try:
-            free = f"{shutil.disk_usage(folder).free / 2**20:.0f} MiB free"
-        except OSError:
-            free = "free space unknown"
-        resume = (
-            f"the last complete checkpoint is {latest.name}: free space, then continue with --resume"
-            if latest is not None
-            else "no complete checkpoint yet: free space and start the run again"
-        )
-        super().__init__(f"checkpoint of step {step} not written under {folder}: {what} ({free}); {resume}")
-
-
-@dataclass
-class RunResult:
-    """What a finished run reports."""
-
-    run_dir: Path
-    steps: int
-    wall_s: float
-    stop_reason: str
-    final_eval: dict[str, float]
-    chance: dict[str, float]
-    ledger: dict[str, int]
-    health_events: list[dict[str, Any]] = field(default_factory=list)
-    samples: int = 0
-    trainer_wait_s: float = 0.0
-    train_s: float = 0.0
-    rollout_s: float = 0.0
-    staleness_hist: dict[int, int] = field(default_factory=dict)
-    first_step_reaching: dict[str, float] = field(default_factory=dict)
-    warmup_steps: int = 0
-    service_pids: dict[str, int] = field(default_factory=dict)
-    service_nodes: dict[str, str] = field(default_factory=dict)
-    skipped_media: dict[str, dict[str, int]] = field(default_factory=dict)
-    final_version: int | None = None  # policy version whose held-out reward final_eval is
-    resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # overrides on --resume: (saved, new)
-    resumed_from_s: float = 0.0  # run time already spent before this --resume (included in wall_s)
-    startup: dict[str, float] = field(default_factory=dict)  # start-up phase -> seconds since the run began
-    error: str | None = None  # why the run ended early with an error (e.g. a disk full at a checkpoint)
-    data: dict[str, Any] | None = None  # dataset files' report (bad rows, held-out sources); None: synthetic tasks
-
-
-_REAPER: Any = None
-
-
-def init_ray(address: str | None) -> bool:
-    """Start a local Ray instance, or join the cluster at ``address``; True when this call started Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}}
-    if address is None:
-        # A local Ray must not outlive this process, even if it is SIGKILLed: a watchdog ends what is left. It
-        # lives as long as this module holds it (its pipe closes when this process ends, however it ends).
-        global _REAPER
-        if _REAPER is None:
-            _REAPER = start_reaper()
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env=env, configure_logging=False)
-        return True
-    _probe(address)
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, runtime_env=env)
-    except Exception as exc:  # whatever Ray raises for an unreachable or wrong address, report it as one error
-        raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
-    return True
-
-
-def _probe(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a ``host:port`` nobody listens on (Ray itself keeps retrying for minutes)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit():
-        return  # "auto" or another form Ray resolves itself
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still exists (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
-class Controller:
+class Controller(FaultInjector):
     """Drives one run to its end (steps, time limit, target reward, or a signal)."""
 
     pipeline_builder = staticmethod(build_pipeline)  # the colocated mode's controller builds in-process services
@@ -652,63 +549,6 @@ class Controller:
             "eta_s": eta,
             "restarts": sum(s.restarts for s in self.pipeline.services.values()),
         }
-
-    def _drop_fired_faults(self) -> None:
-        """On ``--resume``: the faults the earlier run injected (its ``injected`` health events in metrics.jsonl
-        carry their index in ``faults``) are not injected again; the others still are, at their steps."""
-        fired = {e.get("fault_index") for e in read_metrics(self.run_dir / "metrics.jsonl", "health")}
-        self._faults_pending = [(i, f) for i, f in self._faults_pending if i not in fired]
-
-    def _inject_faults(self) -> None:
-        for index, fault in list(self._faults_pending):
-            if self.step < fault.at_step:
-                continue
-            if fault.min_trainer_backlog and self._trainer_backlog() < fault.min_trainer_backlog:
-                continue
-            self._faults_pending.remove((index, fault))
-            if fault.during_restart:
-                self._restart_faults.append((index, fault))  # armed: lands in the next global restart
-                continue
-            if fault.service in ACTOR_TARGETS:
-                self._kill_actor(fault, index)
-                continue
-            targets = [key for key, s in self.pipeline.services.items() if s.role == fault.service]
-            if not targets:
-                raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
-            self.health.record_event(
-                "injected", self.pipeline.services[targets[0]].name, fault=fault.kind, step=self.step, fault_index=index
-            )
-            self._inject(targets[0], fault.kind)
-
-    def _kill_actor(self, fault: FaultSpec, index: int | None = None) -> None:
-        """SIGKILL the process of the queue, store or monitor actor ``fault.service`` (as Ray's memory monitor
-        would end it), and wait until it is gone. ``index``: the fault's place in ``faults`` (recorded)."""
-        if fault.service not in self.watch.actors:
-            raise ValueError(f"faults: no {fault.service!r} actor in this pipeline")
-        pid = self.watch.pid(fault.service)
-        extra: dict[str, object] = {"during_restart": True} if fault.during_restart else {}
-        if index is not None:
-            extra["fault_index"] = index
-        self.health.record_event("injected", fault.service, fault=fault.kind, step=self.step, pid=pid, **extra)
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30.0
-        while _alive(pid) and time.monotonic() < deadline:  # SIGKILL ends it within moments: the fault is in place
-            time.sleep(0.05)
-
-    def _inject(self, service: str, kind: str) -> None:
-        """Deliver one fault to the pipeline's service ``service``: ``kill`` as SIGKILL of its process, any other
-        kind through its actor."""
-        spec = self.pipeline.services[service]
-        if kind == "kill":
-            os.kill(int(spec.pid or 0), signal.SIGKILL)
-        else:
-            spec.handle.inject.remote(kind)
-
-    def _trainer_backlog(self) -> int:
-        """Sample rows complete for the trainer (every field it reads present) that it has not taken yet."""
-        from relax_services.services import trainer_fields
-
-        return int(self.pipeline.sample_queue.ready("trainer", trainer_fields(self.cfg)))
 
     def _final_eval(self) -> tuple[dict[str, float], int | None]:
         """The held-out reward of the final weights and their version (the last evaluation if the evaluator is down)."""
