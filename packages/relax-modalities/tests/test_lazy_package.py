@@ -53,3 +53,14 @@ def test_dataset_records_stream_without_numpy_or_torch(tmp_path: Path) -> None:
     assert result["bad"] == 1
     assert "a.png" in result["error"]
     assert result["loaded"] == []
+
+
+def test_the_built_in_columns_are_the_ones_the_registry_declares() -> None:
+    # What the dataset reader uses while the registry (and its media stack) is not loaded.
+    from relax_modalities._modality import MODALITY_PATHS
+    from relax_modalities._paths import AUDIO, IMAGE, VIDEO
+    from relax_modalities._rows import BUILTIN_COLUMNS
+
+    built_in = {p.name: p.column for p in (IMAGE, VIDEO, AUDIO)}
+    assert built_in == BUILTIN_COLUMNS
+    assert list(BUILTIN_COLUMNS) == [n for n in MODALITY_PATHS if n in built_in]  # registry order

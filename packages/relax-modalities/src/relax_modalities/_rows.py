@@ -14,13 +14,31 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relax_core import RewardRequest, RowSchema  # RowSchema lives in relax-core: run configs load it without torch
-from relax_modalities._modality import MODALITY_PATHS
+
+BUILTIN_COLUMNS: dict[str, str] = {"image": "images", "video": "videos", "audio": "audios"}
+"""The built-in modalities' dataset columns, as their paths declare them (``ImagePath.column``, ...; a test keeps
+the two equal), in registry order."""
+
+
+def _registered_columns() -> dict[str, str]:
+    """Name → declared column of every registered modality, in registry order.
+
+    The registry (`MODALITY_PATHS`) lives with the media paths, which import numpy and torch; a process that only
+    streams records must not load them. Registering a modality imports the registry, so when it is not loaded no
+    modality beyond the built-ins can be registered, and their declared columns stand in.
+    """
+    registry = sys.modules.get("relax_modalities._modality")
+    if registry is None:
+        return dict(BUILTIN_COLUMNS)
+    return {name: path.column for name, path in registry.MODALITY_PATHS.items()}
+
 
 __all__ = [
     "BadRow",
@@ -50,13 +68,14 @@ def media_columns(schema: RowSchema) -> dict[str, str]:
         ValueError: ``schema.media_keys`` names a modality that is not registered, or two modalities (or a
             modality and the prompt) read one column; the message names the keys.
     """
-    unknown = sorted(set(schema.media_keys) - set(MODALITY_PATHS))
+    declared = _registered_columns()
+    unknown = sorted(set(schema.media_keys) - set(declared))
     if unknown:
-        registered = ", ".join(MODALITY_PATHS)
+        registered = ", ".join(declared)
         raise ValueError(f"schema.media_keys: {unknown} not registered modalities (registered: {registered})")
     columns: dict[str, str] = {}
-    for name, path in MODALITY_PATHS.items():
-        column = schema.media_key(name) or path.column
+    for name, own_column in declared.items():
+        column = schema.media_key(name) or own_column
         clash = next((n for n, c in columns.items() if c == column), None)
         if clash is not None or column == schema.prompt_key:
             other = f"modality {clash!r}" if clash is not None else "prompt_key"

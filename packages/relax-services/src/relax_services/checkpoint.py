@@ -42,7 +42,7 @@ _NAME = re.compile(r"^step_(\d{8})$")
 _ZIP_MAGIC = b"PK\x03\x04"  # how a torch.save file (a zip archive) begins
 
 
-def write_controller_state(path: Path, state: Mapping[str, Any]) -> None:
+def write_controller_state(path: Path, state: Mapping[str, object]) -> None:
     """Write the controller's state (feeder position, ledger, step, time) to ``path`` as a plain pickle."""
     with open(path, "wb") as f:
         pickle.dump(dict(state), f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -226,7 +226,7 @@ class Controller(FaultInjector):
             service_nodes=self.nodes,
             skipped_media=skipped,
             data=data,
-            service_pids={name: int(spec.pid or 0) for name, spec in self._services().items()},
+            service_pids=self._service_pids(),
             resume_changes=self.resume_changes,
             resumed_from_s=self.resumed_from_s,
             startup=dict(self.startup),
@@ -408,9 +408,10 @@ class Controller(FaultInjector):
         if "pipeline" in built:
             self.pipeline.stop()
 
-    def _services(self) -> dict[str, Any]:
-        """The pipeline's services (none when no pipeline was ever built)."""
-        return dict(self.pipeline.services) if "pipeline" in vars(self) else {}
+    def _service_pids(self) -> dict[str, int]:
+        """The process id of each of the pipeline's services (none when no pipeline was ever built)."""
+        services = self.pipeline.services if "pipeline" in vars(self) else {}
+        return {name: int(spec.pid or 0) for name, spec in services.items()}
 
     def _gave_up_message(self, exc: ServiceGaveUpError) -> str:
         """What failed, what the run kept, and how to continue it."""

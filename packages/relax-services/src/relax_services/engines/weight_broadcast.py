@@ -105,11 +105,17 @@ class BucketSink(Protocol):
     """Receives one version bucket by bucket (:class:`~relax_services.engines.weight_buckets.BucketLoader` is
     one)."""
 
-    def begin(self) -> None: ...
+    def begin(self) -> None:
+        """A new version starts; what earlier buckets of a broken version left is dropped."""
+        ...
 
-    def apply(self, bucket: PackedBucket) -> None: ...
+    def apply(self, bucket: PackedBucket) -> None:
+        """One bucket of the version, in order."""
+        ...
 
-    def finish(self) -> None: ...
+    def finish(self) -> None:
+        """Every bucket of the version arrived: it may replace the last complete one."""
+        ...
 
 
 class StateDictSink:
@@ -125,14 +131,17 @@ class StateDictSink:
         self._pending: dict[str, torch.Tensor] = {}
 
     def begin(self) -> None:
+        """Starts collecting a new version (a half-received one is dropped)."""
         self._pending = {}
 
     def apply(self, bucket: PackedBucket) -> None:
+        """Copies the bucket's tensors to CPU into the pending version."""
         for spec in bucket.specs:
             raw = bucket.buffer[spec.offset : spec.offset + spec.num_bytes]
             self._pending[spec.name] = raw.view(spec.dtype).reshape(spec.shape).to("cpu", copy=True)
 
     def finish(self) -> None:
+        """The pending version is complete: it becomes :attr:`state_dict`."""
         self.state_dict, self._pending = self._pending, {}
 
 

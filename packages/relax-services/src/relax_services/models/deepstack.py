@@ -21,11 +21,12 @@ from relax_services.models.families import family_of_model
 __all__ = ["DeepstackFeatures", "text_decoder"]
 
 
-def text_decoder(model: torch.nn.Module) -> Any:
+def text_decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The text decoder relax runs on input embeddings (final hidden states, no LM head): the family's base
     model, or for a DeepStack family its language model (the one module that takes ``deepstack_visual_embeds``)."""
     base: Any = cast(Any, model).model  # every family's causal LM keeps its decoder here (typed loosely)
-    return base.language_model if family_of_model(model).deepstack else base
+    decoder: torch.nn.Module = base.language_model if family_of_model(model).deepstack else base
+    return decoder
 
 
 class DeepstackFeatures:
@@ -62,7 +63,7 @@ class DeepstackFeatures:
         ]
         self.visual = self.visual | mask[..., 0]
 
-    def decoder_kwargs(self) -> dict[str, object]:
+    def decoder_kwargs(self) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """``visual_pos_masks`` and ``deepstack_visual_embeds`` (each ``[vision tokens, H]``, in the row-major
         order of ``visual_pos_masks``, as the model's own forward builds them); empty without vision tokens."""
         if not self._layers:

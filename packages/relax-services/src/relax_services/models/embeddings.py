@@ -55,7 +55,7 @@ def _encode(
 
 def decoder_inputs(
     model: torch.nn.Module, prompts: Sequence[OmniPrompt], input_ids: torch.Tensor, device: torch.device | str
-) -> dict[str, Any]:
+) -> dict[str, torch.Tensor | list[torch.Tensor]]:
     """The text decoder's inputs (:func:`~relax_services.models.deepstack.text_decoder`) for a padded batch:
     token embeddings with media features in the placeholders, each distinct media item encoded once, and for a
     DeepStack family the vision tokens' inner-layer features.
@@ -107,5 +107,5 @@ def embed_inputs(
     Returns:
         ``[B, T, H]`` embeddings to pass as ``inputs_embeds`` (without the media kwargs).
     """
-    embeds: torch.Tensor = decoder_inputs(model, prompts, input_ids, device)["inputs_embeds"]
+    embeds = cast(torch.Tensor, decoder_inputs(model, prompts, input_ids, device)["inputs_embeds"])
     return embeds
