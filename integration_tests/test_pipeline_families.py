@@ -15,11 +15,8 @@ from relax_services.checkpoint import ENGINE_FILE, CheckpointManager
 from relax_services.models.tiny_families import write_tiny_checkpoint
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
-def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp_path: Path) -> None:
-    folder = write_tiny_checkpoint(tmp_path / family, family, seed=0)
-    cfg = small_config(f"model.source={folder}", "data.tasks=[text]", "staleness.tau=2", "trainer.total_steps=4")
+def _four_updates_at_tau2(cfg, run_pipeline) -> Path:
+    """Runs ``cfg``; checks 4 finite updates whose tokens were never staler than τ = 2; the latest checkpoint."""
     result = run_pipeline(cfg)
     assert result.steps == 4
     rows = list(read_metrics(result.run_dir / "metrics.jsonl", "train"))
@@ -29,9 +26,18 @@ def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp
             hist[int(k)] = hist.get(int(k), 0) + v
     assert sum(hist.values()) == 4 * cfg.samples_per_step and max(hist) <= 2, hist  # never staler than τ
     assert len(rows) == 4 and all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
-    # The updates moved the weights away from the folder's.
     latest = CheckpointManager(result.run_dir / "checkpoints").latest()
     assert latest is not None
+    return latest
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp_path: Path) -> None:
+    folder = write_tiny_checkpoint(tmp_path / family, family, seed=0)
+    cfg = small_config(f"model.source={folder}", "data.tasks=[text]", "staleness.tau=2", "trainer.total_steps=4")
+    latest = _four_updates_at_tau2(cfg, run_pipeline)
+    # The updates moved the weights away from the folder's.
     final = torch.load(latest / ENGINE_FILE, weights_only=False)["model"]
     initial = load_file(folder / "model.safetensors")
     assert any(not torch.equal(final[k], initial[k]) for k in initial)
@@ -45,17 +51,7 @@ def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp
 def test_qwen3_vl_trains_images_at_tau2(small_config, run_pipeline, tmp_path: Path) -> None:
     folder = write_tiny_checkpoint(tmp_path / "qwen3-vl", "qwen3-vl", seed=0)
     cfg = small_config(f"model.source={folder}", "data.tasks=[image, text]", "staleness.tau=2", "trainer.total_steps=4")
-    result = run_pipeline(cfg)
-    assert result.steps == 4
-    rows = list(read_metrics(result.run_dir / "metrics.jsonl", "train"))
-    hist: dict[int, int] = {}
-    for row in rows:
-        for k, v in row["token_staleness_hist"].items():
-            hist[int(k)] = hist.get(int(k), 0) + v
-    assert sum(hist.values()) == 4 * cfg.samples_per_step and max(hist) <= 2, hist  # never staler than τ
-    assert len(rows) == 4 and all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
-    latest = CheckpointManager(result.run_dir / "checkpoints").latest()
-    assert latest is not None
+    latest = _four_updates_at_tau2(cfg, run_pipeline)
     final = torch.load(latest / ENGINE_FILE, weights_only=False)["model"]
     initial = load_file(folder / "model.safetensors")
     # The updates moved the vision tower's weights too (DeepStack mergers included: their features reach the loss).

@@ -138,36 +138,12 @@ def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
 
 
 def _write_model(work: Path, seed: int) -> Path:
-    """The policy both sides train: a ``Qwen2ForCausalLM`` folder (weights, config, tokenizer with its chat
-    template) at ``work/model``, the bench's decoder sizes, initial weights from ``seed``."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """The policy both sides train: the tiny ``Qwen2ForCausalLM`` checkpoint folder of the family tests (width 64,
+    2 layers, 4 heads, 2 KV heads, FFN 128, untied head; relax's 64-token tokenizer with its chat template) at
+    ``work/model``, initial weights from ``seed``."""
+    from relax_services.models.tiny_families import write_tiny_checkpoint
 
-    from relax_services.models import DEFAULT_SOURCE, open_checkpoint
-
-    tokenizer = open_checkpoint(DEFAULT_SOURCE).tokenizer  # relax's 64-token vocabulary and chat template
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    folder = work / "model"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return write_tiny_checkpoint(work / "model", "qwen2", seed)
 
 
 def _write_task(work: Path) -> None:
