@@ -31,7 +31,7 @@ from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
 from relax_queue._payload import PayloadPacker, open_payloads
-from relax_queue._queue import _lease_id, _normalise_fields
+from relax_queue._progress import batch_lease_id, normalise_fields
 from relax_queue._ray_actor import actor_class, ray_module
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
@@ -304,7 +304,7 @@ class RayQueueClient:
         replica: ReplicaSet | None = None,
     ) -> RayReader:
         """See :meth:`TransferQueue.reader`."""
-        return RayReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+        return RayReader(self, task, normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 
     def get(
         self,
@@ -321,7 +321,7 @@ class RayQueueClient:
 
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
-        acked = None if ack is None else _lease_id(ack)
+        acked = None if ack is None else batch_lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = unpack(
             _unwrap(self._remote("get", _request(task, fields, n, batcher, timeout, replica, acked)))
         )
@@ -350,7 +350,7 @@ class RayQueueClient:
 
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
-        acked = None if ack is None else _lease_id(ack)
+        acked = None if ack is None else batch_lease_id(ack)
         reply = _unwrap(self._remote("get_columns", _request(task, fields, n, batcher, timeout, replica, acked)))
         head, passed = (reply, None) if type(reply) is bytes else reply
         wire = unpack(head)
@@ -389,15 +389,15 @@ class RayQueueClient:
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """See :meth:`TransferQueue.ack`."""
-        self._call("ack", _lease_id(batch), rank=rank)
+        self._call("ack", batch_lease_id(batch), rank=rank)
 
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """See :meth:`TransferQueue.nack`."""
-        self._call("nack", _lease_id(batch))
+        self._call("nack", batch_lease_id(batch))
 
     def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """See :meth:`TransferQueue.renew`."""
-        self._call("renew", _lease_id(batch), timeout_s)
+        self._call("renew", batch_lease_id(batch), timeout_s)
 
     # ------------------------------------------------------------------ staleness
     @property
