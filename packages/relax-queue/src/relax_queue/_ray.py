@@ -23,7 +23,10 @@ large values become unreadable.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+import contextlib
+import pickle
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -67,13 +70,24 @@ def _request(
     timeout: float | None,
     replica: ReplicaSet | None,
     ack: int | None,
+    after: tuple[str, int] | None = None,
 ) -> bytes:
     """A get's arguments as one bytes object: Ray serialises each argument of a call on its own
-    (≈ 0.2 ms for a get's seven here), one pickled blob costs one. Batchers and replica sets go
-    through cloudpickle, so classes Ray would ship by value still travel."""
-    return cast(
-        bytes, ray_module().cloudpickle.dumps((task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, ack))
-    )
+    (≈ 0.2 ms for a get's seven here), one pickled blob costs one.
+
+    The package's own batchers and replica sets are pickled by reference with plain pickle (5 µs); any
+    other batcher goes through cloudpickle (0.17-0.34 ms a get here, the largest part of a single-row get's
+    own work), so classes Ray would ship by value (defined in ``__main__`` or a notebook) still travel.
+    """
+    chosen = batcher or FixedSizeBatcher()
+    args = (task, fields, n, chosen, timeout, replica, ack, after)
+    if type(chosen).__module__ in _OWN_MODULES and (replica is None or type(replica) is ReplicaSet):
+        return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    return cast(bytes, ray_module().cloudpickle.dumps(args))
+
+
+# Modules whose classes every queue process imports by name (plain pickle's by-reference form is enough).
+_OWN_MODULES = frozenset(("relax_queue._batchers", "relax_queue._replica"))
 
 
 def _unwrap(refs: Any) -> Any:
@@ -98,6 +112,7 @@ def create_ray_queue(
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     durable_payloads: bool = True,
     opaque_values: bool = True,
+    pipeline_puts: bool = False,
 ) -> RayQueueClient:
     """Start the named queue actor (once per cluster) and return a client.
 
@@ -113,6 +128,8 @@ def create_ray_queue(
             (one extra copy in the object store); ``False`` trades that safety for speed.
         opaque_values: this client sends field values of classes outside ``PLAIN_MODULES`` as pickled
             payloads, so the actor never imports their modules (``False``: as they are).
+        pipeline_puts: this client's puts return once submitted; their errors surface on its next call
+            (see :class:`RayQueueClient`).
 
     Raises:
         ValueError: an actor of that name already exists.
@@ -125,7 +142,9 @@ def create_ray_queue(
         options["lifetime"] = "detached"
     actor = actor_class().options(**options).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
-    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values)
+    return RayQueueClient(
+        actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts
+    )
 
 
 def connect(
@@ -135,10 +154,14 @@ def connect(
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     opaque_values: bool = True,
+    pipeline_puts: bool = False,
 ) -> RayQueueClient:
-    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none)."""
+    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none); arguments as
+    :func:`create_ray_queue`'s."""
     actor = ray_module().get_actor(name, namespace=namespace)
-    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values)
+    return RayQueueClient(
+        actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts
+    )
 
 
 @dataclass
@@ -146,6 +169,15 @@ class RayQueueClient:
     """Client of a Ray queue actor with the sync :class:`TransferQueue` API; picklable.
 
     Pass it to other Ray actors and tasks as an argument, or :func:`connect` by name.
+
+    With ``pipeline_puts`` a put (``put``, ``put_many``, ``put_columns``) returns once it is submitted, and
+    the client's next call overlaps with it: a get is sent at once and the actor serves it only after that
+    put is applied (so the client reads its own writes, in one round trip less); any other call, a put
+    included, first waits for the put. At most one put is in flight, so backpressure holds one call late.
+    A put's error (a full queue, a closed one) is raised by the client's next call instead, and that call
+    is not made; :meth:`flush` waits for the put in flight. Other clients see the rows only once the put is
+    applied, so a producer that signals a consumer another way calls :meth:`flush` first. A copy of the
+    client (pickled to another process) starts with nothing in flight.
     """
 
     actor: Any
@@ -154,13 +186,58 @@ class RayQueueClient:
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES
     opaque_values: bool = True
+    pipeline_puts: bool = False
     round_trips: int = field(default=0, compare=False)
     """Calls this client made to the queue actor (each one round trip); every method makes one."""
+    _pending: Any = field(default=None, compare=False, repr=False)  # the reference of the put in flight
+    _session: str | None = field(default=None, compare=False, repr=False)  # names this copy's puts to the actor
+    _seq: int = field(default=0, compare=False, repr=False)  # this copy's pipelined puts so far
 
-    def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is another submitter: the put in flight and the sequence of its puts stay with this one.
+        return {**self.__dict__, "_pending": None, "_session": None, "_seq": 0}
+
+    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Submit one call to the queue actor (counted in :attr:`round_trips`); returns its reference."""
         self.round_trips += 1
         return getattr(self.actor, method).remote(*args, **kwargs)
+
+    def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`_submit` after the put in flight is applied (its error raised here, this call not made)."""
+        if self._pending is not None:
+            self.flush()
+        return self._submit(method, *args, **kwargs)
+
+    def flush(self) -> None:
+        """Wait until the put in flight (``pipeline_puts``) is applied; raise its error. No call when none is."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            _unwrap(pending)
+
+    def _put_call(self, method: str, *args: Any) -> None:
+        """Make a put call: wait for it, or (``pipeline_puts``) leave it in flight, numbered for the next get."""
+        if not self.pipeline_puts:
+            _unwrap(self._remote(method, *args))
+            return
+        self.flush()
+        if self._session is None:
+            self._session = uuid.uuid4().hex
+        self._seq += 1
+        self._pending = self._submit(method, *args, (self._session, self._seq))
+
+    def _get_call(self, method: str, request: Callable[[tuple[str, int] | None], bytes]) -> Any:
+        """Make a get call built by ``request(after)``; with a put in flight, the actor serves it after that put."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return _unwrap(self._submit(method, request(None)))
+        ref = self._submit(method, request((cast(str, self._session), self._seq)))
+        try:
+            _unwrap(pending)  # the put's own error, if any (the actor refused the get then, leasing nothing)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ray_module().get(ref)  # retrieved, so Ray does not report the refused get as unhandled
+            raise
+        return _unwrap(ref)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return _unwrap(self._remote("call", method, *args, **kwargs))
@@ -210,7 +287,7 @@ class RayQueueClient:
         """See :meth:`TransferQueue.put_many`; one round trip, large values via the object store."""
         wire = self._wire_rows()
         sent = [(r.key, wire(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
-        _unwrap(self._remote("put_many", pack(sent), admitted, timeout))
+        self._put_call("put_many", pack(sent), admitted, timeout)
 
     def put_columns(
         self,
@@ -245,7 +322,7 @@ class RayQueueClient:
             "timeout": timeout,
         }
         inline, passed = split_columns(wire)
-        _unwrap(self._remote("put_columns", pack((cols.keys, inline, options)), passed))
+        self._put_call("put_columns", pack((cols.keys, inline, options)), passed)
 
     def _offload_column(self, column: list[Any], packer: PayloadPacker | None) -> list[Any]:
         """``column`` with its non-plain values packed (``packer``), its large values in the object store and a
@@ -323,7 +400,7 @@ class RayQueueClient:
         """
         acked = None if ack is None else batch_lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = unpack(
-            _unwrap(self._remote("get", _request(task, fields, n, batcher, timeout, replica, acked)))
+            self._get_call("get", lambda after: _request(task, fields, n, batcher, timeout, replica, acked, after))
         )
         batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
         slots = [
@@ -351,7 +428,9 @@ class RayQueueClient:
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
         acked = None if ack is None else batch_lease_id(ack)
-        reply = _unwrap(self._remote("get_columns", _request(task, fields, n, batcher, timeout, replica, acked)))
+        reply = self._get_call(
+            "get_columns", lambda after: _request(task, fields, n, batcher, timeout, replica, acked, after)
+        )
         head, passed = (reply, None) if type(reply) is bytes else reply
         wire = unpack(head)
         n_rows = len(wire[2])
@@ -455,7 +534,8 @@ class RayQueueClient:
         self._call("close")
 
     def shutdown(self) -> None:
-        """Kill the queue actor (its rows are lost unless saved)."""
+        """Kill the queue actor (its rows are lost unless saved; a put in flight is dropped unraised)."""
+        self._pending = None
         ray_module().kill(self.actor)
 
 
