@@ -24,6 +24,7 @@ large values become unreadable.
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -40,11 +41,14 @@ from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
 from relax_queue._wire import (
+    MAX_REPLY_SLOTS,
     StoreRef,
+    chunk_arrays,
     join_columns,
     may_hold_refs,
     pack,
     split_columns,
+    unchunk,
     unpack,
     unpack_column,
 )
@@ -71,6 +75,7 @@ def _request(
     replica: ReplicaSet | None,
     ack: int | None,
     after: tuple[str, int] | None = None,
+    slots: int = 1,
 ) -> bytes:
     """A get's arguments as one bytes object: Ray serialises each argument of a call on its own
     (≈ 0.2 ms for a get's seven here), one pickled blob costs one.
@@ -80,7 +85,7 @@ def _request(
     own work), so classes Ray would ship by value (defined in ``__main__`` or a notebook) still travel.
     """
     chosen = batcher or FixedSizeBatcher()
-    args = (task, fields, n, chosen, timeout, replica, ack, after)
+    args = (task, fields, n, chosen, timeout, replica, ack, after, slots)
     if type(chosen).__module__ in _OWN_MODULES and (replica is None or type(replica) is ReplicaSet):
         return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
     return cast(bytes, ray_module().cloudpickle.dumps(args))
@@ -192,6 +197,8 @@ class RayQueueClient:
     _pending: Any = field(default=None, compare=False, repr=False)  # the reference of the put in flight
     _session: str | None = field(default=None, compare=False, repr=False)  # names this copy's puts to the actor
     _seq: int = field(default=0, compare=False, repr=False)  # this copy's pipelined puts so far
+    # Per task, the return values its next get_columns asks for: 1 + the pieces of chunked columns last time.
+    _reply_slots: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is another submitter: the put in flight and the sequence of its puts stay with this one.
@@ -201,6 +208,11 @@ class RayQueueClient:
         """Submit one call to the queue actor (counted in :attr:`round_trips`); returns its reference."""
         self.round_trips += 1
         return getattr(self.actor, method).remote(*args, **kwargs)
+
+    def _submit_returning(self, slots: int, method: str, *args: Any) -> Any:
+        """:meth:`_submit` of a call with ``slots`` return values (a list of references)."""
+        self.round_trips += 1
+        return getattr(self.actor, method).options(num_returns=slots).remote(*args)
 
     def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`_submit` after the put in flight is applied (its error raised here, this call not made)."""
@@ -214,23 +226,26 @@ class RayQueueClient:
         if pending is not None:
             _unwrap(pending)
 
-    def _put_call(self, method: str, *args: Any) -> None:
-        """Make a put call: wait for it, or (``pipeline_puts``) leave it in flight, numbered for the next get."""
+    def _put_call(self, method: str, args: tuple[Any, ...], pieces: Sequence[Any] = ()) -> None:
+        """Make a put call (``args``, then its ticket, then the ``pieces`` of chunked columns): wait for it, or
+        (``pipeline_puts``) leave it in flight, numbered for the next get."""
         if not self.pipeline_puts:
-            _unwrap(self._remote(method, *args))
+            _unwrap(self._remote(method, *args, None, *pieces))
             return
         self.flush()
         if self._session is None:
             self._session = uuid.uuid4().hex
         self._seq += 1
-        self._pending = self._submit(method, *args, (self._session, self._seq))
+        self._pending = self._submit(method, *args, (self._session, self._seq), *pieces)
 
-    def _get_call(self, method: str, request: Callable[[tuple[str, int] | None], bytes]) -> Any:
-        """Make a get call built by ``request(after)``; with a put in flight, the actor serves it after that put."""
+    def _get_call(self, method: str, request: Callable[[tuple[str, int] | None], bytes], slots: int = 1) -> Any:
+        """Make a get call built by ``request(after)`` with ``slots`` return values; with a put in flight, the
+        actor serves it after that put."""
+        submit = self._submit if slots == 1 else functools.partial(self._submit_returning, slots)
         pending, self._pending = self._pending, None
         if pending is None:
-            return _unwrap(self._submit(method, request(None)))
-        ref = self._submit(method, request((cast(str, self._session), self._seq)))
+            return _unwrap(submit(method, request(None)))
+        ref = submit(method, request((cast(str, self._session), self._seq)))
         try:
             _unwrap(pending)  # the put's own error, if any (the actor refused the get then, leasing nothing)
         except BaseException:
@@ -287,7 +302,7 @@ class RayQueueClient:
         """See :meth:`TransferQueue.put_many`; one round trip, large values via the object store."""
         wire = self._wire_rows()
         sent = [(r.key, wire(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
-        self._put_call("put_many", pack(sent), admitted, timeout)
+        self._put_call("put_many", (pack(sent), admitted, timeout))
 
     def put_columns(
         self,
@@ -322,7 +337,10 @@ class RayQueueClient:
             "timeout": timeout,
         }
         inline, passed = split_columns(wire)
-        self._put_call("put_columns", pack((cols.keys, inline, options)), passed)
+        pieces: list[Any] = []
+        if passed:  # mid-size numpy columns as pieces small enough to ride in the call itself (see _wire)
+            passed, pieces = chunk_arrays(passed)
+        self._put_call("put_columns", (pack((cols.keys, inline, options)), passed), pieces)
 
     def _offload_column(self, column: list[Any], packer: PayloadPacker | None) -> list[Any]:
         """``column`` with its non-plain values packed (``packer``), its large values in the object store and a
@@ -428,10 +446,18 @@ class RayQueueClient:
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
         acked = None if ack is None else batch_lease_id(ack)
+        returns = self._reply_slots.get(task, 1)
         reply = self._get_call(
-            "get_columns", lambda after: _request(task, fields, n, batcher, timeout, replica, acked, after)
+            "get_columns",
+            lambda after: _request(task, fields, n, batcher, timeout, replica, acked, after, returns),
+            returns,
         )
-        head, passed = (reply, None) if type(reply) is bytes else reply
+        pieces: Sequence[Any] = ()
+        if returns > 1:
+            reply, pieces = reply[0], reply[1:]
+        head, passed, needed = (reply, None, 0) if type(reply) is bytes else reply
+        # The next get of this task reserves return values for as many pieces as this reply had.
+        self._reply_slots[task] = min(needed + 1, MAX_REPLY_SLOTS)
         wire = unpack(head)
         n_rows = len(wire[2])
         v_min, v_max, group_ids, group_sizes, tags, staleness, stale, deliveries = (
@@ -441,7 +467,7 @@ class RayQueueClient:
             wire[0],
             wire[1],
             wire[2],
-            join_columns(wire[3], passed),
+            unchunk(join_columns(wire[3], passed), pieces),
             v_min,
             v_max,
             group_ids,

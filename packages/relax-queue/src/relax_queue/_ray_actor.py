@@ -19,6 +19,7 @@ from relax_queue._replica import ReplicaSet
 from relax_queue._types import Key, RowInput
 from relax_queue._wire import (
     StoreRef,
+    chunk_arrays,
     join_columns,
     load_request,
     may_hold_refs,
@@ -27,6 +28,7 @@ from relax_queue._wire import (
     pack_ints,
     pack_tags,
     split_columns,
+    unchunk,
     unpack,
 )
 
@@ -115,6 +117,7 @@ def actor_class() -> Any:
         async def put_many(
             self, wire: Any, admitted: bool, timeout: float | None, ticket: tuple[str, int] | None = None
         ) -> None:
+            """A put of rows; ``ticket`` numbers a pipelined put (see :meth:`_sequenced`)."""
             await self._sequenced(ticket, self._put_many(wire, admitted, timeout))
 
         async def _put_many(self, wire: Any, admitted: bool, timeout: float | None) -> None:
@@ -123,15 +126,16 @@ def actor_class() -> Any:
             await self.aqueue.put_many(rows, admitted=admitted, timeout=timeout)
 
         async def put_columns(
-            self, head: Any, passed: dict[str, Any] | None, ticket: tuple[str, int] | None = None
+            self, head: Any, passed: dict[str, Any] | None, ticket: tuple[str, int] | None = None, *pieces: Any
         ) -> None:
             """One round trip for all rows: keys, small columns and put_columns' keyword arguments in
-            ``head`` (see ``_wire``), large array columns and object-store references in ``passed``."""
-            await self._sequenced(ticket, self._put_columns(head, passed))
+            ``head`` (see ``_wire``), large array columns and object-store references in ``passed``, the
+            pieces of mid-size numpy columns in ``pieces``; ``ticket`` numbers a pipelined put."""
+            await self._sequenced(ticket, self._put_columns(head, passed, pieces))
 
-        async def _put_columns(self, head: Any, passed: dict[str, Any] | None) -> None:
+        async def _put_columns(self, head: Any, passed: dict[str, Any] | None, pieces: tuple[Any, ...]) -> None:
             keys, inline, options = unpack(head)
-            columns = join_columns(inline, passed)
+            columns = unchunk(join_columns(inline, passed), pieces)
             if self.durable and passed:  # only passed columns come from the producer's objects
                 await self.adopt_refs(
                     [
@@ -142,7 +146,8 @@ def actor_class() -> Any:
                         if isinstance(v, StoreRef)
                     ]
                 )
-                for name, column in passed.items():
+                for name in passed:
+                    column = columns[name]  # a column joined from pieces is an array of our own already
                     if is_array(column) and not _writeable(column):
                         # Deserialised from the producer's object (a large argument travels through the
                         # object store, owned by the caller): a copy of our own outlives the producer.
@@ -150,7 +155,8 @@ def actor_class() -> Any:
             await self.aqueue.put_columns(keys, columns, **options)
 
         async def get_columns(self, request: bytes) -> Any:
-            task, fields, n, batcher, timeout, replica, ack, after = load_request(request)
+            """A get of columns; the client asked for ``slots`` return values: the reply, then pieces."""
+            task, fields, n, batcher, timeout, replica, ack, after, slots = load_request(request)
             await self._after(after)
             self._ack_first(ack, replica)
             b = await self.aqueue.get_columns(
@@ -177,7 +183,16 @@ def actor_class() -> Any:
             )
             # Bytes alone when all of it pickled; else a list, which Ray packs natively (a tuple it pickles).
             blob = pack(head)
-            return blob if passed is None and type(blob) is bytes else [blob, passed]
+            needed, sent = 0, []
+            if passed:
+                chunked, pieces = chunk_arrays(passed)
+                needed = len(pieces)  # the client reserves this many next time
+                if pieces and needed < slots:  # room for them: each piece one return value, inlined by Ray
+                    passed, sent = chunked, pieces
+            reply = blob if passed is None and type(blob) is bytes else [blob, passed, needed]
+            if slots == 1:
+                return reply
+            return (reply, *sent, *[None] * (slots - 1 - len(sent)))
 
         async def add_fields_many(self, updates: dict[Key, Mapping[str, Any]]) -> int:
             await self.adopt(list(updates.values()))
@@ -189,7 +204,7 @@ def actor_class() -> Any:
                 self.queue.ack(lease_id, rank=None if replica is None else replica.rank)
 
         async def get(self, request: bytes) -> Any:
-            task, fields, n, batcher, timeout, replica, ack, after = load_request(request)
+            task, fields, n, batcher, timeout, replica, ack, after, _ = load_request(request)
             await self._after(after)
             self._ack_first(ack, replica)
             batch = await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
