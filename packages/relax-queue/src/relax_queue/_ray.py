@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import pickle
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,77 +33,27 @@ from typing import Any, cast
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
-from relax_queue._payload import PayloadPacker, open_payloads
+from relax_queue._payload import PayloadPacker
 from relax_queue._progress import batch_lease_id, normalise_fields
 from relax_queue._ray_actor import actor_class, ray_module
+from relax_queue._ray_calls import decode_batch, decode_columns, get_request, unwrap
+from relax_queue._ray_reader import RayReader
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
-from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
+from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
 from relax_queue._wire import (
-    MAX_REPLY_SLOTS,
     StoreRef,
     chunk_arrays,
-    join_columns,
     may_hold_refs,
     pack,
     split_columns,
-    unchunk,
     unpack,
-    unpack_column,
 )
 
 __all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
 
 DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
 DEFAULT_OBJECT_STORE_CHUNK_BYTES = 64 * 2**20
-
-
-def _resolve(values: list[StoreRef]) -> list[Any]:
-    """The values ``values`` stand for, each object fetched once in one ``ray.get``."""
-    objects = list(dict.fromkeys(v.ref for v in values))
-    fetched = dict(zip(objects, ray_module().get(objects), strict=True))
-    return [v.pick(fetched[v.ref]) for v in values]
-
-
-def _request(
-    task: str,
-    fields: tuple[str, ...] | None,
-    n: int | None,
-    batcher: Batcher | None,
-    timeout: float | None,
-    replica: ReplicaSet | None,
-    ack: int | None,
-    after: tuple[str, int] | None = None,
-    slots: int = 1,
-) -> bytes:
-    """A get's arguments as one bytes object: Ray serialises each argument of a call on its own
-    (≈ 0.2 ms for a get's seven here), one pickled blob costs one.
-
-    The package's own batchers and replica sets are pickled by reference with plain pickle (5 µs); any
-    other batcher goes through cloudpickle (0.17-0.34 ms a get here, the largest part of a single-row get's
-    own work), so classes Ray would ship by value (defined in ``__main__`` or a notebook) still travel.
-    """
-    chosen = batcher or FixedSizeBatcher()
-    args = (task, fields, n, chosen, timeout, replica, ack, after, slots)
-    if type(chosen).__module__ in _OWN_MODULES and (replica is None or type(replica) is ReplicaSet):
-        return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
-    return cast(bytes, ray_module().cloudpickle.dumps(args))
-
-
-# Modules whose classes every queue process imports by name (plain pickle's by-reference form is enough).
-_OWN_MODULES = frozenset(("relax_queue._batchers", "relax_queue._replica"))
-
-
-def _unwrap(refs: Any) -> Any:
-    """``ray.get`` that re-raises the queue's own exception instead of Ray's wrapper."""
-    ray = ray_module()
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as err:
-        cause = getattr(err, "cause", None)
-        if isinstance(cause, BaseException):
-            raise cause from None
-        raise
 
 
 def create_ray_queue(
@@ -224,13 +173,13 @@ class RayQueueClient:
         """Wait until the put in flight (``pipeline_puts``) is applied; raise its error. No call when none is."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            _unwrap(pending)
+            unwrap(pending)
 
     def _put_call(self, method: str, args: tuple[Any, ...], pieces: Sequence[Any] = ()) -> None:
         """Make a put call (``args``, then its ticket, then the ``pieces`` of chunked columns): wait for it, or
         (``pipeline_puts``) leave it in flight, numbered for the next get."""
         if not self.pipeline_puts:
-            _unwrap(self._remote(method, *args, None, *pieces))
+            unwrap(self._remote(method, *args, None, *pieces))
             return
         self.flush()
         if self._session is None:
@@ -244,18 +193,18 @@ class RayQueueClient:
         submit = self._submit if slots == 1 else functools.partial(self._submit_returning, slots)
         pending, self._pending = self._pending, None
         if pending is None:
-            return _unwrap(submit(method, request(None)))
+            return unwrap(submit(method, request(None)))
         ref = submit(method, request((cast(str, self._session), self._seq)))
         try:
-            _unwrap(pending)  # the put's own error, if any (the actor refused the get then, leasing nothing)
+            unwrap(pending)  # the put's own error, if any (the actor refused the get then, leasing nothing)
         except BaseException:
             with contextlib.suppress(Exception):
                 ray_module().get(ref)  # retrieved, so Ray does not report the refused get as unhandled
             raise
-        return _unwrap(ref)
+        return unwrap(ref)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _unwrap(self._remote("call", method, *args, **kwargs))
+        return unwrap(self._remote("call", method, *args, **kwargs))
 
     def _wire_rows(self) -> Any:
         """A function giving one message's rows' fields as they travel: non-plain values packed (when
@@ -387,7 +336,7 @@ class RayQueueClient:
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """See :meth:`TransferQueue.add_fields_many`."""
         wire = self._wire_rows()
-        return int(_unwrap(self._remote("add_fields_many", {k: wire(f) for k, f in updates.items()})))
+        return int(unwrap(self._remote("add_fields_many", {k: wire(f) for k, f in updates.items()})))
 
     # ------------------------------------------------------------------ consumers
     def reader(
@@ -418,17 +367,9 @@ class RayQueueClient:
         """
         acked = None if ack is None else batch_lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = unpack(
-            self._get_call("get", lambda after: _request(task, fields, n, batcher, timeout, replica, acked, after))
+            self._get_call("get", lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after))
         )
-        batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
-        slots = [
-            (row.fields, name, v) for row in batch.rows for name, v in row.fields.items() if isinstance(v, StoreRef)
-        ]
-        if slots:
-            for (row_fields, name, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
-                row_fields[name] = value
-        open_payloads((row.fields for row in batch.rows), dict.items)
-        return batch
+        return decode_batch(task_name, lease_id, wire, lease_timeout_s, version)
 
     def get_columns(
         self,
@@ -449,48 +390,13 @@ class RayQueueClient:
         returns = self._reply_slots.get(task, 1)
         reply = self._get_call(
             "get_columns",
-            lambda after: _request(task, fields, n, batcher, timeout, replica, acked, after, returns),
+            lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after, returns),
             returns,
         )
-        pieces: Sequence[Any] = ()
         if returns > 1:
             reply, pieces = reply[0], reply[1:]
-        head, passed, needed = (reply, None, 0) if type(reply) is bytes else reply
-        # The next get of this task reserves return values for as many pieces as this reply had.
-        self._reply_slots[task] = min(needed + 1, MAX_REPLY_SLOTS)
-        wire = unpack(head)
-        n_rows = len(wire[2])
-        v_min, v_max, group_ids, group_sizes, tags, staleness, stale, deliveries = (
-            unpack_column(column, n_rows) for column in wire[4:12]
-        )
-        batch = ColumnBatch(
-            wire[0],
-            wire[1],
-            wire[2],
-            unchunk(join_columns(wire[3], passed), pieces),
-            v_min,
-            v_max,
-            group_ids,
-            group_sizes,
-            tags,
-            staleness,
-            stale,
-            deliveries,
-            wire[12],
-            wire[13],
-        )
-        slots = [
-            (column, i, value)
-            for column in batch.columns.values()
-            if type(column) is list and may_hold_refs(column)
-            for i, value in enumerate(column)
-            if isinstance(value, StoreRef)
-        ]
-        if slots:
-            for (column, i, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
-                column[i] = value
-        open_payloads((c for c in batch.columns.values() if type(c) is list and may_hold_refs(c)), enumerate)
-        return batch
+            return decode_columns(reply, pieces, self._reply_slots, task)
+        return decode_columns(reply, (), self._reply_slots, task)
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """See :meth:`TransferQueue.ack`."""
@@ -508,7 +414,7 @@ class RayQueueClient:
     @property
     def version(self) -> int:
         """See :attr:`TransferQueue.version` (one small round trip, no metrics)."""
-        return int(_unwrap(self._remote("version")))
+        return int(unwrap(self._remote("version")))
 
     def publish_version(self, version: int) -> None:
         """See :meth:`TransferQueue.publish_version`."""
@@ -516,7 +422,7 @@ class RayQueueClient:
 
     def admit(self, n: int, timeout: float = 0.0) -> int:
         """See :meth:`TransferQueue.admit`."""
-        return int(_unwrap(self._remote("admit", n, timeout)))
+        return int(unwrap(self._remote("admit", n, timeout)))
 
     def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
         """See :meth:`TransferQueue.release_admission`."""
@@ -538,11 +444,11 @@ class RayQueueClient:
     # ------------------------------------------------------------------ snapshots, metrics, lifetime
     def save(self, path: str) -> None:
         """Snapshot to ``path`` (on the actor's node) with object-store values inlined."""
-        _unwrap(self._remote("save", path))
+        unwrap(self._remote("save", path))
 
     def load(self, path: str, *, reset_running: bool = True) -> None:
         """Restore from ``path`` (on the actor's node); leased rows are redelivered."""
-        _unwrap(self._remote("load", path, reset_running))
+        unwrap(self._remote("load", path, reset_running))
 
     def ready(self, task: str, fields: Sequence[str] | None = None) -> int:
         """See :meth:`TransferQueue.ready`."""
@@ -563,42 +469,3 @@ class RayQueueClient:
         """Kill the queue actor (its rows are lost unless saved; a put in flight is dropped unraised)."""
         self._pending = None
         ray_module().kill(self.actor)
-
-
-@dataclass
-class RayReader:
-    """A reader over the Ray transport (see :class:`Reader`)."""
-
-    client: RayQueueClient
-    task: str
-    fields: tuple[str, ...] | None
-    batcher: Batcher
-    replica: ReplicaSet | None = None
-
-    def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
-    ) -> Batch:
-        """Lease the next batch, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
-        return self.client.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
-        )
-
-    def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
-    ) -> ColumnBatch:
-        """Lease the next batch as columns, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
-        return self.client.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
-        )
-
-    def ack(self, batch: Batch | ColumnBatch) -> None:
-        """Consume ``batch``."""
-        self.client.ack(batch, rank=None if self.replica is None else self.replica.rank)
-
-    def nack(self, batch: Batch | ColumnBatch) -> None:
-        """Give ``batch`` back for redelivery."""
-        self.client.nack(batch)
-
-    def renew(self, batch: Batch | ColumnBatch, timeout_s: float | None = None) -> None:
-        """Extend the lease of ``batch``."""
-        self.client.renew(batch, timeout_s)
