@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import queue
+import statistics
 import subprocess
 import sys
 import time
@@ -325,6 +326,21 @@ def best_of(runs: list[list[Result]]) -> list[Result]:
     return [max(same, key=lambda r: r["rows_per_s"]) for same in zip(*runs, strict=True)]
 
 
+def median_of(runs: list[list[Result]]) -> list[Result]:
+    """Each contender's median over the runs (rows/s, GB/s and latencies each the median of its own);
+    ``repeats`` lists every run's rows/s, so a reader can see the spread."""
+    out: list[Result] = []
+    for same in zip(*runs, strict=True):
+        merged = dict(same[0])
+        for key in ("rows_per_s", "p50_ms", "p99_ms", "gb_per_s"):
+            values = sorted(r[key] for r in same if r[key] is not None and r[key] == r[key])
+            if values:
+                merged[key] = statistics.median(values)
+        merged["repeats"] = [r["rows_per_s"] for r in same]
+        out.append(merged)
+    return out
+
+
 def table(results: list[Result]) -> str:
     lines = [
         "| transport | workload | rows/s | p50 ms/op | p99 ms/op | GB/s |",
@@ -450,24 +466,26 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every op count (0.1 for a smoke run)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray contenders")
     parser.add_argument("--tq-python", default=None, help="python of a venv with transferqueue installed")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of every contender, in turn; the best is kept")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every contender, in turn")
+    parser.add_argument(
+        "--keep", choices=("best", "median"), default="best", help="of the repeated runs, keep each contender's..."
+    )
     parser.add_argument("--suite", choices=("all", "arrays"), default="all", help="arrays: the array workloads only")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     arrays_only = args.suite == "arrays"
-    results = [] if arrays_only else best_of([bench_in_process(args.scale) for _ in range(args.repeat)])
-    results += best_of([_bench_arrays.bench_in_process(measure, args.scale) for _ in range(args.repeat)])
+    keep = best_of if args.keep == "best" else median_of
+    results = [] if arrays_only else keep([bench_in_process(args.scale) for _ in range(args.repeat)])
+    results += keep([_bench_arrays.bench_in_process(measure, args.scale) for _ in range(args.repeat)])
     if not args.no_ray:
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 2**30)
         try:
-            results += best_of(
-                [_bench_arrays.bench_ray_self_loop(ray, measure, args.scale) for _ in range(args.repeat)]
-            )
-            results += _bench_arrays.bench_ray_actors(ray, args.scale)
-            results += best_of([bench_ray(args.scale, tensors_only=arrays_only) for _ in range(args.repeat)])
+            results += keep([_bench_arrays.bench_ray_self_loop(ray, measure, args.scale) for _ in range(args.repeat)])
+            results += keep([_bench_arrays.bench_ray_actors(ray, args.scale) for _ in range(args.repeat)])
+            results += keep([bench_ray(args.scale, tensors_only=arrays_only) for _ in range(args.repeat)])
         finally:
             ray.shutdown()
     if args.tq_python:
@@ -476,6 +494,11 @@ def main() -> None:
         if not tq:
             print("transferqueue: could not run here (see the error above)", file=sys.stderr)
     print(table(results))
+    spread = [r for r in results if len(r.get("repeats", ())) > 1]
+    if spread:
+        print("\nrows/s of each run (median kept):")
+        for r in spread:
+            print(f"- {r['transport']}, {r['workload']}: " + ", ".join(f"{v:,.0f}" for v in r["repeats"]))
     print("\nAgainst the targets (measured in this run):\n" + targets(results))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n(total {time.time() - t0:.0f} s, {os.cpu_count()} CPUs, load average {load}, scale {args.scale})")
