@@ -5,7 +5,9 @@ asyncio face, so a waiting ``get`` never stalls other callers. Field values at o
 ``object_store_threshold`` bytes (tensors, arrays, media) are ``ray.put`` by the producer and only
 their references go through the actor; consumers fetch all references of a batch in one ``ray.get``.
 Every client call is one actor call (counted in ``RayQueueClient.round_trips``) and moves many rows;
-what it carries is described in ``_wire``, the actor is in ``_ray_actor``.
+what it carries is described in ``_wire`` (mid-size numpy columns as pieces Ray inlines in the call), the
+actor is in ``_ray_actor``, get requests and reply decoding in ``_ray_calls``. With ``pipeline_puts`` a put
+returns once submitted and the actor serves the client's next get after it (see :class:`RayQueueClient`).
 
 Field values whose classes live outside the modules every queue process has (a model's prompt object, a
 tensor) travel as opaque :class:`~relax_queue._payload.Payload` bytes, pickled by the producer's client and
