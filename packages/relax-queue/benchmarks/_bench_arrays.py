@@ -9,6 +9,9 @@ Three numpy fields of shape ``(n, d)`` (188 bytes a row) at 1, 100 and 1000 rows
 - a GRPO-like trace: 4 producer actors put groups of 8 rows, one consumer actor takes 4 whole
   groups a batch (relax: ``GroupBatcher(4)``; ``ray.util.queue``: one item per group, 4 gets);
 - one actor round trip (a no-op actor call) measured in the same run, the unit for single-row latency.
+
+Every relax workload over Ray runs twice: with the default client, and with ``pipeline_puts=True`` (a put
+returns once submitted; the next get is served after it).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ def bench_ray_self_loop(ray: Any, measure: Measure, scale: float) -> list[Result
     out: list[Result] = []
     rq = RayUtilQueue(actor_options={"num_cpus": 0})
     client = create_ray_queue("bench-arrays", _config())
+    piped = create_ray_queue("bench-arrays-piped", _config(), pipeline_puts=True)
     try:
         # The unit of latency: one call to the queue actor that does nothing.
         out.append(measure("actor round trip", "no-op call", lambda i: client.version, _ops(1, scale), 1))
@@ -101,27 +105,35 @@ def bench_ray_self_loop(ray: Any, measure: Measure, scale: float) -> list[Result
                 rq.put(cols)
                 rq.get()
 
-            reader = client.reader("c", ["obs", "act", "reward"], FixedSizeBatcher(n))
-            key, held = [n * 10**9], [None]  # one queue for every size: keys must not repeat
-
-            def relax_op(
-                i: int, cols: Any = cols, n: int = n, reader: Any = reader, key: list[int] = key, held: Any = held
-            ) -> None:
-                base = key[0]
-                key[0] += n
-                client.put_columns(range(base, base + n), cols)
-                held[0] = reader.get_columns(timeout=30, ack=held[0])
-
             ops = _ops(n, scale)
             workload = f"numpy (n, d), {n} rows a call, self loop"
             out.append(measure("ray.util.queue, whole batch", workload, rq_op, ops, n, ROW_BYTES))
-            calls = getattr(client, "round_trips", None)  # None: an older relax-queue measured side by side
-            out.append(measure("relax Ray columns", workload, relax_op, ops, n, ROW_BYTES))
-            if calls is not None:
-                out[-1]["calls_per_op"] = (client.round_trips - calls) / (ops + 1)  # measure() warms up once
-            reader.ack(held[0])
+            for label, c in (("relax Ray columns", client), ("relax Ray columns, pipelined puts", piped)):
+                reader = c.reader("c", ["obs", "act", "reward"], FixedSizeBatcher(n))
+                key, held = [n * 10**9], [None]  # one queue for every size: keys must not repeat
+
+                def relax_op(
+                    i: int,
+                    cols: Any = cols,
+                    n: int = n,
+                    c: Any = c,
+                    reader: Any = reader,
+                    key: list[int] = key,
+                    held: Any = held,
+                ) -> None:
+                    base = key[0]
+                    key[0] += n
+                    c.put_columns(range(base, base + n), cols)
+                    held[0] = reader.get_columns(timeout=30, ack=held[0])
+
+                calls = getattr(c, "round_trips", None)  # None: an older relax-queue measured side by side
+                out.append(measure(label, workload, relax_op, ops, n, ROW_BYTES))
+                if calls is not None:
+                    out[-1]["calls_per_op"] = (c.round_trips - calls) / (ops + 1)  # measure() warms up once
+                reader.ack(held[0])
     finally:
         client.shutdown()
+        piped.shutdown()
         ray.kill(rq.actor)
     return out
 
@@ -131,8 +143,8 @@ def _actors(ray: Any) -> tuple[Any, Any]:
     class Producer:
         """Puts ``ops`` batches of ``n`` rows (or groups of 8, for the trace)."""
 
-        def __init__(self, name: str | None, rq: Any) -> None:
-            self.client: RayQueueClient | None = connect(name) if name else None
+        def __init__(self, name: str | None, rq: Any, pipelined: bool = False) -> None:
+            self.client: RayQueueClient | None = connect(name, pipeline_puts=pipelined) if name else None
             self.rq = rq
 
         def run(self, ops: int, n: int, pid: int, grouped: bool) -> None:
@@ -146,6 +158,8 @@ def _actors(ray: Any) -> tuple[Any, Any]:
                     self.client.put_columns(keys, cols, group_ids=[(pid, i)] * n, group_sizes=n)
                 else:
                     self.client.put_columns(keys, cols)
+            if self.client is not None:
+                self.client.flush()  # a pipelined producer's last put, applied before it reports done
 
     @ray.remote(num_cpus=0)
     class Consumer:
@@ -174,11 +188,20 @@ def _actors(ray: Any) -> tuple[Any, Any]:
     return Producer, Consumer
 
 
-def _pipeline(ray: Any, name: str | None, rq: Any, producers: int, ops: int, n: int, groups_per_get: int) -> float:
+def _pipeline(
+    ray: Any,
+    name: str | None,
+    rq: Any,
+    producers: int,
+    ops: int,
+    n: int,
+    groups_per_get: int,
+    pipelined: bool = False,
+) -> float:
     """Wall seconds for ``producers`` actors to put ``ops`` batches of ``n`` rows each and one consumer
     actor to take them all."""
     producer_cls, consumer_cls = _actors(ray)
-    makers = [producer_cls.remote(name, rq) for _ in range(producers)]
+    makers = [producer_cls.remote(name, rq, pipelined) for _ in range(producers)]
     consumer = consumer_cls.remote(name, rq)
     ray.get([a.__ray_ready__.remote() for a in [*makers, consumer]])
     start = time.perf_counter()
@@ -206,12 +229,13 @@ def bench_ray_actors(ray: Any, scale: float) -> list[Result]:
         elapsed = _pipeline(ray, None, rq, producers, ops, n, per_get)
         ray.kill(rq.actor)
         out.append(_result("ray.util.queue, whole batch", workload, rows, elapsed))
-        client = create_ray_queue("bench-actors", _config())
-        try:
-            elapsed = _pipeline(ray, "bench-actors", None, producers, ops, n, per_get)
-        finally:
-            client.shutdown()
-        out.append(_result("relax Ray columns", workload, rows, elapsed))
+        for label, pipelined in (("relax Ray columns", False), ("relax Ray columns, pipelined puts", True)):
+            client = create_ray_queue("bench-actors", _config())
+            try:
+                elapsed = _pipeline(ray, "bench-actors", None, producers, ops, n, per_get, pipelined)
+            finally:
+                client.shutdown()
+            out.append(_result(label, workload, rows, elapsed))
     return out
 
 

@@ -153,3 +153,36 @@ def test_a_column_plain_pickle_refuses_still_travels(ray: Any) -> None:
         assert [f(5) for f in batch.column("f")] == [6, 50, 4]
     finally:
         client.shutdown()
+
+
+def test_mid_size_array_columns_through_ray_in_pieces_equal_the_in_process_queue(ray: Any) -> None:
+    """Batches of changing size: a get reserves return values for as many pieces as the task's previous
+    reply had; when they are too few, the columns come whole. Every batch equals the in-process queue's."""
+    config = QueueConfig(tasks=(TaskSpec("t"),))
+    local, client = TransferQueue(config), create_ray_queue("wire-pieces", config)
+    try:
+        rng = np.random.default_rng(5)
+        key, held, local_held = 0, None, None
+        for n in (1000, 10, 1000, 3000, 1000, 1000):
+            keys = list(range(key, key + n))
+            key += n
+            cols = {
+                "obs": rng.random((n, 32), dtype=np.float32),
+                "act": rng.random((n, 7)),
+                "reward": rng.random(n, dtype=np.float32),
+            }
+            for queue in (client, local):
+                queue.put_columns(keys, cols)
+            trips = client.round_trips
+            held = client.reader("t", list(cols), FixedSizeBatcher(n)).get_columns(timeout=30, ack=held)
+            assert client.round_trips - trips == 1
+            local_held = local.reader("t", list(cols), FixedSizeBatcher(n)).get_columns(timeout=0, ack=local_held)
+            assert held.keys == local_held.keys == keys
+            for name, column in cols.items():
+                got = np.asarray(held.column(name))
+                np.testing.assert_array_equal(got, np.asarray(local_held.column(name)))
+                np.testing.assert_array_equal(got, column)
+                assert got.dtype == column.dtype and got.shape == column.shape
+        assert client._reply_slots["t"] > 1  # the last gets came in pieces
+    finally:
+        client.shutdown()

@@ -7,7 +7,19 @@ from typing import Any
 
 import pytest
 
-from relax_queue._wire import INLINE_ARRAY_BYTES, StoreRef, join_columns, pack, split_columns, unpack
+from relax_queue._wire import (
+    CHUNK_BYTES,
+    CHUNKED_MAX_BYTES,
+    INLINE_ARRAY_BYTES,
+    Chunks,
+    StoreRef,
+    chunk_arrays,
+    join_columns,
+    pack,
+    split_columns,
+    unchunk,
+    unpack,
+)
 
 np = pytest.importorskip("numpy")
 
@@ -60,3 +72,33 @@ def test_split_of_small_columns_passes_nothing() -> None:
     inline, passed = split_columns(columns)
     assert passed is None and inline is columns
     assert join_columns(inline, None) is columns
+
+
+def test_mid_size_numpy_columns_travel_as_pieces_under_the_inline_limit_and_join_equal() -> None:
+    rng = np.random.default_rng(0)
+    passed = {
+        "obs": rng.random((1000, 32), dtype=np.float32),  # 128 KB: 2 pieces of 512 rows (64 KiB each)
+        "act": rng.random((1000, 7))[::-1],  # 56 KB, a reversed (non-contiguous) view: 1 piece
+        "img": rng.integers(0, 255, (3, 200, 200, 3), dtype=np.uint8),  # 120 kB rows: too large to cut
+        "huge": np.zeros((CHUNKED_MAX_BYTES // 8 + 1,)),  # over the budget: whole, through the object store
+        "refs": [StoreRef(object(), 10)],
+    }
+    chunked, pieces = chunk_arrays(passed, first=1)
+    assert type(chunked["obs"]) is Chunks and (chunked["obs"].start, chunked["obs"].count) == (1, 2)
+    assert type(chunked["act"]) is Chunks and (chunked["act"].start, chunked["act"].count) == (3, 1)
+    assert chunked["img"] is passed["img"] and chunked["huge"] is passed["huge"] and chunked["refs"] is passed["refs"]
+    assert len(pieces) == 3 and all(len(pickle.dumps(p, protocol=5)) < 100 * 1024 for p in pieces)
+    assert [len(p) for p in pieces] == [CHUNK_BYTES // 128, 1000 - CHUNK_BYTES // 128, 1000]
+    # What arrives: the markers and pieces pickled apart, as Ray sends them; joined in their order.
+    arrived = {name: pickle.loads(pickle.dumps(c)) for name, c in chunked.items() if name != "refs"}
+    joined = unchunk(arrived, [None] + [pickle.loads(pickle.dumps(p)) for p in pieces])
+    for name in ("obs", "act", "img", "huge"):
+        np.testing.assert_array_equal(joined[name], passed[name])
+        assert joined[name].dtype == passed[name].dtype
+    assert joined["obs"].flags.writeable  # joined from two pieces: an array of its own
+
+
+def test_columns_that_cannot_be_cut_are_left_whole() -> None:
+    passed = {"scalar": np.float64(3.0), "empty": np.zeros((0, 4)), "list": [1, 2]}
+    chunked, pieces = chunk_arrays(passed)
+    assert chunked is passed and pieces == []

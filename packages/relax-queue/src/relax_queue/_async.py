@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput
 from relax_queue._errors import QueueClosedError, QueueTimeoutError
-from relax_queue._queue import PutColumns, PutMany, PutOne, TransferQueue, _normalise_fields
+from relax_queue._progress import PutColumns, PutMany, PutOne, normalise_fields
+from relax_queue._queue import TransferQueue
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Batch, ColumnBatch, Key, RowInput
 
@@ -195,7 +196,7 @@ class AsyncTransferQueue:
         """An awaitable reader (see :meth:`TransferQueue.reader`)."""
         with self._core.lock:
             self._core.task(task)
-        return AsyncReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+        return AsyncReader(self, task, normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """:meth:`TransferQueue.ack` (never blocks)."""

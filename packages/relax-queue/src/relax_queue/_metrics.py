@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Counters", "latency_summary"]
+if TYPE_CHECKING:
+    from relax_queue._core import QueueCore
+
+__all__ = ["Counters", "latency_summary", "queue_metrics"]
 
 
 @dataclass
@@ -57,4 +60,47 @@ def latency_summary(samples: deque[float]) -> dict[str, float]:
         "p50_ms": ordered[(n - 1) // 2] * 1e3,
         "p99_ms": ordered[min(n - 1, int(0.99 * n))] * 1e3,
         "max_ms": ordered[-1] * 1e3,
+    }
+
+
+def queue_metrics(core: QueueCore, now: float) -> dict[str, Any]:
+    """``TransferQueue.metrics()`` of ``core`` at monotonic time ``now`` (caller holds the lock)."""
+    core.unblock()  # per-task backlogs and leases are counted over stored rows
+    core.expire(now)
+    leased: dict[str, int] = {name: 0 for name in core.tasks}
+    for lease in core.leases.values():
+        leased[lease.task.spec.name] += len(core.live_rows(lease))
+    counters = core.counters.scalars()
+    return {
+        "depth_rows": len(core.rows),
+        "depth_bytes": core.nbytes if core.config.capacity.max_bytes is not None else core.measure_bytes(),
+        "max_rows": core.config.capacity.max_rows,
+        "max_bytes": core.config.capacity.max_bytes,
+        "version": core.version,
+        "tasks": {
+            name: {
+                "backlog": len(ts.pending) + len(ts.retry),
+                "leased": leased[name],
+                "delivered": ts.delivered,
+                "acked": ts.acked,
+                "staleness_histogram": dict(sorted(ts.staleness_hist.items())),
+            }
+            for name, ts in core.tasks.items()
+        },
+        "admission": {
+            "accepted": core.accepted,
+            "running": core.running,
+            "capacity": core.admission_capacity(),
+            "granted": counters.pop("admission_granted"),
+            "waits": counters.pop("admission_waits"),
+            "wait_s": counters.pop("admission_wait_s"),
+            "released": counters.pop("admission_released"),
+            "failed": counters.pop("admission_failed"),
+            "refunded": counters.pop("admission_refunded"),
+            "unmatched": counters.pop("admission_unmatched"),
+        },
+        "requeued_pending": len(core.requeued),
+        **counters,
+        "put_latency": latency_summary(core.counters.put_latency_s),
+        "get_latency": latency_summary(core.counters.get_latency_s),
     }

@@ -1,4 +1,4 @@
-"""``TransferQueue``: the thread-safe, blocking (sync) face of the queue, and its ``Reader``."""
+"""``TransferQueue``: the thread-safe, blocking (sync) face of the queue."""
 
 from __future__ import annotations
 
@@ -8,21 +8,27 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
-from relax_queue._columnar import ColumnInput, put_columns, try_get_columns
+from relax_queue._columnar import ColumnInput
 from relax_queue._config import QueueConfig
-from relax_queue._core import FULL, QueueCore
-from relax_queue._errors import (
-    ArgumentError,
-    FieldTypeError,
-    GroupDeadlockError,
-    QueueClosedError,
-    QueueFullError,
-    QueueTimeoutError,
-    RelaxQueueError,
-)
-from relax_queue._metrics import latency_summary
+from relax_queue._core import QueueCore
+from relax_queue._errors import QueueTimeoutError, RelaxQueueError
+from relax_queue._metrics import queue_metrics
 from relax_queue._payload import PayloadPacker
 from relax_queue._payload import open_payloads as _open_payloads
+from relax_queue._progress import (
+    PutColumns,
+    PutMany,
+    PutOne,
+    attempt_once,
+    batch_lease_id,
+    check_open,
+    deadlock_hint,
+    get_attempt,
+    get_columns_attempt,
+    normalise_fields,
+    wait_for,
+)
+from relax_queue._reader import Reader
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
 from relax_queue._snapshot import atomic_write, core_state, load_core_state, read_state
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
@@ -34,124 +40,6 @@ T = TypeVar("T")
 
 class VersionError(RelaxQueueError, ValueError):
     """A published policy version is not an int or goes backwards."""
-
-
-def _lease_id(batch: Batch | ColumnBatch | int) -> int:
-    return batch if isinstance(batch, int) else batch.lease_id
-
-
-def _normalise_fields(task: str, fields: Iterable[str] | None) -> tuple[str, ...] | None:
-    if fields is None:
-        return None
-    if isinstance(fields, str):
-        raise FieldTypeError(f"reader of task {task!r}: fields must be a list of names, got the string {fields!r}")
-    names = tuple(fields)
-    for name in names:
-        if not isinstance(name, str):
-            raise FieldTypeError(f"reader of task {task!r}: field names must be str, got {name!r}")
-    return names
-
-
-class PutMany:
-    """Progress of a ``put_many``: resumable after waiting for capacity (shared by sync/async)."""
-
-    def __init__(self, core: QueueCore, rows: Sequence[RowInput], admitted: bool) -> None:
-        self.core, self.rows, self.admitted, self.done = core, rows, admitted, 0
-        self.inserted: list[Key] = []
-
-    def __call__(self, now: float) -> bool | None:
-        self.done = self.core.put_rows(self.rows, self.done, self.admitted, self.inserted)
-        if self.done < len(self.rows):
-            _full_or_deadlock(self.core, self.inserted, len(self.rows))
-            return None
-        self.core.notify()
-        return True
-
-    def full_error(self, timeout: float | None) -> QueueFullError:
-        return _full_error(self.core, timeout, self.inserted, len(self.rows))
-
-
-class PutColumns:
-    """Progress of a ``put_columns``, like :class:`PutMany` (shared by sync/async)."""
-
-    def __init__(self, core: QueueCore, columns: ColumnInput, admitted: bool) -> None:
-        self.core, self.columns, self.admitted, self.done = core, columns, admitted, 0
-        self.inserted: list[Key] = []
-
-    def __call__(self, now: float) -> bool | None:
-        self.done = put_columns(self.core, self.columns, self.done, self.admitted, self.inserted)
-        if self.done < len(self.columns):
-            _full_or_deadlock(self.core, self.inserted, len(self.columns))
-            return None
-        self.core.notify()
-        return True
-
-    def full_error(self, timeout: float | None) -> QueueFullError:
-        return _full_error(self.core, timeout, self.inserted, len(self.columns))
-
-
-class PutOne:
-    """A single ``put``, like :class:`PutMany` of one row without building a :class:`RowInput`."""
-
-    def __init__(
-        self,
-        core: QueueCore,
-        key: Key,
-        fields: Mapping[str, Any],
-        versions: tuple[int, int] | int | None,
-        group_id: Hashable | None,
-        group_size: int | None,
-        tags: Mapping[str, int | float | str] | None,
-        admitted: bool,
-    ) -> None:
-        self.core = core
-        self.row = (key, fields, versions, group_id, group_size, tags, admitted)
-
-    def __call__(self, now: float) -> bool | None:
-        if self.core.put_row(*self.row) is FULL:
-            _full_or_deadlock(self.core, [], 1)
-            return None
-        self.core.notify()
-        return True
-
-    def full_error(self, timeout: float | None) -> QueueFullError:
-        return _full_error(self.core, timeout, [], 1)
-
-
-def _check_open(core: QueueCore, action: str) -> None:
-    """Raise :class:`QueueClosedError` for ``action`` on a closed queue (caller holds the lock)."""
-    if core.closed:
-        raise QueueClosedError(f"cannot {action}: the queue is closed")
-
-
-def _full_or_deadlock(core: QueueCore, inserted: list[Key], total: int) -> None:
-    """Raise :class:`GroupDeadlockError` when waiting for capacity can never help (else the put waits)."""
-    reason = core.group_deadlock()
-    if reason is not None:
-        raise GroupDeadlockError(f"{reason}; {len(inserted)} of {total} rows were stored", inserted=inserted)
-
-
-def _deadlock_hint(core: QueueCore) -> str:
-    """``; group deadlock: ...`` when a full queue holds only incomplete groups, else ``""`` (caller holds the lock)."""
-    cap = core.config.capacity
-    full = (cap.max_rows is not None and core.row_count() >= cap.max_rows) or cap.max_bytes is not None
-    reason = core.group_deadlock() if full else None
-    return "" if reason is None else f"; {reason}"
-
-
-def _full_error(core: QueueCore, timeout: float | None, inserted: list[Key], total: int) -> QueueFullError:
-    cap = core.config.capacity
-    return QueueFullError(
-        f"queue full for {timeout} s (rows {core.row_count()}/{cap.max_rows}, "
-        f"bytes {core.nbytes}/{cap.max_bytes}); {len(inserted)} of {total} rows were stored",
-        inserted=inserted,
-    )
-
-
-def check_batch_size(task: str, n: Any) -> None:
-    """``n`` of a get: ``None`` (the batcher's default) or an int >= 1."""
-    if n is not None and (type(n) is not int or n < 1):
-        raise ArgumentError(f"get for task {task!r}: n must be None (the batcher's default) or an int >= 1, got {n!r}")
 
 
 class TransferQueue:
@@ -181,46 +69,6 @@ class TransferQueue:
     def config(self) -> QueueConfig:
         """The queue's configuration."""
         return self._core.config
-
-    # ------------------------------------------------------------------ waiting
-    def _attempt_once(self, attempt: Callable[[float], T | None]) -> T | None:
-        """Run ``attempt`` once under the lock: the usual call succeeds at once and needs none of
-        :meth:`_wait`'s machinery."""
-        core = self._core
-        with core.lock:
-            if core.closed:
-                raise QueueClosedError("the queue is closed")
-            return attempt(time.monotonic())
-
-    def _wait(
-        self, attempt: Callable[[float], T | None], timeout: float | None, on_timeout: Callable[[], Exception]
-    ) -> T:
-        """Run ``attempt`` under the lock until it returns a value, waking on changes and lease deadlines."""
-        core = self._core
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with core.lock:
-            while True:
-                if core.closed:
-                    raise QueueClosedError("the queue is closed")
-                now = time.monotonic()
-                result = attempt(now)
-                if result is not None:
-                    return result
-                wait = None if deadline is None else deadline - now
-                if wait is not None and wait <= 0:
-                    raise on_timeout()
-                lease_deadline = core.next_deadline()
-                if lease_deadline is not None:
-                    wait = (
-                        max(lease_deadline - now, 0.0) + 1e-4
-                        if wait is None
-                        else min(wait, lease_deadline - now + 1e-4)
-                    )
-                core.waiting += 1
-                try:
-                    core.cond.wait(wait)
-                finally:
-                    core.waiting -= 1
 
     # ------------------------------------------------------------------ producers
     def put(
@@ -307,10 +155,10 @@ class TransferQueue:
     def _put(self, progress: PutMany | PutColumns | PutOne, timeout: float | None) -> None:
         start = time.perf_counter()
         core = self._core
-        if self._attempt_once(progress) is None:
+        if attempt_once(self._core, progress) is None:
             with core.lock:
                 core.counters.put_waits += 1
-            self._wait(progress, timeout, lambda: progress.full_error(timeout))
+            wait_for(self._core, progress, timeout, lambda: progress.full_error(timeout))
         core.counters.put_latency_s.append(time.perf_counter() - start)
 
     def add_fields(self, key: Key, fields: Mapping[str, Any]) -> bool:
@@ -320,7 +168,7 @@ class TransferQueue:
             ``False`` when ``key`` is not stored (already consumed, dropped, or never put).
         """
         with self._core.lock:
-            _check_open(self._core, "add_fields")
+            check_open(self._core, "add_fields")
             found = self._core.add_fields(key, fields)
             self._core.notify()
         return found
@@ -329,7 +177,7 @@ class TransferQueue:
         """:meth:`add_fields` for many rows in one call; returns how many keys were stored."""
         core = self._core
         with core.lock:
-            _check_open(core, "add_fields_many")
+            check_open(core, "add_fields_many")
             try:
                 found = sum(core.add_fields(key, fields) for key, fields in updates.items())
             finally:  # fields added before a malformed update stay: their readers must wake
@@ -355,7 +203,7 @@ class TransferQueue:
         """
         with self._core.lock:
             self._core.task(task)  # fail early on an unknown task
-        return Reader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+        return Reader(self, task, normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 
     def get(
         self,
@@ -404,14 +252,15 @@ class TransferQueue:
     ) -> T:
         """Waits for ``attempt`` to deliver a batch (rows or columns) and records the get latency."""
         start = time.perf_counter()
-        batch = self._attempt_once(attempt)
+        batch = attempt_once(self._core, attempt)
         if batch is None:
-            batch = self._wait(
+            batch = wait_for(
+                self._core,
                 attempt,
                 timeout,
                 lambda: QueueTimeoutError(
                     f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"
-                    + _deadlock_hint(self._core)
+                    + deadlock_hint(self._core)
                 ),
             )
         self._core.counters.get_latency_s.append(time.perf_counter() - start)
@@ -430,16 +279,7 @@ class TransferQueue:
         Raises:
             ArgumentError: ``n`` is not ``None`` or an int >= 1.
         """
-        check_batch_size(task, n)
-        chosen = batcher or FixedSizeBatcher()
-        core, replicas = self._core, self._replicas
-
-        def attempt(now: float) -> Batch | None:
-            if replica is None:
-                return core.try_get(task, fields, n, chosen, now)
-            return replicas.try_get(core, task, fields, n, chosen, now, replica)
-
-        return attempt
+        return get_attempt(self._core, self._replicas, task, fields, n, batcher, replica)
 
     def get_columns_attempt(
         self,
@@ -450,16 +290,7 @@ class TransferQueue:
         replica: ReplicaSet | None,
     ) -> Callable[[float], ColumnBatch | None]:
         """:meth:`get_attempt` delivering columns."""
-        check_batch_size(task, n)
-        chosen = batcher or FixedSizeBatcher()
-        core, replicas = self._core, self._replicas
-
-        def attempt(now: float) -> ColumnBatch | None:
-            if replica is None:
-                return try_get_columns(core, task, fields, n, chosen, now)
-            return replicas.try_get_columns(core, task, fields, n, chosen, now, replica)
-
-        return attempt
+        return get_columns_attempt(self._core, self._replicas, task, fields, n, batcher, replica)
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """Consume a leased batch: its rows are never delivered to that task again.
@@ -471,10 +302,10 @@ class TransferQueue:
         Raises:
             LeaseError: the lease is unknown, settled, or expired (its rows were redelivered).
         """
-        lease_id = _lease_id(batch)
+        lease_id = batch_lease_id(batch)
         core = self._core
         with core.lock:
-            _check_open(core, "ack")
+            check_open(core, "ack")
             heap = core.lease_heap
             if heap and heap[0][0] <= time.monotonic():
                 core.expire(time.monotonic())  # a lease past its deadline can no longer be acked
@@ -486,17 +317,17 @@ class TransferQueue:
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """Give a leased batch back: its rows are redelivered to the task first."""
         with self._core.lock:
-            _check_open(self._core, "nack")
+            check_open(self._core, "nack")
             self._core.expire(time.monotonic())
-            self._core.nack(_lease_id(batch))
+            self._core.nack(batch_lease_id(batch))
             self._core.notify()
 
     def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """Set a lease to end ``timeout_s`` from now (default: the lease timeout; <= 0 expires it now)."""
         with self._core.lock:
-            _check_open(self._core, "renew")
+            check_open(self._core, "renew")
             self._core.expire(time.monotonic())
-            self._core.renew(_lease_id(batch), time.monotonic(), timeout_s)
+            self._core.renew(batch_lease_id(batch), time.monotonic(), timeout_s)
 
     # ------------------------------------------------------------------ staleness
     @property
@@ -513,7 +344,7 @@ class TransferQueue:
         if not isinstance(version, int) or isinstance(version, bool):
             raise VersionError(f"version must be an int, got {version!r}")
         with self._core.lock:
-            _check_open(self._core, "publish_version")
+            check_open(self._core, "publish_version")
             if version < self._core.version:
                 raise VersionError(f"version must not go backwards: current {self._core.version}, got {version}")
             self._core.version = version
@@ -535,12 +366,14 @@ class TransferQueue:
         core = self._core
         start = time.monotonic()
         with core.lock:
-            _check_open(core, "admit")
+            check_open(core, "admit")
             granted = core.try_admit(n)
         if granted or n == 0 or timeout <= 0:
             return granted
         try:
-            granted = self._wait(lambda now: core.try_admit(n) or None, timeout, lambda: QueueTimeoutError("admit"))
+            granted = wait_for(
+                self._core, lambda now: core.try_admit(n) or None, timeout, lambda: QueueTimeoutError("admit")
+            )
         except QueueTimeoutError:
             granted = 0
         with core.lock:
@@ -551,7 +384,7 @@ class TransferQueue:
     def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
         """Give back ``n`` admissions that will not become rows (unused, or ``failed`` samples)."""
         with self._core.lock:
-            _check_open(self._core, "release_admission")
+            check_open(self._core, "release_admission")
             self._core.release_admission(n, failed)
 
     def refund_admission(self, n: int) -> None:
@@ -562,7 +395,7 @@ class TransferQueue:
             AdmissionError: ``n`` is not an int >= 0.
         """
         with self._core.lock:
-            _check_open(self._core, "refund_admission")
+            check_open(self._core, "refund_admission")
             self._core.refund_admission(n)
 
     def admission_capacity(self) -> int | None:
@@ -573,7 +406,7 @@ class TransferQueue:
     def take_requeued(self, max_n: int | None = None) -> list[RequeuedRow]:
         """Pop rows removed as stale under ``on_stale="requeue"``: the producer regenerates them."""
         with self._core.lock:
-            _check_open(self._core, "take_requeued")
+            check_open(self._core, "take_requeued")
             requeued = self._core.requeued
             count = len(requeued) if max_n is None else min(max_n, len(requeued))
             taken, self._core.requeued = requeued[:count], requeued[count:]
@@ -594,7 +427,7 @@ class TransferQueue:
                 after a restart); ``False`` keeps the saved running count.
         """
         with self._core.lock:
-            _check_open(self._core, "load_state_dict")
+            check_open(self._core, "load_state_dict")
             load_core_state(self._core, state, reset_running)
             self._replicas.reset()
 
@@ -638,47 +471,8 @@ class TransferQueue:
 
     def metrics(self) -> dict[str, Any]:
         """A plain dict of depth, backlog, admission, staleness and latency metrics."""
-        core = self._core
-        with core.lock:
-            core.unblock()  # per-task backlogs and leases are counted over stored rows
-            core.expire(time.monotonic())
-            leased: dict[str, int] = {name: 0 for name in core.tasks}
-            for lease in core.leases.values():
-                leased[lease.task.spec.name] += len(core.live_rows(lease))
-            counters = core.counters.scalars()
-            return {
-                "depth_rows": len(core.rows),
-                "depth_bytes": core.nbytes if core.config.capacity.max_bytes is not None else core.measure_bytes(),
-                "max_rows": core.config.capacity.max_rows,
-                "max_bytes": core.config.capacity.max_bytes,
-                "version": core.version,
-                "tasks": {
-                    name: {
-                        "backlog": len(ts.pending) + len(ts.retry),
-                        "leased": leased[name],
-                        "delivered": ts.delivered,
-                        "acked": ts.acked,
-                        "staleness_histogram": dict(sorted(ts.staleness_hist.items())),
-                    }
-                    for name, ts in core.tasks.items()
-                },
-                "admission": {
-                    "accepted": core.accepted,
-                    "running": core.running,
-                    "capacity": core.admission_capacity(),
-                    "granted": counters.pop("admission_granted"),
-                    "waits": counters.pop("admission_waits"),
-                    "wait_s": counters.pop("admission_wait_s"),
-                    "released": counters.pop("admission_released"),
-                    "failed": counters.pop("admission_failed"),
-                    "refunded": counters.pop("admission_refunded"),
-                    "unmatched": counters.pop("admission_unmatched"),
-                },
-                "requeued_pending": len(core.requeued),
-                **counters,
-                "put_latency": latency_summary(core.counters.put_latency_s),
-                "get_latency": latency_summary(core.counters.get_latency_s),
-            }
+        with self._core.lock:
+            return queue_metrics(self._core, time.monotonic())
 
     def close(self) -> None:
         """Close the queue for good: blocked calls and every later call that would change it raise
@@ -692,65 +486,3 @@ class TransferQueue:
         with self._core.lock:
             self._core.closed = True
             self._core.notify()
-
-
-class Reader:
-    """A consumer of one task with fixed fields, batcher and (optional) replica set."""
-
-    def __init__(
-        self,
-        queue: TransferQueue,
-        task: str,
-        fields: tuple[str, ...] | None,
-        batcher: Batcher,
-        replica: ReplicaSet | None,
-    ) -> None:
-        self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
-
-    def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
-    ) -> Batch:
-        """Lease the next batch (``n`` in the batcher's unit; ``None``: its default size).
-
-        Args:
-            n: batch size in the batcher's unit.
-            timeout: seconds to wait for a batch; ``None`` waits forever.
-            ack: a batch this reader finished, acked first (as :meth:`ack`, even when no new
-                batch comes in time). On the Ray transport this saves the ack's round trip.
-
-        Raises:
-            QueueTimeoutError: nothing ready within ``timeout`` seconds.
-            LeaseError: ``ack`` could not be acked (nothing is leased then).
-        """
-        if ack is not None:
-            self.ack(ack)
-        return self.queue.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
-        )
-
-    def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
-    ) -> ColumnBatch:
-        """:meth:`get` delivering the batch as columns.
-
-        Raises:
-            QueueTimeoutError: nothing ready within ``timeout`` seconds.
-            LeaseError: ``ack`` could not be acked (nothing is leased then).
-        """
-        if ack is not None:
-            self.ack(ack)
-        return self.queue.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
-        )
-
-    def ack(self, batch: Batch | ColumnBatch) -> None:
-        """Consume ``batch`` (for a replica set: this rank's ack)."""
-        self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
-
-    def nack(self, batch: Batch | ColumnBatch) -> None:
-        """Give ``batch`` back for redelivery."""
-        self.queue.nack(batch)
-
-    def renew(self, batch: Batch | ColumnBatch, timeout_s: float | None = None) -> None:
-        """Extend the lease of ``batch``."""
-        self.queue.renew(batch, timeout_s)

@@ -5,7 +5,9 @@ asyncio face, so a waiting ``get`` never stalls other callers. Field values at o
 ``object_store_threshold`` bytes (tensors, arrays, media) are ``ray.put`` by the producer and only
 their references go through the actor; consumers fetch all references of a batch in one ``ray.get``.
 Every client call is one actor call (counted in ``RayQueueClient.round_trips``) and moves many rows;
-what it carries is described in ``_wire``, the actor is in ``_ray_actor``.
+what it carries is described in ``_wire`` (mid-size numpy columns as pieces Ray inlines in the call), the
+actor is in ``_ray_actor``, get requests and reply decoding in ``_ray_calls``. With ``pipeline_puts`` a put
+returns once submitted and the actor serves the client's next get after it (see :class:`RayQueueClient`).
 
 Field values whose classes live outside the modules every queue process has (a model's prompt object, a
 tensor) travel as opaque :class:`~relax_queue._payload.Payload` bytes, pickled by the producer's client and
@@ -23,69 +25,37 @@ large values become unreadable.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+import contextlib
+import functools
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
-from relax_queue._payload import PayloadPacker, open_payloads
-from relax_queue._queue import _lease_id, _normalise_fields
+from relax_queue._payload import PayloadPacker
+from relax_queue._progress import batch_lease_id, normalise_fields
 from relax_queue._ray_actor import actor_class, ray_module
+from relax_queue._ray_calls import decode_batch, decode_columns, get_request, unwrap
+from relax_queue._ray_reader import RayReader
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
-from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, Row, RowInput
+from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
 from relax_queue._wire import (
     StoreRef,
-    join_columns,
+    chunk_arrays,
     may_hold_refs,
     pack,
     split_columns,
     unpack,
-    unpack_column,
 )
 
 __all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
 
 DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
 DEFAULT_OBJECT_STORE_CHUNK_BYTES = 64 * 2**20
-
-
-def _resolve(values: list[StoreRef]) -> list[Any]:
-    """The values ``values`` stand for, each object fetched once in one ``ray.get``."""
-    objects = list(dict.fromkeys(v.ref for v in values))
-    fetched = dict(zip(objects, ray_module().get(objects), strict=True))
-    return [v.pick(fetched[v.ref]) for v in values]
-
-
-def _request(
-    task: str,
-    fields: tuple[str, ...] | None,
-    n: int | None,
-    batcher: Batcher | None,
-    timeout: float | None,
-    replica: ReplicaSet | None,
-    ack: int | None,
-) -> bytes:
-    """A get's arguments as one bytes object: Ray serialises each argument of a call on its own
-    (≈ 0.2 ms for a get's seven here), one pickled blob costs one. Batchers and replica sets go
-    through cloudpickle, so classes Ray would ship by value still travel."""
-    return cast(
-        bytes, ray_module().cloudpickle.dumps((task, fields, n, batcher or FixedSizeBatcher(), timeout, replica, ack))
-    )
-
-
-def _unwrap(refs: Any) -> Any:
-    """``ray.get`` that re-raises the queue's own exception instead of Ray's wrapper."""
-    ray = ray_module()
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as err:
-        cause = getattr(err, "cause", None)
-        if isinstance(cause, BaseException):
-            raise cause from None
-        raise
 
 
 def create_ray_queue(
@@ -98,6 +68,7 @@ def create_ray_queue(
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     durable_payloads: bool = True,
     opaque_values: bool = True,
+    pipeline_puts: bool = False,
 ) -> RayQueueClient:
     """Start the named queue actor (once per cluster) and return a client.
 
@@ -113,6 +84,8 @@ def create_ray_queue(
             (one extra copy in the object store); ``False`` trades that safety for speed.
         opaque_values: this client sends field values of classes outside ``PLAIN_MODULES`` as pickled
             payloads, so the actor never imports their modules (``False``: as they are).
+        pipeline_puts: this client's puts return once submitted; their errors surface on its next call
+            (see :class:`RayQueueClient`).
 
     Raises:
         ValueError: an actor of that name already exists.
@@ -125,7 +98,9 @@ def create_ray_queue(
         options["lifetime"] = "detached"
     actor = actor_class().options(**options).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
-    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values)
+    return RayQueueClient(
+        actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts
+    )
 
 
 def connect(
@@ -135,10 +110,14 @@ def connect(
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     opaque_values: bool = True,
+    pipeline_puts: bool = False,
 ) -> RayQueueClient:
-    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none)."""
+    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none); arguments as
+    :func:`create_ray_queue`'s."""
     actor = ray_module().get_actor(name, namespace=namespace)
-    return RayQueueClient(actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values)
+    return RayQueueClient(
+        actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts
+    )
 
 
 @dataclass
@@ -146,6 +125,15 @@ class RayQueueClient:
     """Client of a Ray queue actor with the sync :class:`TransferQueue` API; picklable.
 
     Pass it to other Ray actors and tasks as an argument, or :func:`connect` by name.
+
+    With ``pipeline_puts`` a put (``put``, ``put_many``, ``put_columns``) returns once it is submitted, and
+    the client's next call overlaps with it: a get is sent at once and the actor serves it only after that
+    put is applied (so the client reads its own writes, in one round trip less); any other call, a put
+    included, first waits for the put. At most one put is in flight, so backpressure holds one call late.
+    A put's error (a full queue, a closed one) is raised by the client's next call instead, and that call
+    is not made; :meth:`flush` waits for the put in flight. Other clients see the rows only once the put is
+    applied, so a producer that signals a consumer another way calls :meth:`flush` first. A copy of the
+    client (pickled to another process) starts with nothing in flight.
     """
 
     actor: Any
@@ -154,16 +142,71 @@ class RayQueueClient:
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES
     opaque_values: bool = True
+    pipeline_puts: bool = False
     round_trips: int = field(default=0, compare=False)
     """Calls this client made to the queue actor (each one round trip); every method makes one."""
+    _pending: Any = field(default=None, compare=False, repr=False)  # the reference of the put in flight
+    _session: str | None = field(default=None, compare=False, repr=False)  # names this copy's puts to the actor
+    _seq: int = field(default=0, compare=False, repr=False)  # this copy's pipelined puts so far
+    # Per task, the return values its next get_columns asks for: 1 + the pieces of chunked columns last time.
+    _reply_slots: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
-    def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy is another submitter: the put in flight and the sequence of its puts stay with this one.
+        return {**self.__dict__, "_pending": None, "_session": None, "_seq": 0}
+
+    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Submit one call to the queue actor (counted in :attr:`round_trips`); returns its reference."""
         self.round_trips += 1
         return getattr(self.actor, method).remote(*args, **kwargs)
 
+    def _submit_returning(self, slots: int, method: str, *args: Any) -> Any:
+        """:meth:`_submit` of a call with ``slots`` return values (a list of references)."""
+        self.round_trips += 1
+        return getattr(self.actor, method).options(num_returns=slots).remote(*args)
+
+    def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`_submit` after the put in flight is applied (its error raised here, this call not made)."""
+        if self._pending is not None:
+            self.flush()
+        return self._submit(method, *args, **kwargs)
+
+    def flush(self) -> None:
+        """Wait until the put in flight (``pipeline_puts``) is applied; raise its error. No call when none is."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            unwrap(pending)
+
+    def _put_call(self, method: str, args: tuple[Any, ...], pieces: Sequence[Any] = ()) -> None:
+        """Make a put call (``args``, then its ticket, then the ``pieces`` of chunked columns): wait for it, or
+        (``pipeline_puts``) leave it in flight, numbered for the next get."""
+        if not self.pipeline_puts:
+            unwrap(self._remote(method, *args, None, *pieces))
+            return
+        self.flush()
+        if self._session is None:
+            self._session = uuid.uuid4().hex
+        self._seq += 1
+        self._pending = self._submit(method, *args, (self._session, self._seq), *pieces)
+
+    def _get_call(self, method: str, request: Callable[[tuple[str, int] | None], bytes], slots: int = 1) -> Any:
+        """Make a get call built by ``request(after)`` with ``slots`` return values; with a put in flight, the
+        actor serves it after that put."""
+        submit = self._submit if slots == 1 else functools.partial(self._submit_returning, slots)
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return unwrap(submit(method, request(None)))
+        ref = submit(method, request((cast(str, self._session), self._seq)))
+        try:
+            unwrap(pending)  # the put's own error, if any (the actor refused the get then, leasing nothing)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ray_module().get(ref)  # retrieved, so Ray does not report the refused get as unhandled
+            raise
+        return unwrap(ref)
+
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _unwrap(self._remote("call", method, *args, **kwargs))
+        return unwrap(self._remote("call", method, *args, **kwargs))
 
     def _wire_rows(self) -> Any:
         """A function giving one message's rows' fields as they travel: non-plain values packed (when
@@ -210,7 +253,7 @@ class RayQueueClient:
         """See :meth:`TransferQueue.put_many`; one round trip, large values via the object store."""
         wire = self._wire_rows()
         sent = [(r.key, wire(r.fields), r.versions, r.group_id, r.group_size, r.tags) for r in rows]
-        _unwrap(self._remote("put_many", pack(sent), admitted, timeout))
+        self._put_call("put_many", (pack(sent), admitted, timeout))
 
     def put_columns(
         self,
@@ -245,7 +288,10 @@ class RayQueueClient:
             "timeout": timeout,
         }
         inline, passed = split_columns(wire)
-        _unwrap(self._remote("put_columns", pack((cols.keys, inline, options)), passed))
+        pieces: list[Any] = []
+        if passed:  # mid-size numpy columns as pieces small enough to ride in the call itself (see _wire)
+            passed, pieces = chunk_arrays(passed)
+        self._put_call("put_columns", (pack((cols.keys, inline, options)), passed), pieces)
 
     def _offload_column(self, column: list[Any], packer: PayloadPacker | None) -> list[Any]:
         """``column`` with its non-plain values packed (``packer``), its large values in the object store and a
@@ -292,7 +338,7 @@ class RayQueueClient:
     def add_fields_many(self, updates: Mapping[Key, Mapping[str, Any]]) -> int:
         """See :meth:`TransferQueue.add_fields_many`."""
         wire = self._wire_rows()
-        return int(_unwrap(self._remote("add_fields_many", {k: wire(f) for k, f in updates.items()})))
+        return int(unwrap(self._remote("add_fields_many", {k: wire(f) for k, f in updates.items()})))
 
     # ------------------------------------------------------------------ consumers
     def reader(
@@ -304,7 +350,7 @@ class RayQueueClient:
         replica: ReplicaSet | None = None,
     ) -> RayReader:
         """See :meth:`TransferQueue.reader`."""
-        return RayReader(self, task, _normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
+        return RayReader(self, task, normalise_fields(task, fields), batcher or FixedSizeBatcher(), replica)
 
     def get(
         self,
@@ -321,19 +367,11 @@ class RayQueueClient:
 
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
-        acked = None if ack is None else _lease_id(ack)
+        acked = None if ack is None else batch_lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = unpack(
-            _unwrap(self._remote("get", _request(task, fields, n, batcher, timeout, replica, acked)))
+            self._get_call("get", lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after))
         )
-        batch = Batch(task_name, lease_id, [Row(*item) for item in wire], lease_timeout_s, version)
-        slots = [
-            (row.fields, name, v) for row in batch.rows for name, v in row.fields.items() if isinstance(v, StoreRef)
-        ]
-        if slots:
-            for (row_fields, name, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
-                row_fields[name] = value
-        open_payloads((row.fields for row in batch.rows), dict.items)
-        return batch
+        return decode_batch(task_name, lease_id, wire, lease_timeout_s, version)
 
     def get_columns(
         self,
@@ -350,60 +388,35 @@ class RayQueueClient:
 
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
-        acked = None if ack is None else _lease_id(ack)
-        reply = _unwrap(self._remote("get_columns", _request(task, fields, n, batcher, timeout, replica, acked)))
-        head, passed = (reply, None) if type(reply) is bytes else reply
-        wire = unpack(head)
-        n_rows = len(wire[2])
-        v_min, v_max, group_ids, group_sizes, tags, staleness, stale, deliveries = (
-            unpack_column(column, n_rows) for column in wire[4:12]
+        acked = None if ack is None else batch_lease_id(ack)
+        returns = self._reply_slots.get(task, 1)
+        reply = self._get_call(
+            "get_columns",
+            lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after, returns),
+            returns,
         )
-        batch = ColumnBatch(
-            wire[0],
-            wire[1],
-            wire[2],
-            join_columns(wire[3], passed),
-            v_min,
-            v_max,
-            group_ids,
-            group_sizes,
-            tags,
-            staleness,
-            stale,
-            deliveries,
-            wire[12],
-            wire[13],
-        )
-        slots = [
-            (column, i, value)
-            for column in batch.columns.values()
-            if type(column) is list and may_hold_refs(column)
-            for i, value in enumerate(column)
-            if isinstance(value, StoreRef)
-        ]
-        if slots:
-            for (column, i, _), value in zip(slots, _resolve([v for _, _, v in slots]), strict=True):
-                column[i] = value
-        open_payloads((c for c in batch.columns.values() if type(c) is list and may_hold_refs(c)), enumerate)
-        return batch
+        if returns > 1:
+            reply, pieces = reply[0], reply[1:]
+            return decode_columns(reply, pieces, self._reply_slots, task)
+        return decode_columns(reply, (), self._reply_slots, task)
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """See :meth:`TransferQueue.ack`."""
-        self._call("ack", _lease_id(batch), rank=rank)
+        self._call("ack", batch_lease_id(batch), rank=rank)
 
     def nack(self, batch: Batch | ColumnBatch | int) -> None:
         """See :meth:`TransferQueue.nack`."""
-        self._call("nack", _lease_id(batch))
+        self._call("nack", batch_lease_id(batch))
 
     def renew(self, batch: Batch | ColumnBatch | int, timeout_s: float | None = None) -> None:
         """See :meth:`TransferQueue.renew`."""
-        self._call("renew", _lease_id(batch), timeout_s)
+        self._call("renew", batch_lease_id(batch), timeout_s)
 
     # ------------------------------------------------------------------ staleness
     @property
     def version(self) -> int:
         """See :attr:`TransferQueue.version` (one small round trip, no metrics)."""
-        return int(_unwrap(self._remote("version")))
+        return int(unwrap(self._remote("version")))
 
     def publish_version(self, version: int) -> None:
         """See :meth:`TransferQueue.publish_version`."""
@@ -411,7 +424,7 @@ class RayQueueClient:
 
     def admit(self, n: int, timeout: float = 0.0) -> int:
         """See :meth:`TransferQueue.admit`."""
-        return int(_unwrap(self._remote("admit", n, timeout)))
+        return int(unwrap(self._remote("admit", n, timeout)))
 
     def release_admission(self, n: int = 1, *, failed: bool = False) -> None:
         """See :meth:`TransferQueue.release_admission`."""
@@ -433,11 +446,11 @@ class RayQueueClient:
     # ------------------------------------------------------------------ snapshots, metrics, lifetime
     def save(self, path: str) -> None:
         """Snapshot to ``path`` (on the actor's node) with object-store values inlined."""
-        _unwrap(self._remote("save", path))
+        unwrap(self._remote("save", path))
 
     def load(self, path: str, *, reset_running: bool = True) -> None:
         """Restore from ``path`` (on the actor's node); leased rows are redelivered."""
-        _unwrap(self._remote("load", path, reset_running))
+        unwrap(self._remote("load", path, reset_running))
 
     def ready(self, task: str, fields: Sequence[str] | None = None) -> int:
         """See :meth:`TransferQueue.ready`."""
@@ -455,44 +468,6 @@ class RayQueueClient:
         self._call("close")
 
     def shutdown(self) -> None:
-        """Kill the queue actor (its rows are lost unless saved)."""
+        """Kill the queue actor (its rows are lost unless saved; a put in flight is dropped unraised)."""
+        self._pending = None
         ray_module().kill(self.actor)
-
-
-@dataclass
-class RayReader:
-    """A reader over the Ray transport (see :class:`Reader`)."""
-
-    client: RayQueueClient
-    task: str
-    fields: tuple[str, ...] | None
-    batcher: Batcher
-    replica: ReplicaSet | None = None
-
-    def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
-    ) -> Batch:
-        """Lease the next batch, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
-        return self.client.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
-        )
-
-    def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
-    ) -> ColumnBatch:
-        """Lease the next batch as columns, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
-        return self.client.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
-        )
-
-    def ack(self, batch: Batch | ColumnBatch) -> None:
-        """Consume ``batch``."""
-        self.client.ack(batch, rank=None if self.replica is None else self.replica.rank)
-
-    def nack(self, batch: Batch | ColumnBatch) -> None:
-        """Give ``batch`` back for redelivery."""
-        self.client.nack(batch)
-
-    def renew(self, batch: Batch | ColumnBatch, timeout_s: float | None = None) -> None:
-        """Extend the lease of ``batch``."""
-        self.client.renew(batch, timeout_s)

@@ -1,0 +1,76 @@
+"""``Reader``: a consumer of one task of a :class:`~relax_queue.TransferQueue` with fixed fields and batcher."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relax_queue._batchers import Batcher
+from relax_queue._replica import ReplicaSet
+from relax_queue._types import Batch, ColumnBatch
+
+if TYPE_CHECKING:
+    from relax_queue._queue import TransferQueue
+
+__all__ = ["Reader"]
+
+
+class Reader:
+    """A consumer of one task with fixed fields, batcher and (optional) replica set."""
+
+    def __init__(
+        self,
+        queue: TransferQueue,
+        task: str,
+        fields: tuple[str, ...] | None,
+        batcher: Batcher,
+        replica: ReplicaSet | None,
+    ) -> None:
+        self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
+
+    def get(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> Batch:
+        """Lease the next batch (``n`` in the batcher's unit; ``None``: its default size).
+
+        Args:
+            n: batch size in the batcher's unit.
+            timeout: seconds to wait for a batch; ``None`` waits forever.
+            ack: a batch this reader finished, acked first (as :meth:`ack`, even when no new
+                batch comes in time). On the Ray transport this saves the ack's round trip.
+
+        Raises:
+            QueueTimeoutError: nothing ready within ``timeout`` seconds.
+            LeaseError: ``ack`` could not be acked (nothing is leased then).
+        """
+        if ack is not None:
+            self.ack(ack)
+        return self.queue.get(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def get_columns(
+        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+    ) -> ColumnBatch:
+        """:meth:`get` delivering the batch as columns.
+
+        Raises:
+            QueueTimeoutError: nothing ready within ``timeout`` seconds.
+            LeaseError: ``ack`` could not be acked (nothing is leased then).
+        """
+        if ack is not None:
+            self.ack(ack)
+        return self.queue.get_columns(
+            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+        )
+
+    def ack(self, batch: Batch | ColumnBatch) -> None:
+        """Consume ``batch`` (for a replica set: this rank's ack)."""
+        self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def nack(self, batch: Batch | ColumnBatch) -> None:
+        """Give ``batch`` back for redelivery."""
+        self.queue.nack(batch)
+
+    def renew(self, batch: Batch | ColumnBatch, timeout_s: float | None = None) -> None:
+        """Extend the lease of ``batch``."""
+        self.queue.renew(batch, timeout_s)
