@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 
 if TYPE_CHECKING:
-    from relax_modalities import ImageSettings
+    from relax_modalities import ImageSettings, VideoSettings
 
 __all__ = [
     "AUDIO",
@@ -35,6 +35,7 @@ __all__ = [
     "audio_token_count",
     "image_settings",
     "media_fields",
+    "video_settings",
 ]
 
 
@@ -343,10 +344,51 @@ def image_settings(config: object, pre: Mapping[str, object]) -> ImageSettings:
     )
 
 
-def _video_settings(config: object, pre: Mapping[str, object]) -> object:
-    from relax_modalities import VideoSettings
+def _float(pre: Mapping[str, object], key: str, default: float) -> float:
+    value = pre.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int | float | str) or isinstance(value, bool):
+        raise ValueError(f"video_preprocessor_config.json: {key!r} must be a number, got {value!r}")
+    return float(value)
 
-    return VideoSettings(vision=image_settings(config, pre))  # frames share the images' patch geometry
+
+def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
+    """relax-modalities' video settings of a checkpoint: frames share the images' patch geometry and the
+    normalisation of ``pre`` (the checkpoint's video processor config, :meth:`Checkpoint.preprocessor_for`).
+
+    A family whose video layout is ``"timestamped_frames"`` (:attr:`ModelFamily.video_layout`, Qwen3-VL) also takes
+    its video processor's sampling and budget from ``pre`` as transformers' ``Qwen3VLVideoProcessor`` reads them
+    (its class defaults where a key is absent): ``fps`` (2), ``min_frames`` (4), ``max_frames`` (768), ``size``'s
+    ``shortest_edge`` / ``longest_edge`` as the clip's pixel bounds (131072 / 786432), ``cap_pixels_per_frame``
+    (off) and ``max_video_tokens`` (768). The clip-layout families keep relax's video defaults.
+
+    Raises:
+        ValueError: naming the key whose value is not a number.
+    """
+    from relax_modalities import VideoSettings  # lazily: unpickling a prompt must not load the media stack
+
+    from relax_services.models.families import family_of_config
+
+    vision = image_settings(config, pre)
+    family = family_of_config(config)
+    if family is None or family.video_layout != "timestamped_frames":
+        return VideoSettings(vision=vision)
+    size = pre.get("size")
+    edges: Mapping[str, object] = size if isinstance(size, Mapping) else {}
+    defaults = VideoSettings()
+    return VideoSettings(
+        fps=_float(pre, "fps", 2.0),
+        min_frames=_int(pre, "min_frames", 4),
+        max_frames=_int(pre, "max_frames", 768),
+        min_pixels=_int(pre, "min_pixels", _int(edges, "shortest_edge", 128 * 32 * 32)),
+        max_pixels=_int(pre, "max_pixels", _int(edges, "longest_edge", 32 * 32 * 768)),
+        max_tokens=max(defaults.max_tokens, _int(pre, "max_pixels", _int(edges, "longest_edge", 0)) // vision.factor**2),
+        vision=vision,
+        layout="timestamped_frames",
+        cap_pixels_per_frame=bool(pre.get("cap_pixels_per_frame") or False),
+        max_frame_tokens=_int(pre, "max_video_tokens", 768),
+    )
 
 
 IMAGE = VisionModality(
@@ -360,7 +402,7 @@ VIDEO = VisionModality(
     "video_token_id",
     "get_video_features",
     2,
-    _video_settings,
+    video_settings,
     rope_seconds={"omni-mrope": "second_per_grids", "vl-mrope": "second_per_grid_ts"},
 )
 AUDIO = AudioModality()
