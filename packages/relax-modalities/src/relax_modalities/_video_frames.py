@@ -116,7 +116,9 @@ def plan_timestamped_video(
     rh, rw = clip_resize(n, height, width, tp, f, settings.min_pixels, _clip_budget(n, f, settings))
     tokens = math.ceil(n / tp) * (rh // f) * (rw // f)
     if tokens > settings.max_tokens:
-        raise ValueError(f"video of {height}x{width}, {n} frames needs {tokens} tokens, over max_tokens {settings.max_tokens}")
+        raise ValueError(
+            f"video of {height}x{width}, {n} frames needs {tokens} tokens, over max_tokens {settings.max_tokens}"
+        )
     return VideoPlan(frame_indices=idx, height=rh, width=rw, num_tokens=tokens)
 
 

@@ -118,7 +118,11 @@ class MediaSlot:
         if self.frames is not None:
             if self.modality != "video" or self.interleave is not None:
                 raise ValueError("MediaSlot.frames is only for video slots without interleave")
-            if not self.frames or any(n < 1 for _, n in self.frames) or sum(n for _, n in self.frames) != self.num_tokens:
+            if (
+                not self.frames
+                or any(n < 1 for _, n in self.frames)
+                or sum(n for _, n in self.frames) != self.num_tokens
+            ):
                 raise ValueError(
                     f"MediaSlot.frames must give >= 1 token per block, summing to num_tokens {self.num_tokens}; "
                     f"got {[n for _, n in self.frames]}"
@@ -413,7 +417,9 @@ class TemplateChat:
             raise ValueError(f"the chat template rendered no placeholder for {len(pending)} media item(s)")
         return ChatPrompt(input_ids=ids, spans=spans)
 
-    def _frames(self, frames: Sequence[tuple[str, int]], pad: int, ids: list[int], spans: list[PlaceholderSpan]) -> None:
+    def _frames(
+        self, frames: Sequence[tuple[str, int]], pad: int, ids: list[int], spans: list[PlaceholderSpan]
+    ) -> None:
         for role in ("vision_start", "vision_end"):
             if role not in self.ids:
                 raise ValueError(f"this checkpoint has no {role} marker, which a timestamped-frames video needs")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,7 +81,7 @@ class Checkpoint:
     preprocessor: dict[str, Any]
     video_preprocessor: dict[str, Any] = field(default_factory=dict)
 
-    def preprocessor_for(self, modality: str) -> dict[str, Any]:
+    def preprocessor_for(self, modality: str) -> Mapping[str, object]:
         """The processor settings a modality's data path reads: ``video_preprocessor_config.json`` for video when
         the folder has one (as transformers' ``AutoVideoProcessor`` prefers it), else ``preprocessor_config.json``."""
         return self.video_preprocessor if modality == "video" and self.video_preprocessor else self.preprocessor

@@ -367,7 +367,6 @@ def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
         ValueError: naming the key whose value is not a number.
     """
     from relax_modalities import VideoSettings  # lazily: unpickling a prompt must not load the media stack
-
     from relax_services.models.families import family_of_config
 
     vision = image_settings(config, pre)
@@ -383,7 +382,9 @@ def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
         max_frames=_int(pre, "max_frames", 768),
         min_pixels=_int(pre, "min_pixels", _int(edges, "shortest_edge", 128 * 32 * 32)),
         max_pixels=_int(pre, "max_pixels", _int(edges, "longest_edge", 32 * 32 * 768)),
-        max_tokens=max(defaults.max_tokens, _int(pre, "max_pixels", _int(edges, "longest_edge", 0)) // vision.factor**2),
+        max_tokens=max(
+            defaults.max_tokens, _int(pre, "max_pixels", _int(edges, "longest_edge", 0)) // vision.factor**2
+        ),
         vision=vision,
         layout="timestamped_frames",
         cap_pixels_per_frame=bool(pre.get("cap_pixels_per_frame") or False),

@@ -70,7 +70,9 @@ def build_tiny_tokenizer(extra_characters: tuple[str, ...] = ()) -> PreTrainedTo
     known = {*SPECIAL_TOKENS, *ROLE_WORDS, *TINY_CHARACTERS}
     for ch in extra_characters:
         if len(ch) != 1 or ch in known:
-            raise ValueError(f"build_tiny_tokenizer: extra character {ch!r} must be one character not in the vocabulary")
+            raise ValueError(
+                f"build_tiny_tokenizer: extra character {ch!r} must be one character not in the vocabulary"
+            )
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as _Backend
     from transformers import PreTrainedTokenizerFast
