@@ -26,7 +26,14 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor, smart_resize
 from transformers.video_utils import VideoMetadata
 
-from relax_modalities import VideoSettings, clip_resize, grid_timestamps, sample_timestamped_indices
+from relax_modalities import (
+    ImageSettings,
+    VideoSettings,
+    clip_resize,
+    grid_timestamps,
+    plan_timestamped_video,
+    sample_timestamped_indices,
+)
 from relax_modalities.synthetic import MediaRef, TaskItem, write_mp4
 from relax_services._data import PromptBuilder, processor_settings
 from relax_services.config import ModelConfig
@@ -160,6 +167,30 @@ def test_clip_resize_equals_the_processors_smart_resize() -> None:
         for lo, hi in [(4096, 25165824), (131072, 786432), (65536, 65536 * 4)]:
             ours = clip_resize(frames, h, w, 2, 32, lo, hi)
             assert ours == smart_resize(frames, h, w, temporal_factor=2, factor=32, min_pixels=lo, max_pixels=hi)
+
+
+@pytest.mark.parametrize("cap", [False, True])
+def test_video_patch_counts_equal_the_processors(cap: bool) -> None:
+    # The processor's own count (its get_num_of_video_patches, with and without the per-frame cap) for the frames
+    # our sampling takes: long and short clips, large and small frames.
+    vp = Qwen3VLVideoProcessor(cap_pixels_per_frame=cap)
+    settings = VideoSettings(
+        min_pixels=vp.size["shortest_edge"],
+        max_pixels=vp.size["longest_edge"],
+        vision=ImageSettings(patch_size=16),
+        layout="timestamped_frames",
+        cap_pixels_per_frame=cap,
+        max_tokens=10**9,
+    )
+    for total, fps, h, w in [
+        (25, 10.0, 70, 150),
+        (900, 30.0, 720, 1280),
+        (12_000, 25.0, 1080, 1920),
+        (40, 8.0, 240, 320),
+    ]:
+        plan = plan_timestamped_video(total, fps, h, w, settings)
+        patches = vp.get_num_of_video_patches(len(plan.frame_indices), h, w, {"cap_pixels_per_frame": cap})
+        assert plan.num_tokens * 4 == patches, (total, fps, h, w)
 
 
 def test_sampling_and_timestamps_equal_the_processors_functions() -> None:
