@@ -203,3 +203,21 @@ def test_sampling_and_timestamps_equal_the_processors_functions() -> None:
         theirs = vp.sample_frames(VideoMetadata(total_num_frames=total, fps=fps))
         assert ours.tolist() == theirs.tolist(), (total, fps)
         assert grid_timestamps(ours, fps, 2) == processor._calculate_timestamps(theirs, fps, 2)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("num_frames", 8, "num_frames=8 is not supported"),
+        ("do_sample_frames", False, "do_sample_frames=False is not supported"),
+        ("fps", "fast", "'fps' must be a number"),
+    ],
+)
+def test_a_video_config_relax_cannot_follow_is_refused(tmp_path: Path, key: str, value: object, reason: str) -> None:
+    import json
+
+    folder = write_tiny_checkpoint(tmp_path / "q3vl", "qwen3-vl", seed=0)
+    config = json.loads((folder / "video_preprocessor_config.json").read_text())
+    (folder / "video_preprocessor_config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(ValueError, match=reason):
+        processor_settings(open_checkpoint(folder))

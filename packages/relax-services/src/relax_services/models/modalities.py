@@ -8,7 +8,9 @@ positions depend on (`ModelModality.structure`, the cache key) and the arguments
 ``get_rope_index`` (`ModelModality.rope_args`, and its number in the Qwen-VL rule's token types,
 `ModelModality.vl_token_type`). Its placeholder id is the model config's `ModelModality.token_attr` (and the
 checkpoint's ``TokenIds`` role of the same name as the modality). It also reads its data path's settings from a
-checkpoint folder (`ModelModality.processor_settings`: the model config and ``preprocessor_config.json``).
+checkpoint folder (`ModelModality.processor_settings`: the model config and its processor config,
+``Checkpoint.preprocessor_for``: ``video_preprocessor_config.json`` for video where the folder has one, else
+``preprocessor_config.json``).
 
 `MODEL_MODALITIES` is the explicit registry, in the order the forward kwargs are laid out. Adding a modality is
 one module with its `ModelModality` plus one entry here; its data path is relax-modalities' `ModalityPath`.
@@ -63,8 +65,8 @@ class ModelModality(Protocol):
 
     def processor_settings(self, config: object, preprocessor: Mapping[str, object]) -> object | None:
         """Its data path's settings for a checkpoint (of the type of relax-modalities'
-        ``ModalityPath.default_settings``), from the model ``config`` and ``preprocessor_config.json``;
-        None: the path's defaults."""
+        ``ModalityPath.default_settings``), from the model ``config`` and its processor config (``preprocessor``:
+        ``Checkpoint.preprocessor_for`` this modality); None: the path's defaults."""
         ...
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
@@ -348,9 +350,12 @@ def _float(pre: Mapping[str, object], key: str, default: float) -> float:
     value = pre.get(key, default)
     if value is None:
         return default
-    if not isinstance(value, int | float | str) or isinstance(value, bool):
-        raise ValueError(f"video_preprocessor_config.json: {key!r} must be a number, got {value!r}")
-    return float(value)
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise ValueError(f"video processor config: {key!r} must be a number, got {value!r}") from None
 
 
 def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
@@ -364,7 +369,8 @@ def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
     (off) and ``max_video_tokens`` (768). The clip-layout families keep relax's video defaults.
 
     Raises:
-        ValueError: naming the key whose value is not a number.
+        ValueError: naming the key whose value is not a number, or a sampling the data path does not reproduce (a
+            fixed ``num_frames``, ``do_sample_frames`` false).
     """
     from relax_modalities import VideoSettings  # lazily: unpickling a prompt must not load the media stack
     from relax_services.models.families import family_of_config
@@ -373,6 +379,15 @@ def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
     family = family_of_config(config)
     if family is None or family.video_layout != "timestamped_frames":
         return VideoSettings(vision=vision)
+    refused = {
+        "num_frames": pre.get("num_frames") is not None,
+        "do_sample_frames": pre.get("do_sample_frames") is False,
+    }
+    for key in (k for k, bad in refused.items() if bad):
+        raise ValueError(
+            f"video processor config: {key}={pre[key]!r} is not supported (relax samples frames by fps within "
+            "min_frames .. max_frames); remove the key"
+        )
     size = pre.get("size")
     edges: Mapping[str, object] = size if isinstance(size, Mapping) else {}
     defaults = VideoSettings()
