@@ -104,7 +104,7 @@ def test_text_family_never_samples_the_tokenizers_specials(folders: dict[str, Pa
 
 def _qwen3_vl_video_prompt(folder: Path, frame_blocks: bool) -> OmniPrompt:
     """A video prompt laid out as Qwen3-VL's processor writes it: per temporal grid step a timestamp (as text) and
-    its own vision block (``frame_blocks``), or (not) one block for the whole clip as relax's video path writes."""
+    its own vision block (``frame_blocks``), or (not) one block for the whole clip as the clip layout writes."""
     ckpt = open_checkpoint(folder)
     tok, ids = ckpt.tokenizer, ckpt.tokens.placeholders
     grid = torch.tensor([[2, 4, 4]])  # 2 temporal steps of 4 × 4 patches: 4 tokens each after the 2 × 2 merge
