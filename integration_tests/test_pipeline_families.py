@@ -1,5 +1,6 @@
 """Tiny random checkpoint folders of the families train through the async pipeline: the text causal LMs (Qwen2 /
-Qwen3 / Llama) and Qwen3-VL (images and text, its DeepStack vision features in the trainer's decoder)."""
+Qwen3 / Llama) and Qwen3-VL (images, videos in its timestamped per-frame layout, and text; its DeepStack vision
+features in the trainer's decoder)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,28 @@ def test_qwen3_vl_trains_images_at_tau2(small_config, run_pipeline, tmp_path: Pa
 
 
 @pytest.mark.integration
+def test_qwen3_vl_trains_videos_at_tau2(small_config, run_pipeline, tmp_path: Path) -> None:
+    # The synthetic video task's clips go through Qwen3-VL's layout (a <t seconds> text and its own block per
+    # temporal step) into rollout and trainer; the vision tower learns from them.
+    folder = write_tiny_checkpoint(tmp_path / "qwen3-vl", "qwen3-vl", seed=0)
+    cfg = small_config(f"model.source={folder}", "data.tasks=[video]", "staleness.tau=2", "trainer.total_steps=4")
+    latest = _four_updates_at_tau2(cfg, run_pipeline)
+    final = torch.load(latest / ENGINE_FILE, weights_only=False)["model"]
+    initial = load_file(folder / "model.safetensors")
+    moved = {k for k in initial if not torch.equal(final[k], initial[k])}
+    assert any(k.startswith("model.visual.blocks") for k in moved), sorted(moved)[:5]
+    assert any(k.startswith("model.visual.deepstack_merger_list") for k in moved)
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize(
-    ("family", "tasks"), [("qwen3", "[text]"), ("qwen2.5-vl", "[image, text]"), ("qwen3-vl", "[image, text]")]
+    ("family", "tasks"),
+    [
+        ("qwen3", "[text]"),
+        ("qwen2.5-vl", "[image, text]"),
+        ("qwen3-vl", "[image, text]"),
+        ("qwen3-vl", "[video, text]"),
+    ],
 )
 def test_tau0_pipeline_equals_sequential_trainer_for_a_family(
     family: str, tasks: str, small_config, run_pipeline, sequential_weights, tmp_path: Path

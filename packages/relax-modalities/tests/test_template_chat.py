@@ -65,3 +65,44 @@ def test_a_tokenizer_without_template_or_placeholder_is_refused() -> None:
         TemplateChat(tok, IDS).build("1", [MediaSlot("image", 2)])
     with pytest.raises(ValueError, match="no audio placeholder"):
         TemplateChat(_tokenizer(), CheckpointTemplate.of({"image": V.image_pad_id})).build("1", [MediaSlot("audio", 2)])
+
+
+def test_timestamped_frames_expand_inside_the_vision_markers() -> None:
+    # Qwen3-VL's processor's expansion: per temporal step its text, then its own vision block, all in place of the
+    # one video placeholder the template wrote between its vision markers.
+    chat = TemplateChat(_tokenizer(), IDS)
+    out = chat.build("", [MediaSlot("video", 3, frames=(("0.5", 2), ("1", 1)))])
+    v, vs, ve = V.video_pad_id, V.vision_start_id, V.vision_end_id
+    zero, one, five, dot = V.first_char_id, V.first_char_id + 1, V.first_char_id + 5, 59
+    assert out.input_ids == [
+        V.user_id, vs, zero, dot, five, vs, v, v, ve, one, vs, v, ve, ve, V.assistant_id
+    ]  # fmt: skip
+    assert [(s.modality, s.start, s.length) for s in out.spans] == [("video", 6, 2), ("video", 11, 1)]
+    without_markers = CheckpointTemplate.of({"video": V.video_pad_id})
+    with pytest.raises(ValueError, match="no vision_start marker"):
+        TemplateChat(_tokenizer(), without_markers).build("", [MediaSlot("video", 1, frames=(("1", 1),))])
+
+
+def test_the_plain_chat_builder_renders_timestamped_frames_alike() -> None:
+    from relax_modalities.text import ChatBuilder, TinyTokenizer
+
+    out = ChatBuilder(TinyTokenizer()).build("", [MediaSlot("video", 3, frames=(("0.5", 2), ("1", 1)))])
+    v, vs, ve = V.video_pad_id, V.vision_start_id, V.vision_end_id
+    zero, one, five, dot = V.first_char_id, V.first_char_id + 1, V.first_char_id + 5, 59
+    assert out.input_ids == [
+        V.bos_id, V.user_id, vs, zero, dot, five, vs, v, v, ve, one, vs, v, ve, ve, V.assistant_id
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slot", "reason"),
+    [
+        (lambda: MediaSlot("image", 2, frames=(("1", 2),)), "only for video slots"),
+        (lambda: MediaSlot("video", 3, frames=(("1", 2),)), "summing to num_tokens 3"),
+        (lambda: MediaSlot("video", 2, frames=(("1", 2), ("2", 0))), "summing to num_tokens 2"),
+        (lambda: MediaSlot("video", 2, interleave=((2, 1),), frames=(("1", 2),)), "without interleave"),
+    ],
+)
+def test_bad_frame_blocks_are_refused(slot, reason: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=reason):
+        slot()

@@ -141,3 +141,58 @@ def test_over_budget_video_is_a_media_error(tmp_path: Path) -> None:
     for fn in (load_video, probe_video):
         with pytest.raises(MediaError, match="max_tokens"):
             fn(path, VideoSettings(max_tokens=3))
+
+
+def _qwen3_vl_settings(**kw: object) -> VideoSettings:
+    from relax_modalities import ImageSettings
+
+    vision = ImageSettings(
+        patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=(0.5,) * 3, image_std=(0.5,) * 3
+    )
+    base: dict[str, object] = {"min_pixels": 4096, "max_pixels": 25165824, "layout": "timestamped_frames"}
+    return VideoSettings(vision=vision, **{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_timestamped_frames_plan_pads_the_last_patch_and_bounds_the_clip() -> None:
+    # 25 frames at 10 fps: int(2.5 s × 2 fps) = 5 frames (not rounded to the patch), at linspace(0, 24, 5).
+    plan = plan_video(25, 10.0, 70, 150, _qwen3_vl_settings())
+    assert plan.frame_indices.tolist() == [0, 6, 12, 18, 24]
+    # Sides round(70 / 32) · 32 = 64 and round(150 / 32) · 32 = 160; 3 temporal steps of 2 × 5 merged tokens.
+    assert (plan.height, plan.width, plan.num_tokens) == (64, 160, 30)
+    # The clip budget: 4 · 64 · 160 = 40960 px over 20000 scales both sides by sqrt(5 · 70 · 150 / 20000) = 1.62:
+    # floor(70 / 1.62 / 32) · 32 = 32, floor(150 / 1.62 / 32) · 32 = 64.
+    small = plan_video(25, 10.0, 70, 150, _qwen3_vl_settings(max_pixels=20000))
+    assert (small.height, small.width, small.num_tokens) == (32, 64, 6)
+    # A short clip keeps min_frames 4 only as far as it has frames: 3 frames stay 3.
+    assert plan_video(3, 30.0, 64, 64, _qwen3_vl_settings()).frame_indices.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="over max_tokens 29"):
+        plan_video(25, 10.0, 70, 150, _qwen3_vl_settings(max_tokens=29))
+
+
+def test_cap_pixels_per_frame_caps_the_clip_budget() -> None:
+    # 8 frames at 4 fps → 4 frames of 256 × 256. Cap: max(min(4 tokens · 32², 10⁸ // 4), int(4096 · 1.05)) = 4300 px
+    # a frame, 17200 px the clip: scaled by sqrt(4 · 256² / 17200) = 3.90 to floor(256 / 3.90 / 32) · 32 = 64.
+    capped = _qwen3_vl_settings(max_pixels=10**8, cap_pixels_per_frame=True, max_frame_tokens=4)
+    plan = plan_video(8, 4.0, 256, 256, capped)
+    assert (plan.height, plan.width, plan.num_tokens) == (64, 64, 8)
+    assert plan_video(8, 4.0, 256, 256, _qwen3_vl_settings(max_pixels=10**8)).num_tokens == 2 * 8 * 8
+
+
+def test_timestamped_frames_features_repeat_the_last_frame() -> None:
+    from relax_modalities import video_features_from_frames
+
+    settings = _qwen3_vl_settings()
+    plan = plan_video(25, 10.0, 64, 96, settings)  # 5 frames, 64 × 96: no resize
+    frames = np.random.default_rng(0).integers(0, 256, (5, 64, 96, 3), dtype=np.uint8)
+    feats = video_features_from_frames(frames, plan, 10.0, settings)
+    assert feats.grid_thw.tolist() == [3, 4, 6] and feats.frame_blocks(2) == (6, 6, 6)
+    assert feats.grid_timestamps == pytest.approx((0.3, 1.5, 2.4))  # (0 + 0.6) / 2, (1.2 + 1.8) / 2, (2.4 + 2.4) / 2
+    last = feats.pixel_values_videos[2 * 24 :].reshape(24, 3, 2, 16 * 16)  # the last step's patches [N, C, tp, p²]
+    torch.testing.assert_close(last[:, :, 0], last[:, :, 1])  # its two frames are the 5th frame twice
+    x = (frames[4, :16, :16].astype(np.float64) / 255 - 0.5) / 0.5  # its first patch: rows 0..15, columns 0..15
+    np.testing.assert_allclose(last[0, :, 0].numpy(), x.transpose(2, 0, 1).reshape(3, -1), atol=1e-5)
+
+
+def test_an_unknown_video_layout_is_refused() -> None:
+    with pytest.raises(ValueError, match="layout must be one of clip, timestamped_frames"):
+        VideoSettings(layout="frames")  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -103,7 +104,7 @@ def test_text_family_never_samples_the_tokenizers_specials(folders: dict[str, Pa
 
 def _qwen3_vl_video_prompt(folder: Path, frame_blocks: bool) -> OmniPrompt:
     """A video prompt laid out as Qwen3-VL's processor writes it: per temporal grid step a timestamp (as text) and
-    its own vision block (``frame_blocks``), or (not) one block for the whole clip as relax's video path writes."""
+    its own vision block (``frame_blocks``), or (not) one block for the whole clip as the clip layout writes."""
     ckpt = open_checkpoint(folder)
     tok, ids = ckpt.tokenizer, ckpt.tokens.placeholders
     grid = torch.tensor([[2, 4, 4]])  # 2 temporal steps of 4 × 4 patches: 4 tokens each after the 2 × 2 merge
@@ -150,3 +151,35 @@ def test_qwen3_vl_video_as_one_block_is_refused(folders: dict[str, Path]) -> Non
     engine = TorchTrainEngine(load_model(folder), TorchTrainConfig(suppressed_ids=tokens.never_sample))
     with pytest.raises(ValueError, match="2 temporal grid steps but 1 runs of video tokens"):
         engine.compute_logprobs([TrainSample(prompt, torch.tensor([12, 13]))])
+
+
+def test_qwen3_vl_video_from_the_data_path_scores_as_a_plain_forward(folders: dict[str, Path], tmp_path: Path) -> None:
+    # The video path writes Qwen3-VL's layout itself: rollout and trainer log-probs of a prompt built from a file
+    # equal one plain transformers forward (whose own rope reads one grid row per timestamped block).
+    from relax_modalities.synthetic import write_mp4
+
+    folder = folders["qwen3-vl"]
+    tokens = open_checkpoint(folder).tokens
+    frames = np.zeros((4, 56, 56, 3), dtype=np.uint8)
+    for k in range(4):  # a 28-px square moving right, as the synthetic video task draws it
+        frames[k, 14:42, 9 * k : 9 * k + 28] = 220
+    write_mp4(tmp_path / "move.mp4", frames, fps=4)
+    item = TaskItem(
+        id="v", task="video", prompt="move? l r u d", media=(MediaRef("video", str(tmp_path / "move.mp4")),)
+    )
+    prompt = PromptBuilder(ModelConfig(source=str(folder)))(item)
+    # 4 frames (the minimum) of 56 × 56 px rounded to 64 × 64: 2 temporal steps of 2 × 2 merged tokens each.
+    assert prompt.video_grid_thw is not None and prompt.video_grid_thw.tolist() == [[2, 4, 4]]
+    video = prompt.input_ids == tokens.placeholders["video"]
+    assert int(video.sum()) == 8 and int((video[1:] & ~video[:-1]).sum()) == 2  # two blocks of 4
+    model = load_model(folder)
+    params = SamplingParams(n=3, max_new_tokens=5, suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id)
+    completions = HFRolloutEngine(model).generate([prompt, prompt], params)
+    engine = TorchTrainEngine(load_model(folder), TorchTrainConfig(suppressed_ids=tokens.never_sample))
+    flat = [c for group in completions for c in group]
+    trainer_logp, mask = engine.compute_logprobs([TrainSample(prompt, torch.tensor(c.token_ids)) for c in flat])
+    for row, c in enumerate(flat):
+        ref = _reference_logprobs(model, prompt, c.token_ids, tokens.never_sample)
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(trainer_logp[row, : len(c.token_ids)], ref, atol=1e-5, rtol=0)
+        assert mask[row, : len(c.token_ids)].all()

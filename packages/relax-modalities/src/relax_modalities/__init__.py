@@ -5,7 +5,8 @@
   clip) or `log_mel_stream` (the same features block by block, what the loader runs),
   `chunk_features`, and `StreamingLogMel` for live PCM.
 - video: `load_video` (decord, fps sampling, token budget, temporal patches, timestamps) and
-  `open_audio_track` / `extract_audio_track` (PyAV).
+  `open_audio_track` / `extract_audio_track` (PyAV); ``VideoSettings.layout="timestamped_frames"`` is Qwen3-VL's
+  processor (its sampling and clip pixel budget, one block per temporal grid step after its ``<t seconds>`` text).
 - text: `relax_modalities.text` (tiny tokenizer, vocabulary constants, chat builder).
 - the modality seam: `ModalityPath` (what one modality owns: processing a file, its forward kwargs, packing,
   cost) and the registry `MODALITY_PATHS` (image, video, audio); a new modality is one module plus one entry.
@@ -95,6 +96,14 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         plan_video,
         probe_video,
         sample_frame_indices,
+        video_features_from_frames,
+    )
+    from relax_modalities._video_frames import (
+        clip_resize,
+        grid_timestamps,
+        plan_timestamped_video,
+        sample_timestamped_indices,
+        timestamp_text,
     )
 
 _EXPORTS: dict[str, str] = {
@@ -178,6 +187,12 @@ _EXPORTS: dict[str, str] = {
     "plan_video": "relax_modalities._video",
     "probe_video": "relax_modalities._video",
     "sample_frame_indices": "relax_modalities._video",
+    "video_features_from_frames": "relax_modalities._video",
+    "clip_resize": "relax_modalities._video_frames",
+    "grid_timestamps": "relax_modalities._video_frames",
+    "plan_timestamped_video": "relax_modalities._video_frames",
+    "sample_timestamped_indices": "relax_modalities._video_frames",
+    "timestamp_text": "relax_modalities._video_frames",
 }
 """Name → module it is imported from when first used."""
 
@@ -223,6 +238,14 @@ __all__ += [  # video
     "plan_video",
     "probe_video",
     "sample_frame_indices",
+    "video_features_from_frames",
+]
+__all__ += [  # video, the timestamped-frames layout (Qwen3-VL's)
+    "clip_resize",
+    "grid_timestamps",
+    "plan_timestamped_video",
+    "sample_timestamped_indices",
+    "timestamp_text",
 ]
 __all__ += [  # the modality seam
     "MODALITY_PATHS",

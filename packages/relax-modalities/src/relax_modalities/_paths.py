@@ -19,6 +19,7 @@ from relax_modalities._media import MediaBundle, PackedMedia
 from relax_modalities._mel import AudioFeatures, audio_token_count, log_mel
 from relax_modalities._mel_stream import log_mel_stream
 from relax_modalities._video import VideoFeatures, VideoSettings, load_video
+from relax_modalities._video_frames import timestamp_text
 from relax_modalities.text import MediaSlot
 
 if TYPE_CHECKING:
@@ -106,10 +107,16 @@ class VideoPath:
     def process(self, ref: MediaRef, settings: ProcessorSettings, media: MediaBundle) -> None:
         """Decodes one video (and its sound track when asked); its slot(s)."""
         own = settings.of("video", VideoSettings)
+        if own.layout == "timestamped_frames" and ref.audio_track and settings.use_audio_in_video:
+            raise MediaError(ref.path, "video", "use_audio_in_video has no timestamped-frames layout")
         vfeats = load_video(ref.path, own)
         media.add("video", vfeats)
+        frames = None
+        if own.layout == "timestamped_frames":  # each temporal grid step its own block, after its time
+            blocks = vfeats.frame_blocks(own.vision.merge_size)
+            frames = tuple((timestamp_text(t), n) for t, n in zip(vfeats.grid_timestamps, blocks, strict=True))
         if not ref.audio_track:
-            media.slots.append(MediaSlot("video", vfeats.num_tokens))
+            media.slots.append(MediaSlot("video", vfeats.num_tokens, frames=frames))
             return
         sound = settings.of("audio", AudioSettings)  # the track is read as the audio path reads clips
         track = open_audio_track(ref.path, sound)
@@ -118,7 +125,7 @@ class VideoPath:
         afeats = audio_features_from_blocks(track, sound, ref.path)
         media.add("audio", afeats)
         if not settings.use_audio_in_video:  # the track is its own audio span after the video
-            media.slots += [MediaSlot("video", vfeats.num_tokens), MediaSlot("audio", afeats.num_tokens)]
+            media.slots += [MediaSlot("video", vfeats.num_tokens, frames=frames), MediaSlot("audio", afeats.num_tokens)]
             return
         chunks = audio_in_video_chunks(
             vfeats.grid_thw.tolist(),

@@ -1,5 +1,9 @@
 """Video path: decord decode, fps sampling, per-video token budget, temporal patch grouping, timestamps.
 
+Two layouts (`VideoSettings.layout`): ``"clip"`` (below: one placeholder block per clip, as Qwen2.5-VL and the
+Qwen2.5-Omni thinker take it) and ``"timestamped_frames"`` (Qwen3-VL's processor: its own sampling and clip pixel
+budget, and one block per temporal grid step after its timestamp text; `relax_modalities._video_frames`).
+
 Token budget rule (stated): a video may take at most ``max_tokens`` placeholder tokens. Frames are
 sampled first (target fps, clamped to [min_frames, max_frames], rounded to the temporal patch). Then
 (1) resolution is reduced: the per-frame pixel cap becomes
@@ -15,12 +19,17 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
 
 from relax_modalities._errors import MediaError, check_readable
 from relax_modalities._image import ImageSettings, _normalise, _patch_order, smart_resize
+from relax_modalities._video_frames import grid_timestamps, plan_timestamped_video
+
+VideoLayout = Literal["clip", "timestamped_frames"]
+VIDEO_LAYOUTS: tuple[VideoLayout, ...] = ("clip", "timestamped_frames")
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,16 @@ class VideoSettings:
         max_decoded_pixels: frames whose declared width × height exceeds this are rejected.
         max_duration_s: videos declaring a longer duration are rejected.
         vision: patch geometry and normalisation shared with images.
+        layout: ``"clip"``: frames rounded to the temporal patch, ``min_pixels`` / ``max_pixels`` bound one frame,
+            ``max_tokens`` reduces resolution then frames (the module docstring), one placeholder block per clip;
+            ``"timestamped_frames"``: Qwen3-VL's processor (`relax_modalities._video_frames`): frame count not
+            rounded (the last frame repeats to fill the last patch), ``min_pixels`` / ``max_pixels`` bound the
+            whole clip, ``max_tokens`` only rejects, and each temporal grid step is its own block after its
+            ``<t seconds>`` text.
+        cap_pixels_per_frame: ``"timestamped_frames"`` only: cap the clip budget per frame at
+            ``max_frame_tokens`` tokens or an even share of ``max_pixels`` (the processor's option of that name).
+        max_frame_tokens: the per-frame token cap of ``cap_pixels_per_frame`` (the processor's
+            ``max_video_tokens``).
     """
 
     fps: float = 2.0
@@ -48,8 +67,15 @@ class VideoSettings:
     max_decoded_pixels: int = 16_000_000
     max_duration_s: float = 4 * 3600.0
     vision: ImageSettings = field(default_factory=ImageSettings)
+    layout: VideoLayout = "clip"
+    cap_pixels_per_frame: bool = False
+    max_frame_tokens: int = 768
 
     def __post_init__(self) -> None:
+        if self.layout not in VIDEO_LAYOUTS:
+            raise ValueError(f"VideoSettings.layout must be one of {', '.join(VIDEO_LAYOUTS)}, got {self.layout!r}")
+        if self.max_frame_tokens < 1:
+            raise ValueError(f"VideoSettings.max_frame_tokens must be >= 1, got {self.max_frame_tokens}")
         if self.fps <= 0:
             raise ValueError(f"VideoSettings.fps must be > 0, got {self.fps}")
         tp = self.vision.temporal_patch_size
@@ -75,6 +101,8 @@ class VideoFeatures:
         timestamps: ``[frames]`` float64 time in seconds of each sampled frame.
         frame_indices: ``[frames]`` int64 indices of the sampled frames in the file.
         num_tokens: placeholder tokens, ``prod(grid_thw) // merge**2``.
+        grid_timestamps: seconds of each temporal grid step (the mean of its first and last frame's time; a
+            last partial patch counts its repeated frame), as the timestamped-frames layout writes them.
     """
 
     pixel_values_videos: torch.Tensor
@@ -83,6 +111,12 @@ class VideoFeatures:
     timestamps: torch.Tensor
     frame_indices: torch.Tensor
     num_tokens: int
+    grid_timestamps: tuple[float, ...] = ()
+
+    def frame_blocks(self, merge_size: int) -> tuple[int, ...]:
+        """Tokens of each temporal grid step's block, ``grid_h · grid_w / merge²`` each."""
+        t, h, w = (int(x) for x in self.grid_thw)
+        return (h * w // merge_size**2,) * t
 
 
 @dataclass(frozen=True)
@@ -124,8 +158,11 @@ def plan_video(num_frames: int, avg_fps: float, height: int, width: int, setting
     """Frames and size of a video under the token budget (the rule is in the module docstring).
 
     Raises:
-        ValueError: when one temporal patch at the minimum resolution exceeds ``max_tokens``.
+        ValueError: when one temporal patch at the minimum resolution exceeds ``max_tokens`` (the timestamped-frames
+            layout: see `relax_modalities._video_frames.plan_timestamped_video`).
     """
+    if settings.layout == "timestamped_frames":
+        return plan_timestamped_video(num_frames, avg_fps, height, width, settings)
     v = settings.vision
     f, tp = v.factor, v.temporal_patch_size
     idx = sample_frame_indices(num_frames, avg_fps, settings)
@@ -246,16 +283,19 @@ def load_video(path: str | os.PathLike[str], settings: VideoSettings | None = No
 def video_features_from_frames(
     frames: np.ndarray, plan: VideoPlan, avg_fps: float, settings: VideoSettings
 ) -> VideoFeatures:
-    """Resize, normalise and patchify already decoded frames ``[T, H, W, 3]`` uint8 per ``plan``."""
+    """Resize, normalise and patchify already decoded frames ``[T, H, W, 3]`` uint8 per ``plan`` (a last partial
+    temporal patch is filled by repeating the last frame, as Qwen3-VL's processor pads it)."""
     v = settings.vision
     frames = _resize_frames(frames, plan.height, plan.width)
     tp = v.temporal_patch_size
+    if pad := -len(frames) % tp:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
     patches = _normalise(_patch_order(frames, tp, v), v)
     times = plan.frame_indices.astype(np.float64) / avg_fps
     n = len(plan.frame_indices)
     # Seconds one temporal patch spans: tp sample intervals of the evenly spaced sampling.
     span = (times[-1] - times[0]) / (n - 1) if n > 1 else 1.0 / avg_fps
-    grid = (n // tp, plan.height // v.patch_size, plan.width // v.patch_size)
+    grid = (-(-n // tp), plan.height // v.patch_size, plan.width // v.patch_size)
     return VideoFeatures(
         pixel_values_videos=patches,
         grid_thw=torch.tensor(grid, dtype=torch.long),
@@ -263,4 +303,5 @@ def video_features_from_frames(
         timestamps=torch.from_numpy(times),
         frame_indices=torch.from_numpy(plan.frame_indices),
         num_tokens=plan.num_tokens,
+        grid_timestamps=tuple(grid_timestamps(plan.frame_indices, avg_fps, tp)),
     )

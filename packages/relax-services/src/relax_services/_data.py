@@ -49,7 +49,7 @@ def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
     is absent)."""
     per_modality: dict[str, object] = {}
     for name, modality in MODEL_MODALITIES.items():
-        own = modality.processor_settings(ckpt.config, ckpt.preprocessor)
+        own = modality.processor_settings(ckpt.config, ckpt.preprocessor_for(name))
         if own is not None:
             per_modality[name] = own
     template = CheckpointTemplate.of(ckpt.tokens.placeholders)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -92,11 +92,15 @@ class MediaSlot:
         interleave: only for a video with its sound track (Qwen2.5-Omni's ``use_audio_in_video``):
             ``(video_tokens, audio_tokens)`` per time chunk, rendered as
             ``vision_start audio_start [video × v_j, audio × a_j]… audio_end vision_end``.
+        frames: only for a video in the timestamped-frames layout (Qwen3-VL's): ``(text, tokens)`` per temporal
+            grid step, rendered as ``text vision_start video × tokens vision_end`` each, all in place of the one
+            video placeholder (inside the template's own vision markers, as transformers' processor expands it).
     """
 
     modality: str
     num_tokens: int
     interleave: tuple[tuple[int, int], ...] | None = None
+    frames: tuple[tuple[str, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.modality, str) or not self.modality:
@@ -110,6 +114,18 @@ class MediaSlot:
                 raise ValueError(
                     f"MediaSlot.interleave video tokens sum to {sum(v for v, _ in self.interleave)}, "
                     f"not num_tokens {self.num_tokens}"
+                )
+        if self.frames is not None:
+            if self.modality != "video" or self.interleave is not None:
+                raise ValueError("MediaSlot.frames is only for video slots without interleave")
+            if (
+                not self.frames
+                or any(n < 1 for _, n in self.frames)
+                or sum(n for _, n in self.frames) != self.num_tokens
+            ):
+                raise ValueError(
+                    f"MediaSlot.frames must give >= 1 token per block, summing to num_tokens {self.num_tokens}; "
+                    f"got {[n for _, n in self.frames]}"
                 )
 
 
@@ -207,6 +223,10 @@ class ChatBuilder:
                 continue
             start_id, pad_id, end_id = self._span(slot.modality)
             ids.append(start_id)
+            if slot.frames is not None:
+                _frame_blocks(slot.frames, self.tokenizer.encode, (start_id, pad_id, end_id), ids, spans)
+                ids.append(end_id)
+                continue
             spans.append(PlaceholderSpan(slot.modality, len(ids), slot.num_tokens))
             ids += [pad_id] * slot.num_tokens
             ids.append(end_id)
@@ -233,6 +253,25 @@ class ChatBuilder:
     def response_ids(self, response: str) -> list[int]:
         """Ids of an assistant response followed by the response end (eos)."""
         return self.tokenizer.encode(response) + self._response_end_ids
+
+
+def _frame_blocks(
+    frames: Sequence[tuple[str, int]],
+    encode: Callable[[str], list[int]],
+    markers: tuple[int, int, int],
+    ids: list[int],
+    spans: list[PlaceholderSpan],
+) -> None:
+    """Appends ``text vision_start pad × n vision_end`` per ``(text, n)`` block, one span per block. The text is
+    encoded on its own: it sits between special tokens, which tokenizers split out before encoding the text
+    between them, so this equals encoding the expanded prompt in one piece."""
+    start, pad, end = markers
+    for text, n in frames:
+        ids += encode(text)
+        ids.append(start)
+        spans.append(PlaceholderSpan("video", len(ids), n))
+        ids += [pad] * n
+        ids.append(end)
 
 
 def build_chat(
@@ -281,7 +320,8 @@ class TemplateChat:
     """Renders a user turn through the tokenizer's chat template and expands each media placeholder.
 
     Same interface as `ChatBuilder`. A video slot with ``interleave`` replaces its video placeholder by
-    ``audio_start [video × v_j, audio × a_j]… audio_end`` inside the template's vision markers.
+    ``audio_start [video × v_j, audio × a_j]… audio_end`` inside the template's vision markers; one with ``frames``
+    by ``text vision_start video × n vision_end`` per temporal grid step (Qwen3-VL's processor's expansion).
 
     Args:
         tokenizer: a tokenizer with a chat template (``apply_chat_template``).
@@ -368,12 +408,26 @@ class TemplateChat:
             slot = pending.pop(0)
             if slot.interleave is not None:
                 self._interleaved(slot.interleave, ids, spans)
+            elif slot.frames is not None:
+                self._frames(slot.frames, token, ids, spans)
             else:
                 spans.append(PlaceholderSpan(modality, len(ids), slot.num_tokens))
                 ids += [token] * slot.num_tokens
         if pending:
             raise ValueError(f"the chat template rendered no placeholder for {len(pending)} media item(s)")
         return ChatPrompt(input_ids=ids, spans=spans)
+
+    def _frames(
+        self, frames: Sequence[tuple[str, int]], pad: int, ids: list[int], spans: list[PlaceholderSpan]
+    ) -> None:
+        for role in ("vision_start", "vision_end"):
+            if role not in self.ids:
+                raise ValueError(f"this checkpoint has no {role} marker, which a timestamped-frames video needs")
+
+        def encode(text: str) -> list[int]:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))  # type: ignore[call-arg]
+
+        _frame_blocks(frames, encode, (self.ids["vision_start"], pad, self.ids["vision_end"]), ids, spans)
 
     def _interleaved(self, chunks: Sequence[tuple[int, int]], ids: list[int], spans: list[PlaceholderSpan]) -> None:
         video_pad, audio_pad = self.placeholder_id("video"), self.placeholder_id("audio")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,8 @@ class Checkpoint:
         tokenizer: The tokenizer (``AutoTokenizer``), with its chat template when it has one.
         tokens: Every id the engines and data paths use.
         preprocessor: ``preprocessor_config.json`` as a dict (empty when absent).
+        video_preprocessor: ``video_preprocessor_config.json`` as a dict (empty when absent; Qwen3-VL's checkpoints
+            ship their video processor's settings there, apart from the image processor's).
     """
 
     path: Path
@@ -76,6 +79,12 @@ class Checkpoint:
     tokenizer: Any
     tokens: TokenIds
     preprocessor: dict[str, Any]
+    video_preprocessor: dict[str, Any] = field(default_factory=dict)
+
+    def preprocessor_for(self, modality: str) -> Mapping[str, object]:
+        """The processor settings a modality's data path reads: ``video_preprocessor_config.json`` for video when
+        the folder has one (as transformers' ``AutoVideoProcessor`` prefers it), else ``preprocessor_config.json``."""
+        return self.video_preprocessor if modality == "video" and self.video_preprocessor else self.preprocessor
 
     def load_model(self, dtype: torch.dtype = torch.float32) -> Any:
         """The model, through its family's transformers class, in eval mode."""
@@ -205,7 +214,9 @@ def validate_checkpoint(path: str | Path) -> Checkpoint:
         )
     preprocessor_file = path / "preprocessor_config.json"
     preprocessor = _read_json(preprocessor_file) if preprocessor_file.is_file() else {}
-    return Checkpoint(path, family, config, tokenizer, tokens, preprocessor)
+    video_file = path / "video_preprocessor_config.json"
+    video_preprocessor = _read_json(video_file) if video_file.is_file() else {}
+    return Checkpoint(path, family, config, tokenizer, tokens, preprocessor, video_preprocessor)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 Modality = Literal["text", "image", "video", "audio"]
 Positions = Literal["1d", "vl-mrope", "vl3-mrope", "omni-mrope"]
+VideoLayout = Literal["clip", "timestamped_frames"]
 
 __all__ = [
     "CONTAINERS",
@@ -26,7 +27,9 @@ __all__ = [
     "ModelFamily",
     "Positions",
     "UnsupportedArchitectureError",
+    "VideoLayout",
     "family_of",
+    "family_of_config",
     "family_of_model",
 ]
 
@@ -55,6 +58,10 @@ class ModelFamily:
             hidden states at the vision tokens after each of its first layers (Qwen3-VL's DeepStack): where relax
             runs the decoder on its own input embeddings (media encoded once per distinct item) it passes those
             features too (:mod:`~relax_services.models.deepstack`).
+        video_layout: How its processor lays a video out in the prompt (relax-modalities' ``VideoSettings.layout``):
+            ``"clip"``, one placeholder block per clip (Qwen2.5-VL, the omni thinker), or ``"timestamped_frames"``,
+            one block per temporal grid step after its ``<t seconds>`` text, with the processor's own frame
+            sampling and whole-clip pixel budget (Qwen3-VL, whose rope takes one grid row per block).
     """
 
     name: str
@@ -65,6 +72,7 @@ class ModelFamily:
     never_sample: str = "special tokens except eos; media placeholders and markers"
     chat_template_required: bool = False
     deepstack: bool = False
+    video_layout: VideoLayout = "clip"
 
     def load_class(self) -> type[PreTrainedModel]:
         """The transformers class (an ``ImportError`` names the version when this transformers lacks it)."""
@@ -101,10 +109,11 @@ _ALL: tuple[ModelFamily, ...] = (
     ModelFamily(
         "qwen3-vl",
         "Qwen3VLForConditionalGeneration",
-        ("text", "image"),  # video: its per-frame timestamps are not rendered by relax's video data path yet
+        ("text", "image", "video"),
         "vl3-mrope",
         _VL_KEYS,
         deepstack=True,
+        video_layout="timestamped_frames",
     ),
     ModelFamily(
         "qwen2.5-omni-thinker",
@@ -149,6 +158,16 @@ CONTAINERS: dict[str, Container] = {
 """Architecture of a whole published model → the part relax trains. A folder of such a model is trained as its
 part (the thinker of Qwen2.5-Omni: text out from text, image, audio and video in); the other parts' weights are
 not loaded, and exported checkpoints are the part's own."""
+
+
+def family_of_config(config: object) -> ModelFamily | None:
+    """The family of a loaded model config, by its ``architectures`` entry; None when it names none (a part's
+    sub-config, such as the omni container's thinker config) or one outside the table."""
+    names = getattr(config, "architectures", None) or []
+    if not names:
+        return None
+    name = str(names[0])
+    return FAMILIES.get(CONTAINERS[name].part if name in CONTAINERS else name)
 
 
 def family_of_model(model: object) -> ModelFamily:

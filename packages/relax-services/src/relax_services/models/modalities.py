@@ -8,7 +8,9 @@ positions depend on (`ModelModality.structure`, the cache key) and the arguments
 ``get_rope_index`` (`ModelModality.rope_args`, and its number in the Qwen-VL rule's token types,
 `ModelModality.vl_token_type`). Its placeholder id is the model config's `ModelModality.token_attr` (and the
 checkpoint's ``TokenIds`` role of the same name as the modality). It also reads its data path's settings from a
-checkpoint folder (`ModelModality.processor_settings`: the model config and ``preprocessor_config.json``).
+checkpoint folder (`ModelModality.processor_settings`: the model config and its processor config,
+``Checkpoint.preprocessor_for``: ``video_preprocessor_config.json`` for video where the folder has one, else
+``preprocessor_config.json``).
 
 `MODEL_MODALITIES` is the explicit registry, in the order the forward kwargs are laid out. Adding a modality is
 one module with its `ModelModality` plus one entry here; its data path is relax-modalities' `ModalityPath`.
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 
 if TYPE_CHECKING:
-    from relax_modalities import ImageSettings
+    from relax_modalities import ImageSettings, VideoSettings
 
 __all__ = [
     "AUDIO",
@@ -35,6 +37,7 @@ __all__ = [
     "audio_token_count",
     "image_settings",
     "media_fields",
+    "video_settings",
 ]
 
 
@@ -62,8 +65,8 @@ class ModelModality(Protocol):
 
     def processor_settings(self, config: object, preprocessor: Mapping[str, object]) -> object | None:
         """Its data path's settings for a checkpoint (of the type of relax-modalities'
-        ``ModalityPath.default_settings``), from the model ``config`` and ``preprocessor_config.json``;
-        None: the path's defaults."""
+        ``ModalityPath.default_settings``), from the model ``config`` and its processor config (``preprocessor``:
+        ``Checkpoint.preprocessor_for`` this modality); None: the path's defaults."""
         ...
 
     def validate(self, media: Mapping[str, torch.Tensor]) -> None:
@@ -343,10 +346,65 @@ def image_settings(config: object, pre: Mapping[str, object]) -> ImageSettings:
     )
 
 
-def _video_settings(config: object, pre: Mapping[str, object]) -> object:
-    from relax_modalities import VideoSettings
+def _float(pre: Mapping[str, object], key: str, default: float) -> float:
+    value = pre.get(key, default)
+    if value is None:
+        return default
+    try:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise ValueError(f"video processor config: {key!r} must be a number, got {value!r}") from None
 
-    return VideoSettings(vision=image_settings(config, pre))  # frames share the images' patch geometry
+
+def video_settings(config: object, pre: Mapping[str, object]) -> VideoSettings:
+    """relax-modalities' video settings of a checkpoint: frames share the images' patch geometry and the
+    normalisation of ``pre`` (the checkpoint's video processor config, :meth:`Checkpoint.preprocessor_for`).
+
+    A family whose video layout is ``"timestamped_frames"`` (:attr:`ModelFamily.video_layout`, Qwen3-VL) also takes
+    its video processor's sampling and budget from ``pre`` as transformers' ``Qwen3VLVideoProcessor`` reads them
+    (its class defaults where a key is absent): ``fps`` (2), ``min_frames`` (4), ``max_frames`` (768), ``size``'s
+    ``shortest_edge`` / ``longest_edge`` as the clip's pixel bounds (131072 / 786432), ``cap_pixels_per_frame``
+    (off) and ``max_video_tokens`` (768). The clip-layout families keep relax's video defaults.
+
+    Raises:
+        ValueError: naming the key whose value is not a number, or a sampling the data path does not reproduce (a
+            fixed ``num_frames``, ``do_sample_frames`` false).
+    """
+    from relax_modalities import VideoSettings  # lazily: unpickling a prompt must not load the media stack
+    from relax_services.models.families import family_of_config
+
+    vision = image_settings(config, pre)
+    family = family_of_config(config)
+    if family is None or family.video_layout != "timestamped_frames":
+        return VideoSettings(vision=vision)
+    refused = {
+        "num_frames": pre.get("num_frames") is not None,
+        "do_sample_frames": pre.get("do_sample_frames") is False,
+    }
+    for key in (k for k, bad in refused.items() if bad):
+        raise ValueError(
+            f"video processor config: {key}={pre[key]!r} is not supported (relax samples frames by fps within "
+            "min_frames .. max_frames); remove the key"
+        )
+    size = pre.get("size")
+    edges: Mapping[str, object] = size if isinstance(size, Mapping) else {}
+    defaults = VideoSettings()
+    return VideoSettings(
+        fps=_float(pre, "fps", 2.0),
+        min_frames=_int(pre, "min_frames", 4),
+        max_frames=_int(pre, "max_frames", 768),
+        min_pixels=_int(pre, "min_pixels", _int(edges, "shortest_edge", 128 * 32 * 32)),
+        max_pixels=_int(pre, "max_pixels", _int(edges, "longest_edge", 32 * 32 * 768)),
+        max_tokens=max(
+            defaults.max_tokens, _int(pre, "max_pixels", _int(edges, "longest_edge", 0)) // vision.factor**2
+        ),
+        vision=vision,
+        layout="timestamped_frames",
+        cap_pixels_per_frame=bool(pre.get("cap_pixels_per_frame") or False),
+        max_frame_tokens=_int(pre, "max_video_tokens", 768),
+    )
 
 
 IMAGE = VisionModality(
@@ -360,7 +418,7 @@ VIDEO = VisionModality(
     "video_token_id",
     "get_video_features",
     2,
-    _video_settings,
+    video_settings,
     rope_seconds={"omni-mrope": "second_per_grids", "vl-mrope": "second_per_grid_ts"},
 )
 AUDIO = AudioModality()

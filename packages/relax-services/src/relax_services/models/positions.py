@@ -75,7 +75,7 @@ def rope_positions(
 def _check_frame_blocks(types: torch.Tensor, attention_mask: torch.Tensor, grids: object) -> None:
     """Qwen3-VL's rope takes one video grid row per frame block: each temporal grid step's tokens must be their own
     run (its processor writes ``<t seconds><vision_start> tokens <vision_end>`` per frame), else every position after
-    the video is wrong. relax's video data path writes one run per clip, so such prompts are refused here.
+    the video is wrong. A prompt in the clip layout (one run per clip) is refused here.
 
     Raises:
         ValueError: naming the number of frames and of runs.
@@ -88,8 +88,8 @@ def _check_frame_blocks(types: torch.Tensor, attention_mask: torch.Tensor, grids
     if runs != frames:
         raise ValueError(
             f"Qwen3-VL video: {frames} temporal grid steps but {runs} runs of video tokens; each step's tokens must "
-            "be their own block, with its timestamp before it (relax's video data path writes one block per clip and "
-            "does not render Qwen3-VL's timestamps yet)"
+            "be their own block, with its timestamp before it (relax's video path writes that layout when its "
+            "VideoSettings.layout is 'timestamped_frames', as it is read from a Qwen3-VL checkpoint)"
         )
 
 

@@ -151,6 +151,27 @@ _PREPROCESSORS: dict[str, dict[str, object]] = {
 }
 """Family name → its tiny checkpoint's ``preprocessor_config.json`` (a family without one uses the defaults)."""
 
+_VIDEO_PREPROCESSORS: dict[str, dict[str, object]] = {
+    # Qwen3-VL's video processor settings in the keys Qwen3VLVideoProcessor reads: 2 fps within 4 .. 768 frames,
+    # a clip budget of 4096 .. 25165824 px (so the clip, not the frame, is bounded), mean and std 0.5.
+    "qwen3-vl": {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 768,
+    },
+}
+"""Family name → its tiny checkpoint's ``video_preprocessor_config.json`` (the video processor's own settings)."""
+
+_EXTRA_CHARACTERS: dict[str, tuple[str, ...]] = {"qwen3-vl": ("<", ">")}  # its video timestamps: "<0.6 seconds>"
+"""Family name → characters its tiny tokenizer adds to the default vocabulary."""
+
 
 def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidden_size: int | None = None) -> Path:
     """Writes a tiny random checkpoint of ``family`` (a :data:`TINY_FAMILIES` name or ``"qwen2.5-omni-thinker"``).
@@ -169,7 +190,7 @@ def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidde
         return write_tiny_omni(path, seed)
     if family not in TINY_FAMILIES:
         raise ValueError(f"no tiny checkpoint for family {family!r}; known: {[*TINY_FAMILIES, 'qwen2.5-omni-thinker']}")
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(_EXTRA_CHARACTERS.get(family, ()))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if hidden_size is None:
@@ -184,4 +205,7 @@ def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidde
     tokenizer.save_pretrained(path)
     if family in _PREPROCESSORS:
         (path / "preprocessor_config.json").write_text(json.dumps(_PREPROCESSORS[family], indent=2) + "\n")
+    if family in _VIDEO_PREPROCESSORS:
+        text = json.dumps(_VIDEO_PREPROCESSORS[family], indent=2) + "\n"
+        (path / "video_preprocessor_config.json").write_text(text)
     return path

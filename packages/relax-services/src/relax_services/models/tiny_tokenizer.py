@@ -55,16 +55,29 @@ CHAT_TEMPLATE = (
 """Jinja chat template of the default model (media parts render as one placeholder each)."""
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(extra_characters: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """The default model's tokenizer as a transformers ``PreTrainedTokenizerFast`` with its chat template.
 
     Encoding a character outside the vocabulary raises (the vocabulary has no unknown token).
+
+    Args:
+        extra_characters: Characters added after the 64 ids (one token each; the other ids are unchanged), e.g.
+            ``("<", ">")`` for the Qwen3-VL tiny checkpoint, whose video prompts carry ``<t seconds>`` text.
+
+    Raises:
+        ValueError: an extra character that is not one character or already in the vocabulary.
     """
+    known = {*SPECIAL_TOKENS, *ROLE_WORDS, *TINY_CHARACTERS}
+    for ch in extra_characters:
+        if len(ch) != 1 or ch in known:
+            raise ValueError(
+                f"build_tiny_tokenizer: extra character {ch!r} must be one character not in the vocabulary"
+            )
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as _Backend
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate((*SPECIAL_TOKENS, *ROLE_WORDS, *TINY_CHARACTERS))}
+    vocab = {t: i for i, t in enumerate((*SPECIAL_TOKENS, *ROLE_WORDS, *TINY_CHARACTERS, *extra_characters))}
     backend = _Backend(models.WordLevel(vocab, unk_token="<|unk|>"))  # "<|unk|>" is absent: unknown raises
     words = "|".join(ROLE_WORDS)
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{words}|[\s\S]"), behavior="isolated")
