@@ -28,16 +28,11 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    OptimizerStateType,
-    StateDictOptions,
-    ValueType,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from relax_services.engines.fsdp_state import clone_state, load_train_state, train_state
 from relax_services.engines.protocols import LossFn, TrainSample
 from relax_services.engines.scoring import TokenScores, score_responses, score_values
 from relax_services.engines.tensor_parallel import clip_gradients
@@ -54,7 +49,15 @@ from relax_services.engines.torch_train import (
 from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
 
-__all__ = ["FSDPConfig", "FSDPTrainEngine", "FSDPValueEngine", "decoder_blocks", "load_train_state", "train_state"]
+__all__ = [
+    "FSDPConfig",
+    "FSDPTrainEngine",
+    "FSDPValueEngine",
+    "decoder_blocks",
+    "load_train_state",
+    "shard_group",
+    "train_state",
+]
 
 # Text decoder blocks of a thinker (``model.layers.N``) or of a critic (``thinker.model.layers.N``).
 _BLOCK_NAME = re.compile(r"(thinker\.)?model\.layers\.\d+")
@@ -99,6 +102,26 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
             f"{type(model).__name__} has no text decoder blocks named 'model.layers.N' or 'thinker.model.layers.N'"
         )
     return blocks
+
+
+def shard_group(mesh: DeviceMesh, tp_mesh: DeviceMesh | None) -> dist.ProcessGroup:
+    """The process group of every rank that holds a piece of the model: ``mesh``'s (data parallel), or with
+    tensor parallelism the ``(dp, tp)`` submesh's. Checkpoints and exports run over it: DCP's save plan must
+    cover every shard, and over the dp group alone the tensor-parallel ranks of one dp rank would each write
+    the same files. Collective over ``tp_mesh``'s root mesh when ``tp_mesh`` is given.
+
+    Raises:
+        ValueError: If ``tp_mesh`` is given and either mesh has no dimension name.
+    """
+    if tp_mesh is None:
+        return mesh.get_group()
+    names = (mesh.mesh_dim_names or (None,))[0], (tp_mesh.mesh_dim_names or (None,))[0]
+    if None in names:
+        raise ValueError(f"with tensor parallelism both meshes need dimension names, got {names}")
+    # The 2-D mesh fully_shard itself builds from the same two (DeviceMesh._concatenate), flattened to one
+    # dimension: torch has no public way yet to a group over two mesh dimensions (torchtitan flattens too).
+    both = DeviceMesh._concatenate([mesh, tp_mesh])
+    return both._flatten("_".join(str(n) for n in names)).get_group()
 
 
 class _Scorer(torch.nn.Module):
@@ -170,12 +193,15 @@ class FSDPTrainEngine:
         self.group = mesh.get_group()
         self.world_size = mesh.size()
         self.rank = mesh.get_local_rank()
+        self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
+        self.shard_group = shard_group(mesh, self.tp_mesh)
+        self.shard_rank = dist.get_rank(self.shard_group)
         self.model = model.to(self.device)
         self.root = _Scorer(self.model, self.config, self.device)
-        if tp_mesh is not None and tp_mesh.size() > 1:
+        if self.tp_mesh is not None:
             from relax_services.engines.tensor_parallel import parallelize_decoder
 
-            parallelize_decoder(decoder_blocks(self.model), tp_mesh)
+            parallelize_decoder(decoder_blocks(self.model), self.tp_mesh)
         self._track_usage()
         self._shard()
         self.optimizer = torch.optim.AdamW(
@@ -415,8 +441,8 @@ class FSDPTrainEngine:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
-            "model": _clone(model_state),
-            "optimizer": _clone(optim_state),
+            "model": clone_state(model_state),
+            "optimizer": clone_state(optim_state),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng,
             "version": self._version,
@@ -470,53 +496,3 @@ class FSDPValueEngine(FSDPTrainEngine):
         scores = self._score_without_grad(batch)
         assert scores.values is not None, "score_values sets values"
         return scores.values, scores.mask
-
-
-def train_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions | None = None
-) -> tuple[dict[str, ValueType], OptimizerStateType]:
-    """``get_state_dict(model, optimizer)`` without its side effect on an optimizer that has not stepped yet.
-
-    ``get_state_dict`` creates a fresh optimizer's state by stepping it once at lr 0 with zero gradients: the
-    weights stay, but AdamW's step count becomes 1, so the first real update would use the bias correction of
-    step 2 and differ from one process's (measured: 2.6e-4 on the weights after one update at lr 1e-3). Here that
-    state is dropped again, from the optimizer and from the returned dict: a checkpoint taken before the first
-    update (a run's step-0 checkpoint) holds no moments, as the single-process engine's does.
-    """
-    fresh = not optimizer.state
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
-    if fresh:
-        optimizer.state.clear()
-        optim_state = {**optim_state, "state": {}}
-    return model_state, optim_state
-
-
-def load_train_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_state: Mapping[str, object],
-    optim_state: Mapping[str, object],
-    options: StateDictOptions | None = None,
-) -> None:
-    """``set_state_dict``; an optimizer state without moments (saved before the first update) leaves the optimizer
-    without any, instead of the lr-0 step ``set_state_dict`` takes to create them (see :func:`train_state`)."""
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=cast("dict[str, ValueType]", dict(model_state)),
-        optim_state_dict=cast(OptimizerStateType, dict(optim_state)),
-        options=options,
-    )
-    if not optim_state.get("state"):
-        optimizer.state.clear()
-
-
-def _clone(state: object) -> object:
-    """Deep copy of a nested state dict's tensors (DTensors stay DTensors on the same mesh)."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().clone()
-    if isinstance(state, Mapping):
-        return {k: _clone(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_clone(v) for v in state]
-    return state
