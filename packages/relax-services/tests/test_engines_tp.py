@@ -33,8 +33,8 @@ from relax_services.engines.fsdp_checkpoint import checkpoint_model_state
 from relax_services.models import build_tiny_omni, load_model
 
 sys.path.insert(0, str(Path(__file__).parent))  # the workers' shared batches and config
-import _fsdp_worker as worker  # noqa: E402
-import _tp_worker as tp_worker  # noqa: E402
+import _fsdp_worker as worker
+import _tp_worker as tp_worker
 
 ATOL = 5e-5
 TP_ATOL = 2e-4
@@ -109,6 +109,10 @@ def _equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
         elif x != y:
             return False
     return True
+
+
+def _layout(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.dtype, torch.Size]]:
+    return {k: (v.dtype, v.shape) for k, v in state.items()}
 
 
 def _groups(optimizer_state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -200,7 +204,7 @@ def test_the_hf_export_from_tp_shards_is_the_single_process_export(
         saved = ranks[2 * replica]["saved_weights"]
         exported = load_file(str(folder / f"hf{replica}" / "model.safetensors"))
         assert _equal(exported, saved)  # the gathered shards, bit for bit
-        assert {k: (v.dtype, v.shape) for k, v in exported.items()} == {k: (v.dtype, v.shape) for k, v in single.items()}
+        assert _layout(exported) == _layout(single)
         assert _max_diff(exported, single) < TP_ATOL  # the single-process weights, to the tp tolerance
         assert _equal(checkpoint_model_state(folder / f"ckpt{replica}"), saved)  # read without a group
         loaded = load_model(folder / f"hf{replica}").state_dict()

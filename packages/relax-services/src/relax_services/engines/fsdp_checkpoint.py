@@ -81,13 +81,15 @@ def save_checkpoint(engine: FSDPTrainEngine, folder: Path) -> Path:
     folder = Path(folder)
     tmp = _fresh_tmp(engine, folder)
     model_state, optim_state = train_state(engine.model, engine.optimizer)  # no moments before the first update
-    dcp_save({_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}, checkpoint_id=tmp, process_group=engine.shard_group)
+    state = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
+    dcp_save(state, checkpoint_id=tmp, process_group=engine.shard_group)
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, tmp / _rng_file(engine.shard_rank))
     if engine.shard_rank == 0:
-        meta = {"scheduler": engine.scheduler.state_dict(), "version": engine.version, "world_size": dist.get_world_size(engine.shard_group)}
+        ranks = dist.get_world_size(engine.shard_group)
+        meta = {"scheduler": engine.scheduler.state_dict(), "version": engine.version, "world_size": ranks}
         torch.save(meta, tmp / META_FILE)
     _rank0_replace(engine, tmp, folder)
     return folder
@@ -122,7 +124,8 @@ def load_checkpoint(engine: FSDPTrainEngine, folder: Path) -> None:
     dcp_load(state, checkpoint_id=folder, process_group=engine.shard_group)
     load_train_state(engine.model, engine.optimizer, state[_MODEL_KEY], state[_OPTIMIZER_KEY], _NO_STATE_FOR_UNUSED)
     engine.scheduler.load_state_dict(meta["scheduler"])
-    rng = torch.load(folder / _rng_file(engine.shard_rank % int(meta["world_size"])), map_location="cpu", weights_only=False)
+    rng_file = folder / _rng_file(engine.shard_rank % int(meta["world_size"]))
+    rng = torch.load(rng_file, map_location="cpu", weights_only=False)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

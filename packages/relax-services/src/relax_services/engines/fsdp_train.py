@@ -19,7 +19,6 @@ did not use get zero gradients in the reduction (``set_reduce_scatter_unused_par
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -32,9 +31,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from relax_services.engines.fsdp_layout import ScoringRoot, decoder_blocks, shard_group
 from relax_services.engines.fsdp_state import clone_state, load_train_state, train_state
 from relax_services.engines.protocols import LossFn, TrainSample
-from relax_services.engines.scoring import TokenScores, score_responses, score_values
+from relax_services.engines.scoring import TokenScores
 from relax_services.engines.tensor_parallel import clip_gradients
 from relax_services.engines.torch_train import (
     TorchTrainConfig,
@@ -46,7 +46,6 @@ from relax_services.engines.torch_train import (
     split_micro_batches,
     units_of_step,
 )
-from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
 
 __all__ = [
@@ -58,9 +57,6 @@ __all__ = [
     "shard_group",
     "train_state",
 ]
-
-# Text decoder blocks of a thinker (``model.layers.N``) or of a critic (``thinker.model.layers.N``).
-_BLOCK_NAME = re.compile(r"(thinker\.)?model\.layers\.\d+")
 
 
 @dataclass(frozen=True)
@@ -88,63 +84,6 @@ class FSDPConfig:
             raise ValueError(
                 f"FSDPConfig.mixed_precision must be 'auto', 'bf16' or 'off', got {self.mixed_precision!r}"
             )
-
-
-def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The text decoder blocks of a Qwen2.5-Omni thinker or critic, the units ``fully_shard`` wraps.
-
-    Raises:
-        ValueError: If ``model`` has none (names ``model.layers.N`` or ``thinker.model.layers.N``).
-    """
-    blocks = [m for name, m in model.named_modules() if _BLOCK_NAME.fullmatch(name)]
-    if not blocks:
-        raise ValueError(
-            f"{type(model).__name__} has no text decoder blocks named 'model.layers.N' or 'thinker.model.layers.N'"
-        )
-    return blocks
-
-
-def shard_group(mesh: DeviceMesh, tp_mesh: DeviceMesh | None) -> dist.ProcessGroup:
-    """The process group of every rank that holds a piece of the model: ``mesh``'s (data parallel), or with
-    tensor parallelism the ``(dp, tp)`` submesh's. Checkpoints and exports run over it: DCP's save plan must
-    cover every shard, and over the dp group alone the tensor-parallel ranks of one dp rank would each write
-    the same files. Collective over ``tp_mesh``'s root mesh when ``tp_mesh`` is given.
-
-    Raises:
-        ValueError: If ``tp_mesh`` is given and either mesh has no dimension name.
-    """
-    if tp_mesh is None:
-        return mesh.get_group()
-    names = (mesh.mesh_dim_names or (None,))[0], (tp_mesh.mesh_dim_names or (None,))[0]
-    if None in names:
-        raise ValueError(f"with tensor parallelism both meshes need dimension names, got {names}")
-    # The 2-D mesh fully_shard itself builds from the same two (DeviceMesh._concatenate), flattened to one
-    # dimension: torch has no public way yet to a group over two mesh dimensions (torchtitan flattens too).
-    both = DeviceMesh._concatenate([mesh, tp_mesh])
-    return both._flatten("_".join(str(n) for n in names)).get_group()
-
-
-class _Scorer(torch.nn.Module):
-    """FSDP root: its forward is the scoring of a micro-batch, so the root group's parameters (embeddings,
-    encoders, LM head) are gathered for exactly that computation."""
-
-    def __init__(self, policy: torch.nn.Module, config: TorchTrainConfig, device: torch.device) -> None:
-        super().__init__()
-        self.policy = policy
-        self._config = config
-        self._device = device
-
-    def forward(
-        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
-        if isinstance(self.policy, ValueModel):
-            s = score_values(self.policy, prompts, responses, self._config.suppressed_ids, self._device)
-        else:
-            s = score_responses(
-                self.policy, prompts, responses, self._config.temperature, self._config.suppressed_ids, self._device
-            )
-        return s.logprobs, s.entropy, s.mask, s.values, s.dist
 
 
 class FSDPTrainEngine:
@@ -197,7 +136,7 @@ class FSDPTrainEngine:
         self.shard_group = shard_group(mesh, self.tp_mesh)
         self.shard_rank = dist.get_rank(self.shard_group)
         self.model = model.to(self.device)
-        self.root = _Scorer(self.model, self.config, self.device)
+        self.root = ScoringRoot(self.model, self.config, self.device)
         if self.tp_mesh is not None:
             from relax_services.engines.tensor_parallel import parallelize_decoder
 
