@@ -74,6 +74,8 @@ class ScoringRoot(torch.nn.Module):
     def forward(
         self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Scores one micro-batch: ``(logprobs, entropy, mask, values, dist)``, each ``[B, L]`` (``dist``
+        ``[B, L, V]`` log-probs; ``values`` only for a critic, ``dist`` only for a policy)."""
         # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
         if isinstance(self.policy, ValueModel):
             s = score_values(self.policy, prompts, responses, self._config.suppressed_ids, self._device)
