@@ -50,8 +50,14 @@ def load_train_state(
     optim_state: Mapping[str, object],
     options: StateDictOptions | None = None,
 ) -> None:
-    """``set_state_dict``; an optimizer state without moments (saved before the first update) leaves the optimizer
-    without any, instead of the lr-0 step ``set_state_dict`` takes to create them (see :func:`train_state`)."""
+    """``set_state_dict``, leaving without optimizer state every parameter that has none in ``optim_state``.
+
+    ``set_state_dict`` creates the moments of every parameter by the lr-0 step of :func:`train_state`, and a full
+    (unsharded) load keeps them for the parameters the saved state does not name: AdamW would count their first
+    real update as its second, unlike the run that saved the state. So an optimizer state without moments (saved
+    before the first update) leaves the optimizer without any, and a parameter that had never had a gradient
+    (the encoder of a modality not seen yet) has none after the load either.
+    """
     set_state_dict(
         model,
         optimizer,
@@ -59,8 +65,13 @@ def load_train_state(
         optim_state_dict=cast(OptimizerStateType, dict(optim_state)),
         options=options,
     )
-    if not optim_state.get("state"):
+    saved = cast("Mapping[str, object]", optim_state.get("state") or {})
+    if not saved:
         optimizer.state.clear()
+        return
+    for name, param in model.named_parameters():
+        if name not in saved:
+            optimizer.state.pop(param, None)
 
 
 def clone_state(state: object) -> object:
