@@ -8,13 +8,11 @@ minibatch's tokens (or samples) and the gradient reduction sums instead of avera
 :class:`~relax_services.engines.TorchTrainEngine`, to float rounding (the ranks add partial sums in a
 different order than one process does).
 
-Sharding: ``fully_shard`` per text decoder block, then the root. The root is a small module whose forward
-is the whole scoring computation (:func:`~relax_services.engines.score_responses`), because the scoring
-calls the decoder, the embeddings, the media encoders and the LM head directly rather than through the
-model's own forward; the root group holds the embeddings, final norm, LM head and the media encoders. The
-encoders stay in the root group on purpose: a rank whose share holds no image never runs the vision tower,
-so a separately sharded tower would leave the other ranks waiting in its all-gather. Parameters one rank
-did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
+Sharding: ``fully_shard`` per text decoder block, then the root, a module whose forward is the whole scoring
+computation (:mod:`~relax_services.engines.fsdp_layout`); the root group holds the embeddings, final norm, LM head
+and the media encoders. The encoders stay in the root group on purpose: a rank whose share holds no image never
+runs the vision tower, so a separately sharded tower would leave the other ranks waiting in its all-gather.
+Parameters one rank did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
 """
 
 from __future__ import annotations
@@ -104,8 +102,15 @@ class FSDPTrainEngine:
             it (:mod:`~relax_services.engines.tensor_parallel`) before FSDP shards over ``mesh``; its ranks
             train on the same data. None: no tensor parallelism.
 
+    Attributes:
+        group, rank, world_size: The data-parallel group (``mesh``'s), this rank in it and its size: batch
+            shares, gathered scores and summed metrics run over it.
+        shard_group, shard_rank: Every rank holding a piece of the model (:func:`shard_group`: dp, or dp × tp)
+            and this rank in it: checkpoints and exports run over it.
+
     Raises:
         RuntimeError: If no process group is initialised.
+        ValueError: If ``mesh`` is not 1-D, or ``tp_mesh`` is given and a mesh has no dimension name.
     """
 
     def __init__(
