@@ -74,12 +74,16 @@ def test_tau0_pipeline_with_two_trainer_ranks_equals_sequential_trainer(
 @pytest.mark.slow  # a whole global restart (every service and both ranks start again): minutes on 2 cores
 @pytest.mark.integration
 @pytest.mark.timeout(2400)
+@pytest.mark.parametrize("layout", [[], ["trainer.tensor_parallel=2"]], ids=["dp2", "tp2"])
 def test_killed_trainer_rank_restarts_the_group_from_the_checkpoint(
-    small_config, run_pipeline, sequential_weights, tmp_path: Path
+    small_config, run_pipeline, sequential_weights, tmp_path: Path, layout: list[str]
 ) -> None:
+    """Two ranks data-parallel (``dp2``) or splitting every decoder block (``tp2``: the killed rank dies while the
+    other waits in a tensor-parallel all-reduce)."""
     steps = 6
     cfg = small_config(
         *TAU0,
+        *layout,
         f"trainer.total_steps={steps}",
         "trainer.checkpoint_every=2",
         "faults=[{service: trainer, kind: kill_rank, at_step: 3}]",

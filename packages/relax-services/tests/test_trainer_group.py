@@ -158,3 +158,57 @@ def test_tensor_parallel_ranks_train_like_one_process(ray_session: Any) -> None:
         assert decoder and _max_diff({k: state[k] for k in decoder}, {k: expected[k] for k in decoder}) < ATOL
     finally:
         group.shutdown()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)  # two groups start (each rank imports the model stack): ~4 min on 2 loaded cores
+def test_a_tensor_parallel_group_killed_mid_update_restarts_from_its_checkpoints(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """tp = 2 on 2 ranks: the kill_rank fault (SIGKILL inside the next update's first loss call, while the other
+    rank waits in a tensor-parallel all-reduce) fails the whole group before that update has a version; a new
+    group loads the run's full-state checkpoint (what the health manager's restart loads) or the sharded one,
+    holds exactly the checkpoint's weights, and continues like one process."""
+    from relax_parallel import ParallelConfig
+
+    layout = TrainerGroupConfig(world_size=2, num_cpus_per_rank=0, step_timeout_s=240, parallel=ParallelConfig(tp=2))
+    reference = TorchTrainEngine(build_tiny_omni(0), worker.CONFIG)
+    group = TrainerGroup(functools.partial(build_tiny_omni, 0), worker.CONFIG, group=layout)
+    try:
+        group.step(worker.batch(0), worker.pg_token_mean)
+        reference.step(worker.batch(0), worker.pg_token_mean)
+        full = group.state_dict()
+        group.save_checkpoint(tmp_path / "ckpt")
+        saved = group.policy_state()
+        group.arm_kill(1)
+        with pytest.raises(TrainerGroupFailed, match=r"rank 1 failed in step \(update 2\)"):
+            group.step(worker.batch(1), worker.pg_token_mean)
+        assert not group.alive and group.version == 1
+        with pytest.raises(TrainerGroupFailed, match="failed earlier"):
+            group.policy_state()  # nothing of the broken update can be published
+    finally:
+        group.shutdown()
+
+    restarted = TrainerGroup(functools.partial(build_tiny_omni, 5), worker.CONFIG, group=layout)
+    try:
+        restarted.load_state_dict(full)
+        assert restarted.version == 1
+        assert _equal(restarted.policy_state(), saved)
+        restarted.step(worker.batch(1), worker.pg_token_mean)
+        reference.step(worker.batch(1), worker.pg_token_mean)
+        continued, expected = restarted.policy_state(), reference.policy_state()
+        assert _max_diff(continued, expected) < TP_ATOL
+        decoder = [k for k in expected if k.startswith("model.layers.")]
+        assert _max_diff({k: continued[k] for k in decoder}, {k: expected[k] for k in decoder}) < ATOL
+
+        restarted.load_checkpoint(tmp_path / "ckpt")  # the sharded checkpoint gives the same restart
+        assert restarted.version == 1
+        assert _equal(restarted.policy_state(), saved)
+        restarted.step(worker.batch(1), worker.pg_token_mean)
+        assert _equal(restarted.policy_state(), continued)
+    finally:
+        restarted.shutdown()
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

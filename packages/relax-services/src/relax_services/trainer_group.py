@@ -176,7 +176,7 @@ class _TrainerRank:
     def full_state(self) -> dict[str, Any] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        from relax_services.engines.fsdp_train import train_state
+        from relax_services.engines.fsdp_state import train_state
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model, optimizer = train_state(self.engine.model, self.engine.optimizer, options)
@@ -193,7 +193,7 @@ class _TrainerRank:
     def load_full_state(self, state: Mapping[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        from relax_services.engines.fsdp_train import load_train_state
+        from relax_services.engines.fsdp_state import load_train_state
 
         engine = self.engine
         options = StateDictOptions(full_state_dict=True, strict=False)  # strict=False: see FSDPTrainEngine

@@ -7,7 +7,9 @@ size) and ``rng_rank{R}.pt`` per rank. It is written into a temporary sibling fo
 by rank 0 after every rank has finished, like the run checkpoints of :mod:`relax_services.checkpoint`: a
 crash mid-write leaves the previous checkpoint intact and never a half-written one under the final name.
 
-Every function here except :func:`checkpoint_model_state` is collective over the engine's mesh.
+Every function here except :func:`checkpoint_model_state` is collective over the engine's shard group (every
+rank holding a piece of the model: the data-parallel ranks, times the tensor-parallel ones under tensor
+parallelism), and "rank" below means a rank of that group.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from relax_services.checkpoint import fsync_path
-from relax_services.engines.fsdp_train import FSDPTrainEngine, load_train_state, train_state
+from relax_services.engines.fsdp_state import load_train_state, train_state
+from relax_services.engines.fsdp_train import FSDPTrainEngine
 
 __all__ = ["META_FILE", "checkpoint_model_state", "export_hf", "load_checkpoint", "save_checkpoint"]
 
@@ -46,8 +49,8 @@ def _rng_file(rank: int) -> str:
 def _rank0_replace(engine: FSDPTrainEngine, tmp: Path, final: Path) -> None:
     """After every rank wrote into ``tmp``: rank 0 flushes it and renames it to ``final`` (replacing an older
     one); every rank returns once the rename is done."""
-    dist.barrier(group=engine.group)
-    if engine.rank == 0:
+    dist.barrier(group=engine.shard_group)
+    if engine.shard_rank == 0:
         for f in tmp.rglob("*"):
             if f.is_file():
                 fsync_path(f)
@@ -56,15 +59,15 @@ def _rank0_replace(engine: FSDPTrainEngine, tmp: Path, final: Path) -> None:
             shutil.rmtree(final)
         os.replace(tmp, final)
         fsync_path(final.parent)
-    dist.barrier(group=engine.group)
+    dist.barrier(group=engine.shard_group)
 
 
 def _fresh_tmp(engine: FSDPTrainEngine, final: Path) -> Path:
     tmp = final.with_name(f".tmp-{final.name}")
-    if engine.rank == 0:
+    if engine.shard_rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    dist.barrier(group=engine.group)
+    dist.barrier(group=engine.shard_group)
     return tmp
 
 
@@ -78,13 +81,15 @@ def save_checkpoint(engine: FSDPTrainEngine, folder: Path) -> Path:
     folder = Path(folder)
     tmp = _fresh_tmp(engine, folder)
     model_state, optim_state = train_state(engine.model, engine.optimizer)  # no moments before the first update
-    dcp_save({_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}, checkpoint_id=tmp, process_group=engine.group)
+    state = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
+    dcp_save(state, checkpoint_id=tmp, process_group=engine.shard_group)
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, tmp / _rng_file(engine.rank))
-    if engine.rank == 0:
-        meta = {"scheduler": engine.scheduler.state_dict(), "version": engine.version, "world_size": engine.world_size}
+    torch.save(rng, tmp / _rng_file(engine.shard_rank))
+    if engine.shard_rank == 0:
+        ranks = dist.get_world_size(engine.shard_group)
+        meta = {"scheduler": engine.scheduler.state_dict(), "version": engine.version, "world_size": ranks}
         torch.save(meta, tmp / META_FILE)
     _rank0_replace(engine, tmp, folder)
     return folder
@@ -116,10 +121,11 @@ def load_checkpoint(engine: FSDPTrainEngine, folder: Path) -> None:
         if all(f"{_OPTIMIZER_KEY}.state.{fqn}.{name}" in saved for name in entry)
     }
     state: dict[str, Any] = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
-    dcp_load(state, checkpoint_id=folder, process_group=engine.group)
+    dcp_load(state, checkpoint_id=folder, process_group=engine.shard_group)
     load_train_state(engine.model, engine.optimizer, state[_MODEL_KEY], state[_OPTIMIZER_KEY], _NO_STATE_FOR_UNUSED)
     engine.scheduler.load_state_dict(meta["scheduler"])
-    rng = torch.load(folder / _rng_file(engine.rank % int(meta["world_size"])), map_location="cpu", weights_only=False)
+    rng_file = folder / _rng_file(engine.shard_rank % int(meta["world_size"]))
+    rng = torch.load(rng_file, map_location="cpu", weights_only=False)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
@@ -168,7 +174,7 @@ def export_hf(engine: FSDPTrainEngine, folder: Path, side_files_from: Path | Non
     folder = Path(folder)
     full = engine.policy_state()
     tmp = _fresh_tmp(engine, folder)
-    if engine.rank == 0:
+    if engine.shard_rank == 0:
         engine.model.config.save_pretrained(tmp)  # type: ignore[union-attr,operator]
         generation = getattr(engine.model, "generation_config", None)  # a critic has none
         if generation is not None:

@@ -8,18 +8,15 @@ minibatch's tokens (or samples) and the gradient reduction sums instead of avera
 :class:`~relax_services.engines.TorchTrainEngine`, to float rounding (the ranks add partial sums in a
 different order than one process does).
 
-Sharding: ``fully_shard`` per text decoder block, then the root. The root is a small module whose forward
-is the whole scoring computation (:func:`~relax_services.engines.score_responses`), because the scoring
-calls the decoder, the embeddings, the media encoders and the LM head directly rather than through the
-model's own forward; the root group holds the embeddings, final norm, LM head and the media encoders. The
-encoders stay in the root group on purpose: a rank whose share holds no image never runs the vision tower,
-so a separately sharded tower would leave the other ranks waiting in its all-gather. Parameters one rank
-did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
+Sharding: ``fully_shard`` per text decoder block, then the root, a module whose forward is the whole scoring
+computation (:mod:`~relax_services.engines.fsdp_layout`); the root group holds the embeddings, final norm, LM head
+and the media encoders. The encoders stay in the root group on purpose: a rank whose share holds no image never
+runs the vision tower, so a separately sharded tower would leave the other ranks waiting in its all-gather.
+Parameters one rank did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -28,18 +25,14 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    OptimizerStateType,
-    StateDictOptions,
-    ValueType,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from relax_services.engines.fsdp_layout import ScoringRoot, decoder_blocks, shard_group
+from relax_services.engines.fsdp_state import clone_state, load_train_state, train_state
 from relax_services.engines.protocols import LossFn, TrainSample
-from relax_services.engines.scoring import TokenScores, score_responses, score_values
+from relax_services.engines.scoring import TokenScores
 from relax_services.engines.tensor_parallel import clip_gradients
 from relax_services.engines.torch_train import (
     TorchTrainConfig,
@@ -51,13 +44,17 @@ from relax_services.engines.torch_train import (
     split_micro_batches,
     units_of_step,
 )
-from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
 
-__all__ = ["FSDPConfig", "FSDPTrainEngine", "FSDPValueEngine", "decoder_blocks", "load_train_state", "train_state"]
-
-# Text decoder blocks of a thinker (``model.layers.N``) or of a critic (``thinker.model.layers.N``).
-_BLOCK_NAME = re.compile(r"(thinker\.)?model\.layers\.\d+")
+__all__ = [
+    "FSDPConfig",
+    "FSDPTrainEngine",
+    "FSDPValueEngine",
+    "decoder_blocks",
+    "load_train_state",
+    "shard_group",
+    "train_state",
+]
 
 
 @dataclass(frozen=True)
@@ -87,43 +84,6 @@ class FSDPConfig:
             )
 
 
-def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The text decoder blocks of a Qwen2.5-Omni thinker or critic, the units ``fully_shard`` wraps.
-
-    Raises:
-        ValueError: If ``model`` has none (names ``model.layers.N`` or ``thinker.model.layers.N``).
-    """
-    blocks = [m for name, m in model.named_modules() if _BLOCK_NAME.fullmatch(name)]
-    if not blocks:
-        raise ValueError(
-            f"{type(model).__name__} has no text decoder blocks named 'model.layers.N' or 'thinker.model.layers.N'"
-        )
-    return blocks
-
-
-class _Scorer(torch.nn.Module):
-    """FSDP root: its forward is the scoring of a micro-batch, so the root group's parameters (embeddings,
-    encoders, LM head) are gathered for exactly that computation."""
-
-    def __init__(self, policy: torch.nn.Module, config: TorchTrainConfig, device: torch.device) -> None:
-        super().__init__()
-        self.policy = policy
-        self._config = config
-        self._device = device
-
-    def forward(
-        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
-        if isinstance(self.policy, ValueModel):
-            s = score_values(self.policy, prompts, responses, self._config.suppressed_ids, self._device)
-        else:
-            s = score_responses(
-                self.policy, prompts, responses, self._config.temperature, self._config.suppressed_ids, self._device
-            )
-        return s.logprobs, s.entropy, s.mask, s.values, s.dist
-
-
 class FSDPTrainEngine:
     """:class:`~relax_services.engines.TrainEngine` over ``torch.distributed.fsdp.fully_shard``.
 
@@ -142,8 +102,15 @@ class FSDPTrainEngine:
             it (:mod:`~relax_services.engines.tensor_parallel`) before FSDP shards over ``mesh``; its ranks
             train on the same data. None: no tensor parallelism.
 
+    Attributes:
+        group, rank, world_size: The data-parallel group (``mesh``'s), this rank in it and its size: batch
+            shares, gathered scores and summed metrics run over it.
+        shard_group, shard_rank: Every rank holding a piece of the model (:func:`shard_group`: dp, or dp × tp)
+            and this rank in it: checkpoints and exports run over it.
+
     Raises:
         RuntimeError: If no process group is initialised.
+        ValueError: If ``mesh`` is not 1-D, or ``tp_mesh`` is given and a mesh has no dimension name.
     """
 
     def __init__(
@@ -170,12 +137,15 @@ class FSDPTrainEngine:
         self.group = mesh.get_group()
         self.world_size = mesh.size()
         self.rank = mesh.get_local_rank()
+        self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
+        self.shard_group = shard_group(mesh, self.tp_mesh)
+        self.shard_rank = dist.get_rank(self.shard_group)
         self.model = model.to(self.device)
-        self.root = _Scorer(self.model, self.config, self.device)
-        if tp_mesh is not None and tp_mesh.size() > 1:
+        self.root = ScoringRoot(self.model, self.config, self.device)
+        if self.tp_mesh is not None:
             from relax_services.engines.tensor_parallel import parallelize_decoder
 
-            parallelize_decoder(decoder_blocks(self.model), tp_mesh)
+            parallelize_decoder(decoder_blocks(self.model), self.tp_mesh)
         self._track_usage()
         self._shard()
         self.optimizer = torch.optim.AdamW(
@@ -415,8 +385,8 @@ class FSDPTrainEngine:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
-            "model": _clone(model_state),
-            "optimizer": _clone(optim_state),
+            "model": clone_state(model_state),
+            "optimizer": clone_state(optim_state),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng,
             "version": self._version,
@@ -470,53 +440,3 @@ class FSDPValueEngine(FSDPTrainEngine):
         scores = self._score_without_grad(batch)
         assert scores.values is not None, "score_values sets values"
         return scores.values, scores.mask
-
-
-def train_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions | None = None
-) -> tuple[dict[str, ValueType], OptimizerStateType]:
-    """``get_state_dict(model, optimizer)`` without its side effect on an optimizer that has not stepped yet.
-
-    ``get_state_dict`` creates a fresh optimizer's state by stepping it once at lr 0 with zero gradients: the
-    weights stay, but AdamW's step count becomes 1, so the first real update would use the bias correction of
-    step 2 and differ from one process's (measured: 2.6e-4 on the weights after one update at lr 1e-3). Here that
-    state is dropped again, from the optimizer and from the returned dict: a checkpoint taken before the first
-    update (a run's step-0 checkpoint) holds no moments, as the single-process engine's does.
-    """
-    fresh = not optimizer.state
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
-    if fresh:
-        optimizer.state.clear()
-        optim_state = {**optim_state, "state": {}}
-    return model_state, optim_state
-
-
-def load_train_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_state: Mapping[str, object],
-    optim_state: Mapping[str, object],
-    options: StateDictOptions | None = None,
-) -> None:
-    """``set_state_dict``; an optimizer state without moments (saved before the first update) leaves the optimizer
-    without any, instead of the lr-0 step ``set_state_dict`` takes to create them (see :func:`train_state`)."""
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=cast("dict[str, ValueType]", dict(model_state)),
-        optim_state_dict=cast(OptimizerStateType, dict(optim_state)),
-        options=options,
-    )
-    if not optim_state.get("state"):
-        optimizer.state.clear()
-
-
-def _clone(state: object) -> object:
-    """Deep copy of a nested state dict's tensors (DTensors stay DTensors on the same mesh)."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().clone()
-    if isinstance(state, Mapping):
-        return {k: _clone(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_clone(v) for v in state]
-    return state
