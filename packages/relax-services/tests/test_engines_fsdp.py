@@ -39,6 +39,9 @@ WORLD = 2
 # relative; six AdamW steps at lr 1e-2 turn that into ~5e-6 absolute on the weights (observed 4.7e-6).
 ATOL = 5e-5
 
+# The two ranks' run takes ~2 min alone and up to ~5 min on a loaded machine; the default 300 s is too tight.
+pytestmark = pytest.mark.timeout(900)
+
 
 def _load_worker() -> ModuleType:
     spec = importlib.util.spec_from_file_location("_fsdp_worker", Path(__file__).with_name("_fsdp_worker.py"))
@@ -68,7 +71,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         for rank in range(WORLD)
     ]
     try:
-        errors = [p.communicate(timeout=280)[1] for p in procs]
+        errors = [p.communicate(timeout=600)[1] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -161,6 +161,7 @@ def test_tensor_parallel_ranks_train_like_one_process(ray_session: Any) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # the default suite keeps the two-rank kill-and-restart test above; this one adds ~4 min
 @pytest.mark.timeout(900)  # two groups start (each rank imports the model stack): ~4 min on 2 loaded cores
 def test_a_tensor_parallel_group_killed_mid_update_restarts_from_its_checkpoints(
     ray_session: Any, tmp_path: Path
