@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from relax_services.bench_trl import SideResult, crossing, format_table, summarise
+from relax_services import bench_trl
+from relax_services.bench_trl import BenchHParams, SideResult, crossing, format_table, relax_overrides, summarise
+from relax_services.config import load_run_config
 
 
 def test_crossing_needs_a_full_window() -> None:
@@ -49,3 +53,44 @@ def test_table_shows_ratios_to_the_first_side() -> None:
     assert "| samples/s | 8 | 16 (2.00×) |" in table
     assert "| peak PSS of the process tree | 1.00 GB | 2.00 GB (2.00×) |" in table
     assert "not reached" in table
+
+
+def _hparams(seed: int) -> BenchHParams:
+    return {
+        "updates": 400,
+        "seed": seed,
+        "group_size": 8,
+        "groups_per_step": 16,
+        "max_new_tokens": 1,
+        "temperature": 1.0,
+        "lr": 1e-3,
+        "grad_clip": 1.0,
+        "clip_eps": 0.2,
+        "suppressed_ids": [0, 1],
+        "intra_op_threads": 1,
+    }
+
+
+def test_relax_side_takes_the_bench_seed_for_sampling_and_prompt_order(tmp_path: Path) -> None:
+    # TRL's seed drives both its sampling and its prompt sampler, so relax's side must seed both too: before, only
+    # trainer.seed followed --seed and every seed drew the prompts in data.seed 0's order.
+    cfg = load_run_config(None, relax_overrides(tmp_path, _hparams(3), tau=0))
+    assert cfg.trainer.seed == 3
+    assert cfg.data.seed == 3
+    assert cfg.staleness.tau == 0
+    assert cfg.optimizer.lr == pytest.approx(1e-3)
+    assert cfg.optimizer.schedule == "constant"
+    assert cfg.optimizer.weight_decay == 0.0  # TRL's side sets weight_decay=0.0
+    assert cfg.algorithm.kl_coef == 0.0 and cfg.algorithm.entropy_coef == 0.0
+
+
+def test_shared_hyper_parameters_carry_relax_thread_count(tmp_path: Path) -> None:
+    # relax pins one intra-op thread per role; the TRL side ran at torch's default (one per core) until the count
+    # travelled with the shared hyper-parameters (the side script sets it with torch.set_num_threads).
+    from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS
+    from relax_services.models import open_checkpoint
+
+    bench_trl._write_model(tmp_path, seed=0)
+    hp = bench_trl._hparams(400, 0, tmp_path)
+    assert hp["intra_op_threads"] == DEFAULT_INTRA_OP_THREADS == 1
+    assert hp["suppressed_ids"] == list(open_checkpoint(tmp_path / "model").tokens.never_sample)

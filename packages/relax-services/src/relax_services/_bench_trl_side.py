@@ -33,6 +33,8 @@ def main() -> None:
 
     from relax_core import exact_match_reward
 
+    torch.set_num_threads(hp["intra_op_threads"])  # relax's thread count per role
+
     # The shared policy folder relax trains as model.source: same weights, config and tokenizer.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.work / "model"))
     torch.manual_seed(hp["seed"])

@@ -39,7 +39,7 @@ from typing import TypedDict
 
 from relax_services.footprint import PeakMemory
 
-__all__ = ["SideResult", "crossing", "run_trl_bench", "summarise"]
+__all__ = ["SideResult", "crossing", "relax_overrides", "run_trl_bench", "summarise"]
 
 THRESHOLDS = (0.3, 0.5, 0.8)
 WINDOW = 10  # updates in the moving average of the training reward
@@ -118,9 +118,11 @@ class BenchHParams(TypedDict):
     grad_clip: float
     clip_eps: float
     suppressed_ids: list[int]
+    intra_op_threads: int
 
 
 def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
+    from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS
     from relax_services.models import open_checkpoint
 
     return {
@@ -134,6 +136,9 @@ def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
         "grad_clip": 1.0,
         "clip_eps": 0.2,
         "suppressed_ids": list(open_checkpoint(work / "model").tokens.never_sample),
+        # relax computes with one intra-op thread per role; torch's default (one per core) made TRL's steps several
+        # times slower whenever the machine was shared.
+        "intra_op_threads": DEFAULT_INTRA_OP_THREADS,
     }
 
 
@@ -227,11 +232,10 @@ def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
     return side
 
 
-def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
-    from relax_services._metrics import read_metrics
-
+def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
+    """The ``relax train`` overrides of relax's side at ``tau``: the bench's hyper-parameters in relax's keys."""
     name = f"relax-colocated-tau{tau}"
-    overrides = [
+    return [
         "run.mode=colocated",
         f"run.output_dir={work}",
         f"run.name={name}",
@@ -241,6 +245,7 @@ def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> S
         f"data.train_files={work / 'data' / 'text.jsonl'}",
         f"data.eval_files={work / 'data' / 'text.jsonl'}",
         "data.adaptive_weights=false",
+        f"data.seed={hp['seed']}",  # the prompt order follows the bench seed, as TRL's sampler does
         f"trainer.total_steps={hp['updates']}",
         f"trainer.groups_per_step={hp['groups_per_step']}",
         f"trainer.micro_batch_groups={hp['groups_per_step']}",
@@ -264,6 +269,13 @@ def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> S
         f"optimizer.grad_clip={hp['grad_clip']}",
         "eval.every_steps=100000",
     ]
+
+
+def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
+    from relax_services._metrics import read_metrics
+
+    name = f"relax-colocated-tau{tau}"
+    overrides = relax_overrides(work, hp, tau)
     cmd = [sys.executable, "-m", "relax_services.cli", "train", *overrides]
     shutil.rmtree(work / name, ignore_errors=True)  # a fresh run folder: metrics.jsonl appends
     side = _run(f"relax colocated τ={tau}", cmd, env, work / f"{name}.log")

@@ -197,7 +197,7 @@ def _bench_train(args: argparse.Namespace) -> int:
 def _bench_trl(args: argparse.Namespace) -> int:
     from relax_services.bench_trl import run_trl_bench
 
-    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")])
+    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")], seed=args.seed)
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -277,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     trl.add_argument("--work", type=Path, default=Path("/tmp/relax-bench-trl"), help="venv, data and runs")
     trl.add_argument("--updates", type=int, default=400, help="updates per side (default 400)")
     trl.add_argument("--taus", default="0,2", help="relax's τ values (default 0,2)")
+    trl.add_argument("--seed", type=int, default=0, help="initial weights and both sides' sampling seed (default 0)")
     trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)
