@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from relax_services import bench_trl
-from relax_services.bench_trl import BenchHParams, SideResult, crossing, format_table, relax_overrides, summarise
+from relax_services.bench_trl import (
+    BenchHParams,
+    SideResult,
+    crossing,
+    format_spread,
+    format_table,
+    relax_overrides,
+    summarise,
+)
 from relax_services.config import load_run_config
 
 
@@ -94,3 +102,26 @@ def test_shared_hyper_parameters_carry_relax_thread_count(tmp_path: Path) -> Non
     hp = bench_trl._hparams(400, 0, tmp_path)
     assert hp["intra_op_threads"] == DEFAULT_INTRA_OP_THREADS == 1
     assert hp["suppressed_ids"] == list(open_checkpoint(tmp_path / "model").tokens.never_sample)
+
+
+def _side(name: str, first_one: int | None, n: int = 40) -> SideResult:
+    """A side whose reward is 0 before update ``first_one`` (0-based) and 1 from it on (None: never)."""
+    rewards = [0.0 if first_one is None or i < first_one else 1.0 for i in range(n)]
+    return SideResult(name, 0.0, [float(i) for i in range(n)], rewards, samples=8)
+
+
+def test_spread_lists_each_seed_and_the_median_with_never_as_infinite() -> None:
+    # Rewards step 0 -> 1 at update k: the 10-update moving average reaches 0.3 / 0.5 / 0.8 once 3 / 5 / 8 ones are
+    # in the window, i.e. at the (k + 3)-th / (k + 5)-th / (k + 8)-th update.
+    by_seed = {
+        0: [_side("A", 10), _side("B", 20)],
+        1: [_side("A", 12), _side("B", None)],
+        2: [_side("A", 30), _side("B", None)],
+    }
+    lines = format_spread(by_seed).splitlines()
+    assert lines[0] == "| seed | A: updates to 0.3 / 0.5 / 0.8 | B: updates to 0.3 / 0.5 / 0.8 |"
+    assert lines[2] == "| 0 | 13 / 15 / 18 | 23 / 25 / 28 |"
+    assert lines[3] == "| 1 | 15 / 17 / 20 | — / — / — |"
+    assert lines[4] == "| 2 | 33 / 35 / 38 | — / — / — |"
+    # A: medians of (13, 15, 33), (15, 17, 35), (18, 20, 38); B: two of three never reached -> never
+    assert lines[5] == "| median | 15 / 17 / 20 | — / — / — |"

@@ -26,20 +26,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
 from relax_services.footprint import PeakMemory
 
-__all__ = ["SideResult", "crossing", "relax_overrides", "run_trl_bench", "summarise"]
+__all__ = ["SideResult", "crossing", "format_spread", "relax_overrides", "run_trl_bench", "summarise"]
 
 THRESHOLDS = (0.3, 0.5, 0.8)
 WINDOW = 10  # updates in the moving average of the training reward
@@ -328,17 +329,44 @@ def format_table(sides: list[SideResult]) -> str:
     return "\n".join(lines)
 
 
-def run_trl_bench(work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0) -> int:
-    """Write the task, run TRL then relax at each τ, print and save the table (``work/results.md``)."""
-    work = work.resolve()
+def _cell(value: float) -> str:
+    return "—" if math.isinf(value) else f"{value:.0f}"
+
+
+def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
+    """Markdown table of the updates to each reward threshold, one row per seed and a median row per side.
+
+    A threshold a side never reached counts as infinitely many updates, so a median of "—" means that more than
+    half of the seeds (half, for an even count) did not reach it.
+    """
+    names = [s.name for s in next(iter(by_seed.values()))]
+    counts: dict[str, list[list[float]]] = {name: [[] for _ in THRESHOLDS] for name in names}
+    head = "| seed | " + " | ".join(f"{n}: updates to {' / '.join(str(t) for t in THRESHOLDS)}" for n in names) + " |"
+    lines = [head, "|" + " --- |" * (len(names) + 1)]
+    for seed, sides in by_seed.items():
+        cells = []
+        for side in sides:
+            figures = summarise(side)
+            values = [figures[f"updates_to_{t}"] for t in THRESHOLDS]
+            for k, v in enumerate(values):
+                counts[side.name][k].append(math.inf if v is None else v)
+            cells.append(" / ".join(_cell(math.inf if v is None else v) for v in values))
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    medians = [" / ".join(_cell(statistics.median(c)) for c in counts[n]) for n in names]
+    lines.append("| median | " + " | ".join(medians) + " |")
+    return "\n".join(lines)
+
+
+def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list[SideResult]:
+    """One seed: write the model and task, run TRL then relax at each τ, save the table (``work/results.md``)."""
     work.mkdir(parents=True, exist_ok=True)
     _write_model(work, seed)
     _write_task(work)
     hp = _hparams(updates, seed, work)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     print(
-        f"relax bench trl: {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} samples per "
-        f"update, in {work}",
+        f"relax bench trl: seed {seed}, {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} "
+        f"samples per update, in {work}",
         flush=True,
     )
     sides = [_run_trl(work, hp, env)]
@@ -351,4 +379,21 @@ def run_trl_bench(work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), 
     raw = {s.name: {"figures": summarise(s), "side": dataclasses.asdict(s)} for s in sides}  # re-derivable
     (work / "results.json").write_text(json.dumps(raw, indent=1), encoding="utf-8")
     print(table, flush=True)
+    return sides
+
+
+def run_trl_bench(
+    work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0, seeds: Sequence[int] = ()
+) -> int:
+    """Run the bench at ``seed`` in ``work``; with ``seeds``, once per seed in ``work/seed-<n>``, then print and save
+    the per-seed updates to each threshold with their medians (``work/spread.md``): the initial weights, the
+    prompt order and the samples all follow the seed, and one seed is not a measurement of sample efficiency."""
+    work = work.resolve()
+    if not seeds:
+        _bench_one(work, updates, taus, seed)
+        return 0
+    by_seed = {s: _bench_one(work / f"seed-{s}", updates, taus, s) for s in seeds}
+    spread = format_spread(by_seed)
+    (work / "spread.md").write_text(spread + "\n", encoding="utf-8")
+    print(spread, flush=True)
     return 0
