@@ -13,6 +13,7 @@ from relax_services.bench_trl import (
     crossing,
     format_spread,
     format_table,
+    prompt_schedule,
     relax_overrides,
     summarise,
 )
@@ -125,3 +126,20 @@ def test_spread_lists_each_seed_and_the_median_with_never_as_infinite() -> None:
     assert lines[4] == "| 2 | 33 / 35 / 38 | — / — / — |"
     # A: medians of (13, 15, 33), (15, 17, 35), (18, 20, 38); B: two of three never reached -> never
     assert lines[5] == "| median | 15 / 17 / 20 | — / — / — |"
+
+
+def test_prompt_schedule_takes_distinct_prompts_of_a_fresh_permutation_per_update() -> None:
+    order = prompt_schedule(25, 16, 400, seed=3)
+    assert len(order) == 400 * 16
+    blocks = [order[i : i + 16] for i in range(0, len(order), 16)]
+    assert all(len(set(b)) == 16 and set(b) <= set(range(25)) for b in blocks)  # 16 distinct prompts an update
+    assert len({tuple(b) for b in blocks}) > 390  # fresh draws, not one block repeated
+    # Each prompt is in an update with probability 16/25: 256 of 400 expected, binomial std 9.6.
+    counts = [order.count(i) for i in range(25)]
+    assert all(200 < c < 312 for c in counts)
+    assert prompt_schedule(25, 16, 400, seed=3) == order
+    assert prompt_schedule(25, 16, 400, seed=4) != order
+    whole = prompt_schedule(3, 3, 10, seed=0)  # an update of every prompt: each block a permutation
+    assert all(sorted(whole[i : i + 3]) == [0, 1, 2] for i in range(0, 30, 3))
+    with pytest.raises(ValueError, match="per_update"):
+        prompt_schedule(25, 26, 1, seed=0)

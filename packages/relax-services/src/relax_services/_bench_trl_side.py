@@ -102,6 +102,7 @@ def main() -> None:
         loss_type="grpo",  # per-sequence token mean, then the batch mean (relax's seq-mean-token-mean)
         scale_rewards="group",  # (r - group mean) / group std (relax's norm_adv_by_std)
         num_iterations=1,
+        shuffle_dataset=False,  # task.json lists the prompts in the bench's schedule, which relax reads too
         seed=hp["seed"],
         dataloader_num_workers=0,
         disable_tqdm=True,

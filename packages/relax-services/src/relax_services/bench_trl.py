@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -40,10 +41,19 @@ from typing import TypedDict
 
 from relax_services.footprint import PeakMemory
 
-__all__ = ["SideResult", "crossing", "format_spread", "relax_overrides", "run_trl_bench", "summarise"]
+__all__ = [
+    "SideResult",
+    "crossing",
+    "format_spread",
+    "prompt_schedule",
+    "relax_overrides",
+    "run_trl_bench",
+    "summarise",
+]
 
 THRESHOLDS = (0.3, 0.5, 0.8)
 WINDOW = 10  # updates in the moving average of the training reward
+SCHEDULE_SLACK = 8  # updates of prompts in the schedule past the last update (relax's admission runs ahead at τ > 0)
 SKIP = 10  # first updates left out of the per-update median (allocator and cache warm-up)
 TRL_VERSION = "1.16.0"
 
@@ -152,9 +162,29 @@ def _write_model(work: Path, seed: int) -> Path:
     return write_tiny_checkpoint(work / "model", "qwen2", seed)
 
 
-def _write_task(work: Path) -> None:
-    """The task for both sides: relax's dataset files (the same rows for training and held-out) and TRL's prompt
-    list, rendered by the shared model folder's chat template."""
+def prompt_schedule(n_prompts: int, per_update: int, updates: int, seed: int) -> list[int]:
+    """The prompt indices of ``updates`` consecutive updates, ``per_update`` each: every update takes the first
+    ``per_update`` of a fresh random permutation of the ``n_prompts`` (what TRL's ``RepeatSampler`` does when an
+    update's prompts are fewer than the dataset's: one permutation per epoch, the incomplete rest dropped), drawn
+    from ``random.Random(seed)``."""
+    if not 0 < per_update <= n_prompts:
+        raise ValueError(f"per_update must be in 1..n_prompts={n_prompts}, got {per_update}")
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(updates):
+        perm = list(range(n_prompts))
+        rng.shuffle(perm)
+        order += perm[:per_update]
+    return order
+
+
+def _write_task(work: Path, hp: BenchHParams) -> None:
+    """The task for both sides, in one prompt order: relax's dataset files (``data/text.jsonl``, the 25 rows, for
+    the held-out evaluation; ``data/schedule.jsonl``, the rows in :func:`prompt_schedule`'s order, read without
+    shuffling) and TRL's prompt list in the same order (read without shuffling), rendered by the shared model
+    folder's chat template. Without the shared order relax drew from its 1024-row shuffle buffer over passes of the
+    25 rows (close to independent draws with replacement: about 12 distinct prompts per update where TRL has 16),
+    which by itself cost updates to each threshold."""
     from relax_modalities.synthetic import TaskItem, task_item_row
     from relax_services._data import PromptBuilder
     from relax_services.config import ModelConfig
@@ -170,12 +200,16 @@ def _write_task(work: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rows = "".join(json.dumps(task_item_row(it, folder, data_source="text")) + "\n" for it in items)
     (folder / "text.jsonl").write_text(rows, encoding="utf-8")
+    # Slack past the last update: relax at τ > 0 admits up to τ + 1 updates' prompts ahead of the trainer.
+    order = prompt_schedule(len(items), hp["groups_per_step"], hp["updates"] + SCHEDULE_SLACK, hp["seed"])
+    lines = rows.splitlines(keepends=True)
+    (folder / "schedule.jsonl").write_text("".join(lines[i] for i in order), encoding="utf-8")
     to_prompt = PromptBuilder(ModelConfig(source=str(work / "model")))  # the folder's chat template and tokenizer
     hf = open_checkpoint(work / "model").tokenizer
     ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
     prompts = [hf.decode(x) for x in ids]
     assert [hf(p, add_special_tokens=False)["input_ids"] for p in prompts] == ids
-    task = {"prompts": prompts, "answers": [it.answer for it in items]}
+    task = {"prompts": [prompts[i] for i in order], "answers": [items[i].answer for i in order]}
     (work / "task.json").write_text(json.dumps(task), encoding="utf-8")
 
 
@@ -243,7 +277,8 @@ def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
         "run.progress=none",
         f"staleness.tau={tau}",
         f"model.source={work / 'model'}",
-        f"data.train_files={work / 'data' / 'text.jsonl'}",
+        f"data.train_files={work / 'data' / 'schedule.jsonl'}",
+        "data.shuffle_buffer=1",  # the schedule's order, as TRL reads it
         f"data.eval_files={work / 'data' / 'text.jsonl'}",
         "data.adaptive_weights=false",
         f"data.seed={hp['seed']}",  # the prompt order follows the bench seed, as TRL's sampler does
@@ -361,8 +396,8 @@ def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list
     """One seed: write the model and task, run TRL then relax at each τ, save the table (``work/results.md``)."""
     work.mkdir(parents=True, exist_ok=True)
     _write_model(work, seed)
-    _write_task(work)
     hp = _hparams(updates, seed, work)
+    _write_task(work, hp)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     print(
         f"relax bench trl: seed {seed}, {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} "
