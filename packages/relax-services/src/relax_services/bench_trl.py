@@ -4,8 +4,9 @@ the other in one run, side by side with ratios.
 The task: single-digit addition. A prompt is ``a+b=`` with digits 0 ≤ a, b ≤ 4 (all 25 pairs); the
 completion is one token, and the reward is relax-core's ``exact_match_reward`` (1 when the decoded completion is the
 sum, else 0), the same function on both sides. Both start from random weights with no supervised warm-up, so a
-random policy scores about 1/53 (53 samplable ids); one-token answers keep that rate high enough for GRPO to find
-the signal from scratch (with an end-of-answer token as well it would be about 1/53², and neither side learns).
+random policy scores about 1/55 (the 64-token vocabulary less its 9 never-sampled ids); one-token answers keep that
+rate high enough for GRPO to find the signal from scratch (with an end-of-answer token as well it would be about
+1/55², and neither side learns).
 
 Held equal: the model — one ``Qwen2ForCausalLM`` checkpoint folder written from a config (width 64, 2 layers,
 4 heads, 2 KV heads, FFN 128, untied head, the same initial weights) with relax's 64-token character tokenizer
@@ -13,9 +14,14 @@ and chat template, which TRL loads with ``from_pretrained`` and relax as ``model
 (``<|bos|><|user|>a+b=<|assistant|>``, rendered by the folder's chat template), group size, prompts per update,
 completion length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
 per-sequence-token-mean loss, group-std advantage scaling, one optimizer step per batch, the ids never sampled,
-torch and its thread count (TRL runs on this environment's torch through a venv layered over it).
+the prompt order (:func:`prompt_schedule`: each update 16 distinct prompts of a fresh permutation, as TRL's sampler
+draws them; both sides read the one schedule unshuffled), the seed (initial weights, prompt order, sampling),
+torch and its thread count (TRL runs on this environment's torch through a venv layered over it, at relax's one
+intra-op thread).
 
-Not held equal: relax also computes the final held-out evaluation, which TRL does not.
+Not held equal: relax also computes the final held-out evaluation, which TRL does not; the random streams (TRL
+samples through ``generate`` on torch's global generator, relax on a generator seeded per rollout call), so one
+seed's two runs are two draws, not one run twice: compare sides over several seeds (``--seeds``).
 
 Measured per side, from one clock: command → first update, median seconds per update (between consecutive
 updates, the first ten skipped), samples/s, updates and wall seconds from the command until the moving average
