@@ -143,3 +143,18 @@ def test_prompt_schedule_takes_distinct_prompts_of_a_fresh_permutation_per_updat
     assert all(sorted(whole[i : i + 3]) == [0, 1, 2] for i in range(0, 30, 3))
     with pytest.raises(ValueError, match="per_update"):
         prompt_schedule(25, 26, 1, seed=0)
+
+
+def test_command_line_passes_the_seed_and_the_seed_list(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from relax_services import cli
+
+    calls: list[tuple[object, ...]] = []
+
+    def record(work: Path, updates: int, taus: list[int], seed: int = 0, seeds: list[int] | None = None) -> int:
+        calls.append((work, updates, taus, seed, seeds))
+        return 0
+
+    monkeypatch.setattr(bench_trl, "run_trl_bench", record)
+    assert cli.main(["bench", "trl", "--work", str(tmp_path), "--seed", "3", "--taus", "0"]) == 0
+    assert cli.main(["bench", "trl", "--work", str(tmp_path), "--seeds", "0,1,2", "--updates", "50"]) == 0
+    assert calls == [(tmp_path, 400, [0], 3, []), (tmp_path, 50, [0, 2], 0, [0, 1, 2])]
