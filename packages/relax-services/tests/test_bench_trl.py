@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from relax_services.bench_trl import SideResult, crossing, format_table, summarise
+from relax_services import bench_trl
+from relax_services.bench_trl import (
+    BenchHParams,
+    SideResult,
+    crossing,
+    format_spread,
+    format_table,
+    prompt_schedule,
+    relax_overrides,
+    summarise,
+)
+from relax_services.config import load_run_config
 
 
 def test_crossing_needs_a_full_window() -> None:
@@ -49,3 +62,99 @@ def test_table_shows_ratios_to_the_first_side() -> None:
     assert "| samples/s | 8 | 16 (2.00×) |" in table
     assert "| peak PSS of the process tree | 1.00 GB | 2.00 GB (2.00×) |" in table
     assert "not reached" in table
+
+
+def _hparams(seed: int) -> BenchHParams:
+    return {
+        "updates": 400,
+        "seed": seed,
+        "group_size": 8,
+        "groups_per_step": 16,
+        "max_new_tokens": 1,
+        "temperature": 1.0,
+        "lr": 1e-3,
+        "grad_clip": 1.0,
+        "clip_eps": 0.2,
+        "suppressed_ids": [0, 1],
+        "intra_op_threads": 1,
+    }
+
+
+def test_relax_side_takes_the_bench_seed_for_sampling_and_prompt_order(tmp_path: Path) -> None:
+    # TRL's seed drives both its sampling and its prompt sampler, so relax's side must seed both too: before, only
+    # trainer.seed followed --seed and every seed drew the prompts in data.seed 0's order.
+    cfg = load_run_config(None, relax_overrides(tmp_path, _hparams(3), tau=0))
+    assert cfg.trainer.seed == 3
+    assert cfg.data.seed == 3
+    assert cfg.staleness.tau == 0
+    assert cfg.optimizer.lr == pytest.approx(1e-3)
+    assert cfg.optimizer.schedule == "constant"
+    assert cfg.optimizer.weight_decay == 0.0  # TRL's side sets weight_decay=0.0
+    assert cfg.algorithm.kl_coef == 0.0 and cfg.algorithm.entropy_coef == 0.0
+
+
+def test_shared_hyper_parameters_carry_relax_thread_count(tmp_path: Path) -> None:
+    # relax pins one intra-op thread per role; the TRL side ran at torch's default (one per core) until the count
+    # travelled with the shared hyper-parameters (the side script sets it with torch.set_num_threads).
+    from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS
+    from relax_services.models import open_checkpoint
+
+    bench_trl._write_model(tmp_path, seed=0)
+    hp = bench_trl._hparams(400, 0, tmp_path)
+    assert hp["intra_op_threads"] == DEFAULT_INTRA_OP_THREADS == 1
+    assert hp["suppressed_ids"] == list(open_checkpoint(tmp_path / "model").tokens.never_sample)
+
+
+def _side(name: str, first_one: int | None, n: int = 40) -> SideResult:
+    """A side whose reward is 0 before update ``first_one`` (0-based) and 1 from it on (None: never)."""
+    rewards = [0.0 if first_one is None or i < first_one else 1.0 for i in range(n)]
+    return SideResult(name, 0.0, [float(i) for i in range(n)], rewards, samples=8)
+
+
+def test_spread_lists_each_seed_and_the_median_with_never_as_infinite() -> None:
+    # Rewards step 0 -> 1 at update k: the 10-update moving average reaches 0.3 / 0.5 / 0.8 once 3 / 5 / 8 ones are
+    # in the window, i.e. at the (k + 3)-th / (k + 5)-th / (k + 8)-th update.
+    by_seed = {
+        0: [_side("A", 10), _side("B", 20)],
+        1: [_side("A", 12), _side("B", None)],
+        2: [_side("A", 30), _side("B", None)],
+    }
+    lines = format_spread(by_seed).splitlines()
+    assert lines[0] == "| seed | A: updates to 0.3 / 0.5 / 0.8 | B: updates to 0.3 / 0.5 / 0.8 |"
+    assert lines[2] == "| 0 | 13 / 15 / 18 | 23 / 25 / 28 |"
+    assert lines[3] == "| 1 | 15 / 17 / 20 | — / — / — |"
+    assert lines[4] == "| 2 | 33 / 35 / 38 | — / — / — |"
+    # A: medians of (13, 15, 33), (15, 17, 35), (18, 20, 38); B: two of three never reached -> never
+    assert lines[5] == "| median | 15 / 17 / 20 | — / — / — |"
+
+
+def test_prompt_schedule_takes_distinct_prompts_of_a_fresh_permutation_per_update() -> None:
+    order = prompt_schedule(25, 16, 400, seed=3)
+    assert len(order) == 400 * 16
+    blocks = [order[i : i + 16] for i in range(0, len(order), 16)]
+    assert all(len(set(b)) == 16 and set(b) <= set(range(25)) for b in blocks)  # 16 distinct prompts an update
+    assert len({tuple(b) for b in blocks}) > 390  # fresh draws, not one block repeated
+    # Each prompt is in an update with probability 16/25: 256 of 400 expected, binomial std 9.6.
+    counts = [order.count(i) for i in range(25)]
+    assert all(200 < c < 312 for c in counts)
+    assert prompt_schedule(25, 16, 400, seed=3) == order
+    assert prompt_schedule(25, 16, 400, seed=4) != order
+    whole = prompt_schedule(3, 3, 10, seed=0)  # an update of every prompt: each block a permutation
+    assert all(sorted(whole[i : i + 3]) == [0, 1, 2] for i in range(0, 30, 3))
+    with pytest.raises(ValueError, match="per_update"):
+        prompt_schedule(25, 26, 1, seed=0)
+
+
+def test_command_line_passes_the_seed_and_the_seed_list(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from relax_services import cli
+
+    calls: list[tuple[object, ...]] = []
+
+    def record(work: Path, updates: int, taus: list[int], seed: int = 0, seeds: list[int] | None = None) -> int:
+        calls.append((work, updates, taus, seed, seeds))
+        return 0
+
+    monkeypatch.setattr(bench_trl, "run_trl_bench", record)
+    assert cli.main(["bench", "trl", "--work", str(tmp_path), "--seed", "3", "--taus", "0"]) == 0
+    assert cli.main(["bench", "trl", "--work", str(tmp_path), "--seeds", "0,1,2", "--updates", "50"]) == 0
+    assert calls == [(tmp_path, 400, [0], 3, []), (tmp_path, 50, [0, 2], 0, [0, 1, 2])]

@@ -33,6 +33,8 @@ def main() -> None:
 
     from relax_core import exact_match_reward
 
+    torch.set_num_threads(hp["intra_op_threads"])  # relax's thread count per role
+
     # The shared policy folder relax trains as model.source: same weights, config and tokenizer.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(args.work / "model"))
     torch.manual_seed(hp["seed"])
@@ -100,6 +102,7 @@ def main() -> None:
         loss_type="grpo",  # per-sequence token mean, then the batch mean (relax's seq-mean-token-mean)
         scale_rewards="group",  # (r - group mean) / group std (relax's norm_adv_by_std)
         num_iterations=1,
+        shuffle_dataset=False,  # task.json lists the prompts in the bench's schedule, which relax reads too
         seed=hp["seed"],
         dataloader_num_workers=0,
         disable_tqdm=True,

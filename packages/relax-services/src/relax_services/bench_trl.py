@@ -4,8 +4,9 @@ the other in one run, side by side with ratios.
 The task: single-digit addition. A prompt is ``a+b=`` with digits 0 ≤ a, b ≤ 4 (all 25 pairs); the
 completion is one token, and the reward is relax-core's ``exact_match_reward`` (1 when the decoded completion is the
 sum, else 0), the same function on both sides. Both start from random weights with no supervised warm-up, so a
-random policy scores about 1/53 (53 samplable ids); one-token answers keep that rate high enough for GRPO to find
-the signal from scratch (with an end-of-answer token as well it would be about 1/53², and neither side learns).
+random policy scores about 1/55 (the 64-token vocabulary less its 9 never-sampled ids); one-token answers keep that
+rate high enough for GRPO to find the signal from scratch (with an end-of-answer token as well it would be about
+1/55², and neither side learns).
 
 Held equal: the model — one ``Qwen2ForCausalLM`` checkpoint folder written from a config (width 64, 2 layers,
 4 heads, 2 KV heads, FFN 128, untied head, the same initial weights) with relax's 64-token character tokenizer
@@ -13,9 +14,14 @@ and chat template, which TRL loads with ``from_pretrained`` and relax as ``model
 (``<|bos|><|user|>a+b=<|assistant|>``, rendered by the folder's chat template), group size, prompts per update,
 completion length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
 per-sequence-token-mean loss, group-std advantage scaling, one optimizer step per batch, the ids never sampled,
-torch and its thread count (TRL runs on this environment's torch through a venv layered over it).
+the prompt order (:func:`prompt_schedule`: each update 16 distinct prompts of a fresh permutation, as TRL's sampler
+draws them; both sides read the one schedule unshuffled), the seed (initial weights, prompt order, sampling),
+torch and its thread count (TRL runs on this environment's torch through a venv layered over it, at relax's one
+intra-op thread).
 
-Not held equal: relax also computes the final held-out evaluation, which TRL does not.
+Not held equal: relax also computes the final held-out evaluation, which TRL does not; the random streams (TRL
+samples through ``generate`` on torch's global generator, relax on a generator seeded per rollout call), so one
+seed's two runs are two draws, not one run twice: compare sides over several seeds (``--seeds``).
 
 Measured per side, from one clock: command → first update, median seconds per update (between consecutive
 updates, the first ten skipped), samples/s, updates and wall seconds from the command until the moving average
@@ -26,23 +32,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
 from relax_services.footprint import PeakMemory
 
-__all__ = ["SideResult", "crossing", "run_trl_bench", "summarise"]
+__all__ = [
+    "SideResult",
+    "crossing",
+    "format_spread",
+    "prompt_schedule",
+    "relax_overrides",
+    "run_trl_bench",
+    "summarise",
+]
 
 THRESHOLDS = (0.3, 0.5, 0.8)
 WINDOW = 10  # updates in the moving average of the training reward
+SCHEDULE_SLACK = 8  # updates of prompts in the schedule past the last update (relax's admission runs ahead at τ > 0)
 SKIP = 10  # first updates left out of the per-update median (allocator and cache warm-up)
 TRL_VERSION = "1.16.0"
 
@@ -118,9 +135,11 @@ class BenchHParams(TypedDict):
     grad_clip: float
     clip_eps: float
     suppressed_ids: list[int]
+    intra_op_threads: int
 
 
 def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
+    from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS
     from relax_services.models import open_checkpoint
 
     return {
@@ -134,6 +153,9 @@ def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
         "grad_clip": 1.0,
         "clip_eps": 0.2,
         "suppressed_ids": list(open_checkpoint(work / "model").tokens.never_sample),
+        # relax computes with one intra-op thread per role; torch's default (one per core) made TRL's steps several
+        # times slower whenever the machine was shared.
+        "intra_op_threads": DEFAULT_INTRA_OP_THREADS,
     }
 
 
@@ -146,9 +168,29 @@ def _write_model(work: Path, seed: int) -> Path:
     return write_tiny_checkpoint(work / "model", "qwen2", seed)
 
 
-def _write_task(work: Path) -> None:
-    """The task for both sides: relax's dataset files (the same rows for training and held-out) and TRL's prompt
-    list, rendered by the shared model folder's chat template."""
+def prompt_schedule(n_prompts: int, per_update: int, updates: int, seed: int) -> list[int]:
+    """The prompt indices of ``updates`` consecutive updates, ``per_update`` each: every update takes the first
+    ``per_update`` of a fresh random permutation of the ``n_prompts`` (what TRL's ``RepeatSampler`` does when an
+    update's prompts are fewer than the dataset's: one permutation per epoch, the incomplete rest dropped), drawn
+    from ``random.Random(seed)``."""
+    if not 0 < per_update <= n_prompts:
+        raise ValueError(f"per_update must be in 1..n_prompts={n_prompts}, got {per_update}")
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(updates):
+        perm = list(range(n_prompts))
+        rng.shuffle(perm)
+        order += perm[:per_update]
+    return order
+
+
+def _write_task(work: Path, hp: BenchHParams) -> None:
+    """The task for both sides, in one prompt order: relax's dataset files (``data/text.jsonl``, the 25 rows, for
+    the held-out evaluation; ``data/schedule.jsonl``, the rows in :func:`prompt_schedule`'s order, read without
+    shuffling) and TRL's prompt list in the same order (read without shuffling), rendered by the shared model
+    folder's chat template. Without the shared order relax drew from its 1024-row shuffle buffer over passes of the
+    25 rows (close to independent draws with replacement: about 12 distinct prompts per update where TRL has 16),
+    which by itself cost updates to each threshold."""
     from relax_modalities.synthetic import TaskItem, task_item_row
     from relax_services._data import PromptBuilder
     from relax_services.config import ModelConfig
@@ -164,12 +206,16 @@ def _write_task(work: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rows = "".join(json.dumps(task_item_row(it, folder, data_source="text")) + "\n" for it in items)
     (folder / "text.jsonl").write_text(rows, encoding="utf-8")
+    # Slack past the last update: relax at τ > 0 admits up to τ + 1 updates' prompts ahead of the trainer.
+    order = prompt_schedule(len(items), hp["groups_per_step"], hp["updates"] + SCHEDULE_SLACK, hp["seed"])
+    lines = rows.splitlines(keepends=True)
+    (folder / "schedule.jsonl").write_text("".join(lines[i] for i in order), encoding="utf-8")
     to_prompt = PromptBuilder(ModelConfig(source=str(work / "model")))  # the folder's chat template and tokenizer
     hf = open_checkpoint(work / "model").tokenizer
     ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
     prompts = [hf.decode(x) for x in ids]
     assert [hf(p, add_special_tokens=False)["input_ids"] for p in prompts] == ids
-    task = {"prompts": prompts, "answers": [it.answer for it in items]}
+    task = {"prompts": [prompts[i] for i in order], "answers": [items[i].answer for i in order]}
     (work / "task.json").write_text(json.dumps(task), encoding="utf-8")
 
 
@@ -227,20 +273,21 @@ def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
     return side
 
 
-def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
-    from relax_services._metrics import read_metrics
-
+def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
+    """The ``relax train`` overrides of relax's side at ``tau``: the bench's hyper-parameters in relax's keys."""
     name = f"relax-colocated-tau{tau}"
-    overrides = [
+    return [
         "run.mode=colocated",
         f"run.output_dir={work}",
         f"run.name={name}",
         "run.progress=none",
         f"staleness.tau={tau}",
         f"model.source={work / 'model'}",
-        f"data.train_files={work / 'data' / 'text.jsonl'}",
+        f"data.train_files={work / 'data' / 'schedule.jsonl'}",
+        "data.shuffle_buffer=1",  # the schedule's order, as TRL reads it
         f"data.eval_files={work / 'data' / 'text.jsonl'}",
         "data.adaptive_weights=false",
+        f"data.seed={hp['seed']}",  # the prompt order follows the bench seed, as TRL's sampler does
         f"trainer.total_steps={hp['updates']}",
         f"trainer.groups_per_step={hp['groups_per_step']}",
         f"trainer.micro_batch_groups={hp['groups_per_step']}",
@@ -264,6 +311,13 @@ def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> S
         f"optimizer.grad_clip={hp['grad_clip']}",
         "eval.every_steps=100000",
     ]
+
+
+def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
+    from relax_services._metrics import read_metrics
+
+    name = f"relax-colocated-tau{tau}"
+    overrides = relax_overrides(work, hp, tau)
     cmd = [sys.executable, "-m", "relax_services.cli", "train", *overrides]
     shutil.rmtree(work / name, ignore_errors=True)  # a fresh run folder: metrics.jsonl appends
     side = _run(f"relax colocated τ={tau}", cmd, env, work / f"{name}.log")
@@ -316,17 +370,44 @@ def format_table(sides: list[SideResult]) -> str:
     return "\n".join(lines)
 
 
-def run_trl_bench(work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0) -> int:
-    """Write the task, run TRL then relax at each τ, print and save the table (``work/results.md``)."""
-    work = work.resolve()
+def _cell(value: float) -> str:
+    return "—" if math.isinf(value) else f"{value:.0f}"
+
+
+def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
+    """Markdown table of the updates to each reward threshold, one row per seed and a median row per side.
+
+    A threshold a side never reached counts as infinitely many updates, so a median of "—" means that more than
+    half of the seeds (half, for an even count) did not reach it.
+    """
+    names = [s.name for s in next(iter(by_seed.values()))]
+    counts: dict[str, list[list[float]]] = {name: [[] for _ in THRESHOLDS] for name in names}
+    head = "| seed | " + " | ".join(f"{n}: updates to {' / '.join(str(t) for t in THRESHOLDS)}" for n in names) + " |"
+    lines = [head, "|" + " --- |" * (len(names) + 1)]
+    for seed, sides in by_seed.items():
+        cells = []
+        for side in sides:
+            figures = summarise(side)
+            values = [figures[f"updates_to_{t}"] for t in THRESHOLDS]
+            for k, v in enumerate(values):
+                counts[side.name][k].append(math.inf if v is None else v)
+            cells.append(" / ".join(_cell(math.inf if v is None else v) for v in values))
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    medians = [" / ".join(_cell(statistics.median(c)) for c in counts[n]) for n in names]
+    lines.append("| median | " + " | ".join(medians) + " |")
+    return "\n".join(lines)
+
+
+def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list[SideResult]:
+    """One seed: write the model and task, run TRL then relax at each τ, save the table (``work/results.md``)."""
     work.mkdir(parents=True, exist_ok=True)
     _write_model(work, seed)
-    _write_task(work)
     hp = _hparams(updates, seed, work)
+    _write_task(work, hp)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     print(
-        f"relax bench trl: {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} samples per "
-        f"update, in {work}",
+        f"relax bench trl: seed {seed}, {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} "
+        f"samples per update, in {work}",
         flush=True,
     )
     sides = [_run_trl(work, hp, env)]
@@ -339,4 +420,21 @@ def run_trl_bench(work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), 
     raw = {s.name: {"figures": summarise(s), "side": dataclasses.asdict(s)} for s in sides}  # re-derivable
     (work / "results.json").write_text(json.dumps(raw, indent=1), encoding="utf-8")
     print(table, flush=True)
+    return sides
+
+
+def run_trl_bench(
+    work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0, seeds: Sequence[int] = ()
+) -> int:
+    """Run the bench at ``seed`` in ``work``; with ``seeds``, once per seed in ``work/seed-<n>``, then print and save
+    the per-seed updates to each threshold with their medians (``work/spread.md``): the initial weights, the
+    prompt order and the samples all follow the seed, and one seed is not a measurement of sample efficiency."""
+    work = work.resolve()
+    if not seeds:
+        _bench_one(work, updates, taus, seed)
+        return 0
+    by_seed = {s: _bench_one(work / f"seed-{s}", updates, taus, s) for s in seeds}
+    spread = format_spread(by_seed)
+    (work / "spread.md").write_text(spread + "\n", encoding="utf-8")
+    print(spread, flush=True)
     return 0

@@ -197,7 +197,8 @@ def _bench_train(args: argparse.Namespace) -> int:
 def _bench_trl(args: argparse.Namespace) -> int:
     from relax_services.bench_trl import run_trl_bench
 
-    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")])
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else []
+    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")], seed=args.seed, seeds=seeds)
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -277,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     trl.add_argument("--work", type=Path, default=Path("/tmp/relax-bench-trl"), help="venv, data and runs")
     trl.add_argument("--updates", type=int, default=400, help="updates per side (default 400)")
     trl.add_argument("--taus", default="0,2", help="relax's τ values (default 0,2)")
+    trl.add_argument("--seed", type=int, default=0, help="initial weights, prompt order and sampling (default 0)")
+    trl.add_argument("--seeds", default="", help="several seeds (e.g. 0,1,2,3): one run each, then the spread")
     trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)
