@@ -251,6 +251,25 @@ def test_shuffle_buffer_bounds_displacement(tmp_path: Path) -> None:
     assert other_seed != rows
 
 
+def test_passes_do_not_overlap_so_a_whole_file_buffer_permutes_each_pass(tmp_path: Path) -> None:
+    # Two 10-row files behind a buffer larger than both, endless: each file's rows come in blocks of 10 that are
+    # each a permutation (the next pass is read only once this pass's rows are handed out). Read across passes
+    # instead, a row of pass k + 1 could come before a row of pass k, and a block would repeat some rows.
+    for name in ("x", "y"):
+        rows = [json.dumps({"prompt": name, "answer": i}) for i in range(10)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(rows))
+    files = [tmp_path / "x.jsonl", tmp_path / "y.jsonl"]
+    stream = rm.build_stream(files, shuffle_buffer=1024, seed=4, epochs=None)
+    records = [next(stream) for _ in range(400)]
+    for name in ("x", "y"):
+        mine = [r for r in records if r.source.endswith(f"{name}.jsonl")]
+        blocks = [mine[k : k + 10] for k in range(0, len(mine) - 9, 10)]
+        assert len(blocks) >= 15
+        for n, block in enumerate(blocks):
+            assert sorted(r.row for r in block) == list(range(10)) and {r.epoch for r in block} == {n}
+        assert len({tuple(r.row for r in block) for block in blocks}) > 1  # shuffled anew each pass
+
+
 def test_mixing_weights_set_the_share_of_each_file(tmp_path: Path) -> None:
     (tmp_path / "x.jsonl").write_text("\n".join(json.dumps({"prompt": "x", "answer": i}) for i in range(10)))
     (tmp_path / "y.jsonl").write_text("\n".join(json.dumps({"prompt": "y", "answer": i}) for i in range(10)))

@@ -156,7 +156,7 @@ class DataStream(Iterator[DataRecord]):
                 raise StopIteration
             i = self._choose(live)
             buffer = self._buffers[i]
-            while len(buffer) < self._capacity and self._active[i]:
+            while len(buffer) < self._capacity and self._active[i] and not self._draining(i):
                 record = self._pull(i)
                 if record is not None:
                     buffer.append(record)
@@ -166,6 +166,16 @@ class DataStream(Iterator[DataRecord]):
         buffer[j], buffer[-1] = buffer[-1], buffer[j]
         self.yielded += 1
         return buffer.pop()
+
+    def _draining(self, i: int) -> bool:
+        """Whether source ``i``'s buffer still holds rows of a pass that has ended.
+
+        A pass's rows all leave the buffer before the next pass is read, so passes never overlap: every row comes
+        once per pass, and a buffer that holds the whole file hands out each pass as a uniform permutation (read
+        across passes, it would hand out near draws with replacement: a row of the next pass can come before a row
+        of this one). Derived from the buffered rows' epochs, so a restored state needs nothing more.
+        """
+        return any(record.epoch != self._epoch[i] for record in self._buffers[i])
 
     def _choose(self, live: list[int]) -> int:
         x = self._rng.random() * sum(self.weights[i] for i in live)
