@@ -118,8 +118,12 @@ class DataConfig(ConfigModel):
         return value
 
     adaptive_weights: bool = True
-    """Weigh each training file by (1 − the latest held-out reward of its rows' data_source + 0.1), so lagging
-    tasks get more prompts (the files' own weights when off)."""
+    """Weigh each training file by max(1 − the latest held-out reward of its rows' data_source, 0) +
+    ``adaptive_floor``, so lagging tasks get more prompts (the files' own weights when off)."""
+
+    adaptive_floor: float = pydantic.Field(default=0.1, gt=0.0, le=1.0)
+    """A solved task's weight under ``adaptive_weights`` (every task's weight is offset by it). Lower gives a
+    lagging task a larger share once the others are solved, at the cost of fewer prompts rehearsing them."""
 
     data_dir: Path | None = None
     """An existing folder where the synthetic tasks' dataset files (one training and one held-out JSONL per task,
