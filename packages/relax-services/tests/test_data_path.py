@@ -116,7 +116,7 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     stream = train_stream(cfg.data)
     assert stream.stream.weights == [20.0, 20.0]  # unweighted files: by row count
     queue = TransferQueue(QueueConfig(tasks=(TaskSpec("rollout"),)))
-    feeder = PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True)
+    feeder = PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.1)
     seen = [stream.next()["task"] for _ in range(40)]  # one pass over both files: every data_source seen
     assert set(seen) == {"s1", "s2", "s3"}
     feeder.observe({"s1": 1.0, "s2": 0.5}, momentum=0.0)
@@ -125,7 +125,7 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     state = json.loads(json.dumps(feeder.state_dict()))
     later = [stream.next()["id"] for _ in range(30)]
     again = train_stream(cfg.data)
-    other = PromptFeeder(again, lambda item: None, queue, queue, 1, adaptive=True)
+    other = PromptFeeder(again, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.1)
     other.load_state_dict(state)
     assert again.stream.weights == pytest.approx(stream.stream.weights)
     assert [again.next()["id"] for _ in range(30)] == later

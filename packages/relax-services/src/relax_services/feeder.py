@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from relax_modalities import MediaError
 from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
+from relax_services.config import DataConfig
 from relax_services.rows import DataItem, ItemInfo, PromptRow, item_extras
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class PromptFeeder:
         adaptive: Weigh each task by max(1 − its running reward, 0) + ``adaptive_floor`` instead of the stream's own
             mix.
         adaptive_floor: The weight of a solved task (and the offset every task's weight gets), > 0 so that no file
-            is ever drawn with weight 0.
+            is ever drawn with weight 0; by default ``data.adaptive_floor``'s.
     """
 
     def __init__(
@@ -133,7 +134,7 @@ class PromptFeeder:
         sample_queue: QueueClient,
         group_size: int,
         adaptive: bool,
-        adaptive_floor: float = 0.1,
+        adaptive_floor: float = DataConfig.model_fields["adaptive_floor"].default,
     ) -> None:
         if not adaptive_floor > 0:
             raise ValueError(f"adaptive_floor must be > 0 (a solved task's weight), got {adaptive_floor}")
