@@ -124,7 +124,7 @@ class DataConfig(ConfigModel):
     adaptive_floor: float = pydantic.Field(default=0.03, gt=0.0, le=1.0)
     """A solved task's weight under ``adaptive_weights`` (every task's weight is offset by it). Lower gives a
     lagging task a larger share once the others are solved, at the cost of fewer prompts rehearsing them: with
-    three solved tasks and one at 0.5, 0.1 gives the lagging one 67 % of the prompts, 0.03 gives it 90 %."""
+    three solved tasks and one at 0.5, 0.1 gives the lagging one 67 % of the prompts, 0.03 gives it 85 %."""
 
     data_dir: Path | None = None
     """An existing folder where the synthetic tasks' dataset files (one training and one held-out JSONL per task,
