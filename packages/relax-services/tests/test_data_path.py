@@ -157,7 +157,7 @@ def test_adaptive_floor_sets_the_solved_tasks_weight_and_is_checked(tmp_path: Pa
     with pytest.raises(ValueError, match="adaptive_floor must be > 0"):
         PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.0)
     queue.close()
-    with pytest.raises(ConfigError, match="data.adaptive_floor"):
+    with pytest.raises(ConfigError, match=r"data\.adaptive_floor"):
         load_run_config(None, ["data.adaptive_floor=0"])
 
 
