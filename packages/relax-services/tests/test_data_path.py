@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_core import RewardRunnerConfig, RewardSpec, RowSchema
+from relax_core import ConfigError, RewardRunnerConfig, RewardSpec, RowSchema
 from relax_modalities import DataRecord, build_stream, parse_row
 from relax_modalities.synthetic import read_manifest
 from relax_queue import QueueConfig, TaskSpec, TransferQueue
@@ -116,7 +116,7 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     stream = train_stream(cfg.data)
     assert stream.stream.weights == [20.0, 20.0]  # unweighted files: by row count
     queue = TransferQueue(QueueConfig(tasks=(TaskSpec("rollout"),)))
-    feeder = PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True)
+    feeder = PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.1)
     seen = [stream.next()["task"] for _ in range(40)]  # one pass over both files: every data_source seen
     assert set(seen) == {"s1", "s2", "s3"}
     feeder.observe({"s1": 1.0, "s2": 0.5}, momentum=0.0)
@@ -125,7 +125,7 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     state = json.loads(json.dumps(feeder.state_dict()))
     later = [stream.next()["id"] for _ in range(30)]
     again = train_stream(cfg.data)
-    other = PromptFeeder(again, lambda item: None, queue, queue, 1, adaptive=True)
+    other = PromptFeeder(again, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.1)
     other.load_state_dict(state)
     assert again.stream.weights == pytest.approx(stream.stream.weights)
     assert [again.next()["id"] for _ in range(30)] == later
@@ -133,6 +133,32 @@ def test_adaptive_weights_reach_the_stream_per_file_and_resume_with_it(tmp_path:
     other.observe({"s1": 3.0, "s2": 3.0, "s3": 3.0}, momentum=0.0)
     assert again.stream.weights == pytest.approx([20 * 0.1, 20 * 0.1])
     queue.close()
+
+
+def test_adaptive_floor_sets_the_solved_tasks_weight_and_is_checked(tmp_path: Path) -> None:
+    specs = []
+    for name in ("a", "b"):
+        lines = [json.dumps({"prompt": f"{name}{i}", "answer": "x", "data_source": name}) for i in range(10)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines))
+        specs.append(f"{tmp_path / name}.jsonl")
+    cfg = load_run_config(
+        None, [f"data.train_files=[{specs[0]}, {specs[1]}]", "data.shuffle_buffer=0", "data.adaptive_floor=0.03"]
+    )
+    stream = train_stream(cfg.data)
+    queue = TransferQueue(QueueConfig(tasks=(TaskSpec("rollout"),)))
+    feeder = PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.03)
+    assert {stream.next()["task"] for _ in range(20)} == {"a", "b"}
+    feeder.observe({"a": 1.0, "b": 0.5}, momentum=0.0)
+    # a solved: the floor alone; b: 1 - 0.5 + 0.03; each times its 10 rows.
+    assert stream.stream.weights == pytest.approx([10 * 0.03, 10 * 0.53])
+    # 1000 draws now take b with probability 0.53 / 0.56: far more than the 0.6 / 0.7 the 0.1 floor gives.
+    drawn = [stream.next()["task"] for _ in range(1000)]
+    assert 0.9 < drawn.count("b") / 1000 < 0.99
+    with pytest.raises(ValueError, match="adaptive_floor must be > 0"):
+        PromptFeeder(stream, lambda item: None, queue, queue, 1, adaptive=True, adaptive_floor=0.0)
+    queue.close()
+    with pytest.raises(ConfigError, match=r"data\.adaptive_floor"):
+        load_run_config(None, ["data.adaptive_floor=0"])
 
 
 def test_a_checkpoint_with_per_task_streams_is_refused_by_name(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def test_the_lr_schedule_spans_the_run_unless_set() -> None:
     """One source of truth for the run length: 200 updates decay the cosine schedule to its floor at update 200."""
     from relax_services._policy import _train_config
 
-    cfg = load_run_config(None, ["trainer.total_steps=200"])
+    decaying = ["optimizer.schedule=cosine", "optimizer.min_lr_ratio=0.1"]  # the default run's LR is constant
+    cfg = load_run_config(None, ["trainer.total_steps=200", *decaying])
     assert cfg.optimizer.total_steps == 200
     engine_cfg = _train_config(cfg)
     assert engine_cfg.lr_factor(200) == pytest.approx(cfg.optimizer.min_lr_ratio)  # 0.1, not 0.915

@@ -265,6 +265,7 @@ class Controller(FaultInjector):
             self.pipeline.sample_queue,
             cfg.algorithm.group_size,
             adaptive=cfg.data.adaptive_weights,
+            adaptive_floor=cfg.data.adaptive_floor,
         )
         if restore is not None:
             state = self.checkpoints.load_controller(restore)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from relax_modalities import MediaError
 from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
+from relax_services.config import DataConfig
 from relax_services.rows import DataItem, ItemInfo, PromptRow, item_extras
 
 if TYPE_CHECKING:
@@ -119,7 +120,10 @@ class PromptFeeder:
         prompt_queue: Queue whose ``rollout`` task the Rollout workers read.
         sample_queue: Queue whose staleness policy grants admissions.
         group_size: Samples per prompt (admissions are taken in whole groups).
-        adaptive: Weigh each task by max(1 − its running reward + 0.1, 0.1) instead of the stream's own mix.
+        adaptive: Weigh each task by max(1 − its running reward, 0) + ``adaptive_floor`` instead of the stream's own
+            mix.
+        adaptive_floor: The weight of a solved task (and the offset every task's weight gets), > 0 so that no file
+            is ever drawn with weight 0; by default ``data.adaptive_floor``'s.
     """
 
     def __init__(
@@ -130,13 +134,17 @@ class PromptFeeder:
         sample_queue: QueueClient,
         group_size: int,
         adaptive: bool,
+        adaptive_floor: float = DataConfig.model_fields["adaptive_floor"].default,
     ) -> None:
+        if not adaptive_floor > 0:
+            raise ValueError(f"adaptive_floor must be > 0 (a solved task's weight), got {adaptive_floor}")
         self.stream = stream
         self.to_prompt = to_prompt
         self.prompt_queue = prompt_queue
         self.sample_queue = sample_queue
         self.group_size = group_size
         self.adaptive = adaptive
+        self.adaptive_floor = adaptive_floor
         self.next_index = 0
         self.running_reward: dict[str, float] = {}
         self.ledger = Ledger()
@@ -163,9 +171,10 @@ class PromptFeeder:
 
     def _apply_weights(self) -> None:
         if self.adaptive and self.running_reward:
-            # At least 0.1 (a solved task's weight): a reward above 1 (a user's scale) must not zero a file out.
-            weights = {t: max(1.0 - r + 0.1, 0.1) for t, r in self.running_reward.items()}
-            self.stream.set_task_weights(weights, default=1.1)  # a task without a reward yet: as if at 0
+            # At least the floor (a solved task's weight): a reward above 1 (a user's scale) must not zero a file out.
+            floor = self.adaptive_floor
+            weights = {t: max(1.0 - r, 0.0) + floor for t, r in self.running_reward.items()}
+            self.stream.set_task_weights(weights, default=1.0 + floor)  # a task without a reward yet: as if at 0
 
     # ------------------------------------------------------------------ producing
     def _put_groups(self, groups: Sequence[tuple[DataItem, str, OmniPrompt]]) -> None:
