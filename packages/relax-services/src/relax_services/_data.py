@@ -1,28 +1,19 @@
 """The run's data: dataset files (the user's, or the synthetic omni tasks written as such files) read as one
-endless training stream and a held-out set, and turned into model-ready prompts by relax-modalities' data paths."""
+endless training stream and a held-out set, and turned into model-ready prompts by relax-modalities' data paths
+(:class:`~relax_services._prompts.PromptBuilder`, which imports them where it first builds a prompt)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_modalities import (
-    BadRowInfo,
-    BadRowStats,
-    DataFileSpec,
-    DataRecord,
-    MediaError,
-    ProcessorSettings,
-    SampleProcessor,
-    build_stream,
-)
-from relax_modalities.synthetic import TaskItem
-from relax_modalities.text import CheckpointTemplate
+from relax_modalities import BadRowInfo, BadRowStats, DataFileSpec, MediaError, build_stream
 from relax_services._chance import ChanceLevels
 from relax_services._dataset import DataReport, RecordStream, eval_stream, record_item, train_stream
+from relax_services._prompts import PromptBuilder, processor_settings
+from relax_services._source_check import check_source
 from relax_services._synthetic import with_synthetic_files
-from relax_services.config import ModelConfig, RunConfig
-from relax_services.models import MODEL_MODALITIES, Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
+from relax_services.config import RunConfig
 from relax_services.rows import DataItem, HeldoutItem, ItemInfo
 
 __all__ = [
@@ -39,60 +30,6 @@ WarmupItem = tuple[DataItem, tuple[str, ...]]
 """A training row for the format warm-up: its feeder item and its valid answers (``extra_info.options``)."""
 
 _WARMUP_ROWS = 4096  # most training rows the warm-up draws from (read from the start of the files)
-
-
-def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
-    """relax-modalities' settings for a checkpoint: its chat template and placeholder ids, and each registered
-    modality's settings as its `ModelModality.processor_settings` reads them from the model config and
-    ``preprocessor_config.json`` (for the built-in ones: the vision geometry and mel bins of the model config, the
-    pixel budget, normalisation and audio framing of the preprocessor config, the processors' defaults where a key
-    is absent)."""
-    per_modality: dict[str, object] = {}
-    for name, modality in MODEL_MODALITIES.items():
-        own = modality.processor_settings(ckpt.config, ckpt.preprocessor)
-        if own is not None:
-            per_modality[name] = own
-    template = CheckpointTemplate.of(ckpt.tokens.placeholders)
-    return ProcessorSettings(template=template, modalities=per_modality)
-
-
-@dataclass
-class PromptBuilder:
-    """Task item (or its feeder entry) → the model's inputs, through relax-modalities' data paths with the
-    checkpoint's tokenizer, chat template and processor settings. Pickles as its model config only (each process
-    reads the checkpoint folder once)."""
-
-    model: ModelConfig
-    inline_dir: Path | None = None
-    """Where a dataset record's inline media bytes are written as files before decoding."""
-    _processor: SampleProcessor | None = field(default=None, repr=False, compare=False)
-    _ckpt: Checkpoint | None = field(default=None, repr=False, compare=False)
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"model": self.model, "inline_dir": self.inline_dir, "_processor": None, "_ckpt": None}
-
-    def _ready(self) -> tuple[SampleProcessor, Checkpoint]:
-        # Once per process: resolving the default source digests its config and checks its files on every call.
-        if self._processor is None or self._ckpt is None:
-            self._ckpt = open_checkpoint(self.model.source, self.model.seed)
-            self._processor = SampleProcessor(self._ckpt.tokenizer, processor_settings(self._ckpt))
-        return self._processor, self._ckpt
-
-    def __call__(self, item: DataItem | TaskItem) -> OmniPrompt:
-        processor, ckpt = self._ready()
-        task_item: TaskItem | DataRecord = item["item"] if isinstance(item, dict) else item
-        if isinstance(task_item, DataRecord):
-            try:
-                kwargs = processor.process_record(task_item, self.inline_dir)
-            except ValueError as exc:  # a chat the template cannot render is this row's fault, like bad media
-                if isinstance(exc, MediaError):
-                    raise
-                raise MediaError(task_item.uid, "manifest", f"chat template: {exc}") from exc
-        else:
-            kwargs = processor(task_item)
-        kwargs.pop("attention_mask")
-        kwargs["input_ids"] = kwargs["input_ids"][0]  # [T]
-        return check_placeholders(OmniPrompt(**kwargs), ckpt.tokens)
 
 
 @dataclass
@@ -115,10 +52,10 @@ def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
     record stream, and the held-out records rendered once (tasks are their data_sources; no eval files: no
     held-out evaluation).
 
-    The checkpoint is validated first (:func:`~relax_services.models.validate_checkpoint`), so a bad
+    The checkpoint is validated first (:func:`~relax_services._source_check.check_source`), so a bad
     ``model.source`` fails here, before any file is written or service started.
     """
-    open_checkpoint(cfg.model.source, cfg.model.seed)
+    check_source(cfg.model.source, cfg.model.seed)
     cfg = with_synthetic_files(cfg)
     to_prompt = PromptBuilder(cfg.model, inline_dir=run_dir / "data" / "inline")
     stream = train_stream(cfg.data)

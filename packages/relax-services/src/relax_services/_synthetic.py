@@ -17,7 +17,7 @@ from pathlib import Path
 
 from relax_core import DataFileSpec, RewardSpec
 from relax_services.config import DataConfig, RunConfig
-from relax_services.models.tiny_omni import cache_dir
+from relax_services.models._light import cache_dir
 
 __all__ = ["HELDOUT_SEED_OFFSET", "SYNTHETIC_REWARDS", "synthetic_task_file", "with_synthetic_files"]
 

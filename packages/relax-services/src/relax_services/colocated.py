@@ -27,10 +27,11 @@ import torch
 
 from relax_queue import TransferQueue
 from relax_services._data import WarmupItem
+from relax_services._engine_extras import check_engines
+from relax_services._service_host import service_class
 from relax_services.checkpoint import PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.controller import Controller
-from relax_services.engines.registry import check_engines
 from relax_services.health import GlobalRestartNeeded, HealthManager
 from relax_services.pipeline import pipeline_family, queue_configs, service_plan
 from relax_services.rows import HeldoutItem
@@ -105,7 +106,7 @@ class LocalService:
 
     name: str
     role: str
-    cls: type[ServiceBase]
+    cls: type[ServiceBase] | str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     obj: Any = None
@@ -114,7 +115,7 @@ class LocalService:
 
     def create(self) -> ServiceBase:
         """Build the service (its engines and models) and start its work-loop thread."""
-        obj: ServiceBase = self.cls(self.name, *self.args, **self.kwargs)
+        obj: ServiceBase = service_class(self.cls)(self.name, *self.args, **self.kwargs)
         self.pid = obj.start()
         self.obj = obj
         return obj
@@ -257,6 +258,10 @@ class ColocatedController(Controller):
         from relax_services.warmup import format_warmup
 
         return format_warmup(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed)
+
+    def _export_hf(self, path: Path) -> None:
+        """The checkpoint's Hugging Face copy, by a direct call to the trainer thread."""
+        self.pipeline.trainer().export_hf(str(path))
 
     def _final_eval(self) -> tuple[dict[str, float], int | None]:
         evaluator = self.pipeline.services["eval"].obj

@@ -35,6 +35,7 @@ from relax_services.plots import plot_run
 from relax_services.preflight import make_run_dir
 from relax_services.progress import Progress, ProgressState
 from relax_services.rows import prompt_key_of
+from relax_services.warmup_cache import format_warmup_task
 
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
 
@@ -352,9 +353,7 @@ class Controller(FaultInjector):
                 resume_trainer()
         self._checkpoint_step = version
         if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
-            from relax_services.export import HF_FOLDER, export_checkpoint
-
-            export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
+            self._export_hf(path)
         self._checkpoint_time = time.monotonic()
         self.metrics.write(
             "checkpoint", {"step": version, "path": str(path), **({} if data is None else {"data": data})}
@@ -457,14 +456,21 @@ class Controller(FaultInjector):
 
     def _run_warmup(self, cfg: RunConfig, items: list[WarmupItem], out: Path) -> dict[str, object]:
         """The warm-up in a process of its own (``max_calls=1``: it exits when done instead of idling with the
-        model stack loaded); returns its metrics record."""
+        model stack loaded, which only that process imports); returns its metrics record."""
         import ray
 
-        from relax_services.warmup import format_warmup
-
-        task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
+        task = ray.remote(num_cpus=0, max_calls=1)(format_warmup_task)
         info: dict[str, object] = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
         return info
+
+    def _export_hf(self, path: Path) -> None:
+        """The checkpoint's Hugging Face copy, written by the Trainer (the process with the model stack)."""
+        import ray
+
+        try:
+            ray.get(self.pipeline.services["trainer"].handle.export_hf.remote(str(path)), timeout=600)
+        except ray.exceptions.RayTaskError as exc:
+            raise (exc.cause if isinstance(exc.cause, OSError) else exc) from None
 
     def _checkpoint_due(self) -> bool:
         """Every ``trainer.checkpoint_every`` updates, and every ``trainer.checkpoint_every_s`` seconds with at

@@ -25,26 +25,20 @@ from relax_queue import (
     TaskSpec,
     create_ray_queue,
 )
+from relax_services._engine_extras import check_engines
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
+from relax_services._service_host import SERVICE_CLASSES, ServiceHost
 from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
-from relax_services.engines.registry import check_engines
 from relax_services.rows import HeldoutItem
-from relax_services.services import (
-    CriticService,
-    EvalService,
-    ReferenceService,
-    RewardService,
-    RolloutService,
-    TrainerService,
-)
-from relax_services.services._base import ServiceBase
 from relax_services.weights import RayWeightStore, WeightStore
 
 if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
+
+    from relax_services.services._base import ServiceBase
 
 __all__ = [
     "ALGORITHM_BUILDERS",
@@ -61,11 +55,15 @@ __all__ = [
 
 @dataclass
 class ServiceSpec:
-    """How to (re)create one service actor: restarts call :meth:`create` again with the same arguments."""
+    """How to (re)create one service actor: restarts call :meth:`create` again with the same arguments.
+
+    ``cls`` is the service's ``"module:Class"`` path (the actor is a :class:`~relax_services._service_host.
+    ServiceHost` that imports it in its own process, so the driver never imports the service's model stack), or a
+    service class itself (Ray imports its module here too)."""
 
     name: str
     role: str
-    cls: type
+    cls: type | str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     handle: Any = None
@@ -83,7 +81,9 @@ class ServiceSpec:
         """Create the actor without starting its work loop: its process imports and builds itself meanwhile."""
         import ray
 
-        actor_cls: Any = ray.remote(self.cls)
+        hosted = isinstance(self.cls, str)
+        actor_cls: Any = ray.remote(ServiceHost if hosted else self.cls)
+        prefix = (self.cls,) if hosted else ()
         options: dict[str, Any] = {
             "name": f"{namespace}-{self.name}-{self.restarts}",
             "num_cpus": 0,
@@ -92,7 +92,7 @@ class ServiceSpec:
         }
         if self.resource is not None:
             options["resources"] = {self.resource: 0.01}
-        self.handle = actor_cls.options(**options).remote(self.name, *self.args, **self.kwargs)
+        self.handle = actor_cls.options(**options).remote(*prefix, self.name, *self.args, **self.kwargs)
 
     def start_loop(self, timeout: float = 300.0) -> int:
         """Start the work loop of the actor :meth:`spawn` created, waiting until it runs; returns its process id."""
@@ -221,8 +221,9 @@ def build_ppo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None =
     return _build(cfg, heldout, restore, critic=True)
 
 
-PlannedService = tuple[str, str, type[ServiceBase], tuple[Any, ...], dict[str, Any]]
-"""``(name, role, service class, positional args after the name, keyword args)`` of one service."""
+PlannedService = tuple[str, str, str, tuple[Any, ...], dict[str, Any]]
+"""``(name, role, the service class's "module:Class" path, positional args after the name, keyword args)`` of one
+service (:data:`~relax_services._service_host.SERVICE_CLASSES` names each role's class)."""
 
 
 def service_plan(
@@ -239,16 +240,24 @@ def service_plan(
     plan: list[PlannedService] = []
     engine_state = None if restore is None else str(restore / ENGINE_FILE)
     trainer_args = (cfg, sample_queue, weights, engine_state)
-    plan.append(("trainer", "trainer", TrainerService, trainer_args, {"critic_weights": critic_weights}))
+    plan.append(("trainer", "trainer", SERVICE_CLASSES["trainer"], trainer_args, {"critic_weights": critic_weights}))
     for i in range(cfg.rollout.num_workers):
         worker_weights = weights.for_worker(i) if isinstance(weights, BroadcastWeightStore) else weights
-        plan.append((f"rollout-{i}", "rollout", RolloutService, (cfg, prompt_queue, sample_queue, worker_weights), {}))
-    plan.append(("reward", "reward", RewardService, (cfg, sample_queue), {}))
+        plan.append(
+            (
+                f"rollout-{i}",
+                "rollout",
+                SERVICE_CLASSES["rollout"],
+                (cfg, prompt_queue, sample_queue, worker_weights),
+                {},
+            )
+        )
+    plan.append(("reward", "reward", SERVICE_CLASSES["reward"], (cfg, sample_queue), {}))
     if cfg.algorithm.uses_reference:
-        plan.append(("reference", "reference", ReferenceService, (cfg, sample_queue), {}))
+        plan.append(("reference", "reference", SERVICE_CLASSES["reference"], (cfg, sample_queue), {}))
     if critic_weights is not None:
-        plan.append(("critic", "critic", CriticService, (cfg, sample_queue, critic_weights), {}))
-    plan.append(("eval", "eval", EvalService, (cfg, heldout, weights), {}))
+        plan.append(("critic", "critic", SERVICE_CLASSES["critic"], (cfg, sample_queue, critic_weights), {}))
+    plan.append(("eval", "eval", SERVICE_CLASSES["eval"], (cfg, heldout, weights), {}))
     return plan
 
 

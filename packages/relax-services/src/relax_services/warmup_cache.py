@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from relax_services._data import WarmupItem
@@ -47,6 +47,7 @@ __all__ = [
     "UNREAD_FIELDS",
     "cached_warmup",
     "folder_digest",
+    "format_warmup_task",
     "load_or_run",
     "prune_warmups",
     "restore_warmup",
@@ -212,7 +213,7 @@ def warmup_key(inputs: dict[str, object]) -> str:
 
 def _entry(key: str, cache: Path | None) -> Path:
     if cache is None:
-        from relax_services.models.tiny_omni import cache_dir
+        from relax_services.models._light import cache_dir
 
         cache = cache_dir()
     return cache / "warmup" / key
@@ -347,9 +348,9 @@ def load_or_run(
     Returns:
         The warm-up's metrics record with ``cached`` (whether it came from the cache) and ``key``.
     """
-    from relax_services.models.checkpoint import resolve_source
+    from relax_services._source_check import check_source
 
-    inputs = warmup_inputs(cfg, items, resolve_source(cfg.model.source, cfg.model.seed))
+    inputs = warmup_inputs(cfg, items, check_source(cfg.model.source, cfg.model.seed))
     key = warmup_key(inputs)
     entry = cached_warmup(key, cache)
     if entry is not None:
@@ -360,3 +361,12 @@ def load_or_run(
     info = run()
     store_warmup(key, out, info, inputs, cache)
     return {**info, "cached": False, "key": key}
+
+
+def format_warmup_task(*args: Any) -> dict[str, object]:
+    """:func:`relax_services.warmup.format_warmup` imported where it runs: the driver hands this light function to
+    a Ray task, whose process alone imports the warm-up's model stack."""
+    from relax_services.warmup import format_warmup
+
+    info: dict[str, object] = format_warmup(*args)
+    return info

@@ -1,0 +1,124 @@
+"""Service actors made from a light class: the driver names each service by import path, and only the actor's own
+process imports it (with torch and transformers, for the services that run a model).
+
+Ray builds an actor from the class it is given, importing that class's module in the driver first; the service
+classes' modules import the model stack, so the driver would too. :class:`ServiceHost` is the class Ray sees: its
+module imports nothing heavy, its constructor imports the service named by :data:`SERVICE_CLASSES` (or any
+``"module:Class"`` path) inside the actor process and builds it there, and its methods forward the control
+surface the controller and the health manager call (every service's, the Trainer's and the Evaluator's).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from relax_services.services._base import ServiceBase, ServiceStatus
+
+__all__ = ["SERVICE_CLASSES", "ServiceHost", "service_class"]
+
+SERVICE_CLASSES: dict[str, str] = {
+    "trainer": "relax_services.services.trainer:TrainerService",
+    "rollout": "relax_services.services.rollout:RolloutService",
+    "reward": "relax_services.services.reward:RewardService",
+    "reference": "relax_services.services.reference:ReferenceService",
+    "critic": "relax_services.services.critic:CriticService",
+    "eval": "relax_services.services.evaluator:EvalService",
+}
+"""Service role → ``"module:Class"`` of its service (imported where the service runs, never in the driver)."""
+
+
+def service_class(target: str | type) -> type[ServiceBase]:
+    """The service class ``target`` names: a ``"module:Class"`` path (imported now), or a class itself.
+
+    Raises:
+        ValueError: ``target`` is not ``"module:Class"``, or the module has no such class.
+    """
+    if isinstance(target, type):
+        return cast("type[ServiceBase]", target)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"service class {target!r} is not 'module:Class'")
+    cls = getattr(importlib.import_module(module_name), attr, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"service class {target!r}: module {module_name!r} has no class {attr!r}")
+    return cast("type[ServiceBase]", cls)
+
+
+class ServiceHost:
+    """The Ray actor class of a service given by import path: builds the service in this (the actor's) process and
+    forwards its control surface to it.
+
+    Args:
+        target: The service's ``"module:Class"`` (see :data:`SERVICE_CLASSES`).
+        name: The service's name; ``args`` and ``kwargs`` follow it to the service's constructor.
+    """
+
+    def __init__(self, target: str, name: str, *args: Any, **kwargs: Any) -> None:
+        self.service = service_class(target)(name, *args, **kwargs)
+
+    # ------------------------------------------------------------------ every service (ServiceBase)
+    def start(self) -> int:
+        """:meth:`ServiceBase.start`."""
+        return self.service.start()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """:meth:`ServiceBase.stop` (the service's own override, where it has one)."""
+        return self.service.stop(timeout)
+
+    def rebuild(self, *args: Any, **kwargs: Any) -> int:
+        """:meth:`ServiceBase.rebuild` with the service's constructor arguments (its name first)."""
+        return self.service.rebuild(*args, **kwargs)
+
+    def pid(self) -> int:
+        """:meth:`ServiceBase.pid`."""
+        return self.service.pid()
+
+    def node_id(self) -> str:
+        """:meth:`ServiceBase.node_id`."""
+        return self.service.node_id()
+
+    def status(self) -> ServiceStatus:
+        """:meth:`ServiceBase.status`."""
+        return self.service.status()
+
+    def report(self) -> list[dict[str, Any]]:
+        """:meth:`ServiceBase.report`."""
+        return self.service.report()
+
+    def inject(self, kind: str) -> None:
+        """:meth:`ServiceBase.inject` (the service's own kinds too, e.g. the Trainer's ``kill_rank``)."""
+        self.service.inject(kind)
+
+    # ------------------------------------------------------------------ role methods the controller calls
+    def _role(self, method: str) -> Any:
+        found = getattr(self.service, method, None)
+        if found is None:
+            raise AttributeError(f"service {type(self.service).__name__} has no method {method!r}")
+        return found
+
+    def pause(self, timeout: float = 300.0) -> int:
+        """The Trainer's ``pause``: hold between updates; returns the version held."""
+        return int(self._role("pause")(timeout))
+
+    def resume(self) -> None:
+        """The Trainer's ``resume``."""
+        self._role("resume")()
+
+    def save_engine(self, path: str) -> int:
+        """The Trainer's ``save_engine``: its engine state to ``path``; returns the version."""
+        return int(self._role("save_engine")(path))
+
+    def export_hf(self, checkpoint_dir: str) -> str:
+        """The Trainer's ``export_hf``: the checkpoint's policy in Hugging Face format; returns the folder."""
+        return str(self._role("export_hf")(checkpoint_dir))
+
+    def evaluate_latest(self) -> tuple[int, dict[str, float]]:
+        """The Evaluator's ``evaluate_latest``: the newest weights' held-out reward and their version."""
+        version, rewards = self._role("evaluate_latest")()
+        return int(version), dict(rewards)
+
+    def heldout_report(self) -> dict[str, Any]:
+        """The Evaluator's ``heldout_report``: which held-out rows it kept and which it skipped, and why."""
+        return dict(self._role("heldout_report")())
