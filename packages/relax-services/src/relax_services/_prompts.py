@@ -8,9 +8,10 @@ imported where it first builds one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from relax_services.config import ModelConfig
 
@@ -18,9 +19,9 @@ if TYPE_CHECKING:
     from relax_modalities import DataRecord, ProcessorSettings, SampleProcessor
     from relax_modalities.synthetic import TaskItem
     from relax_services.models import Checkpoint, OmniPrompt
-    from relax_services.rows import DataItem
+    from relax_services.rows import DataItem, HeldoutItem, ItemInfo
 
-__all__ = ["PromptBuilder", "processor_settings"]
+__all__ = ["HeldoutReport", "HeldoutSet", "PromptBuilder", "build_heldout", "processor_settings"]
 
 
 def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
@@ -85,3 +86,54 @@ class PromptBuilder:
         kwargs.pop("attention_mask")
         kwargs["input_ids"] = kwargs["input_ids"][0]  # [T]
         return check_placeholders(OmniPrompt(**kwargs), ckpt.tokens)
+
+
+class HeldoutReport(TypedDict):
+    """What building a held-out set found: the rows kept (indices into its items, in order) and the rows skipped
+    because their media could not be read, by modality and one by one as ``(file, row, reason)``."""
+
+    kept: list[int]
+    skipped: dict[str, int]
+    bad: list[tuple[str, int, str]]
+
+
+def build_heldout(
+    items: Sequence[DataItem], to_prompt: Callable[[DataItem], OmniPrompt]
+) -> tuple[list[HeldoutItem], HeldoutReport]:
+    """The held-out prompts of ``items`` (``(task, prompt, its item)``), and the report of what was skipped: a row
+    whose media cannot be read is left out and counted, never fatal."""
+    from relax_modalities import DataRecord, MediaError
+
+    heldout: list[HeldoutItem] = []
+    report: HeldoutReport = {"kept": [], "skipped": {}, "bad": []}
+    for index, item in enumerate(items):
+        try:
+            prompt = to_prompt(item)
+        except MediaError as exc:
+            report["skipped"][exc.modality] = report["skipped"].get(exc.modality, 0) + 1
+            record = item["item"]
+            where = (record.source, record.row) if isinstance(record, DataRecord) else (str(item["id"]), index)
+            report["bad"].append((where[0], where[1], f"{exc.modality}: {exc.reason}"))
+            continue
+        info: ItemInfo = {k: v for k, v in item.items() if k != "item"}  # type: ignore[assignment]
+        heldout.append((item["task"], prompt, info))
+        report["kept"].append(index)
+    return heldout, report
+
+
+@dataclass
+class HeldoutSet:
+    """Held-out rows not yet turned into prompts: the Evaluator builds them in its own process
+    (:func:`build_heldout`), so the driver never imports the data paths' model stack.
+
+    Attributes:
+        items: The held-out rows as feeder items, in file order.
+        to_prompt: Builds each row's prompt.
+    """
+
+    items: list[DataItem]
+    to_prompt: PromptBuilder
+
+    def build(self) -> tuple[list[HeldoutItem], HeldoutReport]:
+        """:func:`build_heldout` of the rows."""
+        return build_heldout(self.items, self.to_prompt)

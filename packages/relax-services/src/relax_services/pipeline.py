@@ -27,6 +27,7 @@ from relax_queue import (
 )
 from relax_services._engine_extras import check_engines
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
+from relax_services._prompts import HeldoutSet, PromptBuilder
 from relax_services._service_host import SERVICE_CLASSES, ServiceHost
 from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
@@ -81,9 +82,9 @@ class ServiceSpec:
         """Create the actor without starting its work loop: its process imports and builds itself meanwhile."""
         import ray
 
-        hosted = isinstance(self.cls, str)
-        actor_cls: Any = ray.remote(ServiceHost if hosted else self.cls)
-        prefix = (self.cls,) if hosted else ()
+        # A path is hosted (imported in the actor's process only); a class is Ray's actor class itself.
+        actor_cls: Any = ray.remote(ServiceHost) if isinstance(self.cls, str) else ray.remote(self.cls)
+        prefix = (self.cls,) if isinstance(self.cls, str) else ()
         options: dict[str, Any] = {
             "name": f"{namespace}-{self.name}-{self.restarts}",
             "num_cpus": 0,
@@ -209,17 +210,25 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueCli
         raise
 
 
-def build_grpo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
+def build_grpo(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> Pipeline:
     """Critic-free group algorithms (GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++): Rollout workers, Reward,
-    Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator."""
-    return _build(cfg, heldout, restore, critic=False)
+    Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator (``to_prompt``: see
+    :func:`service_plan`)."""
+    return _build(cfg, heldout, restore, to_prompt, critic=False)
 
 
-def build_ppo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
+def build_ppo(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> Pipeline:
     """PPO with a critic (GAE on-policy, V-trace targets for stale data): the GRPO services plus a Critic that
     writes values under the critic weights the Trainer trains and publishes."""
-    return _build(cfg, heldout, restore, critic=True)
+    return _build(cfg, heldout, restore, to_prompt, critic=True)
 
+
+Heldout = list[HeldoutItem] | HeldoutSet
+"""The Evaluator's held-out set: the prompts, or the rows it builds them from in its own process."""
 
 PlannedService = tuple[str, str, str, tuple[Any, ...], dict[str, Any]]
 """``(name, role, the service class's "module:Class" path, positional args after the name, keyword args)`` of one
@@ -228,15 +237,17 @@ service (:data:`~relax_services._service_host.SERVICE_CLASSES` names each role's
 
 def service_plan(
     cfg: RunConfig,
-    heldout: list[HeldoutItem],
+    heldout: Heldout,
     restore: Path | None,
     prompt_queue: QueueClient,
     sample_queue: QueueClient,
     weights: WeightStore,
     critic_weights: WeightStore | None,
+    to_prompt: PromptBuilder | None = None,
 ) -> list[PlannedService]:
     """The services of a run and their arguments, whatever runs them (Ray actors or threads of one process):
-    Trainer, Rollout workers, Reward, Reference (KL term), Critic (a critic weight store given) and Evaluator."""
+    Trainer, Rollout workers, Reward, Reference (KL term), Critic (a critic weight store given) and Evaluator.
+    With ``to_prompt`` the Rollout workers build each prompt from the record rows the feeder puts."""
     plan: list[PlannedService] = []
     engine_state = None if restore is None else str(restore / ENGINE_FILE)
     trainer_args = (cfg, sample_queue, weights, engine_state)
@@ -261,7 +272,9 @@ def service_plan(
     return plan
 
 
-def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, critic: bool) -> Pipeline:
+def _build(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None, to_prompt: PromptBuilder | None, *, critic: bool
+) -> Pipeline:
     import ray
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
@@ -291,14 +304,15 @@ def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, 
         raise
     services: dict[str, ServiceSpec] = {}
     for name, role, cls, args, kwargs in service_plan(
-        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights
+        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights, to_prompt
     ):
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
     return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights)
 
 
-PipelineBuilder = Callable[[RunConfig, list[HeldoutItem], "Path | None"], Pipeline]
+PipelineBuilder = Callable[..., Pipeline]
+"""``builder(cfg, heldout, restore, *, to_prompt=None)``."""
 
 PIPELINE_BUILDERS: dict[str, PipelineBuilder] = {"grpo": build_grpo, "ppo": build_ppo}
 """Pipeline family → builder: ``ppo`` for estimators that need a critic, ``grpo`` for the rest."""
@@ -314,8 +328,12 @@ ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {name: PIPELINE_BUILDERS[pipeli
 so an entry added to ``relax_core.ALGORITHMS`` later is built too)."""
 
 
-def build_pipeline(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
-    """The pipeline for ``cfg.algorithm``'s estimator (its engines are resolved first: a bad ``rollout.engine`` or
-    ``trainer.engine``, or a missing extra, fails here rather than in a service process)."""
+def build_pipeline(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> Pipeline:
+    """The pipeline for ``cfg.algorithm``'s estimator (its engines are checked first: a bad ``rollout.engine`` or
+    ``trainer.engine``, or a missing extra, fails here rather than in a service process; ``to_prompt``: see
+    :func:`service_plan`)."""
     check_engines(cfg)
-    return PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)](cfg, heldout, restore)
+    family = PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)]
+    return family(cfg, heldout, restore, to_prompt=to_prompt)
