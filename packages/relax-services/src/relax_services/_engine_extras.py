@@ -127,7 +127,7 @@ def engine_path(registry: dict[str, str], name: str, *, field: str) -> str:
     if not sep or not module_name or not attr:
         raise ValueError(f"{field}={name!r}: {path!r} is not 'module:factory'")
     if not module_exists(module_name):
-        raise ImportError(missing_package_message(field, name, module_name.partition(".")[0]))
+        raise ImportError(f"{field}={name!r}: its module {module_name!r} ({path!r}) cannot be found")
     return path
 
 

@@ -59,12 +59,11 @@ def synthetic_task_file(root: Path, task: str, n: int, seed: int, difficulty: in
     Concurrent first uses are safe: each writer fills a private folder and renames it into place; the first
     rename wins and the others are discarded (the rows' media paths are relative, so the rename keeps them).
     """
-    from relax_modalities.synthetic import write_task_file  # the media stack: only when the files are written
-
     folder = _folder(root, task, n, seed, difficulty)
     path = folder / f"{task}.jsonl"
     if path.is_file():
         return path
+    from relax_modalities.synthetic import write_task_file  # the media stack (torch): only to write the files
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
