@@ -41,5 +41,5 @@ def test_check_engines_names_a_registered_module_that_does_not_exist(monkeypatch
     from relax_services.config import load_run_config
 
     monkeypatch.setitem(ROLLOUT_ENGINES, "hf", "relax_services.engines.no_such_module:build")
-    with pytest.raises(ImportError, match=r"rollout\.engine='hf': its module 'relax_services\.engines\.no_such_module'"):
+    with pytest.raises(ImportError, match=r"'hf': its module 'relax_services\.engines\.no_such_module'"):
         check_engines(load_run_config(None, []))

@@ -64,6 +64,7 @@ def synthetic_task_file(root: Path, task: str, n: int, seed: int, difficulty: in
     if path.is_file():
         return path
     from relax_modalities.synthetic import write_task_file  # the media stack (torch): only to write the files
+
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
