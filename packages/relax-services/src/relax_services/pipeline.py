@@ -254,15 +254,8 @@ def service_plan(
     plan.append(("trainer", "trainer", SERVICE_CLASSES["trainer"], trainer_args, {"critic_weights": critic_weights}))
     for i in range(cfg.rollout.num_workers):
         worker_weights = weights.for_worker(i) if isinstance(weights, BroadcastWeightStore) else weights
-        plan.append(
-            (
-                f"rollout-{i}",
-                "rollout",
-                SERVICE_CLASSES["rollout"],
-                (cfg, prompt_queue, sample_queue, worker_weights),
-                {},
-            )
-        )
+        rollout_args = (cfg, prompt_queue, sample_queue, worker_weights)
+        plan.append((f"rollout-{i}", "rollout", SERVICE_CLASSES["rollout"], rollout_args, {"to_prompt": to_prompt}))
     plan.append(("reward", "reward", SERVICE_CLASSES["reward"], (cfg, sample_queue), {}))
     if cfg.algorithm.uses_reference:
         plan.append(("reference", "reference", SERVICE_CLASSES["reference"], (cfg, sample_queue), {}))
