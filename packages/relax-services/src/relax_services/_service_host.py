@@ -11,9 +11,11 @@ surface the controller and the health manager call (every service's, the Trainer
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
+    from relax_services._prompts import HeldoutReport
     from relax_services.services._base import ServiceBase, ServiceStatus
 
 __all__ = ["SERVICE_CLASSES", "ServiceHost", "service_class"]
@@ -55,8 +57,9 @@ class ServiceHost:
         name: The service's name; ``args`` and ``kwargs`` follow it to the service's constructor.
     """
 
-    def __init__(self, target: str, name: str, *args: Any, **kwargs: Any) -> None:
-        self.service = service_class(target)(name, *args, **kwargs)
+    def __init__(self, target: str, name: str, *args: object, **kwargs: object) -> None:
+        build = cast("Callable[..., ServiceBase]", service_class(target))  # each service has its own signature
+        self.service = build(name, *args, **kwargs)
 
     # ------------------------------------------------------------------ every service (ServiceBase)
     def start(self) -> int:
@@ -67,7 +70,7 @@ class ServiceHost:
         """:meth:`ServiceBase.stop` (the service's own override, where it has one)."""
         return self.service.stop(timeout)
 
-    def rebuild(self, *args: Any, **kwargs: Any) -> int:
+    def rebuild(self, *args: object, **kwargs: object) -> int:
         """:meth:`ServiceBase.rebuild` with the service's constructor arguments (its name first)."""
         return self.service.rebuild(*args, **kwargs)
 
@@ -83,7 +86,7 @@ class ServiceHost:
         """:meth:`ServiceBase.status`."""
         return self.service.status()
 
-    def report(self) -> list[dict[str, Any]]:
+    def report(self) -> list[dict[str, object]]:
         """:meth:`ServiceBase.report`."""
         return self.service.report()
 
@@ -92,15 +95,15 @@ class ServiceHost:
         self.service.inject(kind)
 
     # ------------------------------------------------------------------ role methods the controller calls
-    def _role(self, method: str) -> Any:
+    def _role(self, method: str) -> Callable[..., object]:
         found = getattr(self.service, method, None)
-        if found is None:
+        if not callable(found):
             raise AttributeError(f"service {type(self.service).__name__} has no method {method!r}")
-        return found
+        return cast("Callable[..., object]", found)
 
     def pause(self, timeout: float = 300.0) -> int:
         """The Trainer's ``pause``: hold between updates; returns the version held."""
-        return int(self._role("pause")(timeout))
+        return cast("int", self._role("pause")(timeout))
 
     def resume(self) -> None:
         """The Trainer's ``resume``."""
@@ -108,17 +111,16 @@ class ServiceHost:
 
     def save_engine(self, path: str) -> int:
         """The Trainer's ``save_engine``: its engine state to ``path``; returns the version."""
-        return int(self._role("save_engine")(path))
+        return cast("int", self._role("save_engine")(path))
 
     def export_hf(self, checkpoint_dir: str) -> str:
         """The Trainer's ``export_hf``: the checkpoint's policy in Hugging Face format; returns the folder."""
-        return str(self._role("export_hf")(checkpoint_dir))
+        return cast("str", self._role("export_hf")(checkpoint_dir))
 
     def evaluate_latest(self) -> tuple[int, dict[str, float]]:
         """The Evaluator's ``evaluate_latest``: the newest weights' held-out reward and their version."""
-        version, rewards = self._role("evaluate_latest")()
-        return int(version), dict(rewards)
+        return cast("tuple[int, dict[str, float]]", self._role("evaluate_latest")())
 
-    def heldout_report(self) -> dict[str, Any]:
+    def heldout_report(self) -> HeldoutReport:
         """The Evaluator's ``heldout_report``: which held-out rows it kept and which it skipped, and why."""
-        return dict(self._role("heldout_report")())
+        return cast("HeldoutReport", self._role("heldout_report")())

@@ -38,9 +38,7 @@ def check_source(source: str | Path, seed: int = 0) -> Path:
 @functools.cache
 def _check(source: str, seed: int) -> Path:
     if "transformers" in sys.modules:  # the model stack is here already: no child process to pay for
-        from relax_services.models import open_checkpoint
-
-        return open_checkpoint(source, seed).path
+        return _answer(_main(source, seed))
     out = subprocess.run(
         [sys.executable, "-m", "relax_services._source_check", source, str(seed)],
         capture_output=True,
@@ -50,7 +48,11 @@ def _check(source: str, seed: int) -> Path:
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"checking model.source={source!r} failed in its child process:\n{out.stderr[-3000:]}")
-    verdict = json.loads(lines[-1])
+    verdict: dict[str, str] = json.loads(lines[-1])
+    return _answer(verdict)
+
+
+def _answer(verdict: dict[str, str]) -> Path:
     if "path" in verdict:
         return Path(verdict["path"])
     raise _ERRORS[verdict["error"]](verdict["message"])

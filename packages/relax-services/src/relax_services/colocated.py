@@ -264,9 +264,10 @@ class ColocatedController(Controller):
 
         return format_warmup(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed)
 
-    def _service_call(self, service: str, method: str, *args: object) -> Any:
+    def _service_call(self, service: str, method: str, *args: object) -> object:
         """``method(*args)`` of service ``service``, by a direct call (the services are objects of this process)."""
-        return getattr(self.pipeline.services[service].obj, method)(*args)
+        result: object = getattr(self.pipeline.services[service].obj, method)(*args)
+        return result
 
     def _final_eval(self) -> tuple[dict[str, float], int | None]:
         evaluator = self.pipeline.services["eval"].obj

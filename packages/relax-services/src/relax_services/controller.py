@@ -8,14 +8,14 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from relax_core import dump_config
 from relax_services._actor_watch import ActorLost, ActorWatch, actor_lost, why_dead
 from relax_services._data import WarmupItem, data_report, finish_heldout, prepare_data, warmup_items
 from relax_services._fault_injection import FaultInjector
 from relax_services._metrics import MetricsWriter
-from relax_services._prompts import HeldoutSet
+from relax_services._prompts import HeldoutReport, HeldoutSet
 from relax_services._ray_init import init_ray
 from relax_services._run_result import CheckpointWriteError, RunResult, final_ledger
 from relax_services._synthetic import with_synthetic_files
@@ -275,7 +275,7 @@ class Controller(FaultInjector):
         self.pipeline.start()
         self.health.started(self.pipeline)  # grace for every new process, at the start and after a global restart
         if isinstance(self.data.heldout, HeldoutSet):  # the Evaluator built the prompts: chance levels, bad rows
-            finish_heldout(self.data, self._service_call("eval", "heldout_report"))
+            finish_heldout(self.data, cast("HeldoutReport", self._service_call("eval", "heldout_report")))
         self._phase("services_ready")
         self.nodes = self.pipeline.node_ids()
         self.feeder.start()
@@ -450,7 +450,7 @@ class Controller(FaultInjector):
         info: dict[str, object] = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
         return info
 
-    def _service_call(self, service: str, method: str, *args: object) -> Any:
+    def _service_call(self, service: str, method: str, *args: object) -> object:
         """``method(*args)`` of service ``service``, waited for (an OSError it raised is raised here as such)."""
         import ray
 

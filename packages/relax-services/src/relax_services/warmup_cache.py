@@ -35,10 +35,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relax_services._data import WarmupItem
+    from relax_services._prompts import PromptBuilder
     from relax_services.config import RunConfig
 
 __all__ = [
@@ -363,10 +364,11 @@ def load_or_run(
     return {**info, "cached": False, "key": key}
 
 
-def format_warmup_task(*args: Any) -> dict[str, object]:
+def format_warmup_task(
+    cfg: RunConfig, items: Sequence[WarmupItem], to_prompt: PromptBuilder, out_dir: str, seed: int = 0
+) -> dict[str, object]:
     """:func:`relax_services.warmup.format_warmup` imported where it runs: the driver hands this light function to
     a Ray task, whose process alone imports the warm-up's model stack."""
     from relax_services.warmup import format_warmup
 
-    info: dict[str, object] = format_warmup(*args)
-    return info
+    return format_warmup(cfg, items, to_prompt, out_dir, seed)
