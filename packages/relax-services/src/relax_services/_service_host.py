@@ -10,6 +10,7 @@ surface the controller and the health manager call (every service's, the Trainer
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from relax_services._prompts import HeldoutReport
     from relax_services.services._base import ServiceBase, ServiceStatus
 
-__all__ = ["SERVICE_CLASSES", "ServiceHost", "service_class"]
+__all__ = ["SERVICE_CLASSES", "ServiceHost", "host_class", "service_class"]
 
 SERVICE_CLASSES: dict[str, str] = {
     "trainer": "relax_services.services.trainer:TrainerService",
@@ -124,3 +125,12 @@ class ServiceHost:
     def heldout_report(self) -> HeldoutReport:
         """The Evaluator's ``heldout_report``: which held-out rows it kept and which it skipped, and why."""
         return cast("HeldoutReport", self._role("heldout_report")())
+
+
+@functools.cache
+def host_class(target: str) -> type[ServiceHost]:
+    """A :class:`ServiceHost` subclass named after ``target``'s class (``"module:TrainerService"`` →
+    ``TrainerService``), so that the actor's process title, Ray's dashboard and the run summary's memory split
+    name the service, not the host. Made once per target (a restart creates the same class)."""
+    name = target.rpartition(":")[2] or "ServiceHost"
+    return type(name, (ServiceHost,), {"__module__": __name__, "__qualname__": name, "__doc__": ServiceHost.__doc__})

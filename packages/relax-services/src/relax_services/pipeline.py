@@ -28,7 +28,7 @@ from relax_queue import (
 from relax_services._engine_extras import check_engines
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services._prompts import HeldoutSet, PromptBuilder
-from relax_services._service_host import SERVICE_CLASSES, ServiceHost
+from relax_services._service_host import SERVICE_CLASSES, host_class
 from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
@@ -83,7 +83,7 @@ class ServiceSpec:
         import ray
 
         # A path is hosted (imported in the actor's process only); a class is Ray's actor class itself.
-        actor_cls: Any = ray.remote(ServiceHost) if isinstance(self.cls, str) else ray.remote(self.cls)
+        actor_cls: Any = ray.remote(host_class(self.cls) if isinstance(self.cls, str) else self.cls)
         prefix = (self.cls,) if isinstance(self.cls, str) else ()
         options: dict[str, Any] = {
             "name": f"{namespace}-{self.name}-{self.restarts}",
