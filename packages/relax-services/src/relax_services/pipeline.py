@@ -305,7 +305,7 @@ def _build(
 
 
 PipelineBuilder = Callable[..., Pipeline]
-"""``builder(cfg, heldout, restore, *, to_prompt=None)``."""
+"""``builder(cfg, heldout, restore, *, to_prompt=None)`` (called without ``to_prompt`` when there is none)."""
 
 PIPELINE_BUILDERS: dict[str, PipelineBuilder] = {"grpo": build_grpo, "ppo": build_ppo}
 """Pipeline family → builder: ``ppo`` for estimators that need a critic, ``grpo`` for the rest."""
@@ -329,4 +329,6 @@ def build_pipeline(
     :func:`service_plan`)."""
     check_engines(cfg)
     family = PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)]
+    if to_prompt is None:  # a builder of the table's first signature, ``(cfg, heldout, restore)``, still fits
+        return family(cfg, heldout, restore)
     return family(cfg, heldout, restore, to_prompt=to_prompt)
