@@ -97,7 +97,7 @@ def test_an_entry_pruned_while_it_is_copied_is_a_miss(tmp_path: Path, monkeypatc
     _entry(folder, key, time.time())
     (folder / key / "tokenizer.json").write_text("{}", encoding="utf-8")  # a second file to copy after the prune
     monkeypatch.setattr(warmup_cache, "warmup_inputs", lambda *_args: inputs)
-    monkeypatch.setattr("relax_services.models.checkpoint.resolve_source", lambda *_args: tmp_path)
+    monkeypatch.setattr("relax_services._source_check.check_source", lambda *_args: tmp_path)  # the folder check
     real_copytree = shutil.copytree
 
     def copytree_racing_a_prune(src: Any, dst: Any, **kwargs: Any) -> Any:

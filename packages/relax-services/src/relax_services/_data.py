@@ -1,35 +1,28 @@
 """The run's data: dataset files (the user's, or the synthetic omni tasks written as such files) read as one
-endless training stream and a held-out set, and turned into model-ready prompts by relax-modalities' data paths."""
+endless training stream and a held-out set, and turned into model-ready prompts by relax-modalities' data paths
+(:class:`~relax_services._prompts.PromptBuilder`, which imports them where it first builds a prompt)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relax_modalities import (
-    BadRowInfo,
-    BadRowStats,
-    DataFileSpec,
-    DataRecord,
-    MediaError,
-    ProcessorSettings,
-    SampleProcessor,
-    build_stream,
-)
-from relax_modalities.synthetic import TaskItem
-from relax_modalities.text import CheckpointTemplate
+from relax_core import RewardRunnerConfig
+from relax_modalities import BadRowInfo, BadRowStats, DataFileSpec, build_stream
 from relax_services._chance import ChanceLevels
 from relax_services._dataset import DataReport, RecordStream, eval_stream, record_item, train_stream
+from relax_services._prompts import HeldoutReport, HeldoutSet, PromptBuilder, processor_settings
+from relax_services._source_check import check_source
 from relax_services._synthetic import with_synthetic_files
-from relax_services.config import ModelConfig, RunConfig
-from relax_services.models import MODEL_MODALITIES, Checkpoint, OmniPrompt, check_placeholders, open_checkpoint
-from relax_services.rows import DataItem, HeldoutItem, ItemInfo
+from relax_services.config import RunConfig
+from relax_services.rows import DataItem, HeldoutItem
 
 __all__ = [
     "PromptBuilder",
     "RunData",
     "WarmupItem",
     "data_report",
+    "finish_heldout",
     "prepare_data",
     "processor_settings",
     "warmup_items",
@@ -41,110 +34,86 @@ WarmupItem = tuple[DataItem, tuple[str, ...]]
 _WARMUP_ROWS = 4096  # most training rows the warm-up draws from (read from the start of the files)
 
 
-def processor_settings(ckpt: Checkpoint) -> ProcessorSettings:
-    """relax-modalities' settings for a checkpoint: its chat template and placeholder ids, and each registered
-    modality's settings as its `ModelModality.processor_settings` reads them from the model config and
-    ``preprocessor_config.json`` (for the built-in ones: the vision geometry and mel bins of the model config, the
-    pixel budget, normalisation and audio framing of the preprocessor config, the processors' defaults where a key
-    is absent)."""
-    per_modality: dict[str, object] = {}
-    for name, modality in MODEL_MODALITIES.items():
-        own = modality.processor_settings(ckpt.config, ckpt.preprocessor_for(name))
-        if own is not None:
-            per_modality[name] = own
-    template = CheckpointTemplate.of(ckpt.tokens.placeholders)
-    return ProcessorSettings(template=template, modalities=per_modality)
-
-
-@dataclass
-class PromptBuilder:
-    """Task item (or its feeder entry) → the model's inputs, through relax-modalities' data paths with the
-    checkpoint's tokenizer, chat template and processor settings. Pickles as its model config only (each process
-    reads the checkpoint folder once)."""
-
-    model: ModelConfig
-    inline_dir: Path | None = None
-    """Where a dataset record's inline media bytes are written as files before decoding."""
-    _processor: SampleProcessor | None = field(default=None, repr=False, compare=False)
-    _ckpt: Checkpoint | None = field(default=None, repr=False, compare=False)
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"model": self.model, "inline_dir": self.inline_dir, "_processor": None, "_ckpt": None}
-
-    def _ready(self) -> tuple[SampleProcessor, Checkpoint]:
-        # Once per process: resolving the default source digests its config and checks its files on every call.
-        if self._processor is None or self._ckpt is None:
-            self._ckpt = open_checkpoint(self.model.source, self.model.seed)
-            self._processor = SampleProcessor(self._ckpt.tokenizer, processor_settings(self._ckpt))
-        return self._processor, self._ckpt
-
-    def __call__(self, item: DataItem | TaskItem) -> OmniPrompt:
-        processor, ckpt = self._ready()
-        task_item: TaskItem | DataRecord = item["item"] if isinstance(item, dict) else item
-        if isinstance(task_item, DataRecord):
-            try:
-                kwargs = processor.process_record(task_item, self.inline_dir)
-            except ValueError as exc:  # a chat the template cannot render is this row's fault, like bad media
-                if isinstance(exc, MediaError):
-                    raise
-                raise MediaError(task_item.uid, "manifest", f"chat template: {exc}") from exc
-        else:
-            kwargs = processor(task_item)
-        kwargs.pop("attention_mask")
-        kwargs["input_ids"] = kwargs["input_ids"][0]  # [T]
-        return check_placeholders(OmniPrompt(**kwargs), ckpt.tokens)
-
-
 @dataclass
 class RunData:
     """The training stream, the held-out set, each task's chance level, the prompt builder, and the files'
-    report. Tasks are the rows' ``data_source`` values."""
+    report. Tasks are the rows' ``data_source`` values.
+
+    ``heldout`` is the held-out prompts, or (``prepare_data(..., build_heldout=False)``) the rows for the Evaluator
+    to build; then ``chance``, ``skipped_heldout`` and the report's held-out counts are filled in by
+    :func:`finish_heldout` from the Evaluator's :class:`~relax_services._prompts.HeldoutReport`.
+    """
 
     stream: RecordStream
-    heldout: list[HeldoutItem]
+    heldout: list[HeldoutItem] | HeldoutSet
     chance: dict[str, float]
     skipped_heldout: dict[str, int]
     to_prompt: PromptBuilder
     report: DataReport
     train_files: list[DataFileSpec] = field(default_factory=list)
+    rewards: RewardRunnerConfig | None = None
+    """The reward routing the chance levels are computed under."""
+    heldout_rows: list[DataItem] = field(default_factory=list)
+    """The held-out rows as feeder items, in file order (what ``heldout`` is, or is built from)."""
+    heldout_stats: BadRowStats | None = None
+    """The held-out files' bad rows (those the stream skipped; rows with unreadable media join them)."""
+    heldout_done: bool = False
+    """Whether :func:`finish_heldout` has run (it runs once: a global restart's Evaluator reports again)."""
 
 
-def prepare_data(cfg: RunConfig, run_dir: Path) -> RunData:
+def prepare_data(cfg: RunConfig, run_dir: Path, *, build_heldout: bool = True) -> RunData:
     """The run's data from ``data.train_files`` / ``data.eval_files`` (without them: the synthetic tasks' files,
     written first if missing, :func:`~relax_services._synthetic.with_synthetic_files`): one endless training
-    record stream, and the held-out records rendered once (tasks are their data_sources; no eval files: no
-    held-out evaluation).
+    record stream, and the held-out records (tasks are their data_sources; no eval files: no held-out evaluation)
+    rendered once, here, or with ``build_heldout=False`` left as rows for the Evaluator to render in its process
+    (the driver then never imports the data paths' model stack; :func:`finish_heldout` takes its report).
 
-    The checkpoint is validated first (:func:`~relax_services.models.validate_checkpoint`), so a bad
+    The checkpoint is validated first (:func:`~relax_services._source_check.check_source`), so a bad
     ``model.source`` fails here, before any file is written or service started.
     """
-    open_checkpoint(cfg.model.source, cfg.model.seed)
+    check_source(cfg.model.source, cfg.model.seed)
     cfg = with_synthetic_files(cfg)
     to_prompt = PromptBuilder(cfg.model, inline_dir=run_dir / "data" / "inline")
     stream = train_stream(cfg.data)
     report = DataReport(
         train_files=[f.path for f in cfg.data.train_files], eval_files=[f.path for f in cfg.data.eval_files]
     )
-    heldout: list[HeldoutItem] = []
-    skipped: dict[str, int] = {}
-    chance = ChanceLevels(cfg.reward.runner_config())
+    items: list[DataItem] = []
+    stats: BadRowStats | None = None
     if cfg.data.eval_files:
         held = eval_stream(cfg.data)
-        for record in held:
-            item = record_item(record)
-            try:
-                prompt = to_prompt(item)
-            except MediaError as exc:
-                skipped[exc.modality] = skipped.get(exc.modality, 0) + 1
-                held.stats.add(BadRowInfo(record.source, record.row, f"{exc.modality}: {exc.reason}"))
-                continue
-            info: ItemInfo = {k: v for k, v in item.items() if k != "item"}  # type: ignore[assignment]
-            heldout.append((item["task"], prompt, info))
-            report.heldout_by_source[item["task"]] = report.heldout_by_source.get(item["task"], 0) + 1
-            chance.add(item["task"], record)
-        _add_bad(report, held.stats)
-    report.chance_unknown = dict(chance.unknown)
-    return RunData(stream, heldout, dict(chance.levels()), skipped, to_prompt, report, list(cfg.data.train_files))
+        items = [record_item(record) for record in held]
+        stats = held.stats
+    rewards = cfg.reward.runner_config()
+    pending = HeldoutSet(items, to_prompt)
+    data = RunData(stream, pending, {}, {}, to_prompt, report, list(cfg.data.train_files), rewards, items, stats)
+    if build_heldout:
+        data.heldout, found = pending.build()
+        finish_heldout(data, found)
+    return data
+
+
+def finish_heldout(data: RunData, found: HeldoutReport) -> None:
+    """Complete ``data`` from the report of building its held-out prompts: the rows with unreadable media join the
+    bad rows, and the kept rows give the chance levels and the per-source counts. Runs once (later calls, e.g. a
+    restarted Evaluator's report, change nothing: the rows and their media are the same)."""
+    if data.heldout_done:
+        return
+    data.heldout_done = True
+    if data.heldout_stats is not None:
+        for source, row, reason in found["bad"]:
+            data.heldout_stats.add(BadRowInfo(source, row, reason))
+        _add_bad(data.report, data.heldout_stats)
+    if data.rewards is None:
+        raise ValueError("finish_heldout: the run data has no reward routing (make it with prepare_data)")
+    chance = ChanceLevels(data.rewards)
+    for index in found["kept"]:
+        item = data.heldout_rows[index]
+        data.report.heldout_by_source[item["task"]] = data.report.heldout_by_source.get(item["task"], 0) + 1
+        chance.add(item["task"], item["item"])
+    data.report.chance_unknown = dict(chance.unknown)
+    data.chance = dict(chance.levels())
+    data.skipped_heldout = dict(found["skipped"])
 
 
 def warmup_items(cfg: RunConfig) -> list[WarmupItem]:

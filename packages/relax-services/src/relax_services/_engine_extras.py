@@ -1,5 +1,6 @@
-"""Which engines need an optional package, and the extra that installs it; light (no torch), so that the
-preflight checks a run config against the installed packages before any heavy import or Ray.
+"""The engine registries' tables, which engines need an optional package, and the extra that installs it; light
+(no torch), so that the preflight and the driver check a run config against the installed packages before any
+heavy import or Ray (:func:`check_engines` finds each engine's module without importing it).
 
 :mod:`relax_services.engines.registry` resolves engines through the same tables, so a missing package gives the
 same message whether the run stops at preflight or a service builds its engine directly.
@@ -7,17 +8,44 @@ same message whether the run stops at preflight or a service builds its engine d
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_services.config import RunConfig
 
 __all__ = [
     "ENGINE_PACKAGES",
     "OPTIONAL_EXTRAS",
     "OWN_PROCESS_ROLLOUT_ENGINES",
+    "ROLLOUT_ENGINES",
     "TEXT_ONLY_ROLLOUT_ENGINES",
+    "TRAIN_ENGINES",
+    "check_engines",
+    "engine_path",
     "missing_engine_package",
     "missing_package_message",
     "missing_package_reason",
+    "module_exists",
 ]
+
+ROLLOUT_ENGINES: dict[str, str] = {
+    "hf": "relax_services._policy:build_hf_rollout_engine",
+    "vllm": "relax_services.engines.vllm_build:build_vllm_rollout_engine",
+}
+"""``rollout.engine`` id → ``"module:factory"`` of the rollout engine. ``hf``: batched incremental decoding of a
+transformers model (CPU and GPU, the default). ``vllm``: vLLM's offline engine (extra ``relax-services[vllm]``,
+settings ``rollout.vllm``)."""
+
+TRAIN_ENGINES: dict[str, str] = {
+    "torch": "relax_services._policy:build_train_engine",
+    "fsdp": "relax_services._policy:build_trainer_group",
+}
+"""``trainer.engine`` id → ``"module:factory"`` of the training engine. ``torch``: single-process torch with
+AdamW and gradient accumulation (the default). ``fsdp``: a group of ``trainer.world_size`` Ray actors training
+one torch FSDP2-sharded policy (:class:`~relax_services.trainer_group.TrainerGroup`; the default when
+``world_size`` > 1)."""
 
 OPTIONAL_EXTRAS: dict[str, str] = {
     "vllm": "relax-services[vllm]",
@@ -61,3 +89,55 @@ def missing_engine_package(field: str, name: str) -> str | None:
         if importlib.util.find_spec(package) is None:
             return package
     return None
+
+
+def module_exists(name: str) -> bool:
+    """Whether dotted module ``name`` can be found, without running it or the packages above it (beyond the top
+    one): ``relax_services.engines.x`` is looked up in the ``engines`` folder, whose ``__init__`` imports torch."""
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    for part in rest:
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    return spec is not None
+
+
+def engine_path(registry: dict[str, str], name: str, *, field: str) -> str:
+    """The ``"module:factory"`` registered as ``name``, its module found (not imported) and its packages installed.
+
+    Args:
+        registry: :data:`ROLLOUT_ENGINES` or :data:`TRAIN_ENGINES`.
+        name: The configured id.
+        field: The config field that chose it (for error messages), e.g. ``"rollout.engine"``.
+
+    Raises:
+        ValueError: ``name`` is not in ``registry`` (the message lists the known ids), or its path is not
+            ``"module:factory"``.
+        ImportError: The engine's module, or a package it needs, is not installed (for an optional backend the
+            message names the extra to install).
+    """
+    path = registry.get(name)
+    if path is None:
+        raise ValueError(f"{field}={name!r} is not a registered engine; known: {', '.join(sorted(registry))}")
+    package = missing_engine_package(field, name)  # a backend its module imports only when an engine is built
+    if package is not None:
+        raise ImportError(missing_package_message(field, name, package))
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{field}={name!r}: {path!r} is not 'module:factory'")
+    if not module_exists(module_name):
+        raise ImportError(f"{field}={name!r}: its module {module_name!r} ({path!r}) cannot be found")
+    return path
+
+
+def check_engines(cfg: RunConfig) -> None:
+    """Check ``rollout.engine`` and ``trainer.engine`` against the registries without importing any engine (the
+    driver never imports the model stack): a bad id, a missing module or a missing extra fails in the driver
+    before any service process starts; the factory itself is imported where the engine is built.
+
+    Raises:
+        ValueError, ImportError: As :func:`engine_path`.
+    """
+    engine_path(ROLLOUT_ENGINES, cfg.rollout.engine, field="rollout.engine")
+    engine_path(TRAIN_ENGINES, cfg.trainer.engine, field="trainer.engine")

@@ -6,9 +6,13 @@ import errno
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["CheckpointWriteError", "RunResult"]
+if TYPE_CHECKING:
+    from relax_services.checkpoint import CheckpointManager
+    from relax_services.feeder import Ledger
+
+__all__ = ["CheckpointWriteError", "RunResult", "final_ledger"]
 
 
 class CheckpointWriteError(RuntimeError):
@@ -58,3 +62,21 @@ class RunResult:
     startup: dict[str, float] = field(default_factory=dict)  # start-up phase -> seconds since the run began
     error: str | None = None  # why the run ended early with an error (e.g. a disk full at a checkpoint)
     data: dict[str, Any] | None = None  # dataset files' report (bad rows, held-out sources); None: synthetic tasks
+
+
+def final_ledger(checkpoints: CheckpointManager, live: Ledger | None) -> dict[str, int]:
+    """The ledger of the run's final checkpoint, with ``lost``: prompts neither consumed, regenerated, nor still
+    held by a queue snapshot of that checkpoint (without a checkpoint: the ``live`` feeder's ledger, if any)."""
+    from relax_services.checkpoint import queued_prompt_keys
+    from relax_services.feeder import Ledger
+
+    path = checkpoints.latest()
+    if path is None:
+        return (live or Ledger()).check()
+    ledger = Ledger()
+    ledger.load_state_dict(checkpoints.load_controller(path)["feeder"]["ledger"])
+    counts = ledger.check()
+    held = queued_prompt_keys(path)
+    pending = [k for k in ledger.generated if k not in ledger.consumed and k not in ledger.requeued]
+    counts["lost"] = sum(1 for k in pending if k not in held)
+    return counts

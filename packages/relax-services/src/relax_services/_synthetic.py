@@ -17,7 +17,7 @@ from pathlib import Path
 
 from relax_core import DataFileSpec, RewardSpec
 from relax_services.config import DataConfig, RunConfig
-from relax_services.models.tiny_omni import cache_dir
+from relax_services.models._light import cache_dir
 
 __all__ = ["HELDOUT_SEED_OFFSET", "SYNTHETIC_REWARDS", "synthetic_task_file", "with_synthetic_files"]
 
@@ -59,12 +59,12 @@ def synthetic_task_file(root: Path, task: str, n: int, seed: int, difficulty: in
     Concurrent first uses are safe: each writer fills a private folder and renames it into place; the first
     rename wins and the others are discarded (the rows' media paths are relative, so the rename keeps them).
     """
-    from relax_modalities.synthetic import write_task_file  # the media stack: only when the files are written
-
     folder = _folder(root, task, n, seed, difficulty)
     path = folder / f"{task}.jsonl"
     if path.is_file():
         return path
+    from relax_modalities.synthetic import write_task_file  # the media stack (torch): only to write the files
+
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:

@@ -75,11 +75,12 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
-    from relax_services.models import CheckpointError, UnsupportedArchitectureError, open_checkpoint
+    from relax_services._source_check import check_source
+    from relax_services.models._light import CheckpointError
 
     try:  # the model folder's contents (architecture, sizes, tokenizer) before a run folder, Ray or any service
-        open_checkpoint(cfg.model.source, cfg.model.seed)
-    except (CheckpointError, UnsupportedArchitectureError) as exc:
+        check_source(cfg.model.source, cfg.model.seed)  # in a child process: this one never imports the model stack
+    except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
     from relax_services._dataset import check_data
@@ -105,7 +106,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         print(f"relax train: plan.txt not written: {exc}", file=sys.stderr)
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
-    from relax_services.controller import Controller, init_ray  # the heavy imports (torch, transformers, ray)
+    from relax_services.controller import Controller, init_ray  # ray (the model stack only in the services)
     from relax_services.footprint import PeakMemory, format_footprint, update_split
     from relax_services.health import memory_kill
     from relax_services.summary import format_summary

@@ -27,13 +27,14 @@ import torch
 
 from relax_queue import TransferQueue
 from relax_services._data import WarmupItem
+from relax_services._engine_extras import check_engines
+from relax_services._prompts import PromptBuilder
+from relax_services._service_host import service_class
 from relax_services.checkpoint import PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
 from relax_services.controller import Controller
-from relax_services.engines.registry import check_engines
 from relax_services.health import GlobalRestartNeeded, HealthManager
-from relax_services.pipeline import pipeline_family, queue_configs, service_plan
-from relax_services.rows import HeldoutItem
+from relax_services.pipeline import Heldout, pipeline_family, queue_configs, service_plan
 from relax_services.services import EvalService, TrainerService
 from relax_services.services._base import Beat, HealthMonitor, ServiceBase
 from relax_services.weights import InProcessWeightStore
@@ -105,7 +106,7 @@ class LocalService:
 
     name: str
     role: str
-    cls: type[ServiceBase]
+    cls: type[ServiceBase] | str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     obj: Any = None
@@ -114,7 +115,7 @@ class LocalService:
 
     def create(self) -> ServiceBase:
         """Build the service (its engines and models) and start its work-loop thread."""
-        obj: ServiceBase = self.cls(self.name, *self.args, **self.kwargs)
+        obj: ServiceBase = service_class(self.cls)(self.name, *self.args, **self.kwargs)
         self.pid = obj.start()
         self.obj = obj
         return obj
@@ -162,8 +163,12 @@ class LocalPipeline:
         return obj
 
 
-def build_local_pipeline(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> LocalPipeline:
-    """The run's services (chosen per algorithm like the distributed builders) over in-process transports."""
+def build_local_pipeline(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> LocalPipeline:
+    """The run's services (chosen per algorithm like the distributed builders) over in-process transports
+    (``to_prompt``: the Rollout workers build the prompts of record rows, see :func:`~relax_services.pipeline.
+    service_plan`)."""
     check_engines(cfg)
     critic = pipeline_family(cfg.algorithm.advantage_estimator) == "ppo"
     prompts_cfg, samples_cfg = queue_configs(cfg)
@@ -177,7 +182,7 @@ def build_local_pipeline(cfg: RunConfig, heldout: list[HeldoutItem], restore: Pa
     services = {
         name: LocalService(name, role, cls, args, {**kwargs, "health": health})
         for name, role, cls, args, kwargs in service_plan(
-            cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights
+            cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights, to_prompt
         )
     }
     return LocalPipeline(cfg, prompt_queue, sample_queue, weights, health, services, critic_weights)
@@ -220,6 +225,7 @@ class ColocatedController(Controller):
 
     pipeline: Any
     pipeline_builder = staticmethod(build_local_pipeline)  # type: ignore[assignment]  # duck-typed Pipeline
+    prompts_here = True  # this process imports the model stack anyway: prompts are built here, once
 
     def __init__(
         self,
@@ -257,6 +263,11 @@ class ColocatedController(Controller):
         from relax_services.warmup import format_warmup
 
         return format_warmup(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed)
+
+    def _service_call(self, service: str, method: str, *args: object) -> object:
+        """``method(*args)`` of service ``service``, by a direct call (the services are objects of this process)."""
+        result: object = getattr(self.pipeline.services[service].obj, method)(*args)
+        return result
 
     def _final_eval(self) -> tuple[dict[str, float], int | None]:
         evaluator = self.pipeline.services["eval"].obj

@@ -8,15 +8,16 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from relax_core import dump_config
 from relax_services._actor_watch import ActorLost, ActorWatch, actor_lost, why_dead
-from relax_services._data import WarmupItem, data_report, prepare_data, warmup_items
+from relax_services._data import WarmupItem, data_report, finish_heldout, prepare_data, warmup_items
 from relax_services._fault_injection import FaultInjector
 from relax_services._metrics import MetricsWriter
+from relax_services._prompts import HeldoutReport, HeldoutSet
 from relax_services._ray_init import init_ray
-from relax_services._run_result import CheckpointWriteError, RunResult
+from relax_services._run_result import CheckpointWriteError, RunResult, final_ledger
 from relax_services._synthetic import with_synthetic_files
 from relax_services.checkpoint import (
     CONTROLLER_FILE,
@@ -24,17 +25,17 @@ from relax_services.checkpoint import (
     PROMPTS_FILE,
     SAMPLES_FILE,
     CheckpointManager,
-    queued_prompt_keys,
     write_controller_state,
 )
 from relax_services.config import FaultSpec, RunConfig
-from relax_services.feeder import Ledger, PromptFeeder
+from relax_services.feeder import PromptFeeder
 from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
 from relax_services.preflight import make_run_dir
 from relax_services.progress import Progress, ProgressState
 from relax_services.rows import prompt_key_of
+from relax_services.warmup_cache import format_warmup_task
 
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
 
@@ -43,6 +44,7 @@ class Controller(FaultInjector):
     """Drives one run to its end (steps, time limit, target reward, or a signal)."""
 
     pipeline_builder = staticmethod(build_pipeline)  # the colocated mode's controller builds in-process services
+    prompts_here = False  # prompts built by the Rollout workers and the Evaluator: this process imports no torch
 
     def __init__(
         self,
@@ -91,7 +93,9 @@ class Controller(FaultInjector):
     # ------------------------------------------------------------------ records
     def _ingest(self, record: dict[str, Any]) -> None:
         kind = record.pop("kind")
-        if kind in ("train", "filtered"):  # the sample keys of a consumed batch name their prompts' keys
+        if kind == "skipped":  # a Rollout worker could not read a row's media
+            self.feeder.mark_skipped(record["prompt_key"], record["reason"])
+        elif kind in ("train", "filtered"):  # the sample keys of a consumed batch name their prompts' keys
             self.feeder.mark_consumed(sorted({prompt_key_of(k) for k in record.pop("keys")}))
         if kind == "train":
             self.step = max(self.step, int(record["step"]))
@@ -132,7 +136,7 @@ class Controller(FaultInjector):
         self._phase("imports_and_ray")  # from the command (``started_at``) to here: imports and Ray's start
         (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
         cfg = self.cfg = with_synthetic_files(cfg)  # the default run's tasks as dataset files, read as a user's
-        self.data = prepare_data(cfg, self.run_dir)
+        self.data = prepare_data(cfg, self.run_dir, build_heldout=self.prompts_here)
         cfg = self.cfg = self._warmup(cfg)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
         self.health = HealthManager(cfg.health, self.metrics)
@@ -186,7 +190,7 @@ class Controller(FaultInjector):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         wall = self.clock()
-        ledger = self._final_ledger()
+        ledger = final_ledger(self.checkpoints, self.feeder.ledger if "feeder" in vars(self) else None)
         fed = "feeder" in vars(self)  # not when the run gave up before its first start succeeded
         skipped = {"train": dict(self.feeder.skipped) if fed else {}, "heldout": dict(self.data.skipped_heldout)}
         data = data_report(self.data)
@@ -251,20 +255,21 @@ class Controller(FaultInjector):
             ActorLost: (in a global restart) one of those actors died meanwhile.
         """
         cfg = self.cfg
-        self.pipeline = self.pipeline_builder(cfg, self.data.heldout, restore)
+        here, there = (self.data.to_prompt, None) if self.prompts_here else (None, self.data.to_prompt)
+        self.pipeline = self.pipeline_builder(cfg, self.data.heldout, restore, to_prompt=there)
         self.watch = ActorWatch(self.pipeline.actors())
         restarting = self.global_restarts > 0
         if restarting:
             for index, fault in self._restart_faults:
                 self._kill_actor(fault, index)
             self._restart_faults.clear()
+        queues = (self.pipeline.prompt_queue, self.pipeline.sample_queue)
         self.feeder = PromptFeeder(
             self.data.stream,
-            self.data.to_prompt,
-            self.pipeline.prompt_queue,
-            self.pipeline.sample_queue,
+            here,
+            *queues,
             cfg.algorithm.group_size,
-            adaptive=cfg.data.adaptive_weights,
+            cfg.data.adaptive_weights,
             adaptive_floor=cfg.data.adaptive_floor,
         )
         if restore is not None:
@@ -276,6 +281,8 @@ class Controller(FaultInjector):
                 self._drop_fired_faults()
         self.pipeline.start()
         self.health.started(self.pipeline)  # grace for every new process, at the start and after a global restart
+        if isinstance(self.data.heldout, HeldoutSet):  # the Evaluator built the prompts: chance levels, bad rows
+            finish_heldout(self.data, cast("HeldoutReport", self._service_call("eval", "heldout_report")))
         self._phase("services_ready")
         self.nodes = self.pipeline.node_ids()
         self.feeder.start()
@@ -335,6 +342,7 @@ class Controller(FaultInjector):
                 save_engine(str(tmp / ENGINE_FILE))
                 self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
                 self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
+                self._poll_services()  # rows a Rollout worker skipped (reported, then acked) before the snapshots
                 state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
                 write_controller_state(tmp / CONTROLLER_FILE, state)
                 data = data_report(self.data)  # while the feeder is held: its bad-row counts do not move
@@ -353,9 +361,7 @@ class Controller(FaultInjector):
                 resume_trainer()
         self._checkpoint_step = version
         if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
-            from relax_services.export import HF_FOLDER, export_checkpoint
-
-            export_checkpoint(path, self.cfg.model, path / HF_FOLDER)
+            self._service_call("trainer", "export_hf", str(path))  # by the process with the model stack
         self._checkpoint_time = time.monotonic()
         self.metrics.write(
             "checkpoint", {"step": version, "path": str(path), **({} if data is None else {"data": data})}
@@ -427,20 +433,6 @@ class Controller(FaultInjector):
             )
         return f"{exc}; {kept}"
 
-    def _final_ledger(self) -> dict[str, int]:
-        """The ledger of the final checkpoint, with ``lost``: prompts neither consumed, regenerated, nor still held
-        by a queue snapshot of that checkpoint."""
-        path = self.checkpoints.latest()
-        if path is None:
-            return self.feeder.ledger.check() if "feeder" in vars(self) else Ledger().check()
-        ledger = Ledger()
-        ledger.load_state_dict(self.checkpoints.load_controller(path)["feeder"]["ledger"])
-        counts = ledger.check()
-        held = queued_prompt_keys(path)
-        pending = [k for k in ledger.generated if k not in ledger.consumed and k not in ledger.requeued]
-        counts["lost"] = sum(1 for k in pending if k not in held)
-        return counts
-
     def _warmup(self, cfg: RunConfig) -> RunConfig:
         """Run the format warm-up (once per run folder) and point every service at the warmed-up checkpoint."""
         if cfg.trainer.warmup_format_steps == 0:
@@ -458,14 +450,21 @@ class Controller(FaultInjector):
 
     def _run_warmup(self, cfg: RunConfig, items: list[WarmupItem], out: Path) -> dict[str, object]:
         """The warm-up in a process of its own (``max_calls=1``: it exits when done instead of idling with the
-        model stack loaded); returns its metrics record."""
+        model stack loaded, which only that process imports); returns its metrics record."""
         import ray
 
-        from relax_services.warmup import format_warmup
-
-        task = ray.remote(num_cpus=0, max_calls=1)(format_warmup)
+        task = ray.remote(num_cpus=0, max_calls=1)(format_warmup_task)
         info: dict[str, object] = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
         return info
+
+    def _service_call(self, service: str, method: str, *args: object) -> object:
+        """``method(*args)`` of service ``service``, waited for (an OSError it raised is raised here as such)."""
+        import ray
+
+        try:
+            return ray.get(getattr(self.pipeline.services[service].handle, method).remote(*args), timeout=600)
+        except ray.exceptions.RayTaskError as exc:
+            raise (exc.cause if isinstance(exc.cause, OSError) else exc) from None
 
     def _checkpoint_due(self) -> bool:
         """Every ``trainer.checkpoint_every`` updates, and every ``trainer.checkpoint_every_s`` seconds with at

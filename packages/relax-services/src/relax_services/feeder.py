@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 from relax_modalities import MediaError
 from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
 from relax_services.config import DataConfig
-from relax_services.rows import DataItem, ItemInfo, PromptRow, item_extras
+from relax_services.rows import DataItem, ItemInfo, PromptRow, RecordRow, item_extras
 
 if TYPE_CHECKING:
     from relax_services.models import OmniPrompt
@@ -116,7 +116,9 @@ class PromptFeeder:
 
     Args:
         stream: The items (see :class:`ItemStream`).
-        to_prompt: Turns an item into the model-ready prompt (the modality data path).
+        to_prompt: Turns an item into the model-ready prompt (the modality data path); None: the rows carry the
+            items themselves (:class:`~relax_services.rows.RecordRow`) and the Rollout workers build the prompts,
+            reporting a row with unreadable media back (:meth:`mark_skipped`).
         prompt_queue: Queue whose ``rollout`` task the Rollout workers read.
         sample_queue: Queue whose staleness policy grants admissions.
         group_size: Samples per prompt (admissions are taken in whole groups).
@@ -129,7 +131,7 @@ class PromptFeeder:
     def __init__(
         self,
         stream: ItemStream,
-        to_prompt: Callable[[DataItem], OmniPrompt],
+        to_prompt: Callable[[DataItem], OmniPrompt] | None,
         prompt_queue: QueueClient,
         sample_queue: QueueClient,
         group_size: int,
@@ -177,9 +179,15 @@ class PromptFeeder:
             self.stream.set_task_weights(weights, default=1.0 + floor)  # a task without a reward yet: as if at 0
 
     # ------------------------------------------------------------------ producing
-    def _put_groups(self, groups: Sequence[tuple[DataItem, str, OmniPrompt]]) -> None:
-        """Puts ``(item, key, prompt)`` groups as prompt rows, in one call (one round trip on the Ray queue)."""
-        rows = [RowInput(key, _prompt_row(item, prompt)) for item, key, prompt in groups]
+    def _put_groups(self, groups: Sequence[tuple[DataItem, str, OmniPrompt | None]]) -> None:
+        """Puts ``(item, key, prompt)`` groups as prompt rows (record rows without a prompt builder), in one call
+        (one round trip on the Ray queue)."""
+        rows = [
+            RowInput(
+                key, _record_row(item, self.stream.cache_key(item)) if prompt is None else _prompt_row(item, prompt)
+            )
+            for item, key, prompt in groups
+        ]
         while rows:  # the prompt queue is bounded: wait for room, but stay stoppable
             try:
                 self.prompt_queue.put_many(rows, timeout=1.0)
@@ -202,12 +210,14 @@ class PromptFeeder:
         groups, spare = divmod(granted, self.group_size)
         if spare:
             self.sample_queue.release_admission(spare)
-        ready: list[tuple[DataItem, str, OmniPrompt]] = []
+        ready: list[tuple[DataItem, str, OmniPrompt | None]] = []
         for _ in range(groups):
             prompt = None
             for _attempt in range(10_000):
                 with self._lock:
                     item = self.stream.next()
+                if self.to_prompt is None:  # the Rollout worker builds it
+                    break
                 prompt = self._process(item)
                 if prompt is not None:
                     break
@@ -226,6 +236,8 @@ class PromptFeeder:
         """The item's prompt, or None (skipped, and counted by the stream with its file, row and reason) when its
         media cannot be read. Prompts are cached under the stream's cache key when it gives one (the rows of small
         files recur every pass, and decoding on the feeder's path would delay every update at τ = 0)."""
+        if self.to_prompt is None:
+            raise RuntimeError("this feeder has no prompt builder: the Rollout workers build the prompts")
         key = self.stream.cache_key(item)
         cached = None if key is None else self._prompts.get(key)
         if cached is not None:
@@ -234,14 +246,27 @@ class PromptFeeder:
             prompt = self.to_prompt(item)
         except MediaError as exc:
             with self._lock:
-                reason = f"{exc.modality}: {exc.reason}"
-                self.skipped[reason] = self.skipped.get(reason, 0) + 1
-                self.skipped_items.add(str(item["id"]))
-                self.stream.skip(item, reason)
+                self._count_skip(item, f"{exc.modality}: {exc.reason}")
             return None
         if key is not None:
             self._prompts[key] = prompt
         return prompt
+
+    def _count_skip(self, item: DataItem, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.skipped_items.add(str(item["id"]))
+        self.stream.skip(item, reason)
+
+    def mark_skipped(self, prompt_key: str, reason: str) -> None:
+        """A Rollout worker could not read the media of prompt ``prompt_key``'s row (a record row): count it like a
+        bad row the feeder met itself (by reason, item and the stream's file and row) and take the key out of the
+        ledger, as if it had never been generated. A key already taken out (a restored snapshot delivered the row
+        again) changes nothing."""
+        with self._lock:
+            item = self._items.pop(prompt_key, None)
+            if item is None or self.ledger.generated.pop(prompt_key, None) is None:
+                return
+            self._count_skip(item, reason)
 
     def _prompt_room(self) -> int:
         metrics = self.prompt_queue.metrics()
@@ -263,6 +288,9 @@ class PromptFeeder:
                 self.ledger.requeued[old] = key
                 self.ledger.generated[key] = self.ledger.generated[old]
                 self._items[key] = self._items[old]
+            if self.to_prompt is None:
+                self._put_groups([(self._items[key], key, None)])
+                continue
             prompt = self._process(self._items[key])
             if prompt is not None:  # media that read before but fail now: skipped and counted, like any bad file
                 self._put_groups([(self._items[key], key, prompt)])
@@ -344,3 +372,11 @@ def _prompt_row(item: DataItem, prompt: OmniPrompt) -> PromptRow:
     info: ItemInfo = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
     info.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
     return {"item": info, "prompt": prompt}
+
+
+def _record_row(item: DataItem, cache_key: str | None) -> RecordRow:
+    """The record row of ``item``: what :func:`_prompt_row` carries about it, the item itself instead of the
+    prompt, and the key the worker may cache the built prompt under."""
+    info: ItemInfo = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
+    info.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
+    return {"item": info, "record": item, "cache_key": cache_key}

@@ -25,26 +25,21 @@ from relax_queue import (
     TaskSpec,
     create_ray_queue,
 )
+from relax_services._engine_extras import check_engines
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
+from relax_services._prompts import HeldoutSet, PromptBuilder
+from relax_services._service_host import SERVICE_CLASSES, host_class
 from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
-from relax_services.engines.registry import check_engines
 from relax_services.rows import HeldoutItem
-from relax_services.services import (
-    CriticService,
-    EvalService,
-    ReferenceService,
-    RewardService,
-    RolloutService,
-    TrainerService,
-)
-from relax_services.services._base import ServiceBase
 from relax_services.weights import RayWeightStore, WeightStore
 
 if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
+
+    from relax_services.services._base import ServiceBase
 
 __all__ = [
     "ALGORITHM_BUILDERS",
@@ -61,11 +56,15 @@ __all__ = [
 
 @dataclass
 class ServiceSpec:
-    """How to (re)create one service actor: restarts call :meth:`create` again with the same arguments."""
+    """How to (re)create one service actor: restarts call :meth:`create` again with the same arguments.
+
+    ``cls`` is the service's ``"module:Class"`` path (the actor is a :class:`~relax_services._service_host.
+    ServiceHost` that imports it in its own process, so the driver never imports the service's model stack), or a
+    service class itself (Ray imports its module here too)."""
 
     name: str
     role: str
-    cls: type
+    cls: type | str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     handle: Any = None
@@ -83,7 +82,9 @@ class ServiceSpec:
         """Create the actor without starting its work loop: its process imports and builds itself meanwhile."""
         import ray
 
-        actor_cls: Any = ray.remote(self.cls)
+        # A path is hosted (imported in the actor's process only); a class is Ray's actor class itself.
+        actor_cls: Any = ray.remote(host_class(self.cls) if isinstance(self.cls, str) else self.cls)
+        prefix = (self.cls,) if isinstance(self.cls, str) else ()
         options: dict[str, Any] = {
             "name": f"{namespace}-{self.name}-{self.restarts}",
             "num_cpus": 0,
@@ -92,7 +93,7 @@ class ServiceSpec:
         }
         if self.resource is not None:
             options["resources"] = {self.resource: 0.01}
-        self.handle = actor_cls.options(**options).remote(self.name, *self.args, **self.kwargs)
+        self.handle = actor_cls.options(**options).remote(*prefix, self.name, *self.args, **self.kwargs)
 
     def start_loop(self, timeout: float = 300.0) -> int:
         """Start the work loop of the actor :meth:`spawn` created, waiting until it runs; returns its process id."""
@@ -209,50 +210,64 @@ def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueCli
         raise
 
 
-def build_grpo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
+def build_grpo(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> Pipeline:
     """Critic-free group algorithms (GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++): Rollout workers, Reward,
-    Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator."""
-    return _build(cfg, heldout, restore, critic=False)
+    Reference (when the KL coefficient is positive), Trainer and a held-out Evaluator (``to_prompt``: see
+    :func:`service_plan`)."""
+    return _build(cfg, heldout, restore, to_prompt, critic=False)
 
 
-def build_ppo(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
+def build_ppo(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> Pipeline:
     """PPO with a critic (GAE on-policy, V-trace targets for stale data): the GRPO services plus a Critic that
     writes values under the critic weights the Trainer trains and publishes."""
-    return _build(cfg, heldout, restore, critic=True)
+    return _build(cfg, heldout, restore, to_prompt, critic=True)
 
 
-PlannedService = tuple[str, str, type[ServiceBase], tuple[Any, ...], dict[str, Any]]
-"""``(name, role, service class, positional args after the name, keyword args)`` of one service."""
+Heldout = list[HeldoutItem] | HeldoutSet
+"""The Evaluator's held-out set: the prompts, or the rows it builds them from in its own process."""
+
+PlannedService = tuple[str, str, str, tuple[Any, ...], dict[str, Any]]
+"""``(name, role, the service class's "module:Class" path, positional args after the name, keyword args)`` of one
+service (:data:`~relax_services._service_host.SERVICE_CLASSES` names each role's class)."""
 
 
 def service_plan(
     cfg: RunConfig,
-    heldout: list[HeldoutItem],
+    heldout: Heldout,
     restore: Path | None,
     prompt_queue: QueueClient,
     sample_queue: QueueClient,
     weights: WeightStore,
     critic_weights: WeightStore | None,
+    to_prompt: PromptBuilder | None = None,
 ) -> list[PlannedService]:
     """The services of a run and their arguments, whatever runs them (Ray actors or threads of one process):
-    Trainer, Rollout workers, Reward, Reference (KL term), Critic (a critic weight store given) and Evaluator."""
+    Trainer, Rollout workers, Reward, Reference (KL term), Critic (a critic weight store given) and Evaluator.
+    With ``to_prompt`` the Rollout workers build each prompt from the record rows the feeder puts."""
     plan: list[PlannedService] = []
     engine_state = None if restore is None else str(restore / ENGINE_FILE)
     trainer_args = (cfg, sample_queue, weights, engine_state)
-    plan.append(("trainer", "trainer", TrainerService, trainer_args, {"critic_weights": critic_weights}))
+    plan.append(("trainer", "trainer", SERVICE_CLASSES["trainer"], trainer_args, {"critic_weights": critic_weights}))
     for i in range(cfg.rollout.num_workers):
         worker_weights = weights.for_worker(i) if isinstance(weights, BroadcastWeightStore) else weights
-        plan.append((f"rollout-{i}", "rollout", RolloutService, (cfg, prompt_queue, sample_queue, worker_weights), {}))
-    plan.append(("reward", "reward", RewardService, (cfg, sample_queue), {}))
+        rollout_args = (cfg, prompt_queue, sample_queue, worker_weights)
+        plan.append((f"rollout-{i}", "rollout", SERVICE_CLASSES["rollout"], rollout_args, {"to_prompt": to_prompt}))
+    plan.append(("reward", "reward", SERVICE_CLASSES["reward"], (cfg, sample_queue), {}))
     if cfg.algorithm.uses_reference:
-        plan.append(("reference", "reference", ReferenceService, (cfg, sample_queue), {}))
+        plan.append(("reference", "reference", SERVICE_CLASSES["reference"], (cfg, sample_queue), {}))
     if critic_weights is not None:
-        plan.append(("critic", "critic", CriticService, (cfg, sample_queue, critic_weights), {}))
-    plan.append(("eval", "eval", EvalService, (cfg, heldout, weights), {}))
+        plan.append(("critic", "critic", SERVICE_CLASSES["critic"], (cfg, sample_queue, critic_weights), {}))
+    plan.append(("eval", "eval", SERVICE_CLASSES["eval"], (cfg, heldout, weights), {}))
     return plan
 
 
-def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, critic: bool) -> Pipeline:
+def _build(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None, to_prompt: PromptBuilder | None, *, critic: bool
+) -> Pipeline:
     import ray
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
@@ -282,14 +297,15 @@ def _build(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None, *, 
         raise
     services: dict[str, ServiceSpec] = {}
     for name, role, cls, args, kwargs in service_plan(
-        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights
+        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights, to_prompt
     ):
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
     return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights)
 
 
-PipelineBuilder = Callable[[RunConfig, list[HeldoutItem], "Path | None"], Pipeline]
+PipelineBuilder = Callable[..., Pipeline]
+"""``builder(cfg, heldout, restore, *, to_prompt=None)`` (called without ``to_prompt`` when there is none)."""
 
 PIPELINE_BUILDERS: dict[str, PipelineBuilder] = {"grpo": build_grpo, "ppo": build_ppo}
 """Pipeline family → builder: ``ppo`` for estimators that need a critic, ``grpo`` for the rest."""
@@ -305,8 +321,14 @@ ALGORITHM_BUILDERS: dict[str, PipelineBuilder] = {name: PIPELINE_BUILDERS[pipeli
 so an entry added to ``relax_core.ALGORITHMS`` later is built too)."""
 
 
-def build_pipeline(cfg: RunConfig, heldout: list[HeldoutItem], restore: Path | None = None) -> Pipeline:
-    """The pipeline for ``cfg.algorithm``'s estimator (its engines are resolved first: a bad ``rollout.engine`` or
-    ``trainer.engine``, or a missing extra, fails here rather than in a service process)."""
+def build_pipeline(
+    cfg: RunConfig, heldout: Heldout, restore: Path | None = None, *, to_prompt: PromptBuilder | None = None
+) -> Pipeline:
+    """The pipeline for ``cfg.algorithm``'s estimator (its engines are checked first: a bad ``rollout.engine`` or
+    ``trainer.engine``, or a missing extra, fails here rather than in a service process; ``to_prompt``: see
+    :func:`service_plan`)."""
     check_engines(cfg)
-    return PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)](cfg, heldout, restore)
+    family = PIPELINE_BUILDERS[pipeline_family(cfg.algorithm.advantage_estimator)]
+    if to_prompt is None:  # a builder of the table's first signature, ``(cfg, heldout, restore)``, still fits
+        return family(cfg, heldout, restore)
+    return family(cfg, heldout, restore, to_prompt=to_prompt)

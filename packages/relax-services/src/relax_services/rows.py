@@ -10,7 +10,7 @@ Who writes what (the sample queue's fields, in the order they appear):
 =============  =========================================================  =================================
 service        writes                                                     reads
 =============  =========================================================  =================================
-feeder         prompt rows: :class:`PromptRow`                            —
+feeder         prompt rows: :class:`PromptRow` or :class:`RecordRow`      —
 Rollout        :class:`RolloutFields` (a new sample row)                  ``item``, ``prompt`` (prompt row)
 Reward         :class:`RewardFields`                                      ``response``, ``meta``
 Reference      :class:`ReferenceFields`                                   ``prompt``, ``response``
@@ -40,12 +40,14 @@ __all__ = [
     "HeldoutItem",
     "ItemInfo",
     "PromptRow",
+    "RecordRow",
     "ReferenceFields",
     "RewardFields",
     "RolloutFields",
     "SampleMeta",
     "SampleRow",
     "as_prompt_row",
+    "as_record_row",
     "as_sample_row",
     "item_extras",
     "prompt_key_of",
@@ -90,6 +92,15 @@ class PromptRow(TypedDict):
 
     item: ItemInfo
     prompt: OmniPrompt  # model-ready inputs: input_ids [T] and the media tensors
+
+
+class RecordRow(TypedDict):
+    """A row of the prompt queue that carries its dataset row instead of the prompt (the distributed run's feeder
+    builds no prompt: the Rollout worker does, so the driver never imports the data paths' model stack)."""
+
+    item: ItemInfo
+    record: DataItem  # the feeder item, the loader's record included
+    cache_key: str | None  # what the worker may cache the built prompt under (the stream's key; None: not cached)
 
 
 class SampleMeta(TypedDict):
@@ -194,3 +205,8 @@ def as_sample_row(fields: Mapping[str, object]) -> SampleRow:
 def as_prompt_row(fields: Mapping[str, object]) -> PromptRow:
     """View a prompt queue row's field dict as a :class:`PromptRow` (as :func:`as_sample_row`)."""
     return cast("PromptRow", fields)
+
+
+def as_record_row(fields: Mapping[str, object]) -> RecordRow:
+    """View a prompt queue row's field dict as a :class:`RecordRow` (as :func:`as_sample_row`)."""
+    return cast("RecordRow", fields)

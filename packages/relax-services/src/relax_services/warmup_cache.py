@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relax_services._data import WarmupItem
+    from relax_services._prompts import PromptBuilder
     from relax_services.config import RunConfig
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "UNREAD_FIELDS",
     "cached_warmup",
     "folder_digest",
+    "format_warmup_task",
     "load_or_run",
     "prune_warmups",
     "restore_warmup",
@@ -212,7 +214,7 @@ def warmup_key(inputs: dict[str, object]) -> str:
 
 def _entry(key: str, cache: Path | None) -> Path:
     if cache is None:
-        from relax_services.models.tiny_omni import cache_dir
+        from relax_services.models._light import cache_dir
 
         cache = cache_dir()
     return cache / "warmup" / key
@@ -347,9 +349,9 @@ def load_or_run(
     Returns:
         The warm-up's metrics record with ``cached`` (whether it came from the cache) and ``key``.
     """
-    from relax_services.models.checkpoint import resolve_source
+    from relax_services._source_check import check_source
 
-    inputs = warmup_inputs(cfg, items, resolve_source(cfg.model.source, cfg.model.seed))
+    inputs = warmup_inputs(cfg, items, check_source(cfg.model.source, cfg.model.seed))
     key = warmup_key(inputs)
     entry = cached_warmup(key, cache)
     if entry is not None:
@@ -360,3 +362,13 @@ def load_or_run(
     info = run()
     store_warmup(key, out, info, inputs, cache)
     return {**info, "cached": False, "key": key}
+
+
+def format_warmup_task(
+    cfg: RunConfig, items: Sequence[WarmupItem], to_prompt: PromptBuilder, out_dir: str, seed: int = 0
+) -> dict[str, object]:
+    """:func:`relax_services.warmup.format_warmup` imported where it runs: the driver hands this light function to
+    a Ray task, whose process alone imports the warm-up's model stack."""
+    from relax_services.warmup import format_warmup
+
+    return format_warmup(cfg, items, to_prompt, out_dir, seed)

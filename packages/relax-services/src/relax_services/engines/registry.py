@@ -22,7 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relax_services._engine_extras import OPTIONAL_EXTRAS, missing_engine_package, missing_package_message
+from relax_services._engine_extras import (  # the tables live in a light module: the driver reads them too
+    OPTIONAL_EXTRAS,
+    ROLLOUT_ENGINES,
+    TRAIN_ENGINES,
+    check_engines,
+    missing_engine_package,
+    missing_package_message,
+)
 from relax_services.engines.protocols import PartialRolloutMode, RolloutEngine, TrainEngine
 
 if TYPE_CHECKING:
@@ -51,24 +58,6 @@ class RolloutEngineOptions:
     """
 
     partial_rollout: PartialRolloutMode | None = None
-
-
-ROLLOUT_ENGINES: dict[str, str] = {
-    "hf": "relax_services._policy:build_hf_rollout_engine",
-    "vllm": "relax_services.engines.vllm_build:build_vllm_rollout_engine",
-}
-"""``rollout.engine`` id → ``"module:factory"`` of the rollout engine. ``hf``: batched incremental decoding of a
-transformers model (CPU and GPU, the default). ``vllm``: vLLM's offline engine (extra ``relax-services[vllm]``,
-settings ``rollout.vllm``)."""
-
-TRAIN_ENGINES: dict[str, str] = {
-    "torch": "relax_services._policy:build_train_engine",
-    "fsdp": "relax_services._policy:build_trainer_group",
-}
-"""``trainer.engine`` id → ``"module:factory"`` of the training engine. ``torch``: single-process torch with
-AdamW and gradient accumulation (the default). ``fsdp``: a group of ``trainer.world_size`` Ray actors training
-one torch FSDP2-sharded policy (:class:`~relax_services.trainer_group.TrainerGroup`; the default when
-``world_size`` > 1)."""
 
 
 def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., object]:
@@ -126,14 +115,3 @@ def make_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TrainEn
     if not isinstance(engine, TrainEngine):
         raise TypeError(f"trainer.engine={cfg.trainer.engine!r} built {type(engine).__name__}, not a TrainEngine")
     return engine
-
-
-def check_engines(cfg: RunConfig) -> None:
-    """Resolve ``rollout.engine`` and ``trainer.engine`` (import their modules) without building anything, so a
-    bad id or a missing extra fails in the driver before any service process starts.
-
-    Raises:
-        ValueError, ImportError: As :func:`resolve`.
-    """
-    resolve(ROLLOUT_ENGINES, cfg.rollout.engine, field="rollout.engine")
-    resolve(TRAIN_ENGINES, cfg.trainer.engine, field="trainer.engine")

@@ -51,8 +51,8 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "DEFAULT_SOURCE": "relax_services.models.checkpoint",
     "Checkpoint": "relax_services.models.checkpoint",
-    "CheckpointError": "relax_services.models.checkpoint",
-    "CheckpointNotFoundError": "relax_services.models.checkpoint",
+    "CheckpointError": "relax_services.models._light",
+    "CheckpointNotFoundError": "relax_services.models._light",
     "copy_side_files": "relax_services.models.checkpoint",
     "load_model": "relax_services.models.checkpoint",
     "open_checkpoint": "relax_services.models.checkpoint",

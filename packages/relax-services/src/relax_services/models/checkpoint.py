@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relax_services.models._light import CheckpointError, CheckpointNotFoundError  # light: the driver raises them
 from relax_services.models.families import CONTAINERS, ModelFamily, family_of
 from relax_services.models.modalities import MODEL_MODALITIES
 from relax_services.models.tokens import TokenIds, token_ids_from
@@ -48,14 +49,6 @@ _WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder is incomplete or inconsistent; the message names the path and the problem."""
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """The folder, or its ``config.json``, does not exist."""
 
 
 @dataclass(frozen=True)

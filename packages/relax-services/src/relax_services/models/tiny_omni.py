@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
     Qwen2_5OmniVisionEncoderConfig,
 )
 
+from relax_services.models._light import cache_dir  # light: the driver reads it without this module
 from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
 
 if TYPE_CHECKING:
@@ -204,12 +204,6 @@ class TinyOmniConfig:
             "padding_value": 0.0,
             "return_attention_mask": True,
         }
-
-
-def cache_dir() -> Path:
-    """Where the default checkpoint is written: ``$RELAX_CACHE_DIR``, else ``~/.cache/relax``."""
-    root = os.environ.get("RELAX_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "relax"
 
 
 def write_tiny_omni(path: str | Path, seed: int = 0, config: TinyOmniConfig | None = None) -> Path:

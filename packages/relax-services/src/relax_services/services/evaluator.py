@@ -9,6 +9,7 @@ from collections import defaultdict
 
 from relax_core import build_reward_runner
 from relax_services._policy import checkpoint_of, sampling_params
+from relax_services._prompts import HeldoutReport, HeldoutSet
 from relax_services.config import RunConfig
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
@@ -25,21 +26,27 @@ class EvalService(ServiceBase):
 
     Args:
         heldout: ``(task, prompt, item)`` triples, never trained on (tasks: the synthetic tasks, or the held-out
-            files' data_sources); the item's ground truth and metadata go to the reward.
+            files' data_sources); the item's ground truth and metadata go to the reward. Or the held-out rows
+            (:class:`~relax_services._prompts.HeldoutSet`), whose prompts are built here, in this process: rows with
+            unreadable media are skipped, and :meth:`heldout_report` says which.
     """
 
     def __init__(
         self,
         name: str,
         cfg: RunConfig,
-        heldout: list[HeldoutItem],
+        heldout: list[HeldoutItem] | HeldoutSet,
         weights: WeightStore,
         *,
         health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg
-        self.heldout = heldout
+        if isinstance(heldout, HeldoutSet):
+            self.heldout, self._report = heldout.build()
+        else:
+            self.heldout = heldout
+            self._report = {"kept": list(range(len(heldout))), "skipped": {}, "bad": []}
         self.weights = weights
         # rollout.engine, finishing each greedy pass on the weights it started with
         self.engine: RolloutEngine = make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
@@ -81,6 +88,11 @@ class EvalService(ServiceBase):
         if stopped:
             self.runner.close()
         return stopped
+
+    def heldout_report(self) -> HeldoutReport:
+        """Which held-out rows this evaluator kept and which it skipped for unreadable media (see
+        :class:`~relax_services._prompts.HeldoutReport`)."""
+        return self._report
 
     def evaluate_latest(self) -> tuple[int, dict[str, float]]:
         """Stop the periodic loop, load the newest weights and evaluate them (the run's final figure)."""

@@ -6,13 +6,15 @@ from __future__ import annotations
 import hashlib
 import time
 
-from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, RowInput
+from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, Row, RowInput
 from relax_services._policy import sampling_params
+from relax_services._prompts import PromptBuilder
 from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.config import RunConfig
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import make_rollout_engine
-from relax_services.rows import RolloutFields, SampleMeta, as_prompt_row, item_extras, sample_key
+from relax_services.models import OmniPrompt
+from relax_services.rows import RolloutFields, SampleMeta, as_prompt_row, as_record_row, item_extras, sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.weights import WeightPoller, WeightStore
 
@@ -38,9 +40,12 @@ class RolloutService(ServiceBase):
         sample_queue: QueueClient,
         weights: WeightStore,
         *,
+        to_prompt: PromptBuilder | None = None,
         health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
+        self.to_prompt = to_prompt
+        self._prompts: dict[str, OmniPrompt] = {}  # a record row's cache key -> its prompt, built here once
         self.cfg = cfg
         self.prompt_queue = prompt_queue
         self.sample_queue = sample_queue
@@ -53,9 +58,9 @@ class RolloutService(ServiceBase):
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
         )
-        self.reader = prompt_queue.reader(
-            "rollout", fields=["item", "prompt"], batcher=FixedSizeBatcher(cfg.rollout_call_groups)
-        )
+        # Prompt rows carry the prompt; record rows (a feeder without a prompt builder) the dataset row, built here.
+        fields = ["item", "prompt"] if to_prompt is None else ["item", "record", "cache_key"]
+        self.reader = prompt_queue.reader("rollout", fields=fields, batcher=FixedSizeBatcher(cfg.rollout_call_groups))
         # In process a poll is a dict lookup; across processes an actor call (the store says which interval fits).
         interval = float(getattr(weights, "poll_interval_s", 0.05))
         self._no_paths: dict[int, str] = {}
@@ -86,6 +91,32 @@ class RolloutService(ServiceBase):
         with older weights would only be stale (e.g. right after a restart, before the trainer republishes)."""
         self.catch_up(self.sample_queue.version, lambda: self.engine.version, self._sync_weights, self.reader, batch)
 
+    def _ready_prompts(self, batch: Batch) -> list[tuple[Row, OmniPrompt]]:
+        """Each prompt row with its prompt: the row's own, or built here from a record row (cached by the row's
+        cache key). A record whose media cannot be read is skipped: its group's admission is given back and a
+        ``skipped`` record (before the ack, so a checkpoint that misses the prompt row sees the record) tells the
+        controller, which counts it with its file, row and reason as the feeder counted bad rows."""
+        if self.to_prompt is None:
+            return [(row, as_prompt_row(row.fields)["prompt"]) for row in batch.rows]
+        from relax_modalities import MediaError
+
+        ready = []
+        for row in batch.rows:
+            record = as_record_row(row.fields)
+            cache_key = record["cache_key"]
+            prompt = None if cache_key is None else self._prompts.get(cache_key)
+            if prompt is None:
+                try:
+                    prompt = self.to_prompt(record["record"])
+                except MediaError as exc:
+                    self.sample_queue.release_admission(self.cfg.algorithm.group_size)
+                    self.record("skipped", prompt_key=str(row.key), reason=f"{exc.modality}: {exc.reason}")
+                    continue
+                if cache_key is not None:
+                    self._prompts[cache_key] = prompt
+            ready.append((row, prompt))
+        return ready
+
     def step(self) -> None:
         """Generate one batch of prompt groups with the newest weights, put their sample rows, ack the prompts."""
         try:
@@ -94,20 +125,20 @@ class RolloutService(ServiceBase):
             self._sync_weights()
             return
         self._catch_up(batch)
-        keys = [str(k) for k in batch.keys]
+        ready = self._ready_prompts(batch)
+        keys = [str(row.key) for row, _ in ready]
         self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))
         start = time.perf_counter()
-        groups = self.engine.generate(batch.column("prompt"), self.params, poll_weights=self._poll)
+        groups = self.engine.generate([p for _, p in ready], self.params, poll_weights=self._poll) if ready else []
         elapsed = time.perf_counter() - start
         rows = []
-        for row, completions in zip(batch.rows, groups, strict=True):
-            prompt_row = as_prompt_row(row.fields)
-            item = prompt_row["item"]
+        for (row, prompt), completions in zip(ready, groups, strict=True):
+            item = as_prompt_row(row.fields)["item"]
             meta: SampleMeta = {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)}
             meta.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
             for j, completion in enumerate(completions):
                 fields: RolloutFields = {
-                    "prompt": prompt_row["prompt"],
+                    "prompt": prompt,
                     "meta": meta,
                     "response": completion.token_ids,
                     "logprobs": completion.logprobs,
@@ -123,7 +154,8 @@ class RolloutService(ServiceBase):
                         tags={"num_tokens": len(completion.token_ids), "task": item["task"]},
                     )
                 )
-        self.sample_queue.put_many(rows, admitted=True, timeout=None)
+        if rows:
+            self.sample_queue.put_many(rows, admitted=True, timeout=None)
         self.ack(self.reader, batch)
         self.record(
             "rollout",

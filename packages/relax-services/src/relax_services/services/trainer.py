@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -314,6 +315,14 @@ class TrainerService(ServiceBase):
             state["critic"] = self.critic.state_dict()
         torch.save(state, path)
         return self.version
+
+    def export_hf(self, checkpoint_dir: str) -> str:
+        """Write checkpoint ``checkpoint_dir``'s policy (and critic) in Hugging Face format into its ``hf`` folder
+        (:func:`~relax_services.export.export_checkpoint`), here where the model stack is loaded; returns the folder.
+        Safe while training goes on: it reads the checkpoint's files, not this engine."""
+        from relax_services.export import HF_FOLDER, export_checkpoint
+
+        return str(export_checkpoint(checkpoint_dir, self.cfg.model, Path(checkpoint_dir) / HF_FOLDER))
 
     def step(self) -> None:
         """One update: lease whole groups, train on them, publish the new weights and version, ack."""

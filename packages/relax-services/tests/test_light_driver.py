@@ -1,0 +1,45 @@
+"""The driver's modules import no model stack: ``relax_services.controller`` (and the CLI that imports it) load
+neither torch nor transformers in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import json, sys, importlib
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "numpy"))))
+"""
+
+
+@pytest.mark.parametrize(
+    "module", ["relax_services.controller", "relax_services.cli", "relax_services.pipeline", "relax_services._data"]
+)
+def test_driver_modules_import_neither_torch_nor_transformers(module: str) -> None:
+    out = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_check_engines_finds_modules_without_importing_them() -> None:
+    probe = (
+        "import sys; from relax_services._engine_extras import check_engines; "
+        "from relax_services.config import load_run_config; check_engines(load_run_config(None, [])); "
+        "print(sorted(m for m in ('torch', 'relax_services.engines', 'relax_services._policy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_check_engines_names_a_registered_module_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relax_services._engine_extras import ROLLOUT_ENGINES, check_engines
+    from relax_services.config import load_run_config
+
+    monkeypatch.setitem(ROLLOUT_ENGINES, "hf", "relax_services.engines.no_such_module:build")
+    with pytest.raises(ImportError, match=r"'hf': its module 'relax_services\.engines\.no_such_module'"):
+        check_engines(load_run_config(None, []))
