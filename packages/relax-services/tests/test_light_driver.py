@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,22 @@ def test_check_engines_names_a_registered_module_that_does_not_exist(monkeypatch
     monkeypatch.setitem(ROLLOUT_ENGINES, "hf", "relax_services.engines.no_such_module:build")
     with pytest.raises(ImportError, match=r"'hf': its module 'relax_services\.engines\.no_such_module'"):
         check_engines(load_run_config(None, []))
+
+
+def test_first_use_writes_the_synthetic_files_without_loading_torch_here(tmp_path: Path) -> None:
+    # An empty data folder: the driver resolves the default tasks' files, which must be written (media included)
+    # by a child process, so the driver's own modules still hold no torch afterwards.
+    probe = (
+        "import json, sys; from pathlib import Path; from relax_services._synthetic import with_synthetic_files; "
+        "from relax_services.config import load_run_config; "
+        f"cfg = with_synthetic_files(load_run_config(None, ['data.data_dir={tmp_path}', 'data.train_per_task=4', "
+        "'data.eval_per_task=2'])); "
+        "files = [f.path for f in cfg.data.train_files + cfg.data.eval_files]; "
+        "print(json.dumps([['torch' in sys.modules], [sum(1 for _ in open(p)) for p in files]]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (loaded,), lines = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not loaded
+    n_tasks = len(lines) // 2
+    assert lines == [4] * n_tasks + [2] * n_tasks  # every file written, with its rows

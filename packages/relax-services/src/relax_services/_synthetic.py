@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
@@ -79,13 +81,37 @@ def synthetic_task_file(root: Path, task: str, n: int, seed: int, difficulty: in
     return path
 
 
+def _write_missing_in_child(root: Path, wanted: list[tuple[str, int, int]], difficulty: int) -> None:
+    """Write the missing ones of ``wanted`` (task, n, seed) files in one child Python process when this process has
+    not imported torch (the driver: writing the media loads the media stack, ≈ 0.6 GB it never frees)."""
+    missing = [
+        (t, n, seed) for t, n, seed in wanted if not (_folder(root, t, n, seed, difficulty) / f"{t}.jsonl").is_file()
+    ]
+    if not missing or "torch" in sys.modules:
+        return  # nothing to write, or the stack is loaded already: synthetic_task_file writes in process
+    args = json.dumps({"root": str(root), "wanted": missing, "difficulty": difficulty})
+    out = subprocess.run(
+        [sys.executable, "-m", "relax_services._synthetic", args], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"writing the synthetic task files under {root} failed in a child process:\n{out.stderr[-3000:]}"
+        )
+
+
 def _files(data: DataConfig) -> tuple[list[DataFileSpec], list[DataFileSpec]]:
     root = data.data_dir or cache_dir() / "datasets"
+    heldout_seed = data.seed + HELDOUT_SEED_OFFSET
+    _write_missing_in_child(
+        root,
+        [(t, data.train_per_task, data.seed) for t in data.tasks]
+        + [(t, data.eval_per_task, heldout_seed) for t in data.tasks],
+        data.difficulty,
+    )
     train = [
         DataFileSpec(path=str(synthetic_task_file(root, t, data.train_per_task, data.seed, data.difficulty)), weight=1)
         for t in data.tasks
     ]
-    heldout_seed = data.seed + HELDOUT_SEED_OFFSET
     heldout = [
         DataFileSpec(path=str(synthetic_task_file(root, t, data.eval_per_task, heldout_seed, data.difficulty)))
         for t in data.tasks
@@ -107,3 +133,9 @@ def with_synthetic_files(cfg: RunConfig) -> RunConfig:
             "reward": cfg.reward.model_copy(update={"routes": routes}),
         }
     )
+
+
+if __name__ == "__main__":  # _write_missing_in_child's child: writes the files in process
+    job = json.loads(sys.argv[1])
+    for task, n, seed in job["wanted"]:
+        synthetic_task_file(Path(job["root"]), task, n, seed, job["difficulty"])

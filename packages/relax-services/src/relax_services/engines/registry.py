@@ -27,7 +27,7 @@ from relax_services._engine_extras import (  # the tables live in a light module
     ROLLOUT_ENGINES,
     TRAIN_ENGINES,
     check_engines,
-    missing_engine_package,
+    engine_path,
     missing_package_message,
 )
 from relax_services.engines.protocols import PartialRolloutMode, RolloutEngine, TrainEngine
@@ -73,12 +73,7 @@ def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[...,
         ImportError: The backend's module (or a package it needs) is missing; for an optional backend the
             message names the extra to install.
     """
-    path = registry.get(name)
-    if path is None:
-        raise ValueError(f"{field}={name!r} is not a registered engine; known: {', '.join(sorted(registry))}")
-    package = missing_engine_package(field, name)  # a backend its module imports only when an engine is built
-    if package is not None:
-        raise ImportError(missing_package_message(field, name, package))
+    path = engine_path(registry, name, field=field)
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
