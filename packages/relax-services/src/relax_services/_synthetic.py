@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def synthetic_task_file(root: Path, task: str, n: int, seed: int, difficulty: in
     return path
 
 
-def _write_missing_in_child(root: Path, wanted: list[tuple[str, int, int]], difficulty: int) -> None:
+def _write_missing_in_child(root: Path, wanted: Sequence[tuple[str, int, int]], difficulty: int) -> None:
     """Write the missing ones of ``wanted`` (task, n, seed) files in one child Python process when this process has
     not imported torch (the driver: writing the media loads the media stack, ≈ 0.6 GB it never frees)."""
     missing = [
