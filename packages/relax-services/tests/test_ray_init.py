@@ -85,7 +85,11 @@ def test_actors_start_with_the_run_environment(local_ray: dict[str, object]) -> 
 def test_head_runs_no_unused_process(local_ray: dict[str, object]) -> None:
     tree = local_ray["tree"]
     assert isinstance(tree, list)
-    scripts = {"monitor": "autoscaler/_private/monitor.py", "log_monitor": "log_monitor.py", "dashboard": "dashboard.py"}
+    scripts = {
+        "monitor": "autoscaler/_private/monitor.py",
+        "log_monitor": "log_monitor.py",
+        "dashboard": "dashboard.py",
+    }
     assert set(scripts) == set(UNUSED_HEAD_PROCESSES)
     for process_type, script in scripts.items():
         assert not [cmd for cmd in tree if script in cmd], f"{process_type} still runs"
