@@ -90,9 +90,10 @@ def stop_unused_head_processes() -> list[str]:
     """Stop the :data:`UNUSED_HEAD_PROCESSES` of the local Ray this process started; returns those stopped.
 
     Ray's ``ray.init`` has no setting for them (``ray start`` has ``--no-monitor`` and ``--include-log-monitor``
-    only), so this asks the node object ``ray.init`` made to end them, the way Ray's own tests do; the node
-    forgets each one, so ``ray.shutdown`` does not look for it. A process this Ray version does not start, or
-    one already gone, is left out. Does nothing when this process joined a cluster instead.
+    only), so this asks the node object ``ray.init`` made to end them, as Ray's own tests do
+    (``Node.kill_monitor`` and the like); the node forgets each one, so ``ray.shutdown`` does not look for it. A
+    process this Ray version does not start, or one already gone, is left out. Does nothing when this process
+    joined a cluster instead.
     """
     import ray._private.worker as ray_worker
 
@@ -102,7 +103,9 @@ def stop_unused_head_processes() -> list[str]:
     stopped = []
     for process_type in UNUSED_HEAD_PROCESSES:
         if process_type in node.all_processes:
-            node._kill_process_type(process_type, allow_graceful=True, check_alive=False)
+            # SIGKILL, not SIGTERM: the autoscaler monitor reports a SIGTERM as its own failure, which the raylet
+            # then prints on the driver's console.
+            node._kill_process_type(process_type, allow_graceful=False, check_alive=False)
             stopped.append(process_type)
     return stopped
 
