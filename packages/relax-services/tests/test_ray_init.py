@@ -68,7 +68,6 @@ def local_ray() -> dict[str, object]:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    result["stderr"] = out.stderr
     return result
 
 
@@ -99,11 +98,6 @@ def test_head_runs_no_unused_process(local_ray: dict[str, object]) -> None:
         assert [cmd for cmd in tree if needed in cmd], f"{needed} missing"
     # No worker waits idle: the one worker is the actor's (prestarting is off).
     assert not [cmd for cmd in tree if cmd.startswith("ray::IDLE")], tree
-
-
-def test_stopping_them_prints_nothing(local_ray: dict[str, object]) -> None:
-    # A SIGTERM made the autoscaler monitor report its own failure, which the raylet printed on the driver.
-    assert "autoscaler failed" not in str(local_ray["stderr"])
 
 
 def test_system_config_reaches_the_head(local_ray: dict[str, object]) -> None:
