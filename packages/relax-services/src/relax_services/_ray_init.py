@@ -24,14 +24,12 @@ ACTOR_ENV: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "TOKENIZERS_PARALLELISM": "false",
-    # glibc gives each thread that allocates its own arena (up to 8 per core) and, once a large block has been
-    # freed, raises its mmap threshold up to 32 MiB, so later tensor-sized blocks come from arenas that fragment and
-    # never shrink. Two arenas, a fixed 128 KiB mmap threshold (blocks above it are unmapped when freed) and a 1 MiB
-    # trim threshold keep each process's heap near what it uses: measured on the default run, 25-40 MB less PSS per
-    # model process and 30 MB per queue actor at the peak.
+    # glibc gives each thread that allocates an arena of its own (up to 8 per core) and a service process has
+    # several (its work loop, Ray's task and I/O threads); two bound that growth. Measured on the default run at 2
+    # cores: no change of the peak (the arenas stay small there). Fixed mmap and trim thresholds were measured too and
+    # left out: 30-40 MB less PSS per model process at the peak, but 18 % slower training updates
+    # (benchmarks/malloc_env.py).
     "MALLOC_ARENA_MAX": "2",
-    "MALLOC_MMAP_THRESHOLD_": "131072",
-    "MALLOC_TRIM_THRESHOLD_": "1048576",
 }
 """Environment of every Ray worker process of a run (the job's ``runtime_env``; set before the process starts, so
 glibc reads the ``MALLOC_*`` settings)."""
