@@ -1,0 +1,109 @@
+"""A local Ray started by ``init_ray`` runs only what relax uses: the actors get the run's environment (threads and
+glibc's malloc settings) from the moment they start, Ray's head runs no autoscaler monitor, log monitor or
+dashboard server and prestarts no idle worker, its system config records no task events, and an actor that dies
+still comes back with Ray's restart and the same environment.
+
+Each case starts Ray in a fresh interpreter (as ``relax train`` does) and reads what runs from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relax_services._ray_init import ACTOR_ENV, LOCAL_SYSTEM_CONFIG, UNUSED_HEAD_PROCESSES
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux only)")
+
+_SCRIPT = """
+import json, os, signal
+import psutil, ray
+from relax_services._ray_init import init_ray
+
+
+@ray.remote(max_restarts=1, max_task_retries=0)
+class Probe:
+    def start_env(self):
+        # /proc/self/environ is the environment the process was exec'd with (what glibc read), not os.environ.
+        raw = open("/proc/self/environ", "rb").read().split(b"\\0")
+        return os.getpid(), dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def tree():
+    root = psutil.Process()
+    out = []
+    for proc in root.children(recursive=True):
+        try:
+            out.append(" ".join(proc.cmdline()))
+        except psutil.Error:
+            pass
+    return out
+
+
+started = init_ray(None)
+probe = Probe.remote()
+pid, env = ray.get(probe.start_env.remote(), timeout=120)
+first = tree()
+os.kill(pid, signal.SIGKILL)
+while True:  # the call fails until Ray has restarted the actor in a new process
+    try:
+        pid2, env2 = ray.get(probe.start_env.remote(), timeout=120)
+        break
+    except ray.exceptions.RayActorError:
+        continue
+config = ray._private.state.state.get_system_config()
+ray.shutdown()
+print(json.dumps({"started": started, "env": env, "tree": first, "pid": pid, "pid2": pid2, "env2": env2,
+                  "config": {key: config.get(key) for key in %r}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> dict[str, object]:
+    script = _SCRIPT % (sorted(LOCAL_SYSTEM_CONFIG),)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_actors_start_with_the_run_environment(local_ray: dict[str, object]) -> None:
+    assert local_ray["started"] is True
+    env = local_ray["env"]
+    assert isinstance(env, dict)
+    assert {key: env.get(key) for key in ACTOR_ENV} == ACTOR_ENV
+    # glibc reads these at start-up only: they must be in the exec'd environment, with the values documented.
+    assert env["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_head_runs_no_unused_process(local_ray: dict[str, object]) -> None:
+    tree = local_ray["tree"]
+    assert isinstance(tree, list)
+    scripts = {
+        "monitor": "autoscaler/_private/monitor.py",
+        "log_monitor": "log_monitor.py",
+        "dashboard": "dashboard.py",
+    }
+    assert set(scripts) == set(UNUSED_HEAD_PROCESSES)
+    for process_type, script in scripts.items():
+        assert not [cmd for cmd in tree if script in cmd], f"{process_type} still runs"
+    # What relax needs is still there: GCS, the raylet, and the agents the raylet fate-shares with.
+    for needed in ("gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+        assert [cmd for cmd in tree if needed in cmd], f"{needed} missing"
+    # No worker waits idle: the one worker is the actor's (prestarting is off).
+    assert not [cmd for cmd in tree if cmd.startswith("ray::IDLE")], tree
+
+
+def test_system_config_reaches_the_head(local_ray: dict[str, object]) -> None:
+    assert local_ray["config"] == LOCAL_SYSTEM_CONFIG
+
+
+def test_a_killed_actor_restarts_with_the_same_environment(local_ray: dict[str, object]) -> None:
+    assert local_ray["pid2"] != local_ray["pid"]
+    env2 = local_ray["env2"]
+    assert isinstance(env2, dict)
+    assert {key: env2.get(key) for key in ACTOR_ENV} == ACTOR_ENV
