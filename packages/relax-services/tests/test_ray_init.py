@@ -107,3 +107,21 @@ def test_a_killed_actor_restarts_with_the_same_environment(local_ray: dict[str, 
     env2 = local_ray["env2"]
     assert isinstance(env2, dict)
     assert {key: env2.get(key) for key in ACTOR_ENV} == ACTOR_ENV
+
+
+def test_a_ray_without_the_private_node_api_keeps_its_head_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray version whose node object lacks ``_kill_process_type`` leaves the processes running instead of failing
+    the run's start-up (``stop_unused_head_processes`` uses that private name)."""
+    import ray._private.worker as ray_worker
+
+    from relax_services._ray_init import stop_unused_head_processes
+
+    class OldNode:
+        def __init__(self) -> None:
+            self.head = True
+            self.all_processes = {"monitor": [object()], "log_monitor": [object()]}
+
+    node = OldNode()
+    monkeypatch.setattr(ray_worker, "_global_node", node, raising=False)
+    assert stop_unused_head_processes() == []
+    assert set(node.all_processes) == {"monitor", "log_monitor"}

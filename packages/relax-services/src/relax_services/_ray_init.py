@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
@@ -16,6 +17,8 @@ __all__ = [
     "init_ray",
     "stop_unused_head_processes",
 ]
+
+logger = logging.getLogger(__name__)
 
 _REAPER: Any = None
 
@@ -95,8 +98,14 @@ def stop_unused_head_processes() -> list[str]:
     """
     import ray._private.worker as ray_worker
 
-    node = ray_worker._global_node
+    node = getattr(ray_worker, "_global_node", None)
     if node is None or not node.head:
+        return []
+    if not callable(getattr(node, "_kill_process_type", None)) or not isinstance(
+        getattr(node, "all_processes", None), dict
+    ):
+        # A Ray version without these private names: its head keeps those processes (memory only, nothing breaks).
+        logger.debug("this Ray version's node object cannot stop head processes; left running")
         return []
     stopped = []
     for process_type in UNUSED_HEAD_PROCESSES:
