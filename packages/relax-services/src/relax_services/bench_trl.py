@@ -45,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from relax_services.footprint import PeakMemory
+from relax_services.footprint import PeakMemory, UpdateSplit
 
 __all__ = [
+    "RELAX_MODES",
+    "BenchSettings",
     "SideResult",
     "crossing",
     "format_spread",
@@ -58,10 +60,35 @@ __all__ = [
 ]
 
 THRESHOLDS = (0.3, 0.5, 0.8)
+N_PROMPTS = 25  # the task's prompts: a+b= for 0 <= a, b <= 4
 WINDOW = 10  # updates in the moving average of the training reward
 SCHEDULE_SLACK = 8  # updates of prompts in the schedule past the last update (relax's admission runs ahead at τ > 0)
 SKIP = 10  # first updates left out of the per-update median (allocator and cache warm-up)
 TRL_VERSION = "1.16.0"
+RELAX_MODES = ("colocated", "distributed")  # relax's run.mode values a relax side can take
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The task's learning settings, the same on both sides (the rest of :class:`BenchHParams` is fixed).
+
+    Attributes:
+        lr: Learning rate, constant.
+        group_size: Completions per prompt (GRPO's group).
+        groups_per_step: Prompts per update (of the 25; each update's are distinct).
+    """
+
+    lr: float = 1e-3
+    group_size: int = 8
+    groups_per_step: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"bench lr must be > 0, got {self.lr}")
+        if self.group_size < 2:
+            raise ValueError(f"bench group_size must be >= 2 (a group's std needs two samples), got {self.group_size}")
+        if not 1 <= self.groups_per_step <= N_PROMPTS:
+            raise ValueError(f"bench groups_per_step must be in 1..{N_PROMPTS}, got {self.groups_per_step}")
 
 
 @dataclass
@@ -76,6 +103,7 @@ class SideResult:
         samples: Completions per update.
         peak_bytes: Peak PSS of the side's process tree.
         wall_s: Command start to process exit.
+        split: A relax side's per-update split from its run's metrics (None for TRL).
     """
 
     name: str
@@ -85,6 +113,7 @@ class SideResult:
     samples: int = 0
     peak_bytes: int = 0
     wall_s: float = 0.0
+    split: UpdateSplit | None = None
 
 
 def crossing(times: Sequence[float], rewards: Sequence[float], threshold: float, window: int = WINDOW) -> int | None:
@@ -119,6 +148,13 @@ def summarise(side: SideResult) -> dict[str, float | None]:
     out["final_reward"] = statistics.fmean(side.rewards[-WINDOW:]) if side.rewards else None
     out["peak_gb"] = side.peak_bytes / 1e9
     out["wall_s"] = side.wall_s
+    split = side.split
+    out["interval_s"] = None if split is None else split.interval_s
+    out["compute_s"] = None if split is None else split.compute_s
+    out["publish_s"] = None if split is None else split.publish_s
+    out["wait_s"] = None if split is None else split.wait_s
+    out["queue_s"] = None if split is None else split.queue_s
+    out["other_s"] = None if split is None else split.other_s
     return out
 
 
@@ -138,18 +174,19 @@ class BenchHParams(TypedDict):
     intra_op_threads: int
 
 
-def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
+def _hparams(updates: int, seed: int, work: Path, settings: BenchSettings | None = None) -> BenchHParams:
     from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS
     from relax_services.models import open_checkpoint
 
+    settings = settings or BenchSettings()
     return {
         "updates": updates,
         "seed": seed,
-        "group_size": 8,
-        "groups_per_step": 16,
+        "group_size": settings.group_size,
+        "groups_per_step": settings.groups_per_step,
         "max_new_tokens": 1,
         "temperature": 1.0,
-        "lr": 1e-3,
+        "lr": settings.lr,
         "grad_clip": 1.0,
         "clip_eps": 0.2,
         "suppressed_ids": list(open_checkpoint(work / "model").tokens.never_sample),
@@ -273,11 +310,18 @@ def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
     return side
 
 
-def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
-    """The ``relax train`` overrides of relax's side at ``tau``: the bench's hyper-parameters in relax's keys."""
-    name = f"relax-colocated-tau{tau}"
+def _side_name(mode: str, tau: int) -> str:
+    return f"relax-{mode}-tau{tau}"
+
+
+def relax_overrides(work: Path, hp: BenchHParams, tau: int, mode: str = "colocated") -> list[str]:
+    """The ``relax train`` overrides of relax's side at ``tau`` in ``mode`` (one of :data:`RELAX_MODES`): the
+    bench's hyper-parameters in relax's keys."""
+    if mode not in RELAX_MODES:
+        raise ValueError(f"relax side mode must be one of {RELAX_MODES}, got {mode!r}")
+    name = _side_name(mode, tau)
     return [
-        "run.mode=colocated",
+        f"run.mode={mode}",
         f"run.output_dir={work}",
         f"run.name={name}",
         "run.progress=none",
@@ -313,24 +357,27 @@ def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
     ]
 
 
-def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
+def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str], mode: str = "colocated") -> SideResult:
     from relax_services._metrics import read_metrics
+    from relax_services.footprint import update_split
 
-    name = f"relax-colocated-tau{tau}"
-    overrides = relax_overrides(work, hp, tau)
+    name = _side_name(mode, tau)
+    overrides = relax_overrides(work, hp, tau, mode)
     cmd = [sys.executable, "-m", "relax_services.cli", "train", *overrides]
     shutil.rmtree(work / name, ignore_errors=True)  # a fresh run folder: metrics.jsonl appends
-    side = _run(f"relax colocated τ={tau}", cmd, env, work / f"{name}.log")
-    for record in read_metrics(work / name / "metrics.jsonl", "train"):
+    side = _run(f"relax {mode} τ={tau}", cmd, env, work / f"{name}.log")
+    metrics = work / name / "metrics.jsonl"
+    for record in read_metrics(metrics, "train"):
         side.times.append(float(record["time"]))
         side.rewards.append(float(record["reward"]))
         side.samples = int(record["samples"])
+    side.split = update_split(metrics)
     return side
 
 
-def _fmt(value: float | None, unit: str = "") -> str:
+def _fmt(value: float | None, unit: str = "", missing: str = "not reached") -> str:
     if value is None:
-        return "not reached"
+        return missing
     if unit == "GB":
         return f"{value:.2f} GB"
     if unit == "n":
@@ -354,6 +401,15 @@ def format_table(sides: list[SideResult]) -> str:
         ("peak PSS of the process tree", "peak_gb", "GB"),
         ("command wall-clock (incl. exit)", "wall_s", "s"),
     ]
+    # relax's per-update split (medians; TRL has no such split): where the seconds per update go
+    split_rows = [
+        ("relax trainer: interval between updates", "interval_s"),
+        ("  compute (batch, forward, backward, step)", "compute_s"),
+        ("  publish weights", "publish_s"),
+        ("  wait for a complete batch", "wait_s"),
+        ("  queue calls (renew, ack, version)", "queue_s"),
+        ("  outside these (record, loop, GIL)", "other_s"),
+    ]
     figures = [summarise(s) for s in sides]
     head = "| | " + " | ".join(s.name for s in sides) + " |"
     lines = [head, "|" + " --- |" * (len(sides) + 1)]
@@ -367,6 +423,10 @@ def format_table(sides: list[SideResult]) -> str:
                 text += f" ({value / base:.2f}×)"
             cells.append(text)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any(f["compute_s"] is not None for f in figures):
+        for label, key in split_rows:
+            cells = [_fmt(f[key], "s", missing="—") for f in figures]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -398,22 +458,29 @@ def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
     return "\n".join(lines)
 
 
-def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list[SideResult]:
-    """One seed: write the model and task, run TRL then relax at each τ, save the table (``work/results.md``)."""
+def _bench_one(
+    work: Path,
+    updates: int,
+    sides_wanted: Sequence[tuple[str, int]],
+    seed: int,
+    settings: BenchSettings,
+) -> list[SideResult]:
+    """One seed: write the model and task, run TRL then each relax side (``(mode, τ)``), save the table
+    (``work/results.md``)."""
     work.mkdir(parents=True, exist_ok=True)
     _write_model(work, seed)
-    hp = _hparams(updates, seed, work)
+    hp = _hparams(updates, seed, work, settings)
     _write_task(work, hp)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     print(
         f"relax bench trl: seed {seed}, {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} "
-        f"samples per update, in {work}",
+        f"samples per update, lr {hp['lr']:g}, in {work}",
         flush=True,
     )
     sides = [_run_trl(work, hp, env)]
     print(f"  {sides[-1].name}: done in {sides[-1].wall_s:.0f}s", flush=True)
-    for tau in taus:
-        sides.append(_run_relax(work, hp, tau, env))
+    for mode, tau in sides_wanted:
+        sides.append(_run_relax(work, hp, tau, env, mode))
         print(f"  {sides[-1].name}: done in {sides[-1].wall_s:.0f}s", flush=True)
     table = format_table(sides)
     (work / "results.md").write_text(table + "\n", encoding="utf-8")
@@ -424,16 +491,25 @@ def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list
 
 
 def run_trl_bench(
-    work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0, seeds: Sequence[int] = ()
+    work: Path,
+    updates: int = 400,
+    taus: Sequence[int] = (0, 2),
+    seed: int = 0,
+    seeds: Sequence[int] = (),
+    distributed_taus: Sequence[int] = (2,),
+    settings: BenchSettings | None = None,
 ) -> int:
-    """Run the bench at ``seed`` in ``work``; with ``seeds``, once per seed in ``work/seed-<n>``, then print and save
-    the per-seed updates to each threshold with their medians (``work/spread.md``): the initial weights, the
-    prompt order and the samples all follow the seed, and one seed is not a measurement of sample efficiency."""
+    """Run the bench at ``seed`` in ``work``: TRL, then relax colocated at each of ``taus`` and distributed at
+    each of ``distributed_taus``; with ``seeds``, once per seed in ``work/seed-<n>``, then print and save the
+    per-seed updates to each threshold with their medians (``work/spread.md``): the initial weights, the prompt
+    order and the samples all follow the seed, and one seed is not a measurement of sample efficiency."""
     work = work.resolve()
+    settings = settings or BenchSettings()
+    wanted = [("colocated", t) for t in taus] + [("distributed", t) for t in distributed_taus]
     if not seeds:
-        _bench_one(work, updates, taus, seed)
+        _bench_one(work, updates, wanted, seed, settings)
         return 0
-    by_seed = {s: _bench_one(work / f"seed-{s}", updates, taus, s) for s in seeds}
+    by_seed = {s: _bench_one(work / f"seed-{s}", updates, wanted, s, settings) for s in seeds}
     spread = format_spread(by_seed)
     (work / "spread.md").write_text(spread + "\n", encoding="utf-8")
     print(spread, flush=True)
