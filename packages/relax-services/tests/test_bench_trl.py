@@ -227,3 +227,27 @@ def test_table_shows_relax_per_update_split_and_a_dash_for_trl() -> None:
     assert "|   queue calls (renew, ack, version) | — | 0.005s |" in table
     assert "|   outside these (record, loop, GIL) | — | 0.035s |" in table
     assert "relax trainer" not in format_table([trl, trl])  # no relax side, no split rows
+
+
+def test_spread_also_gives_wall_seconds_ratios_of_medians_and_counts_of_runs_reaching() -> None:
+    # Side A's rewards step 0 -> 1 at update 10, 12, 30 (seeds 0, 1, 2), B's at 20, never, never; updates 1 s apart
+    # from t = 0 with the command at 0, so the wall seconds to a threshold are the update index: (k + 2), (k + 4),
+    # (k + 7) for 0.3 / 0.5 / 0.8.
+    by_seed = {
+        0: [_side("A", 10), _side("B", 20)],
+        1: [_side("A", 12), _side("B", None)],
+        2: [_side("A", 30), _side("B", None)],
+    }
+    lines = format_spread(by_seed).splitlines()
+    assert lines[6] == "| median ratio to the first side | 1.00× / 1.00× / 1.00× | — / — / — |"
+    wall = lines[lines.index("") + 1 :]
+    assert wall[0] == "| seed | A: wall s to 0.3 / 0.5 / 0.8 | B: wall s to 0.3 / 0.5 / 0.8 |"
+    assert wall[2] == "| 0 | 12 / 14 / 17 | 22 / 24 / 27 |"
+    assert wall[5] == "| median | 14 / 16 / 19 | — / — / — |"  # A: medians of (12, 14, 32), (14, 16, 34), ...
+    assert wall[7] == "| runs that reached it | 3 of 3 / 3 of 3 / 3 of 3 | 1 of 3 / 1 of 3 / 1 of 3 |"
+    two = {s: [_side("A", 10 + s), _side("B", 8 + s)] for s in (0, 1)}
+    ratio_lines = [x for x in format_spread(two).splitlines() if x.startswith("| median ratio")]
+    # updates to 0.3 / 0.5 / 0.8 are k + 3, k + 5, k + 8: A's medians over k = 10, 11 are 13.5 / 15.5 / 18.5, B's
+    # over k = 8, 9 are 11.5 / 13.5 / 16.5
+    want = f"{11.5 / 13.5:.2f}× / {13.5 / 15.5:.2f}× / {16.5 / 18.5:.2f}×"
+    assert ratio_lines[0] == f"| median ratio to the first side | 1.00× / 1.00× / 1.00× | {want} |"

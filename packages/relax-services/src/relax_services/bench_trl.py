@@ -447,27 +447,59 @@ def _cell(value: float) -> str:
     return "—" if math.isinf(value) else f"{value:.0f}"
 
 
-def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
-    """Markdown table of the updates to each reward threshold, one row per seed and a median row per side.
-
-    A threshold a side never reached counts as infinitely many updates, so a median of "—" means that more than
-    half of the seeds (half, for an even count) did not reach it.
-    """
+def _spread_table(
+    by_seed: Mapping[int, Sequence[SideResult]], key: str, what: str
+) -> tuple[list[str], dict[str, list[float]]]:
+    """One spread table of ``{key}_{threshold}`` (updates or wall seconds): a row per seed, then the medians;
+    returns its lines and each side's medians per threshold (a threshold never reached counts as infinite)."""
     names = [s.name for s in next(iter(by_seed.values()))]
     counts: dict[str, list[list[float]]] = {name: [[] for _ in THRESHOLDS] for name in names}
-    head = "| seed | " + " | ".join(f"{n}: updates to {' / '.join(str(t) for t in THRESHOLDS)}" for n in names) + " |"
+    head = "| seed | " + " | ".join(f"{n}: {what} {' / '.join(str(t) for t in THRESHOLDS)}" for n in names) + " |"
     lines = [head, "|" + " --- |" * (len(names) + 1)]
     for seed, sides in by_seed.items():
         cells = []
         for side in sides:
             figures = summarise(side)
-            values = [figures[f"updates_to_{t}"] for t in THRESHOLDS]
+            values = [figures[f"{key}_{t}"] for t in THRESHOLDS]
             for k, v in enumerate(values):
                 counts[side.name][k].append(math.inf if v is None else v)
             cells.append(" / ".join(_cell(math.inf if v is None else v) for v in values))
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    medians = [" / ".join(_cell(statistics.median(c)) for c in counts[n]) for n in names]
-    lines.append("| median | " + " | ".join(medians) + " |")
+    medians = {n: [statistics.median(c) for c in counts[n]] for n in names}
+    lines.append("| median | " + " | ".join(" / ".join(_cell(m) for m in medians[n]) for n in names) + " |")
+    return lines, medians
+
+
+def _ratio(value: float, base: float) -> str:
+    return "—" if math.isinf(value) or math.isinf(base) or base == 0 else f"{value / base:.2f}×"
+
+
+def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
+    """Markdown tables of the updates and of the wall seconds from the command to each reward threshold, one row
+    per seed, a median row per side, the medians' ratios to the first side (TRL) and how many runs reached each
+    threshold.
+
+    A threshold a side never reached counts as infinitely many updates (seconds), so a median of "—" means that
+    more than half of the seeds (half, for an even count) did not reach it; a ratio with such a median is "—".
+    """
+    names = [s.name for s in next(iter(by_seed.values()))]
+    lines: list[str] = []
+    for key, what in (("updates_to", "updates to"), ("wall_to", "wall s to")):
+        table, medians = _spread_table(by_seed, key, what)
+        if lines:
+            lines.append("")
+        lines += table
+        base = medians[names[0]]
+        ratios = [" / ".join(_ratio(m, b) for m, b in zip(medians[n], base, strict=True)) for n in names]
+        lines.append("| median ratio to the first side | " + " | ".join(ratios) + " |")
+    reached = []
+    for i, name in enumerate(names):
+        sums = [
+            sum(summarise(sides[i])[f"updates_to_{t}"] is not None for sides in by_seed.values()) for t in THRESHOLDS
+        ]
+        reached.append(" / ".join(f"{k} of {len(by_seed)}" for k in sums))
+        assert all(sides[i].name == name for sides in by_seed.values())  # every seed ran the same sides
+    lines.append("| runs that reached it | " + " | ".join(reached) + " |")
     return "\n".join(lines)
 
 
