@@ -79,7 +79,9 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     from relax_services.models._light import CheckpointError
 
     try:  # the model folder's contents (architecture, sizes, tokenizer) before a run folder, Ray or any service
-        check_source(cfg.model.source, cfg.model.seed)  # in a child process: this one never imports the model stack
+        # Distributed: in a child process, as this one never imports the model stack; colocated: here, where the
+        # services import it anyway.
+        check_source(cfg.model.source, cfg.model.seed, in_process=cfg.run.mode == "colocated")
     except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
