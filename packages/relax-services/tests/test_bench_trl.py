@@ -9,6 +9,7 @@ import pytest
 from relax_services import bench_trl
 from relax_services.bench_trl import (
     BenchHParams,
+    BenchSettings,
     SideResult,
     crossing,
     format_spread,
@@ -18,6 +19,7 @@ from relax_services.bench_trl import (
     summarise,
 )
 from relax_services.config import load_run_config
+from relax_services.footprint import UpdateSplit
 
 
 def test_crossing_needs_a_full_window() -> None:
@@ -150,7 +152,9 @@ def test_command_line_passes_the_seed_and_the_seed_list(monkeypatch: pytest.Monk
 
     calls: list[tuple[object, ...]] = []
 
-    def record(work: Path, updates: int, taus: list[int], seed: int = 0, seeds: list[int] | None = None) -> int:
+    def record(
+        work: Path, updates: int, taus: list[int], seed: int = 0, seeds: list[int] | None = None, **_: object
+    ) -> int:
         calls.append((work, updates, taus, seed, seeds))
         return 0
 
@@ -158,3 +162,92 @@ def test_command_line_passes_the_seed_and_the_seed_list(monkeypatch: pytest.Monk
     assert cli.main(["bench", "trl", "--work", str(tmp_path), "--seed", "3", "--taus", "0"]) == 0
     assert cli.main(["bench", "trl", "--work", str(tmp_path), "--seeds", "0,1,2", "--updates", "50"]) == 0
     assert calls == [(tmp_path, 400, [0], 3, []), (tmp_path, 50, [0, 2], 0, [0, 1, 2])]
+
+
+def test_command_line_passes_the_distributed_sides_and_the_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from relax_services import cli
+
+    calls: list[dict[str, object]] = []
+
+    def record(work: Path, updates: int, taus: list[int], **kw: object) -> int:
+        calls.append({"taus": taus, **kw})
+        return 0
+
+    monkeypatch.setattr(bench_trl, "run_trl_bench", record)
+    assert cli.main(["bench", "trl", "--work", str(tmp_path)]) == 0
+    argv = ["--taus", "", "--distributed-taus", "1,2", "--lr", "5e-4", "--group-size", "16", "--groups-per-step", "8"]
+    assert cli.main(["bench", "trl", "--work", str(tmp_path), *argv]) == 0
+    assert calls[0]["distributed_taus"] == [2]
+    assert calls[0]["settings"] == BenchSettings()
+    assert calls[1]["taus"] == []
+    assert calls[1]["distributed_taus"] == [1, 2]
+    assert calls[1]["settings"] == BenchSettings(lr=5e-4, group_size=16, groups_per_step=8)
+
+
+def test_distributed_side_differs_from_the_colocated_one_only_in_mode_and_name(tmp_path: Path) -> None:
+    hp = _hparams(1)
+    colocated = relax_overrides(tmp_path, hp, tau=2)
+    distributed = relax_overrides(tmp_path, hp, tau=2, mode="distributed")
+    changed = sorted(set(distributed) - set(colocated))
+    assert changed == ["run.mode=distributed", "run.name=relax-distributed-tau2"]
+    cfg = load_run_config(None, distributed)
+    assert cfg.run.mode == "distributed"
+    assert cfg.staleness.tau == 2
+    with pytest.raises(ValueError, match="mode must be one of"):
+        relax_overrides(tmp_path, hp, tau=2, mode="fused")
+
+
+def test_settings_reach_both_sides_and_bad_ones_name_the_field(tmp_path: Path) -> None:
+    bench_trl._write_model(tmp_path, seed=0)
+    settings = BenchSettings(lr=3e-4, group_size=16, groups_per_step=8)
+    hp = bench_trl._hparams(100, 0, tmp_path, settings)
+    assert (hp["lr"], hp["group_size"], hp["groups_per_step"]) == (3e-4, 16, 8)
+    cfg = load_run_config(None, relax_overrides(tmp_path, hp, tau=0))
+    assert cfg.optimizer.lr == pytest.approx(3e-4)
+    assert cfg.algorithm.group_size == 16
+    assert cfg.trainer.groups_per_step == 8 and cfg.rollout.groups_per_call == 8
+    with pytest.raises(ValueError, match="group_size"):
+        BenchSettings(group_size=1)
+    with pytest.raises(ValueError, match="groups_per_step"):
+        BenchSettings(groups_per_step=26)
+    with pytest.raises(ValueError, match="lr"):
+        BenchSettings(lr=0.0)
+
+
+def test_table_shows_relax_per_update_split_and_a_dash_for_trl() -> None:
+    times = [float(i) for i in range(20)]
+    trl = SideResult("TRL", 0.0, times, [0.0] * 20, samples=8)
+    split = UpdateSplit(20, 0.08, 0.02, 0.01, 0.005, 0.15, 0.035)
+    relax = SideResult("relax", 0.0, times, [0.0] * 20, samples=8, split=split)
+    table = format_table([trl, relax])
+    assert "| relax trainer: interval between updates | — | 0.150s |" in table
+    assert "|   compute (batch, forward, backward, step) | — | 0.080s |" in table
+    assert "|   queue calls (renew, ack, version) | — | 0.005s |" in table
+    assert "|   outside these (record, loop, GIL) | — | 0.035s |" in table
+    assert "relax trainer" not in format_table([trl, trl])  # no relax side, no split rows
+
+
+def test_spread_also_gives_wall_seconds_ratios_of_medians_and_counts_of_runs_reaching() -> None:
+    # Side A's rewards step 0 -> 1 at update 10, 12, 30 (seeds 0, 1, 2), B's at 20, never, never; updates 1 s apart
+    # from t = 0 with the command at 0, so the wall seconds to a threshold are the update index: (k + 2), (k + 4),
+    # (k + 7) for 0.3 / 0.5 / 0.8.
+    by_seed = {
+        0: [_side("A", 10), _side("B", 20)],
+        1: [_side("A", 12), _side("B", None)],
+        2: [_side("A", 30), _side("B", None)],
+    }
+    lines = format_spread(by_seed).splitlines()
+    assert lines[6] == "| median ratio to the first side | 1.00× / 1.00× / 1.00× | — / — / — |"
+    wall = lines[lines.index("") + 1 :]
+    assert wall[0] == "| seed | A: wall s to 0.3 / 0.5 / 0.8 | B: wall s to 0.3 / 0.5 / 0.8 |"
+    assert wall[2] == "| 0 | 12 / 14 / 17 | 22 / 24 / 27 |"
+    assert wall[5] == "| median | 14 / 16 / 19 | — / — / — |"  # A: medians of (12, 14, 32), (14, 16, 34), ...
+    assert wall[7] == "| runs that reached it | 3 of 3 / 3 of 3 / 3 of 3 | 1 of 3 / 1 of 3 / 1 of 3 |"
+    two = {s: [_side("A", 10 + s), _side("B", 8 + s)] for s in (0, 1)}
+    ratio_lines = [x for x in format_spread(two).splitlines() if x.startswith("| median ratio")]
+    # updates to 0.3 / 0.5 / 0.8 are k + 3, k + 5, k + 8: A's medians over k = 10, 11 are 13.5 / 15.5 / 18.5, B's
+    # over k = 8, 9 are 11.5 / 13.5 / 16.5
+    want = f"{11.5 / 13.5:.2f}× / {13.5 / 15.5:.2f}× / {16.5 / 18.5:.2f}×"
+    assert ratio_lines[0] == f"| median ratio to the first side | 1.00× / 1.00× / 1.00× | {want} |"

@@ -35,6 +35,27 @@ def test_update_split_is_the_median_of_each_part(tmp_path: Path) -> None:
     assert "1.23 GB" in text
 
 
+def test_update_split_accounts_for_the_interval_between_updates(tmp_path: Path) -> None:
+    # Three updates at t = 10.0, 10.5, 11.3: intervals 0.5 and 0.8. Update 2's parts sum to 0.1 + 0.05 + 0.2 +
+    # 0.05 = 0.4 (0.1 outside them), update 3's to 0.2 + 0.05 + 0.3 + 0.05 = 0.6 (0.2 outside).
+    path = tmp_path / "metrics.jsonl"
+    _write(
+        path,
+        [
+            {"kind": "train", "time": 10.0, "train_s": 9.0, "weight_sync_s": 0.05, "wait_s": 9.0, "queue_s": 0.01},
+            {"kind": "train", "time": 10.5, "train_s": 0.1, "weight_sync_s": 0.05, "wait_s": 0.2, "queue_s": 0.05},
+            {"kind": "train", "time": 11.3, "train_s": 0.2, "weight_sync_s": 0.05, "wait_s": 0.3, "queue_s": 0.05},
+        ],
+    )
+    split = update_split(path)
+    assert split is not None
+    assert split.queue_s == pytest.approx(0.05)
+    assert split.interval_s == pytest.approx(0.65)  # median of 0.5 and 0.8
+    assert split.other_s == pytest.approx(0.15)  # median of 0.1 and 0.2
+    text = format_footprint(split, None)
+    assert "queue calls 0.050s; interval 0.650s, of it outside these 0.150s" in text
+
+
 def test_update_split_without_updates(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     _write(path, [{"kind": "eval", "version": 0}])

@@ -23,21 +23,28 @@ _ERRORS: dict[str, type[CheckpointError]] = {"not_found": CheckpointNotFoundErro
 """The child's error kind → the error raised here (an unsupported architecture is an invalid checkpoint)."""
 
 
-def check_source(source: str | Path, seed: int = 0) -> Path:
+def check_source(source: str | Path, seed: int = 0, *, in_process: bool = False) -> Path:
     """The validated checkpoint folder of ``model.source`` (``"tiny-omni"``: the default one, written first when
     missing), checked once per process and source.
+
+    Args:
+        source: ``model.source``.
+        seed: ``model.seed`` (the default checkpoint's initial weights).
+        in_process: Validate here, importing the model stack, instead of in a child process: for a process that
+            imports it anyway (the colocated mode), where the child would only add an interpreter's start and a
+            second import of torch and transformers.
 
     Raises:
         CheckpointNotFoundError: The folder or its ``config.json`` does not exist.
         CheckpointError: Anything else :func:`~relax_services.models.validate_checkpoint` rejects (the message
             names the path and the problem).
     """
-    return _check(str(source), int(seed))
+    return _check(str(source), int(seed), in_process)
 
 
 @functools.cache
-def _check(source: str, seed: int) -> Path:
-    if "transformers" in sys.modules:  # the model stack is here already: no child process to pay for
+def _check(source: str, seed: int, in_process: bool) -> Path:
+    if in_process or "transformers" in sys.modules:  # the model stack is (or will be) here: no child to pay for
         return _answer(_main(source, seed))
     out = subprocess.run(
         [sys.executable, "-m", "relax_services._source_check", source, str(seed)],

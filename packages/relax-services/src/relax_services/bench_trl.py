@@ -1,5 +1,10 @@
-"""``relax bench trl``: TRL's ``GRPOTrainer`` against relax (colocated, τ = 0 and τ = 2) on one task, one after
-the other in one run, side by side with ratios.
+"""``relax bench trl``: TRL's ``GRPOTrainer`` against relax (colocated at τ = 0 and τ = 2, distributed at τ = 2) on
+one task, one after the other in one run, side by side with ratios.
+
+Colocated runs every role as a thread of one process: at τ ≥ 1 rollout and training then overlap only inside torch
+kernels (the GIL), so on two cores with a tiny model τ = 2 is no faster than τ = 0. The distributed side runs the
+rollout, reward and trainer in their own processes, so at τ ≥ 1 rollout uses the second core while the trainer
+computes; its table rows show where each update's seconds go (relax's per-update split).
 
 The task: single-digit addition. A prompt is ``a+b=`` with digits 0 ≤ a, b ≤ 4 (all 25 pairs); the
 completion is one token, and the reward is relax-core's ``exact_match_reward`` (1 when the decoded completion is the
@@ -19,7 +24,10 @@ draws them; both sides read the one schedule unshuffled), the seed (initial weig
 torch and its thread count (TRL runs on this environment's torch through a venv layered over it, at relax's one
 intra-op thread).
 
-Not held equal: relax also computes the final held-out evaluation, which TRL does not; the random streams (TRL
+Not held equal: the ε added to the group std (TRL 1e-4, relax-core 1e-6; with 0/1 rewards a group's unbiased std is
+0 or at least sqrt(1/n) ≥ 0.25 for n ≤ 16, so the two scale an advantage within 4e-4 of each other, and a
+uniform group's advantages are 0 either way); relax also computes the final held-out evaluation, which TRL does
+not; the random streams (TRL
 samples through ``generate`` on torch's global generator, relax on a generator seeded per rollout call), so one
 seed's two runs are two draws, not one run twice: compare sides over several seeds (``--seeds``).
 
@@ -32,94 +40,71 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from relax_services._bench_trl_figures import (
+    SideResult,
+    crossing,
+    format_spread,
+    format_table,
+    summarise,
+)
 from relax_services.footprint import PeakMemory
 
 __all__ = [
+    "RELAX_MODES",
+    "BenchSettings",
     "SideResult",
     "crossing",
     "format_spread",
+    "format_table",
     "prompt_schedule",
     "relax_overrides",
     "run_trl_bench",
     "summarise",
 ]
 
-THRESHOLDS = (0.3, 0.5, 0.8)
-WINDOW = 10  # updates in the moving average of the training reward
+N_PROMPTS = 25  # the task's prompts: a+b= for 0 <= a, b <= 4
 SCHEDULE_SLACK = 8  # updates of prompts in the schedule past the last update (relax's admission runs ahead at τ > 0)
-SKIP = 10  # first updates left out of the per-update median (allocator and cache warm-up)
 TRL_VERSION = "1.16.0"
+RELAX_MODES = ("colocated", "distributed")  # relax's run.mode values a relax side can take
 
 
-@dataclass
-class SideResult:
-    """One side's timeline and what is derived from it.
+@dataclass(frozen=True)
+class BenchSettings:
+    """The task's learning settings, the same on both sides (the rest of :class:`BenchHParams` is fixed).
+
+    The defaults are the settings under which both sides reach the 0.8 threshold on most seeds: 8 prompts × 16
+    completions. With 16 × 8 (the same 128 samples per update) at lr 1e-3 both sides collapse onto confident wrong
+    answers for some prompts (a group of 8 that all miss carries no signal) and reach 0.8 in about 2 runs of 6;
+    lr 2e-3 collapses more often, lr 5e-4 and 4 × 32 are slower (the README's bench section has the figures).
 
     Attributes:
-        name: Column header.
-        start: Wall time the command was launched.
-        times: Wall time each update ended.
-        rewards: Mean training reward of each update's batch.
-        samples: Completions per update.
-        peak_bytes: Peak PSS of the side's process tree.
-        wall_s: Command start to process exit.
+        lr: Learning rate, constant.
+        group_size: Completions per prompt (GRPO's group).
+        groups_per_step: Prompts per update (of the 25; each update's are distinct).
     """
 
-    name: str
-    start: float
-    times: list[float] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    samples: int = 0
-    peak_bytes: int = 0
-    wall_s: float = 0.0
+    lr: float = 1e-3
+    group_size: int = 16
+    groups_per_step: int = 8
 
-
-def crossing(times: Sequence[float], rewards: Sequence[float], threshold: float, window: int = WINDOW) -> int | None:
-    """Index of the first update whose moving-average reward over the last ``window`` updates (a full window:
-    one lucky early batch does not count) is ≥ ``threshold``; None when it never is."""
-    total = 0.0
-    for i, r in enumerate(rewards):
-        total += r
-        if i >= window:
-            total -= rewards[i - window]
-        if i + 1 >= window and total / window >= threshold:
-            return i
-    return None
-
-
-def summarise(side: SideResult) -> dict[str, float | None]:
-    """The figures of one side (None where undefined: no update, or a threshold never reached)."""
-    out: dict[str, float | None] = {}
-    times = side.times
-    out["startup_s"] = times[0] - side.start if times else None
-    gaps = [b - a for a, b in zip(times[SKIP:], times[SKIP + 1 :], strict=False)]
-    out["s_per_update"] = statistics.median(gaps) if gaps else None
-    out["samples_per_s"] = side.samples / out["s_per_update"] if out["s_per_update"] else None
-    for t in THRESHOLDS:
-        i = crossing(times, side.rewards, t)
-        out[f"updates_to_{t}"] = None if i is None else float(i + 1)
-        out[f"wall_to_{t}"] = None if i is None else times[i] - side.start
-        # The same at the side's median pace: what the wall-clock would be without the stalls a shared machine
-        # puts into some stretches of a run (an estimate, labelled as one in the table).
-        startup, pace = out["startup_s"], out["s_per_update"]
-        out[f"paced_to_{t}"] = None if i is None or startup is None or pace is None else startup + i * pace
-    out["final_reward"] = statistics.fmean(side.rewards[-WINDOW:]) if side.rewards else None
-    out["peak_gb"] = side.peak_bytes / 1e9
-    out["wall_s"] = side.wall_s
-    return out
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"bench lr must be > 0, got {self.lr}")
+        if self.group_size < 2:
+            raise ValueError(f"bench group_size must be >= 2 (a group's std needs two samples), got {self.group_size}")
+        if not 1 <= self.groups_per_step <= N_PROMPTS:
+            raise ValueError(f"bench groups_per_step must be in 1..{N_PROMPTS}, got {self.groups_per_step}")
 
 
 class BenchHParams(TypedDict):
@@ -138,18 +123,19 @@ class BenchHParams(TypedDict):
     intra_op_threads: int
 
 
-def _hparams(updates: int, seed: int, work: Path) -> BenchHParams:
+def _hparams(updates: int, seed: int, work: Path, settings: BenchSettings | None = None) -> BenchHParams:
     from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS
     from relax_services.models import open_checkpoint
 
+    settings = settings or BenchSettings()
     return {
         "updates": updates,
         "seed": seed,
-        "group_size": 8,
-        "groups_per_step": 16,
+        "group_size": settings.group_size,
+        "groups_per_step": settings.groups_per_step,
         "max_new_tokens": 1,
         "temperature": 1.0,
-        "lr": 1e-3,
+        "lr": settings.lr,
         "grad_clip": 1.0,
         "clip_eps": 0.2,
         "suppressed_ids": list(open_checkpoint(work / "model").tokens.never_sample),
@@ -273,11 +259,18 @@ def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
     return side
 
 
-def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
-    """The ``relax train`` overrides of relax's side at ``tau``: the bench's hyper-parameters in relax's keys."""
-    name = f"relax-colocated-tau{tau}"
+def _side_name(mode: str, tau: int) -> str:
+    return f"relax-{mode}-tau{tau}"
+
+
+def relax_overrides(work: Path, hp: BenchHParams, tau: int, mode: str = "colocated") -> list[str]:
+    """The ``relax train`` overrides of relax's side at ``tau`` in ``mode`` (one of :data:`RELAX_MODES`): the
+    bench's hyper-parameters in relax's keys."""
+    if mode not in RELAX_MODES:
+        raise ValueError(f"relax side mode must be one of {RELAX_MODES}, got {mode!r}")
+    name = _side_name(mode, tau)
     return [
-        "run.mode=colocated",
+        f"run.mode={mode}",
         f"run.output_dir={work}",
         f"run.name={name}",
         "run.progress=none",
@@ -313,107 +306,47 @@ def relax_overrides(work: Path, hp: BenchHParams, tau: int) -> list[str]:
     ]
 
 
-def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str]) -> SideResult:
+def _run_relax(work: Path, hp: BenchHParams, tau: int, env: dict[str, str], mode: str = "colocated") -> SideResult:
     from relax_services._metrics import read_metrics
+    from relax_services.footprint import update_split
 
-    name = f"relax-colocated-tau{tau}"
-    overrides = relax_overrides(work, hp, tau)
+    name = _side_name(mode, tau)
+    overrides = relax_overrides(work, hp, tau, mode)
     cmd = [sys.executable, "-m", "relax_services.cli", "train", *overrides]
     shutil.rmtree(work / name, ignore_errors=True)  # a fresh run folder: metrics.jsonl appends
-    side = _run(f"relax colocated τ={tau}", cmd, env, work / f"{name}.log")
-    for record in read_metrics(work / name / "metrics.jsonl", "train"):
+    side = _run(f"relax {mode} τ={tau}", cmd, env, work / f"{name}.log")
+    metrics = work / name / "metrics.jsonl"
+    for record in read_metrics(metrics, "train"):
         side.times.append(float(record["time"]))
         side.rewards.append(float(record["reward"]))
         side.samples = int(record["samples"])
+    side.split = update_split(metrics)
     return side
 
 
-def _fmt(value: float | None, unit: str = "") -> str:
-    if value is None:
-        return "not reached"
-    if unit == "GB":
-        return f"{value:.2f} GB"
-    if unit == "n":
-        return f"{value:.0f}"
-    return f"{value:.3f}{unit}" if value < 1 else f"{value:.1f}{unit}"
-
-
-def format_table(sides: list[SideResult]) -> str:
-    """Markdown table of the figures, relax columns with their ratio to TRL's (the first side)."""
-    rows: list[tuple[str, str, str]] = [
-        ("command → first update", "startup_s", "s"),
-        ("median seconds per update", "s_per_update", "s"),
-        ("samples/s", "samples_per_s", "n"),
-    ]
-    for t in THRESHOLDS:
-        rows.append((f"updates to moving-avg reward {t}", f"updates_to_{t}", "n"))
-        rows.append((f"wall s to moving-avg reward {t}", f"wall_to_{t}", "s"))
-        rows.append(("  same at the median pace (estimate)", f"paced_to_{t}", "s"))
-    rows += [
-        ("training reward, last 10 updates", "final_reward", ""),
-        ("peak PSS of the process tree", "peak_gb", "GB"),
-        ("command wall-clock (incl. exit)", "wall_s", "s"),
-    ]
-    figures = [summarise(s) for s in sides]
-    head = "| | " + " | ".join(s.name for s in sides) + " |"
-    lines = [head, "|" + " --- |" * (len(sides) + 1)]
-    for label, key, unit in rows:
-        base = figures[0][key]
-        cells = []
-        for i, f in enumerate(figures):
-            value = f[key]
-            text = _fmt(value, unit)
-            if i and base and value is not None:
-                text += f" ({value / base:.2f}×)"
-            cells.append(text)
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _cell(value: float) -> str:
-    return "—" if math.isinf(value) else f"{value:.0f}"
-
-
-def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
-    """Markdown table of the updates to each reward threshold, one row per seed and a median row per side.
-
-    A threshold a side never reached counts as infinitely many updates, so a median of "—" means that more than
-    half of the seeds (half, for an even count) did not reach it.
-    """
-    names = [s.name for s in next(iter(by_seed.values()))]
-    counts: dict[str, list[list[float]]] = {name: [[] for _ in THRESHOLDS] for name in names}
-    head = "| seed | " + " | ".join(f"{n}: updates to {' / '.join(str(t) for t in THRESHOLDS)}" for n in names) + " |"
-    lines = [head, "|" + " --- |" * (len(names) + 1)]
-    for seed, sides in by_seed.items():
-        cells = []
-        for side in sides:
-            figures = summarise(side)
-            values = [figures[f"updates_to_{t}"] for t in THRESHOLDS]
-            for k, v in enumerate(values):
-                counts[side.name][k].append(math.inf if v is None else v)
-            cells.append(" / ".join(_cell(math.inf if v is None else v) for v in values))
-        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    medians = [" / ".join(_cell(statistics.median(c)) for c in counts[n]) for n in names]
-    lines.append("| median | " + " | ".join(medians) + " |")
-    return "\n".join(lines)
-
-
-def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list[SideResult]:
-    """One seed: write the model and task, run TRL then relax at each τ, save the table (``work/results.md``)."""
+def _bench_one(
+    work: Path,
+    updates: int,
+    sides_wanted: Sequence[tuple[str, int]],
+    seed: int,
+    settings: BenchSettings,
+) -> list[SideResult]:
+    """One seed: write the model and task, run TRL then each relax side (``(mode, τ)``), save the table
+    (``work/results.md``)."""
     work.mkdir(parents=True, exist_ok=True)
     _write_model(work, seed)
-    hp = _hparams(updates, seed, work)
+    hp = _hparams(updates, seed, work, settings)
     _write_task(work, hp)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     print(
         f"relax bench trl: seed {seed}, {updates} updates per side, {hp['groups_per_step']}×{hp['group_size']} "
-        f"samples per update, in {work}",
+        f"samples per update, lr {hp['lr']:g}, in {work}",
         flush=True,
     )
     sides = [_run_trl(work, hp, env)]
     print(f"  {sides[-1].name}: done in {sides[-1].wall_s:.0f}s", flush=True)
-    for tau in taus:
-        sides.append(_run_relax(work, hp, tau, env))
+    for mode, tau in sides_wanted:
+        sides.append(_run_relax(work, hp, tau, env, mode))
         print(f"  {sides[-1].name}: done in {sides[-1].wall_s:.0f}s", flush=True)
     table = format_table(sides)
     (work / "results.md").write_text(table + "\n", encoding="utf-8")
@@ -424,16 +357,25 @@ def _bench_one(work: Path, updates: int, taus: Sequence[int], seed: int) -> list
 
 
 def run_trl_bench(
-    work: Path, updates: int = 400, taus: Sequence[int] = (0, 2), seed: int = 0, seeds: Sequence[int] = ()
+    work: Path,
+    updates: int = 400,
+    taus: Sequence[int] = (0, 2),
+    seed: int = 0,
+    seeds: Sequence[int] = (),
+    distributed_taus: Sequence[int] = (2,),
+    settings: BenchSettings | None = None,
 ) -> int:
-    """Run the bench at ``seed`` in ``work``; with ``seeds``, once per seed in ``work/seed-<n>``, then print and save
-    the per-seed updates to each threshold with their medians (``work/spread.md``): the initial weights, the
-    prompt order and the samples all follow the seed, and one seed is not a measurement of sample efficiency."""
+    """Run the bench at ``seed`` in ``work``: TRL, then relax colocated at each of ``taus`` and distributed at
+    each of ``distributed_taus``; with ``seeds``, once per seed in ``work/seed-<n>``, then print and save the
+    per-seed updates to each threshold with their medians (``work/spread.md``): the initial weights, the prompt
+    order and the samples all follow the seed, and one seed is not a measurement of sample efficiency."""
     work = work.resolve()
+    settings = settings or BenchSettings()
+    wanted = [("colocated", t) for t in taus] + [("distributed", t) for t in distributed_taus]
     if not seeds:
-        _bench_one(work, updates, taus, seed)
+        _bench_one(work, updates, wanted, seed, settings)
         return 0
-    by_seed = {s: _bench_one(work / f"seed-{s}", updates, taus, s) for s in seeds}
+    by_seed = {s: _bench_one(work / f"seed-{s}", updates, wanted, s, settings) for s in seeds}
     spread = format_spread(by_seed)
     (work / "spread.md").write_text(spread + "\n", encoding="utf-8")
     print(spread, flush=True)

@@ -79,7 +79,9 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     from relax_services.models._light import CheckpointError
 
     try:  # the model folder's contents (architecture, sizes, tokenizer) before a run folder, Ray or any service
-        check_source(cfg.model.source, cfg.model.seed)  # in a child process: this one never imports the model stack
+        # Distributed: in a child process, as this one never imports the model stack; colocated: here, where the
+        # services import it anyway.
+        check_source(cfg.model.source, cfg.model.seed, in_process=cfg.run.mode == "colocated")
     except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
@@ -196,10 +198,21 @@ def _bench_train(args: argparse.Namespace) -> int:
 
 
 def _bench_trl(args: argparse.Namespace) -> int:
-    from relax_services.bench_trl import run_trl_bench
+    from relax_services.bench_trl import BenchSettings, run_trl_bench
 
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else []
-    return run_trl_bench(args.work, args.updates, [int(t) for t in args.taus.split(",")], seed=args.seed, seeds=seeds)
+    def ints(text: str) -> list[int]:
+        return [int(t) for t in text.split(",")] if text else []
+
+    settings = BenchSettings(lr=args.lr, group_size=args.group_size, groups_per_step=args.groups_per_step)
+    return run_trl_bench(
+        args.work,
+        args.updates,
+        ints(args.taus),
+        seed=args.seed,
+        seeds=ints(args.seeds),
+        distributed_taus=ints(args.distributed_taus),
+        settings=settings,
+    )
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -275,10 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(bench_train)
     bench_train.set_defaults(func=_bench_train)
 
-    trl = bench_sub.add_parser("trl", help="TRL's GRPOTrainer against relax colocated (τ = 0, 2) on one task")
+    from relax_services.bench_trl import BenchSettings  # light: stdlib and the footprint module
+
+    defaults = BenchSettings()
+    trl = bench_sub.add_parser(
+        "trl", help="TRL's GRPOTrainer against relax colocated (τ = 0, 2) and distributed (τ = 2) on one task"
+    )
     trl.add_argument("--work", type=Path, default=Path("/tmp/relax-bench-trl"), help="venv, data and runs")
     trl.add_argument("--updates", type=int, default=400, help="updates per side (default 400)")
-    trl.add_argument("--taus", default="0,2", help="relax's τ values (default 0,2)")
+    trl.add_argument("--taus", default="0,2", help="relax colocated's τ values (default 0,2; empty: none)")
+    trl.add_argument("--distributed-taus", default="2", help="relax distributed's τ values (default 2; empty: none)")
+    trl.add_argument("--lr", type=float, default=defaults.lr, help=f"both sides' learning rate ({defaults.lr:g})")
+    trl.add_argument("--group-size", type=int, default=defaults.group_size, help="completions per prompt")
+    trl.add_argument("--groups-per-step", type=int, default=defaults.groups_per_step, help="prompts per update (of 25)")
     trl.add_argument("--seed", type=int, default=0, help="initial weights, prompt order and sampling (default 0)")
     trl.add_argument("--seeds", default="", help="several seeds (e.g. 0,1,2,3): one run each, then the spread")
     trl.set_defaults(func=_bench_trl)

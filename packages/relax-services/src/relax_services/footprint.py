@@ -8,6 +8,7 @@ per process).
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import threading
@@ -135,12 +136,20 @@ class UpdateSplit:
         compute_s: Building the batch, forward, backward and optimizer step.
         publish_s: Publishing the new weights (snapshot and store) after the update.
         wait_s: Waiting for the queue to hand over a complete batch (rollout, reward and hops upstream).
+        queue_s: The update's other queue calls: renewing the batch's lease, acking it, publishing the version
+            (round trips to the queue actor in the distributed mode; 0 in runs that did not record them).
+        interval_s: Median seconds between consecutive updates (None when the records carry no times).
+        other_s: Median of each update's interval less its four parts: what the trainer loop spends outside them
+            (the metric record, the loop and, in one process, the other roles holding the GIL); None as above.
     """
 
     updates: int
     compute_s: float
     publish_s: float
     wait_s: float
+    queue_s: float = 0.0
+    interval_s: float | None = None
+    other_s: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -152,14 +161,33 @@ def update_split(metrics_path: Path) -> UpdateSplit | None:
     """The per-update split of a run from the ``train`` records of its ``metrics.jsonl`` (None: no update)."""
     from relax_services._metrics import read_metrics
 
-    compute, publish, wait = [], [], []
+    compute, publish, wait, queue, times = [], [], [], [], []
     for record in read_metrics(metrics_path, "train"):
         compute.append(float(record["train_s"]))
         publish.append(float(record.get("weight_sync_s", 0.0)))
         wait.append(float(record["wait_s"]))
+        queue.append(float(record.get("queue_s", 0.0)))
+        if "time" in record:
+            times.append(float(record["time"]))
     if not compute:
         return None
-    return UpdateSplit(len(compute), statistics.median(compute), statistics.median(publish), statistics.median(wait))
+    interval = other = None
+    if len(times) == len(compute) > 1:
+        # An update's wait starts where the previous update's record was made, so its interval is that record's
+        # time to this one's: the parts of update i (i ≥ 1) lie inside interval i.
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        parts = [compute[i] + publish[i] + wait[i] + queue[i] for i in range(1, len(times))]
+        interval = statistics.median(gaps)
+        other = statistics.median(g - p for g, p in zip(gaps, parts, strict=True))
+    return UpdateSplit(
+        len(compute),
+        statistics.median(compute),
+        statistics.median(publish),
+        statistics.median(wait),
+        statistics.median(queue),
+        interval,
+        other,
+    )
 
 
 def format_footprint(
@@ -172,10 +200,13 @@ def format_footprint(
         lines = ["per update: no update was made"]
     else:
         busy = (split.compute_s + split.publish_s) / max(split.total_s, 1e-9)
-        lines = [
+        line = (
             f"per update (median of {split.updates}): compute {split.compute_s:.3f}s, publish {split.publish_s:.3f}s, "
-            f"wait {split.wait_s:.3f}s (trainer busy {busy:.0%})"
-        ]
+            f"wait {split.wait_s:.3f}s, queue calls {split.queue_s:.3f}s"
+        )
+        if split.interval_s is not None and split.other_s is not None:
+            line += f"; interval {split.interval_s:.3f}s, of it outside these {split.other_s:.3f}s"
+        lines = [line + f" (trainer busy {busy:.0%})"]
     if peak_bytes is not None:
         lines.append(f"peak memory of the process tree (PSS): {peak_bytes / 1e9:.2f} GB")
     if processes:

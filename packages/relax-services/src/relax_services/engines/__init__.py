@@ -1,6 +1,13 @@
-"""Engines behind the services: rollout (generation) and training backends, and their protocols."""
+"""Engines behind the services: rollout (generation) and training backends, and their protocols.
 
-from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
+The FSDP2 engine's names are resolved on first use (``_EXPORTS``): its module imports ``torch.distributed``'s
+checkpoint and FSDP stacks (seconds of a process's start-up), which a run on the single-process ``torch`` engine
+never needs.
+"""
+
+from typing import TYPE_CHECKING
+
+from relax_services._lazy import lazy_exports
 from relax_services.engines.hf_rollout import HFRolloutConfig, HFRolloutEngine
 from relax_services.engines.protocols import (
     PARTIAL_ROLLOUT_MODES,
@@ -35,6 +42,16 @@ from relax_services.engines.weight_buckets import (
     WeightStream,
     stream_buckets,
 )
+
+if TYPE_CHECKING:
+    from relax_services.engines.fsdp_train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
+
+_EXPORTS: dict[str, str] = {
+    "FSDPConfig": "relax_services.engines.fsdp_train",
+    "FSDPTrainEngine": "relax_services.engines.fsdp_train",
+    "FSDPValueEngine": "relax_services.engines.fsdp_train",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 # protocols and records
 __all__ = [

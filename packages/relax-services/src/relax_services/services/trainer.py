@@ -293,7 +293,9 @@ class TrainerService(ServiceBase):
             assert self.critic_weights is not None  # checked in __init__
             self.critic_weights.publish(self.version, self.critic.policy_state())
         stats = self.weights.publish(self.version, self.engine.policy_state())
+        start = time.perf_counter()
         self.queue.publish_version(self.version)
+        self._version_s = time.perf_counter() - start
         self._sync_s = stats.seconds
 
     def pause(self, timeout: float = 300.0) -> int:
@@ -348,12 +350,14 @@ class TrainerService(ServiceBase):
         self._train_on(batch)
 
     def _train_on(self, batch: Batch) -> None:
+        renew_start = time.perf_counter()
         try:  # hold the lease for the whole update: an expired lease would hand the batch out twice
             self.reader.renew(batch, timeout_s=_TRAIN_LEASE_S)
         except LeaseError:
             self.record("late_ack", rows=len(batch))  # already redelivered: train on it when it comes back
             return
         start = time.perf_counter()
+        queue_s = start - renew_start  # the update's queue calls besides the get: renew, ack, publish_version
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
         rows = [as_sample_row(row.fields) for row in delivered]
         version_before = self.version
@@ -371,8 +375,11 @@ class TrainerService(ServiceBase):
             critic_metrics = self.critic.step(samples, self.value_loss_fn)
             metrics.update({f"critic_{k}": v for k, v in critic_metrics.items() if k not in ("lr", "version")})
         train_s = time.perf_counter() - start
+        ack_start = time.perf_counter()
         self.reader.ack(batch)  # consumed before the new version is visible, so it never counts as stale
+        queue_s += time.perf_counter() - ack_start
         self._publish()
+        queue_s += self._version_s
         by_task: dict[str, list[float]] = defaultdict(list)
         for r in rows:
             by_task[r["meta"]["task"]].append(float(r["reward"]))
@@ -394,6 +401,7 @@ class TrainerService(ServiceBase):
             wait_s=self._wait_s,
             train_s=train_s,
             weight_sync_s=self._sync_s,
+            queue_s=queue_s,
             keys=[str(k) for k in batch.keys],
             **{k: float(v) for k, v in metrics.items()},
         )
