@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,6 +47,86 @@ FAST = [
     "algorithm.group_size=4",
     "algorithm.kl_coef=0.0",
 ]
+
+
+# Ray's memory monitor kills workers when the whole machine's memory use passes its threshold, other tenants'
+# processes included: the `relax train` runs below need a few GB, so their outcome must not depend on what else runs.
+CLI_ENV = {
+    **os.environ,
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    "OMP_NUM_THREADS": "1",
+    "RAY_memory_monitor_refresh_ms": "0",
+}
+"""The environment of every ``relax train`` subprocess started by these tests (each starts its own Ray)."""
+
+CLI_FAST = [
+    "data.train_per_task=8",
+    "data.eval_per_task=4",
+    "data.tasks=[image, audio, video, text]",
+    "trainer.groups_per_step=4",
+    "trainer.micro_batch_groups=4",
+    "trainer.total_steps=4",
+    "trainer.warmup_format_steps=2",
+    "trainer.checkpoint_every=2",
+    "algorithm.group_size=4",
+    "eval.every_steps=2",
+    "run.report_every_s=1",
+]
+"""A short whole ``relax train`` run (the CLI's overrides): warm-up, checkpoints with the HF export, evaluations and
+every media task, so each path that runs in the driver is taken."""
+
+# `python -m relax_services.cli train ARGS` (runpy runs the module as __main__, as -m does), then what the driver
+# process holds at its end: the model-stack modules and whether libtorch is mapped into it.
+_CLI_DRIVER = """
+import json, runpy, sys
+sys.argv = ["relax_services.cli", "train", *sys.argv[1:]]
+try:
+    runpy.run_module("relax_services.cli", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as exit:
+    code = exit.code
+maps = open("/proc/self/maps").read()  # the shared libraries mapped into this process
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+print(json.dumps({"code": code, "modules": heavy, "libtorch": "libtorch" in maps}))
+"""
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """One finished ``relax train`` subprocess run of ``CLI_FAST``."""
+
+    proc: subprocess.CompletedProcess[str]
+    """The driver process: its exit status and captured output (the progress lines, then the verdict line)."""
+    run_dir: Path
+    """The run's folder (``run.output_dir / run.name``)."""
+    verdict: dict[str, Any]
+    """The driver's last line: ``code`` (main's exit status), ``modules`` (torch / transformers modules it had
+    imported at its end) and ``libtorch`` (whether libtorch was mapped into it)."""
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    """``CLI_ENV``: the environment for a ``relax train`` subprocess (a copy, for the test to extend)."""
+    return dict(CLI_ENV)
+
+
+@pytest.fixture
+def cli_fast() -> list[str]:
+    """``CLI_FAST``: the short run's dotted overrides (a copy, for the test to extend)."""
+    return list(CLI_FAST)
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """``relax train`` with ``CLI_FAST`` from the command line, run once for the session: the CLI's run-folder test
+    and the light-driver test check the same run, each for what it is about."""
+    out = tmp_path_factory.mktemp("cli")
+    args = [*CLI_FAST, f"run.output_dir={out}", "run.name=cli"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_DRIVER, *args], capture_output=True, text=True, timeout=900, env=CLI_ENV, cwd=out
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return CliRun(proc=proc, run_dir=out / "cli", verdict=json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 @pytest.fixture

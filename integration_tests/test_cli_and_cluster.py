@@ -1,13 +1,13 @@
 """`relax train` from the command line, and the same run on a two-node Ray cluster.
 
 Both start their own Ray instance in a subprocess (the CLI's own, and a `ray.cluster_utils.Cluster`), so they do
-not share this session's Ray.
+not share this session's Ray. The subprocesses' environment and the short run's overrides are the integration
+conftest's (``cli_env``, ``cli_fast``), and the CLI run checked here is its ``cli_run``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,35 +16,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Ray's memory monitor kills workers when the whole machine's memory use passes its threshold, other tenants'
-# processes included: these runs need a few GB, so their outcome must not depend on what else runs here.
-ENV = {
-    **os.environ,
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-    "OMP_NUM_THREADS": "1",
-    "RAY_memory_monitor_refresh_ms": "0",
-}
-FAST = [
-    "data.train_per_task=8",
-    "data.eval_per_task=4",
-    "data.tasks=[image, audio, video, text]",
-    "trainer.groups_per_step=4",
-    "trainer.micro_batch_groups=4",
-    "trainer.total_steps=4",
-    "trainer.warmup_format_steps=2",
-    "trainer.checkpoint_every=2",
-    "algorithm.group_size=4",
-    "eval.every_steps=2",
-    "run.report_every_s=1",
-]
 
 
 @pytest.mark.integration
-def test_relax_train_cli_writes_run_folder(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "relax_services.cli", "train", *FAST, f"run.output_dir={tmp_path}", "run.name=cli"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "cli"
+def test_relax_train_cli_writes_run_folder(cli_run) -> None:
+    # `python -m relax_services.cli train` with CLI_FAST (the session's one run, shared with test_light_driver.py)
+    proc, run_dir = cli_run.proc, cli_run.run_dir
+    assert cli_run.verdict["code"] == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step 4/4" in proc.stdout  # progress lines (no TTY here)
     assert "held-out reward" in proc.stdout and "chance" in proc.stdout  # the closing summary
     for name in ("config.yaml", "metrics.jsonl", "summary.txt", "reward.png", "staleness.png", "queue_depth.png"):
@@ -56,9 +34,9 @@ def test_relax_train_cli_writes_run_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_bad_config_fails_before_anything_starts(tmp_path: Path) -> None:
+def test_bad_config_fails_before_anything_starts(tmp_path: Path, cli_env: dict[str, str]) -> None:
     cmd = [sys.executable, "-m", "relax_services.cli", "train", "staleness.tau=-1", f"run.output_dir={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=cli_env)
     assert proc.returncode == 2
     assert "staleness.tau" in proc.stderr and ">= 0" in proc.stderr
     assert not any(tmp_path.iterdir())  # no run folder, no Ray
@@ -95,14 +73,14 @@ _TWO_NODE = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_rollout_and_trainer_on_different_nodes(tmp_path: Path) -> None:
-    args = [a for a in FAST if not a.startswith("run.report")]
+def test_rollout_and_trainer_on_different_nodes(tmp_path: Path, cli_env: dict[str, str], cli_fast: list[str]) -> None:
+    args = [a for a in cli_fast if not a.startswith("run.report")]
     proc = subprocess.run(
         [sys.executable, "-c", _TWO_NODE, str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=600,
-        env=ENV,
+        env=cli_env,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -114,7 +92,9 @@ def test_rollout_and_trainer_on_different_nodes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_sigterm_checkpoints_and_leaves_no_process_behind(tmp_path: Path) -> None:
+def test_sigterm_checkpoints_and_leaves_no_process_behind(
+    tmp_path: Path, cli_env: dict[str, str], cli_fast: list[str]
+) -> None:
     import signal
     import time
 
@@ -125,13 +105,13 @@ def test_sigterm_checkpoints_and_leaves_no_process_behind(tmp_path: Path) -> Non
         "-m",
         "relax_services.cli",
         "train",
-        *FAST,
+        *cli_fast,
         "trainer.total_steps=100000",
         "trainer.max_minutes=10",
         f"run.output_dir={tmp_path}",
         "run.name=term",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=tmp_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env, cwd=tmp_path)
     metrics = tmp_path / "term" / "metrics.jsonl"
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline and not (metrics.is_file() and '"kind": "train"' in metrics.read_text()):
@@ -157,7 +137,7 @@ def test_sigterm_checkpoints_and_leaves_no_process_behind(tmp_path: Path) -> Non
 
 
 @pytest.mark.integration
-def test_unreachable_ray_address_is_a_clear_error(tmp_path: Path) -> None:
+def test_unreachable_ray_address_is_a_clear_error(tmp_path: Path, cli_env: dict[str, str]) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -167,23 +147,25 @@ def test_unreachable_ray_address_is_a_clear_error(tmp_path: Path) -> None:
         "127.0.0.1:9",
         f"run.output_dir={tmp_path}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=cli_env)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "cannot reach the Ray cluster" in proc.stderr and "127.0.0.1:9" in proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_sigkill_of_the_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
+def test_sigkill_of_the_driver_leaves_no_ray_process_behind(
+    tmp_path: Path, cli_env: dict[str, str], cli_fast: list[str]
+) -> None:
     """Ray's dashboard and runtime-env agents used to live on under PID 1 after a SIGKILL of ``relax train``."""
     import signal
     import time
 
     import psutil
 
-    cmd = [sys.executable, "-m", "relax_services.cli", "train", *FAST, "trainer.total_steps=100000"]
+    cmd = [sys.executable, "-m", "relax_services.cli", "train", *cli_fast, "trainer.total_steps=100000"]
     cmd += [f"run.output_dir={tmp_path}", "run.name=kill"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env, cwd=tmp_path)
     metrics = tmp_path / "kill" / "metrics.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not (metrics.is_file() and '"kind": "train"' in metrics.read_text()):

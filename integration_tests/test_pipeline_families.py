@@ -33,7 +33,17 @@ def _four_updates_at_tau2(cfg, run_pipeline) -> Path:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "qwen2",
+        # Slow: the same τ = 2 pipeline and HF export path as qwen2's and llama's (nothing in either is per family);
+        # Qwen3 itself trains through the pipeline in the default suite in
+        # test_tau0_pipeline_equals_sequential_trainer_for_a_family[qwen3-[text]].
+        pytest.param("qwen3", marks=pytest.mark.slow),
+        "llama",
+    ],
+)
 def test_text_family_trains_at_tau2(family: str, small_config, run_pipeline, tmp_path: Path) -> None:
     folder = write_tiny_checkpoint(tmp_path / family, family, seed=0)
     cfg = small_config(f"model.source={folder}", "data.tasks=[text]", "staleness.tau=2", "trainer.total_steps=4")

@@ -44,24 +44,26 @@ def test_async_put_backpressure_and_timeouts(make_queue: MakeQueue) -> None:
     q = make_queue(tasks=("a",), max_rows=1, lease_timeout_s=0.05)
     aq = AsyncTransferQueue(q)
 
+    # The timeouts of waits that must succeed are bounds only (a loaded machine can stall a thread for seconds:
+    # 1 s once ran out before the get below had acked); the ones that must expire stay short.
     async def main() -> None:
         await aq.put("k0", {"x": 0})
         with pytest.raises(QueueFullError):
             await aq.put("k1", {"x": 1}, timeout=0.02)
         reader = aq.reader("a")
-        put_task = asyncio.create_task(aq.put("k1", {"x": 1}, timeout=5))
+        put_task = asyncio.create_task(aq.put("k1", {"x": 1}, timeout=60))
         await asyncio.sleep(0.02)
         assert not put_task.done()
-        reader.ack(await reader.get(1, timeout=1))
+        reader.ack(await reader.get(1, timeout=60))
         await put_task
-        leased = await reader.get(1, timeout=1)
-        again = await reader.get(1, timeout=2)  # redelivered when the lease expires
+        leased = await reader.get(1, timeout=60)
+        again = await reader.get(1, timeout=60)  # redelivered when the lease expires
         assert again.keys == leased.keys == ["k1"]
         with pytest.raises(QueueTimeoutError):
             await aq.reader("a").get(2, timeout=0.01)
         # The get acks k1 before it waits, which frees the room the next put needs.
-        get_task = asyncio.create_task(reader.get_columns(1, timeout=1, ack=again))
-        await aq.put("k2", {"x": 2}, timeout=1)
+        get_task = asyncio.create_task(reader.get_columns(1, timeout=60, ack=again))
+        await aq.put("k2", {"x": 2}, timeout=60)
         assert (await get_task).keys == ["k2"] and q.metrics()["tasks"]["a"]["acked"] == 2
 
     asyncio.run(main())
