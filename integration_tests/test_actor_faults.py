@@ -55,6 +55,8 @@ def test_queue_killed_mid_run_and_monitor_killed_during_the_restart(small_config
     assert "sample queue" in detected[0]["reason"] or "SIGKILL" in detected[0]["reason"], detected[0]
     restarts = [e for e in events if e["event"] == "global_restart"]
     assert restarts[1]["reason"].startswith("global restart interrupted: the health monitor actor"), restarts[1]
+    # The interrupted attempt names the services that came up before the death was acted on (a subset of the run's).
+    assert set(restarts[1]["services_started"]) <= set(result.service_pids), restarts[1]
     table = fault_table(result.health_events, result.ledger)
     assert "all recovered: yes" in table.splitlines()[-1], table
 

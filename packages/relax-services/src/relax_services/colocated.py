@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,9 +135,12 @@ class LocalPipeline:
     critic_weights: InProcessWeightStore | None = None
     namespace: str = "colocated"
 
-    def start(self) -> None:
-        """Build and start every service, one after the other (one process: nothing to overlap)."""
+    def start(self, watch: Callable[[], None] | None = None) -> None:
+        """Build and start every service, one after the other (one process: nothing to overlap); ``watch`` is
+        called before each (as :meth:`relax_services.pipeline.Pipeline.start` calls it while services start)."""
         for spec in self.services.values():
+            if watch is not None:
+                watch()
             spec.create()
 
     def actors(self) -> dict[str, Any]:

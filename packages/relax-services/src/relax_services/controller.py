@@ -251,8 +251,12 @@ class Controller(FaultInjector):
         restart, the armed ``during_restart`` faults land once the queues are restored, and the restart is complete
         only when every queue, store and monitor actor still answers.
 
+        The queue, store and monitor actors are watched while the services start, so one that died meanwhile is
+        acted on at once, not after every service imported and built its model.
+
         Raises:
-            ActorLost: (in a global restart) one of those actors died meanwhile.
+            ActorLost: one of those actors died while the services started (or, in a global restart, before the
+                restart completed).
         """
         cfg = self.cfg
         here, there = (self.data.to_prompt, None) if self.prompts_here else (None, self.data.to_prompt)
@@ -279,7 +283,7 @@ class Controller(FaultInjector):
             self.metrics.write("health", {"event": "restored", "service": "run", "step": self.step})
             if not restarting:
                 self._drop_fired_faults()
-        self.pipeline.start()
+        self.pipeline.start(self.watch.poll)
         self.health.started(self.pipeline)  # grace for every new process, at the start and after a global restart
         if isinstance(self.data.heldout, HeldoutSet):  # the Evaluator built the prompts: chance levels, bad rows
             finish_heldout(self.data, cast("HeldoutReport", self._service_call("eval", "heldout_report")))
@@ -386,11 +390,12 @@ class Controller(FaultInjector):
         """
         t0 = time.monotonic()
         reason = str(cause)
+        interrupted: dict[str, object] = {}
         while True:
             if isinstance(cause, ActorLost):
                 self.health.record_event("detected", cause.actor, reason=cause.why)
             self.global_restarts += 1
-            self.health.record_event("global_restart", "run", reason=reason, step=self.step)
+            self.health.record_event("global_restart", "run", reason=reason, step=self.step, **interrupted)
             if self.global_restarts > self.cfg.health.max_global_restarts:
                 raise ServiceGaveUpError(
                     f"gave up after {self.global_restarts - 1} global restarts "
@@ -398,11 +403,15 @@ class Controller(FaultInjector):
                 )
             self.health.settle()  # an in-place restart still creating its actor must not outlive the old pipeline
             self._stop_parts()
+            old = vars(self).get("pipeline")
             try:
                 self._start_pipeline(self.checkpoints.latest())
             except Exception as exc:  # an actor died while the run came back: try again from the same checkpoint
                 cause = self._restart_cause(exc)
                 reason = f"global restart interrupted: {cause}"
+                # Which services came up before the death was acted on (none when the pipeline was not even built).
+                started = [] if vars(self).get("pipeline") is old else self._started_services()
+                interrupted = {"services_started": started}
                 continue
             self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
             return
@@ -414,6 +423,11 @@ class Controller(FaultInjector):
             self.feeder.stop()
         if "pipeline" in built:
             self.pipeline.stop()
+
+    def _started_services(self) -> list[str]:
+        """The services of the current pipeline whose start returned (after an interrupted start: the ones that
+        came up before the death was acted on)."""
+        return [name for name, spec in self.pipeline.services.items() if spec.pid is not None]
 
     def _service_pids(self) -> dict[str, int]:
         """The process id of each of the pipeline's services (none when no pipeline was ever built)."""

@@ -9,6 +9,7 @@ weight stores.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,14 +125,39 @@ class Pipeline:
     services: dict[str, ServiceSpec]
     critic_weights: RayWeightStore | None = None
 
-    def start(self) -> None:
-        """Start every service at once (their processes import and build models in parallel)."""
+    def start(self, watch: Callable[[], None] | None = None, poll_s: float = 0.25, timeout_s: float = 600.0) -> None:
+        """Start every service at once (their processes import and build models in parallel).
+
+        Each service's ``pid`` is set as its start returns, so after an interrupted start the services with a
+        ``pid`` are the ones that came up.
+
+        Args:
+            watch: Called before each wait of ``poll_s`` seconds while services are still starting (the controller's
+                :meth:`~relax_services._actor_watch.ActorWatch.poll`): an actor that died meanwhile raises there at
+                once, instead of after every service came up (tens of seconds of model imports and builds).
+            poll_s: Seconds between ``watch`` calls.
+            timeout_s: Seconds every service has to start.
+
+        Raises:
+            ray.exceptions.GetTimeoutError: Some services did not start within ``timeout_s`` (they are named).
+            Exception: What ``watch`` raised, or the error of a service whose start failed.
+        """
         import ray
 
-        specs = list(self.services.values())
-        pids = ray.get([spec.launch(self.namespace) for spec in specs], timeout=600)
-        for spec, pid in zip(specs, pids, strict=True):
-            spec.pid = pid
+        starting = {spec.launch(self.namespace): spec for spec in self.services.values()}
+        deadline = time.monotonic() + timeout_s
+        while starting:
+            if watch is not None:
+                watch()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                names = ", ".join(spec.name for spec in starting.values())
+                raise ray.exceptions.GetTimeoutError(f"services not started within {timeout_s:.0f} s: {names}")
+            wait_s = left if watch is None else min(poll_s, left)
+            done, _ = ray.wait(list(starting), num_returns=len(starting), timeout=wait_s)
+            for ref in done:
+                spec = starting.pop(ref)
+                spec.pid = int(ray.get(ref))
 
     def node_ids(self) -> dict[str, str]:
         """The Ray node each service runs on."""
@@ -161,7 +187,9 @@ class Pipeline:
 
         stops = []
         for spec in self.services.values():
-            if spec.handle is not None:
+            # Only a started service has a loop to stop: one still building (an interrupted start) would answer
+            # only once its constructor ended, so it is killed below without waiting for it.
+            if spec.handle is not None and spec.pid is not None:
                 with contextlib.suppress(Exception):  # a handle whose actor is gone
                     stops.append(spec.handle.stop.remote())
         with contextlib.suppress(Exception):  # a dead or hung service is killed below all the same
