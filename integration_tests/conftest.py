@@ -151,10 +151,13 @@ def run_pipeline(ray_session: object) -> Callable[[RunConfig], RunResult]:
     return run
 
 
-def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str, torch.Tensor]:
+def _sequential_weights(
+    cfg: RunConfig, data_dir: Path, steps: int, *, trace: dict[int, dict[str, torch.Tensor]] | None = None
+) -> dict[str, torch.Tensor]:
     """A plain synchronous loop written from relax-core functions and the engines (no queue, no services):
     GRPO, or on-policy PPO with a critic (GAE) when the config's estimator is ``gae``. With a critic, the
-    critic's weights are returned too, under keys prefixed ``critic.``."""
+    critic's weights are returned too, under keys prefixed ``critic.``. ``trace``, when given, receives the
+    policy's weights after every update, by version (to find the first update a run's checkpoints left)."""
     critic = build_value_engine(cfg) if cfg.algorithm.advantage_estimator == "gae" else None
     data = prepare_data(cfg, data_dir)
     # The rows in the order the feeder draws them (without adaptive weights): an independent stream over the
@@ -239,6 +242,8 @@ def _sequential_weights(cfg: RunConfig, data_dir: Path, steps: int) -> dict[str,
         policy.step(samples, loss_fn)
         if critic is not None:
             critic.step(samples, critic_loss)
+        if trace is not None:
+            trace[step + 1] = policy.policy_state()
     weights = policy.policy_state()
     if critic is not None:
         weights.update({f"critic.{k}": v for k, v in critic.policy_state().items()})

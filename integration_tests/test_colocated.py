@@ -87,6 +87,29 @@ def _events(run_dir: Path) -> list[dict[str, object]]:
     return list(read_metrics(run_dir / "metrics.jsonl", "health"))
 
 
+def _divergence(
+    checkpoints: CheckpointManager, trace: dict[int, dict[str, torch.Tensor]], events: list[dict[str, object]]
+) -> str:
+    """Where a run left the sequential trainer: each checkpoint's version (its saved one too, when the folder's
+    differs), the tensors that differ by top-level module, and the largest difference; and the restarts."""
+    lines = []
+    for step in checkpoints.steps():
+        state = CheckpointManager.load_engine(checkpoints.path(step))
+        version = int(state["version"])
+        reference = trace.get(version)
+        if reference is None:
+            lines.append(f"checkpoint {step}: version {version}, no reference")
+            continue
+        differ = [k for k in reference if not torch.equal(state["model"][k], reference[k])]
+        modules: dict[str, int] = {}
+        for k in differ:
+            modules[k.split(".")[0]] = modules.get(k.split(".")[0], 0) + 1
+        worst = max((float((state["model"][k] - reference[k]).abs().max()) for k in differ), default=0.0)
+        lines.append(f"checkpoint {step} (version {version}): {len(differ)} differ {modules} max |diff| {worst:.3g}")
+    restarts = [(e["event"], e.get("step")) for e in events if e["event"] in ("global_restart", "recovered")]
+    return "; ".join(lines) + f"; restarts {restarts}"
+
+
 @pytest.mark.integration
 def test_colocated_restarts_a_failed_service_in_place(small_config, tmp_path: Path) -> None:
     steps = 6
@@ -125,16 +148,21 @@ def test_colocated_failed_trainer_resumes_from_checkpoint_exactly(
         "data.tasks=[image, text]",
         "algorithm.kl_coef=0.0",
         "faults=[{service: trainer, kind: raise, at_step: 3}]",
+        f"trainer.keep_checkpoints={steps}",  # every checkpoint stays: a mismatch is traced to its first update
     )
     result, run_dir = _run(cfg, tmp_path)
     events = _events(run_dir)
     assert any(e["event"] == "global_restart" for e in events), events
     assert any(e["event"] == "recovered" for e in events), events
-    latest = CheckpointManager(run_dir / "checkpoints").latest()
+    checkpoints = CheckpointManager(run_dir / "checkpoints", keep=steps)
+    latest = checkpoints.latest()
     assert latest is not None
     state = CheckpointManager.load_engine(latest)
     assert state["version"] == steps
-    expected = sequential_weights(cfg, tmp_path / "sequential", steps)
+    trace: dict[int, dict[str, torch.Tensor]] = {}
+    expected = sequential_weights(cfg, tmp_path / "sequential", steps, trace=trace)
     mismatched = [k for k in expected if not torch.equal(state["model"][k], expected[k])]
-    assert not mismatched, f"{len(mismatched)} tensors differ after resume, e.g. {mismatched[:3]}"
+    assert not mismatched, f"{len(mismatched)} tensors differ after resume, e.g. {mismatched[:3]}; " + _divergence(
+        checkpoints, trace, events
+    )
     assert result.ledger["lost"] == 0 and result.ledger["duplicated"] == 0

@@ -3,7 +3,6 @@ loss (relax-core), applies one policy update, publishes the new weights and vers
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from relax_services.engines import LossFn, LossInputs, LossResult, TrainEngine, 
 from relax_services.engines.registry import make_train_engine
 from relax_services.rows import SampleRow, as_sample_row, split_sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.services._hold import StepHold
 from relax_services.services._mismatch import (
     CURRENT_VERSION_FIELD,
     current_version_mask,
@@ -255,8 +255,7 @@ class TrainerService(ServiceBase):
             self.engine.load_state_dict(state)
             if self.critic is not None:
                 self.critic.load_state_dict(state["critic"])
-        self._pause_requested = threading.Event()
-        self._paused = threading.Event()
+        self._hold = StepHold()
         self.loss_fn = make_loss_fn(cfg)
         self.value_loss_fn = make_value_loss_fn(cfg)
         self.reader = sample_queue.reader(
@@ -300,15 +299,12 @@ class TrainerService(ServiceBase):
 
     def pause(self, timeout: float = 300.0) -> int:
         """Hold the loop between updates (for a consistent checkpoint); returns the version it holds at."""
-        self._pause_requested.set()
-        if not self._paused.wait(timeout):
-            raise TimeoutError(f"trainer did not reach a step boundary within {timeout}s")
+        self._hold.request(timeout)
         return self.version
 
     def resume(self) -> None:
         """Release a :meth:`pause`."""
-        self._paused.clear()
-        self._pause_requested.clear()
+        self._hold.release()
 
     def save_engine(self, path: str) -> int:
         """Write model, optimizer, scheduler, RNG and version to ``path`` (call while paused)."""
@@ -328,8 +324,7 @@ class TrainerService(ServiceBase):
 
     def step(self) -> None:
         """One update: lease whole groups, train on them, publish the new weights and version, ack."""
-        if self._pause_requested.is_set():
-            self._paused.set()
+        if self._hold.at_boundary():
             self._stop.wait(0.05)  # the loop keeps beating while held, so it is not taken for hung
             return
         if self.version >= self.cfg.trainer.total_steps:
@@ -342,7 +337,7 @@ class TrainerService(ServiceBase):
             self._wait_s += time.perf_counter() - start
             return
         self._wait_s += time.perf_counter() - start
-        if self._pause_requested.is_set():
+        if self._hold.requested:
             # A pause asked for while the lease was pending holds at the version it was asked at: the batch goes
             # back for redelivery (the run's first checkpoint is then always that of step 0).
             self.reader.nack(batch)
