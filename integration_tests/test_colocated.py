@@ -130,12 +130,6 @@ def test_colocated_restarts_a_failed_service_in_place(small_config, tmp_path: Pa
     assert result.ledger["lost"] == 0 and result.ledger["duplicated"] == 0
 
 
-# Slow-marked while a known defect stands: a group whose samples are put (settling its admission) and acked between
-# the checkpoint's prompt-queue and sample-queue saves is restored both as a redelivered prompt and as stored
-# samples; its regenerated duplicate put settles a second admission, so τ = 0 over-grants one group and a later
-# batch differs from the synchronous trainer's. It fails in some runs (this machine, quiet or loaded), so it runs
-# with `-m slow` until relax-queue's admission settling and relax-services' once-per-group admission agree.
-@pytest.mark.slow
 @pytest.mark.integration
 def test_colocated_failed_trainer_resumes_from_checkpoint_exactly(
     small_config, sequential_weights, tmp_path: Path

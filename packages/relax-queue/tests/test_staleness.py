@@ -127,19 +127,60 @@ def test_version_and_policy_errors(make_queue: MakeQueue) -> None:
         BoundedStaleness(tau=-1)
 
 
-def test_regenerated_duplicate_put_releases_its_admission(make_queue: MakeQueue) -> None:
+def test_regenerated_duplicate_put_settles_no_admission(make_queue: MakeQueue) -> None:
     # A producer that dies after putting its rows but before reporting success is restarted and puts the same
-    # keys again. That second put stores nothing, but its admission is spent all the same: running must not
-    # stay inflated (at τ = 0 it would block the next batch forever).
-    q = make_queue(tasks=("t",), tau=0, batch_size=2)
-    assert q.admit(2) == 2
+    # keys again, without a new admission: the first put settled the rows' admissions. The second put stores
+    # nothing and must settle nothing, or it would settle another sample's admission (one still in flight).
+    q = make_queue(tasks=("t",), tau=0, batch_size=4)
+    assert q.admit(4) == 4  # samples a, b (the producer that will retry) and c, d (another, still generating)
     q.put("a", {"x": 1}, admitted=True)
     q.put("b", {"x": 2}, admitted=True)
-    assert q.admit(1) == 0  # (0 + 0 + 1)·2 − (2 accepted + 0 running)
-    assert q.admit(0) == 0
+    q.put("a", {"x": 1}, admitted=True)  # the retry: a duplicate of a stored row
+    q.put_many([RowInput("b", {"x": 2})], admitted=True)
+    m = q.metrics()["admission"]
+    assert (m["accepted"], m["running"], m["duplicates"], m["unmatched"]) == (2, 2, 2, 0)
+    assert q.admit(1) == 0  # (0 + 0 + 1)·4 − (2 accepted + 2 running): c and d are still in flight
+    q.put_many([RowInput("c", {"x": 3}), RowInput("d", {"x": 4})], admitted=True)
+    m = q.metrics()["admission"]
+    assert (m["accepted"], m["running"], m["granted"], m["unmatched"]) == (4, 0, 4, 0)
+    # A retired key (consumed and acked) put again settles nothing either.
     q.publish_version(1)
-    assert q.admit(2) == 2  # (0 + 1 + 1)·2 − 2 = 2
-    q.put("a", {"x": 1}, admitted=True)  # duplicate of a stored row
-    q.put("c", {"x": 3}, admitted=True)
-    assert q.metrics()["admission"]["running"] == 0
-    assert q.metrics()["admission"]["accepted"] == 3
+    assert q.admit(4) == 4
+    reader = q.reader("t")
+    batch = reader.get(4, timeout=1.0)
+    reader.ack(batch)
+    q.put("a", {"x": 1}, admitted=True)
+    assert q.metrics()["admission"]["running"] == 4
+
+
+def test_checkpoint_between_put_and_ack_grants_no_extra_admission(make_queue: MakeQueue) -> None:
+    """A prompt group leased when the prompt queue is saved, whose samples are put (and the prompt acked) before
+    the sample queue is saved, comes back as a redelivered prompt and as stored samples. Its regeneration is a
+    duplicate put: the restored queue must still grant no more than (τ + V + 1)·B samples in all."""
+    b = 4  # two groups of 2 per update, τ = 0
+    prompts = make_queue(tasks=("rollout",))
+    samples = make_queue(tasks=(TRAINER,), tau=0, batch_size=b)
+    assert samples.admit(b) == b  # the feeder admits both groups, then puts their prompts
+    prompts.put_many([RowInput("g0", {"p": 0}), RowInput("g1", {"p": 1})])
+    rollout = prompts.reader("rollout")
+    g0 = rollout.get(1, timeout=1.0)
+    assert [r.key for r in g0.rows] == ["g0"]
+    prompt_state = prompts.state_dict()  # g0 is leased here
+    group0 = [RowInput(("g0", j), {"r": j}, group_id="g0", group_size=2) for j in range(2)]
+    samples.put_many(group0, admitted=True)
+    rollout.ack(g0)
+    sample_state = samples.state_dict()  # g0's samples are stored here; g1's admission is still running
+    assert sample_state["running"] == 2
+
+    prompts2 = make_queue(tasks=("rollout",))
+    samples2 = make_queue(tasks=(TRAINER,), tau=0, batch_size=b)
+    prompts2.load_state_dict(prompt_state, reset_running=False)
+    samples2.load_state_dict(sample_state, reset_running=False)
+    again = prompts2.reader("rollout").get(2, timeout=1.0)
+    assert sorted(r.key for r in again.rows) == ["g0", "g1"]  # g0 redelivered, g1 delivered
+    samples2.put_many(group0, admitted=True)  # g0 regenerated: the same keys, already stored
+    assert samples2.admit(2) == 0  # g1 is in flight: (0 + 0 + 1)·4 − (2 + 2)
+    samples2.put_many([RowInput(("g1", j), {"r": j}, group_id="g1", group_size=2) for j in range(2)], admitted=True)
+    m = samples2.metrics()["admission"]
+    assert (m["accepted"], m["running"], m["duplicates"], m["unmatched"]) == (4, 0, 2, 0)
+    assert samples2.admit(2) == 0  # nothing more until the trainer publishes version 1

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,7 @@ from relax_services.models.checkpoint import resolve_source
 
 HEAVY = ("torch", "transformers")
 
-
-def _run(script: str, *args: str) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+RunScript = Callable[..., dict[str, object]]  # the run_script fixture (conftest.py)
 
 
 _REWARD = """
@@ -46,7 +38,7 @@ print(json.dumps({"rewards": batch.column("reward"), "modules": heavy}))
 """
 
 
-def test_reward_service_scores_without_importing_torch_or_transformers(tmp_path: Path) -> None:
+def test_reward_service_scores_without_importing_torch_or_transformers(tmp_path: Path, run_script: RunScript) -> None:
     from relax_services.config import load_run_config
     from relax_services.models.checkpoint import open_checkpoint
     from relax_services.services.reward import RewardService
@@ -58,7 +50,7 @@ def test_reward_service_scores_without_importing_torch_or_transformers(tmp_path:
     wrong = [*tokenizer.encode("r", add_special_tokens=False), eos]
     cfg = load_run_config(None, [f"model.source={folder}"])  # a run's services get the warmed-up folder's path
     payload = pickle.dumps((RewardService, cfg)).hex()
-    result = _run(_REWARD, payload, json.dumps([[right, "g"], [wrong, "g"]]))
+    result = run_script(_REWARD, payload, json.dumps([[right, "g"], [wrong, "g"]]))
     assert result["rewards"] == [1.0, 0.0]  # exact match of the decoded text, the eos removed
     assert result["modules"] == []
 
@@ -79,8 +71,8 @@ print(json.dumps({"modules": sorted(m for m in sys.modules if m.split(".")[0] in
 """
 
 
-def test_monitor_weight_store_and_queue_actor_code_import_no_model_stack() -> None:
-    assert _run(_LIGHT_ACTORS)["modules"] == []
+def test_monitor_weight_store_and_queue_actor_code_import_no_model_stack(run_script: RunScript) -> None:
+    assert run_script(_LIGHT_ACTORS)["modules"] == []
 
 
 _UNPICKLE_PROMPT = """
@@ -92,14 +84,14 @@ print(json.dumps({"ids": [int(i) for i in prompt.input_ids], "modules": sorted(
 """
 
 
-def test_unpickling_a_prompt_imports_no_transformers() -> None:
+def test_unpickling_a_prompt_imports_no_transformers(run_script: RunScript) -> None:
     # A queue actor holding prompt rows unpickles OmniPrompts; before the models package resolved its names
     # lazily, the first prompt imported every family's modeling code (seconds, minutes on a loaded machine) on
     # the actor's event loop, stalling every call to that queue meanwhile.
     from relax_services.models import text_prompt
 
     prompt = text_prompt([3, 5, 7])
-    result = _run(_UNPICKLE_PROMPT, pickle.dumps(prompt).hex())
+    result = run_script(_UNPICKLE_PROMPT, pickle.dumps(prompt).hex())
     assert result["ids"] == [3, 5, 7]
     assert result["modules"] == []
 

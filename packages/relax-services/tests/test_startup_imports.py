@@ -5,23 +5,14 @@ stack is imported anyway (checked in a fresh interpreter each, which starts with
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 FSDP_STACK = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "relax_services.engines.fsdp_train")
 
-
-def _run(script: str, *args: str) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+RunScript = Callable[..., dict[str, object]]  # the run_script fixture (conftest.py)
 
 
 _ENGINES = """
@@ -34,10 +25,10 @@ print(json.dumps({"before": before, "after": fsdp.__module__, "listed": "FSDPTra
 """
 
 
-def test_engines_import_the_fsdp_stack_only_when_an_fsdp_name_is_used() -> None:
+def test_engines_import_the_fsdp_stack_only_when_an_fsdp_name_is_used(run_script: RunScript) -> None:
     # Before, relax_services.engines imported fsdp_train eagerly: seconds of every colocated start-up (4 s of the
     # colocated module's 21 s import under load) for an engine a world_size=1 run never builds.
-    result = _run(_ENGINES % (FSDP_STACK,))
+    result = run_script(_ENGINES % (FSDP_STACK,))
     assert result["before"] == []
     assert result["after"] == "relax_services.engines.fsdp_train"
     assert result["listed"] is True
@@ -54,13 +45,13 @@ print(json.dumps({"path": str(path), "transformers": "transformers" in sys.modul
 """
 
 
-def test_colocated_source_check_runs_in_process(tmp_path: Path) -> None:
+def test_colocated_source_check_runs_in_process(tmp_path: Path, run_script: RunScript) -> None:
     # Before, the colocated driver validated model.source in a child interpreter that imported torch and
     # transformers, then imported both again itself for the services: a second interpreter start-up per run.
     from relax_services.models.tiny_families import write_tiny_checkpoint
 
     folder = write_tiny_checkpoint(tmp_path / "model", "qwen2", 0)
-    result = _run(_CHECK, str(folder))
+    result = run_script(_CHECK, str(folder))
     assert Path(str(result["path"])) == folder
     assert result["transformers"] is True  # validated here, with the model stack the services use
 

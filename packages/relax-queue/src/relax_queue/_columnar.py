@@ -196,7 +196,7 @@ def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool, 
         of newly stored rows are appended to ``inserted``.
     """
     if start < len(cols) and _put_new_rows(core, cols, start):
-        core._commit(cols.keys[start:], len(cols) - start if admitted else 0, queue=False)
+        core._commit(cols.keys[start:], admitted, len(cols) - start, queue=False)
         inserted.extend(cols.keys[start:])
         return len(cols)
     new: list[Key] = []
@@ -211,9 +211,9 @@ def put_columns(core: QueueCore, cols: ColumnInput, start: int, admitted: bool, 
                 new.append(row[0])
             handled = i + 1
     except BaseException:
-        core.commit_partial(new, handled - start if admitted else 0, inserted)
+        core.commit_partial(new, admitted, handled - start, inserted)
         raise
-    core._commit(new, handled - start if admitted else 0)
+    core._commit(new, admitted, handled - start)
     inserted.extend(new)
     return handled
 

@@ -120,7 +120,7 @@ class QueueCore:
         outcome = self._insert(key, fields, versions, group_id, group_size, tags)
         if outcome is FULL:
             return FULL
-        self._commit([key] if outcome else [], 1 if admitted else 0)
+        self._commit([key] if outcome else [], admitted, 1)
         return None
 
     def put_rows(self, rows: Sequence[RowInput], start: int, admitted: bool, inserted: list[Key]) -> int:
@@ -129,7 +129,7 @@ class QueueCore:
         Args:
             rows: the rows of the call.
             start: the first row not handled yet.
-            admitted: each handled row settles one admission.
+            admitted: each newly stored row settles one admission (see :meth:`_commit`).
             inserted: the keys of newly stored rows are appended here (not those only given fields).
 
         Returns:
@@ -151,15 +151,15 @@ class QueueCore:
                     new.append(r.key)
                 handled = i + 1
         except BaseException:
-            self.commit_partial(new, handled - start if admitted else 0, inserted)
+            self.commit_partial(new, admitted, handled - start, inserted)
             raise
-        self._commit(new, handled - start if admitted else 0)
+        self._commit(new, admitted, handled - start)
         inserted.extend(new)
         return handled
 
-    def commit_partial(self, new: list[Key], arrived: int, inserted: list[Key]) -> None:
+    def commit_partial(self, new: list[Key], admitted: bool, handled: int, inserted: list[Key]) -> None:
         """Commit what a call stored before it failed, and wake readers: those rows are deliverable."""
-        self._commit(new, arrived)
+        self._commit(new, admitted, handled)
         inserted.extend(new)
         self.notify()
 
@@ -241,9 +241,15 @@ class QueueCore:
         if not same:
             self.counters.conflicting_puts += 1
 
-    def _commit(self, new: list[Key], arrived: int, queue: bool = True) -> None:
+    def _commit(self, new: list[Key], admitted: bool, handled: int, queue: bool = True) -> None:
         """Queue the ``new`` rows' keys for every task (in order; not for a block's rows: ``queue=False``)
-        and settle ``arrived`` admissions."""
+        and, for an ``admitted`` put of ``handled`` rows, settle one admission per new row.
+
+        An admission belongs to a sample, not to an attempt at producing it: a put that stores nothing (the key
+        is stored or retired already: a producer's retry, or a regeneration after a restore) settles nothing,
+        because the put that stored the row settled its admission. Settling again would undercount the samples
+        in flight and let the staleness bound over-grant (at τ = 0, one group more than the synchronous trainer).
+        """
         if new:
             for ts in self.tasks.values() if queue else ():
                 pending = ts.pending
@@ -256,11 +262,11 @@ class QueueCore:
                         pending[key] = None
             self.counters.puts += len(new)
             self.accepted += len(new)
-        if arrived:
-            # Each admitted row (new, a regenerated duplicate, or a late one) ends one running admission.
-            matched = min(arrived, self.running)
+        if admitted:
+            self.counters.admission_duplicates += handled - len(new)
+            matched = min(len(new), self.running)
             self.running -= matched
-            self.counters.admission_unmatched += arrived - matched
+            self.counters.admission_unmatched += len(new) - matched
 
     def _check_group(self, key: Key, group_id: Hashable | None, group_size: int | None) -> dict[Key, StoredRow] | None:
         if group_id is None:

@@ -36,6 +36,7 @@ class Counters:
     admission_failed: int = 0
     admission_refunded: int = 0
     admission_unmatched: int = 0
+    admission_duplicates: int = 0
     put_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     get_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
@@ -98,6 +99,7 @@ def queue_metrics(core: QueueCore, now: float) -> dict[str, Any]:
             "failed": counters.pop("admission_failed"),
             "refunded": counters.pop("admission_refunded"),
             "unmatched": counters.pop("admission_unmatched"),
+            "duplicates": counters.pop("admission_duplicates"),
         },
         "requeued_pending": len(core.requeued),
         **counters,

@@ -94,7 +94,8 @@ class TransferQueue:
             group_id: group (e.g. GRPO prompt) of the row; groups are delivered whole.
             group_size: rows in the group; required with ``group_id``.
             tags: scalar metadata, e.g. ``{"num_tokens": 37}``.
-            admitted: the row consumes one admission granted by :meth:`admit`.
+            admitted: the row consumes one admission granted by :meth:`admit` when it is stored; a put of a
+                key already stored or retired (a retry, a regeneration) consumes none.
             timeout: seconds to wait for capacity; ``None`` waits forever.
 
         Raises:
@@ -139,7 +140,8 @@ class TransferQueue:
             group_ids: one group id (or ``None``) per key.
             group_sizes: the group size: one int for all rows, or one per key.
             tags: tag name to one scalar per key, e.g. ``{"num_tokens": [37, 12]}``.
-            admitted: every row consumes one admission granted by :meth:`admit`.
+            admitted: every newly stored row consumes one admission granted by :meth:`admit` (a key already
+                stored or retired consumes none).
             timeout: seconds to wait for capacity; ``None`` waits forever.
 
         Raises:
