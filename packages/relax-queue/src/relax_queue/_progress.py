@@ -11,7 +11,14 @@ from typing import Any, TypeVar
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, put_columns, try_get_columns
 from relax_queue._core import FULL, QueueCore
-from relax_queue._errors import ArgumentError, FieldTypeError, GroupDeadlockError, QueueClosedError, QueueFullError
+from relax_queue._errors import (
+    ArgumentError,
+    FieldTypeError,
+    GroupDeadlockError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
 from relax_queue._settle import check_lease_s
 from relax_queue._types import Batch, ColumnBatch, Key, RowInput
@@ -31,6 +38,7 @@ __all__ = [
     "get_attempt",
     "get_columns_attempt",
     "normalise_fields",
+    "timed_get",
     "wait_for",
 ]
 
@@ -202,6 +210,30 @@ def wait_for(
                 core.cond.wait(wait)
             finally:
                 core.waiting -= 1
+
+
+def timed_get(
+    core: QueueCore,
+    attempt: Callable[[float], T | None],
+    task: str,
+    fields: tuple[str, ...] | None,
+    n: int | None,
+    timeout: float | None,
+) -> T:
+    """Wait (threads) for ``attempt`` to deliver a batch (rows or columns) and record the get latency."""
+    start = time.perf_counter()
+    batch = attempt_once(core, attempt)
+    if batch is None:
+        batch = wait_for(
+            core,
+            attempt,
+            timeout,
+            lambda: QueueTimeoutError(
+                f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})" + deadlock_hint(core)
+            ),
+        )
+    core.counters.get_latency_s.append(time.perf_counter() - start)
+    return batch
 
 
 def get_attempt(

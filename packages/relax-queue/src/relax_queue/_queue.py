@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput
@@ -22,10 +22,10 @@ from relax_queue._progress import (
     attempt_once,
     batch_lease_id,
     check_open,
-    deadlock_hint,
     get_attempt,
     get_columns_attempt,
     normalise_fields,
+    timed_get,
     wait_for,
 )
 from relax_queue._reader import Reader
@@ -35,8 +35,6 @@ from relax_queue._snapshot import atomic_write, core_state, load_core_state, rea
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
 
 __all__ = ["Reader", "TransferQueue", "VersionError"]
-
-T = TypeVar("T")
 
 
 class TransferQueue:
@@ -224,7 +222,9 @@ class TransferQueue:
             UnknownTaskError: ``task`` is not registered.
             ArgumentError: ``n`` or ``lease_s`` is out of range (nothing is leased).
         """
-        return self._timed_get(self.get_attempt(task, fields, n, batcher, replica, lease_s), task, fields, n, timeout)
+        return timed_get(
+            self._core, self.get_attempt(task, fields, n, batcher, replica, lease_s), task, fields, n, timeout
+        )
 
     def get_columns(
         self,
@@ -245,31 +245,7 @@ class TransferQueue:
             FieldTypeError: ``fields`` is ``None`` and the rows of the batch carry different fields.
         """
         attempt = self.get_columns_attempt(task, fields, n, batcher, replica, lease_s)
-        return self._timed_get(attempt, task, fields, n, timeout)
-
-    def _timed_get(
-        self,
-        attempt: Callable[[float], T | None],
-        task: str,
-        fields: tuple[str, ...] | None,
-        n: int | None,
-        timeout: float | None,
-    ) -> T:
-        """Waits for ``attempt`` to deliver a batch (rows or columns) and records the get latency."""
-        start = time.perf_counter()
-        batch = attempt_once(self._core, attempt)
-        if batch is None:
-            batch = wait_for(
-                self._core,
-                attempt,
-                timeout,
-                lambda: QueueTimeoutError(
-                    f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"
-                    + deadlock_hint(self._core)
-                ),
-            )
-        self._core.counters.get_latency_s.append(time.perf_counter() - start)
-        return batch
+        return timed_get(self._core, attempt, task, fields, n, timeout)
 
     def get_attempt(
         self,
