@@ -195,6 +195,7 @@ MUTATIONS: dict[str, Callable[[TransferQueue, Any], Any]] = {
     "release_admission": lambda q, b: q.release_admission(0),
     "refund_admission": lambda q, b: q.refund_admission(0),
     "publish_version": lambda q, b: q.publish_version(5),
+    "ack_and_publish": lambda q, b: q.ack_and_publish(b, 5),
     "take_requeued": lambda q, b: q.take_requeued(),
     "load_state_dict": lambda q, b: q.load_state_dict(q.state_dict()),
 }

@@ -38,19 +38,32 @@ class ForwardingReader:
         self.inner, self.log = inner, log
 
     def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         self.log.append("reader.get")
-        return self.inner.get(n, timeout, ack=ack)
+        return self.inner.get(n, timeout, ack=ack, lease_s=lease_s)
 
     def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
-        return self.inner.get_columns(n, timeout, ack=ack)
+        return self.inner.get_columns(n, timeout, ack=ack, lease_s=lease_s)
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         self.log.append("reader.ack")
         self.inner.ack(batch)
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch, version: int) -> None:
+        self.inner.ack_and_publish(batch, version)
 
     def nack(self, batch: Batch | ColumnBatch) -> None:
         self.inner.nack(batch)
@@ -145,8 +158,11 @@ class ForwardingQueue:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
-        return self.inner.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
+        return self.inner.get(
+            task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica, lease_s=lease_s
+        )
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         self.inner.ack(batch, rank=rank)
@@ -163,6 +179,9 @@ class ForwardingQueue:
 
     def publish_version(self, version: int) -> None:
         self.inner.publish_version(version)
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch | int, version: int, *, rank: int | None = None) -> None:
+        self.inner.ack_and_publish(batch, version, rank=rank)
 
     def admit(self, n: int, timeout: float = 0.0) -> int:
         return self.inner.admit(n, timeout)

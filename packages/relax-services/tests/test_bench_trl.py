@@ -224,7 +224,7 @@ def test_table_shows_relax_per_update_split_and_a_dash_for_trl() -> None:
     table = format_table([trl, relax])
     assert "| relax trainer: interval between updates | — | 0.150s |" in table
     assert "|   compute (batch, forward, backward, step) | — | 0.080s |" in table
-    assert "|   queue calls (renew, ack, version) | — | 0.005s |" in table
+    assert "|   queue calls besides the get (ack + version) | — | 0.005s |" in table
     assert "|   outside these (record, loop, GIL) | — | 0.035s |" in table
     assert "relax trainer" not in format_table([trl, trl])  # no relax side, no split rows
 

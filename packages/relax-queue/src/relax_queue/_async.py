@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput
 from relax_queue._errors import QueueClosedError, QueueTimeoutError
-from relax_queue._progress import PutColumns, PutMany, PutOne, normalise_fields
+from relax_queue._progress import PutColumns, PutMany, PutOne, check_get_arguments, normalise_fields
 from relax_queue._queue import TransferQueue
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Batch, ColumnBatch, Key, RowInput
@@ -140,9 +140,10 @@ class AsyncTransferQueue:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         """Awaitable :meth:`TransferQueue.get`."""
-        return await self._timed_get(self.sync.get_attempt(task, fields, n, batcher, replica), task, timeout)
+        return await self._timed_get(self.sync.get_attempt(task, fields, n, batcher, replica, lease_s), task, timeout)
 
     async def get_columns(
         self,
@@ -153,9 +154,11 @@ class AsyncTransferQueue:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """Awaitable :meth:`TransferQueue.get_columns`."""
-        return await self._timed_get(self.sync.get_columns_attempt(task, fields, n, batcher, replica), task, timeout)
+        attempt = self.sync.get_columns_attempt(task, fields, n, batcher, replica, lease_s)
+        return await self._timed_get(attempt, task, timeout)
 
     async def _timed_get(self, attempt: Callable[[float], T | None], task: str, timeout: float | None) -> T:
         """Awaits ``attempt`` delivering a batch (rows or columns) and records the get latency."""
@@ -206,6 +209,10 @@ class AsyncTransferQueue:
         """:meth:`TransferQueue.nack` (never blocks)."""
         self.sync.nack(batch)
 
+    def ack_and_publish(self, batch: Batch | ColumnBatch | int, version: int, *, rank: int | None = None) -> None:
+        """:meth:`TransferQueue.ack_and_publish` (never blocks)."""
+        self.sync.ack_and_publish(batch, version, rank=rank)
+
 
 class AsyncReader:
     """Awaitable counterpart of :class:`Reader`."""
@@ -221,28 +228,56 @@ class AsyncReader:
         self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
 
     async def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         """Lease the next batch, after acking ``ack`` (see :meth:`Reader.get`)."""
+        check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
         return await self.queue.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+            self.task,
+            fields=self.fields,
+            n=n,
+            batcher=self.batcher,
+            timeout=timeout,
+            replica=self.replica,
+            lease_s=lease_s,
         )
 
     async def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """Lease the next batch as columns, after acking ``ack`` (see :meth:`Reader.get_columns`)."""
+        check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
         return await self.queue.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+            self.task,
+            fields=self.fields,
+            n=n,
+            batcher=self.batcher,
+            timeout=timeout,
+            replica=self.replica,
+            lease_s=lease_s,
         )
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch``."""
         self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch, version: int) -> None:
+        """Consume ``batch`` and publish ``version`` in one step (see :meth:`TransferQueue.ack_and_publish`)."""
+        self.queue.ack_and_publish(batch, version, rank=None if self.replica is None else self.replica.rank)
 
     def nack(self, batch: Batch | ColumnBatch) -> None:
         """Give ``batch`` back for redelivery."""

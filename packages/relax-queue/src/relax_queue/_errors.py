@@ -23,6 +23,7 @@ __all__ = [
     "RelaxQueueError",
     "RowTooLargeError",
     "UnknownTaskError",
+    "VersionError",
 ]
 
 
@@ -96,3 +97,7 @@ class QueueClosedError(RelaxQueueError):
 
 class ArgumentError(RelaxQueueError, ValueError):
     """A call argument is outside its allowed values (e.g. a batch size ``n`` that is not an int >= 1)."""
+
+
+class VersionError(RelaxQueueError, ValueError):
+    """A published policy version is not an int or goes backwards."""

@@ -3,6 +3,7 @@ attempts, the errors of a full or closed queue, and the argument checks every tr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -10,8 +11,16 @@ from typing import Any, TypeVar
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, put_columns, try_get_columns
 from relax_queue._core import FULL, QueueCore
-from relax_queue._errors import ArgumentError, FieldTypeError, GroupDeadlockError, QueueClosedError, QueueFullError
+from relax_queue._errors import (
+    ArgumentError,
+    FieldTypeError,
+    GroupDeadlockError,
+    QueueClosedError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
+from relax_queue._settle import check_lease_s
 from relax_queue._types import Batch, ColumnBatch, Key, RowInput
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "attempt_once",
     "batch_lease_id",
     "check_batch_size",
+    "check_get_arguments",
     "check_open",
     "deadlock_hint",
     "full_error",
@@ -28,6 +38,7 @@ __all__ = [
     "get_attempt",
     "get_columns_attempt",
     "normalise_fields",
+    "timed_get",
     "wait_for",
 ]
 
@@ -155,6 +166,17 @@ def check_batch_size(task: str, n: Any) -> None:
         raise ArgumentError(f"get for task {task!r}: n must be None (the batcher's default) or an int >= 1, got {n!r}")
 
 
+def check_get_arguments(task: str, n: Any, lease_s: Any) -> None:
+    """A get's ``n`` and ``lease_s``, checked before anything else the call does (an ``ack=`` it carries, a Ray
+    round trip), so a malformed get changes nothing on any transport.
+
+    Raises:
+        ArgumentError: either is out of range.
+    """
+    check_batch_size(task, n)
+    check_lease_s(task, lease_s)
+
+
 def attempt_once(core: QueueCore, attempt: Callable[[float], T | None]) -> T | None:
     """Run ``attempt`` once under the lock: the usual call succeeds at once and needs none of
     :func:`wait_for`'s machinery."""
@@ -190,6 +212,30 @@ def wait_for(
                 core.waiting -= 1
 
 
+def timed_get(
+    core: QueueCore,
+    attempt: Callable[[float], T | None],
+    task: str,
+    fields: tuple[str, ...] | None,
+    n: int | None,
+    timeout: float | None,
+) -> T:
+    """Wait (threads) for ``attempt`` to deliver a batch (rows or columns) and record the get latency."""
+    start = time.perf_counter()
+    batch = attempt_once(core, attempt)
+    if batch is None:
+        batch = wait_for(
+            core,
+            attempt,
+            timeout,
+            lambda: QueueTimeoutError(
+                f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})" + deadlock_hint(core)
+            ),
+        )
+    core.counters.get_latency_s.append(time.perf_counter() - start)
+    return batch
+
+
 def get_attempt(
     core: QueueCore,
     replicas: ReplicaCoordinator,
@@ -198,9 +244,15 @@ def get_attempt(
     n: int | None,
     batcher: Batcher | None,
     replica: ReplicaSet | None,
+    lease_s: float | None = None,
 ) -> Callable[[float], Batch | None]:
-    """A non-blocking get of rows (caller holds the lock), checked now and retried by the waits."""
+    """A non-blocking get of rows (caller holds the lock), checked now and retried by the waits.
+
+    Args:
+        lease_s: seconds the lease lasts from delivery (``None``: the queue's ``lease_timeout_s``).
+    """
     check_batch_size(task, n)
+    check_lease_s(task, lease_s)
     chosen = batcher or FixedSizeBatcher()
 
     def attempt(now: float) -> Batch | None:
@@ -208,7 +260,7 @@ def get_attempt(
             return core.try_get(task, fields, n, chosen, now)
         return replicas.try_get(core, task, fields, n, chosen, now, replica)
 
-    return attempt
+    return attempt if lease_s is None else _leased_for(core, attempt, lease_s)
 
 
 def get_columns_attempt(
@@ -219,9 +271,11 @@ def get_columns_attempt(
     n: int | None,
     batcher: Batcher | None,
     replica: ReplicaSet | None,
+    lease_s: float | None = None,
 ) -> Callable[[float], ColumnBatch | None]:
     """:func:`get_attempt` delivering columns."""
     check_batch_size(task, n)
+    check_lease_s(task, lease_s)
     chosen = batcher or FixedSizeBatcher()
 
     def attempt(now: float) -> ColumnBatch | None:
@@ -229,4 +283,23 @@ def get_columns_attempt(
             return try_get_columns(core, task, fields, n, chosen, now)
         return replicas.try_get_columns(core, task, fields, n, chosen, now, replica)
 
-    return attempt
+    return attempt if lease_s is None else _leased_for(core, attempt, lease_s)
+
+
+B = TypeVar("B", Batch, ColumnBatch)
+
+
+def _leased_for(core: QueueCore, attempt: Callable[[float], B | None], lease_s: float) -> Callable[[float], B | None]:
+    """``attempt`` whose lease lasts ``lease_s`` seconds from delivery: set in the same step under the lock as the
+    lease itself, so no caller ever sees the batch leased for the queue's default length."""
+
+    def leased(now: float) -> B | None:
+        batch = attempt(now)
+        if batch is None:
+            return None
+        # A replica set's later ranks get the batch its first rank leased; the lease may have ended since.
+        if batch.lease_id in core.leases:
+            core.renew(batch.lease_id, now, lease_s)
+        return dataclasses.replace(batch, lease_timeout_s=lease_s)
+
+    return leased

@@ -23,17 +23,28 @@ class QueueReader(Protocol):
     """A consumer of one task with fixed fields and batcher (see :class:`~relax_queue.Reader`)."""
 
     def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
-        """Lease the next batch (``n`` in the batcher's unit), after acking ``ack``.
+        """Lease the next batch (``n`` in the batcher's unit) for ``lease_s`` seconds, after acking ``ack``.
 
         Raises:
             QueueTimeoutError: Nothing ready within ``timeout`` seconds.
+            ArgumentError: ``n`` or ``lease_s`` is out of range (nothing is acked or leased).
         """
         ...
 
     def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """:meth:`get` delivering the batch as columns."""
         ...
@@ -43,6 +54,15 @@ class QueueReader(Protocol):
 
         Raises:
             LeaseError: The lease is unknown, settled or expired.
+        """
+        ...
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch, version: int) -> None:
+        """Consume ``batch`` and publish ``version`` in one step.
+
+        Raises:
+            VersionError: ``version`` is not an int or goes backwards (nothing is acked).
+            LeaseError: The lease is unknown, settled or expired (nothing is published).
         """
         ...
 
@@ -125,8 +145,9 @@ class QueueClient(Protocol):
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
-        """Lease the next batch of ``task``."""
+        """Lease the next batch of ``task`` (for ``lease_s`` seconds; ``None``: the queue's lease timeout)."""
         ...
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
@@ -149,6 +170,10 @@ class QueueClient(Protocol):
 
     def publish_version(self, version: int) -> None:
         """Publish the trainer's policy version V."""
+        ...
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch | int, version: int, *, rank: int | None = None) -> None:
+        """Consume a leased batch and publish the version its update produced, in one step."""
         ...
 
     def admit(self, n: int, timeout: float = 0.0) -> int:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput
 from relax_queue._config import QueueConfig
 from relax_queue._core import QueueCore
-from relax_queue._errors import QueueTimeoutError, RelaxQueueError
+from relax_queue._errors import QueueTimeoutError, VersionError
 from relax_queue._metrics import queue_metrics
 from relax_queue._payload import PayloadPacker
 from relax_queue._payload import open_payloads as _open_payloads
@@ -22,24 +22,19 @@ from relax_queue._progress import (
     attempt_once,
     batch_lease_id,
     check_open,
-    deadlock_hint,
     get_attempt,
     get_columns_attempt,
     normalise_fields,
+    timed_get,
     wait_for,
 )
 from relax_queue._reader import Reader
 from relax_queue._replica import ReplicaCoordinator, ReplicaSet
+from relax_queue._settle import ack_and_publish, check_version, check_version_forward
 from relax_queue._snapshot import atomic_write, core_state, load_core_state, read_state
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
 
 __all__ = ["Reader", "TransferQueue", "VersionError"]
-
-T = TypeVar("T")
-
-
-class VersionError(RelaxQueueError, ValueError):
-    """A published policy version is not an int or goes backwards."""
 
 
 class TransferQueue:
@@ -216,14 +211,22 @@ class TransferQueue:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         """Lease the next batch of ``task`` (what :meth:`Reader.get` calls).
+
+        Args:
+            lease_s: seconds the lease lasts from delivery (``None``: the config's ``lease_timeout_s``); a consumer
+                that knows it needs the batch longer says so here instead of renewing the lease after the get.
 
         Raises:
             QueueTimeoutError: no batch was ready within ``timeout`` seconds.
             UnknownTaskError: ``task`` is not registered.
+            ArgumentError: ``n`` or ``lease_s`` is out of range (nothing is leased).
         """
-        return self._timed_get(self.get_attempt(task, fields, n, batcher, replica), task, fields, n, timeout)
+        return timed_get(
+            self._core, self.get_attempt(task, fields, n, batcher, replica, lease_s), task, fields, n, timeout
+        )
 
     def get_columns(
         self,
@@ -234,6 +237,7 @@ class TransferQueue:
         batcher: Batcher | None = None,
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """:meth:`get` delivering the batch as columns (what :meth:`Reader.get_columns` calls).
 
@@ -242,31 +246,8 @@ class TransferQueue:
             UnknownTaskError: ``task`` is not registered.
             FieldTypeError: ``fields`` is ``None`` and the rows of the batch carry different fields.
         """
-        return self._timed_get(self.get_columns_attempt(task, fields, n, batcher, replica), task, fields, n, timeout)
-
-    def _timed_get(
-        self,
-        attempt: Callable[[float], T | None],
-        task: str,
-        fields: tuple[str, ...] | None,
-        n: int | None,
-        timeout: float | None,
-    ) -> T:
-        """Waits for ``attempt`` to deliver a batch (rows or columns) and records the get latency."""
-        start = time.perf_counter()
-        batch = attempt_once(self._core, attempt)
-        if batch is None:
-            batch = wait_for(
-                self._core,
-                attempt,
-                timeout,
-                lambda: QueueTimeoutError(
-                    f"task {task!r}: no batch ready within {timeout} s (fields={fields}, n={n})"
-                    + deadlock_hint(self._core)
-                ),
-            )
-        self._core.counters.get_latency_s.append(time.perf_counter() - start)
-        return batch
+        attempt = self.get_columns_attempt(task, fields, n, batcher, replica, lease_s)
+        return timed_get(self._core, attempt, task, fields, n, timeout)
 
     def get_attempt(
         self,
@@ -275,13 +256,14 @@ class TransferQueue:
         n: int | None,
         batcher: Batcher | None,
         replica: ReplicaSet | None,
+        lease_s: float | None = None,
     ) -> Callable[[float], Batch | None]:
         """A non-blocking get (caller holds the lock), retried by the sync and asyncio waits.
 
         Raises:
-            ArgumentError: ``n`` is not ``None`` or an int >= 1.
+            ArgumentError: ``n`` is not ``None`` or an int >= 1, or ``lease_s`` not ``None`` or a number > 0.
         """
-        return get_attempt(self._core, self._replicas, task, fields, n, batcher, replica)
+        return get_attempt(self._core, self._replicas, task, fields, n, batcher, replica, lease_s)
 
     def get_columns_attempt(
         self,
@@ -290,9 +272,10 @@ class TransferQueue:
         n: int | None,
         batcher: Batcher | None,
         replica: ReplicaSet | None,
+        lease_s: float | None = None,
     ) -> Callable[[float], ColumnBatch | None]:
         """:meth:`get_attempt` delivering columns."""
-        return get_columns_attempt(self._core, self._replicas, task, fields, n, batcher, replica)
+        return get_columns_attempt(self._core, self._replicas, task, fields, n, batcher, replica, lease_s)
 
     def ack(self, batch: Batch | ColumnBatch | int, *, rank: int | None = None) -> None:
         """Consume a leased batch: its rows are never delivered to that task again.
@@ -343,14 +326,36 @@ class TransferQueue:
         Raises:
             VersionError: ``version`` is not an int or is below the current version.
         """
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise VersionError(f"version must be an int, got {version!r}")
+        check_version(version)
         with self._core.lock:
             check_open(self._core, "publish_version")
-            if version < self._core.version:
-                raise VersionError(f"version must not go backwards: current {self._core.version}, got {version}")
+            check_version_forward(self._core, version)
             self._core.version = version
             self._core.notify()
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch | int, version: int, *, rank: int | None = None) -> None:
+        """:meth:`ack` ``batch``, then :meth:`publish_version` ``version``, as one step: what a trainer calls when
+        an update is done.
+
+        No caller sees the batch consumed without the version, or the version without the batch consumed (a
+        snapshot, an admission, a reader's staleness check); over Ray it is one round trip instead of two.
+
+        Args:
+            batch: the batch the update consumed, or its lease id.
+            version: the version the update produced.
+            rank: for replica sets, the acking rank; the call whose ack settles the lease (the last rank's)
+                publishes the version, so it never becomes visible before the batch is consumed.
+
+        Raises:
+            VersionError: ``version`` is not an int or is below the current version (nothing is acked).
+            LeaseError: the lease is unknown, settled, or expired (nothing is published).
+            QueueClosedError: the queue is closed.
+        """
+        lease_id = batch_lease_id(batch)
+        check_version(version)
+        with self._core.lock:
+            check_open(self._core, "ack_and_publish")
+            ack_and_publish(self._core, self._replicas, lease_id, version, rank)
 
     def admit(self, n: int, timeout: float = 0.0) -> int:
         """Reserve up to ``n`` sample starts allowed by the staleness policy.
@@ -481,7 +486,7 @@ class TransferQueue:
         :class:`QueueClosedError`.
 
         That is put*, add_fields*, get*, ack, nack, renew, admit, release/refund_admission,
-        publish_version, take_requeued and load*. What only reads it keeps working (metrics, ready,
+        publish_version, ack_and_publish, take_requeued and load*. What only reads it keeps working (metrics, ready,
         len, version, admission_capacity, state_dict, save), so a stopped pipeline can still be
         inspected and snapshotted; rows leased at close are saved as redeliveries.
         """

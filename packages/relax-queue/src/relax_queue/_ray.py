@@ -36,11 +36,12 @@ from relax_queue._batchers import Batcher, FixedSizeBatcher
 from relax_queue._columnar import ColumnInput, is_array
 from relax_queue._config import QueueConfig
 from relax_queue._payload import PayloadPacker
-from relax_queue._progress import batch_lease_id, normalise_fields
+from relax_queue._progress import batch_lease_id, check_get_arguments, normalise_fields
 from relax_queue._ray_actor import actor_class, ray_module
 from relax_queue._ray_calls import decode_batch, decode_columns, get_request, unwrap
 from relax_queue._ray_reader import RayReader
 from relax_queue._replica import ReplicaSet
+from relax_queue._settle import check_version
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Batch, ColumnBatch, Key, RequeuedRow, RowInput
 from relax_queue._wire import (
@@ -362,14 +363,19 @@ class RayQueueClient:
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
         ack: Batch | ColumnBatch | int | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         """See :meth:`TransferQueue.get`; object-store values of the batch are fetched in one ``ray.get``.
 
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
+        check_get_arguments(task, n, lease_s)  # a malformed get costs no round trip and acks nothing
         acked = None if ack is None else batch_lease_id(ack)
         task_name, lease_id, wire, lease_timeout_s, version = unpack(
-            self._get_call("get", lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after))
+            self._get_call(
+                "get",
+                lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after, 1, lease_s),
+            )
         )
         return decode_batch(task_name, lease_id, wire, lease_timeout_s, version)
 
@@ -383,16 +389,18 @@ class RayQueueClient:
         timeout: float | None = None,
         replica: ReplicaSet | None = None,
         ack: Batch | ColumnBatch | int | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """See :meth:`TransferQueue.get_columns`; object-store values of the batch are fetched in one ``ray.get``.
 
         ``ack``: a batch of this task (of ``replica``'s rank) acked first, in the same round trip.
         """
+        check_get_arguments(task, n, lease_s)
         acked = None if ack is None else batch_lease_id(ack)
         returns = self._reply_slots.get(task, 1)
         reply = self._get_call(
             "get_columns",
-            lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after, returns),
+            lambda after: get_request(task, fields, n, batcher, timeout, replica, acked, after, returns, lease_s),
             returns,
         )
         if returns > 1:
@@ -421,6 +429,13 @@ class RayQueueClient:
     def publish_version(self, version: int) -> None:
         """See :meth:`TransferQueue.publish_version`."""
         self._call("publish_version", version)
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch | int, version: int, *, rank: int | None = None) -> None:
+        """See :meth:`TransferQueue.ack_and_publish`: one round trip for both (a version that is not an int is
+        refused here, with no round trip)."""
+        lease_id = batch_lease_id(batch)
+        check_version(version)
+        self._call("ack_and_publish", lease_id, version, rank=rank)
 
     def admit(self, n: int, timeout: float = 0.0) -> int:
         """See :meth:`TransferQueue.admit`."""

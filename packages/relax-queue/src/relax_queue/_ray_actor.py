@@ -15,6 +15,7 @@ from typing import Any
 from relax_queue._columnar import is_array
 from relax_queue._config import QueueConfig
 from relax_queue._errors import RelaxQueueError
+from relax_queue._progress import check_get_arguments
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Key, RowInput
 from relax_queue._wire import (
@@ -156,11 +157,12 @@ def actor_class() -> Any:
 
         async def get_columns(self, request: bytes) -> Any:
             """A get of columns; the client asked for ``slots`` return values: the reply, then pieces."""
-            task, fields, n, batcher, timeout, replica, ack, after, slots = load_request(request)
+            task, fields, n, batcher, timeout, replica, ack, after, slots, lease_s = load_request(request)
             await self._after(after)
+            check_get_arguments(task, n, lease_s)  # before the ack: a malformed get changes nothing
             self._ack_first(ack, replica)
             b = await self.aqueue.get_columns(
-                task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica
+                task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica, lease_s=lease_s
             )
             inline, passed = split_columns(b.columns)
             # A tuple of lists pickles faster than the slotted dataclass; per-row metadata that is
@@ -204,10 +206,13 @@ def actor_class() -> Any:
                 self.queue.ack(lease_id, rank=None if replica is None else replica.rank)
 
         async def get(self, request: bytes) -> Any:
-            task, fields, n, batcher, timeout, replica, ack, after, _ = load_request(request)
+            task, fields, n, batcher, timeout, replica, ack, after, _, lease_s = load_request(request)
             await self._after(after)
+            check_get_arguments(task, n, lease_s)
             self._ack_first(ack, replica)
-            batch = await self.aqueue.get(task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica)
+            batch = await self.aqueue.get(
+                task, fields=fields, n=n, batcher=batcher, timeout=timeout, replica=replica, lease_s=lease_s
+            )
             # Plain tuples pickle several times faster than slotted dataclasses.
             rows = [
                 (

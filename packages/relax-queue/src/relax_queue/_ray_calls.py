@@ -36,6 +36,7 @@ def get_request(
     ack: int | None,
     after: tuple[str, int] | None = None,
     slots: int = 1,
+    lease_s: float | None = None,
 ) -> bytes:
     """A get's arguments as one bytes object: Ray serialises each argument of a call on its own
     (≈ 0.2 ms for a get's seven here), one pickled blob costs one.
@@ -45,7 +46,7 @@ def get_request(
     own work), so classes Ray would ship by value (defined in ``__main__`` or a notebook) still travel.
     """
     chosen = batcher or FixedSizeBatcher()
-    args = (task, fields, n, chosen, timeout, replica, ack, after, slots)
+    args = (task, fields, n, chosen, timeout, replica, ack, after, slots, lease_s)
     if type(chosen).__module__ in _OWN_MODULES and (replica is None or type(replica) is ReplicaSet):
         return pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
     return cast(bytes, ray_module().cloudpickle.dumps(args))

@@ -26,24 +26,52 @@ class RayReader:
     replica: ReplicaSet | None = None
 
     def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         """Lease the next batch, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
         return self.client.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
+            self.task,
+            fields=self.fields,
+            n=n,
+            batcher=self.batcher,
+            timeout=timeout,
+            replica=self.replica,
+            ack=ack,
+            lease_s=lease_s,
         )
 
     def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """Lease the next batch as columns, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
         return self.client.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica, ack=ack
+            self.task,
+            fields=self.fields,
+            n=n,
+            batcher=self.batcher,
+            timeout=timeout,
+            replica=self.replica,
+            ack=ack,
+            lease_s=lease_s,
         )
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch``."""
         self.client.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch, version: int) -> None:
+        """Consume ``batch`` and publish ``version`` in one round trip (see :meth:`TransferQueue.ack_and_publish`)."""
+        self.client.ack_and_publish(batch, version, rank=None if self.replica is None else self.replica.rank)
 
     def nack(self, batch: Batch | ColumnBatch) -> None:
         """Give ``batch`` back for redelivery."""

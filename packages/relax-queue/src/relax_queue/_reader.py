@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from relax_queue._batchers import Batcher
+from relax_queue._progress import check_get_arguments
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Batch, ColumnBatch
 
@@ -28,7 +29,12 @@ class Reader:
         self.queue, self.task, self.fields, self.batcher, self.replica = queue, task, fields, batcher, replica
 
     def get(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> Batch:
         """Lease the next batch (``n`` in the batcher's unit; ``None``: its default size).
 
@@ -37,35 +43,62 @@ class Reader:
             timeout: seconds to wait for a batch; ``None`` waits forever.
             ack: a batch this reader finished, acked first (as :meth:`ack`, even when no new
                 batch comes in time). On the Ray transport this saves the ack's round trip.
+            lease_s: seconds the lease lasts from delivery (``None``: the queue's ``lease_timeout_s``), set with
+                the lease itself: a consumer that needs the batch longer makes no renewal call.
 
         Raises:
             QueueTimeoutError: nothing ready within ``timeout`` seconds.
             LeaseError: ``ack`` could not be acked (nothing is leased then).
+            ArgumentError: ``n`` or ``lease_s`` is out of range (nothing is acked or leased).
         """
+        check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
         return self.queue.get(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+            self.task,
+            fields=self.fields,
+            n=n,
+            batcher=self.batcher,
+            timeout=timeout,
+            replica=self.replica,
+            lease_s=lease_s,
         )
 
     def get_columns(
-        self, n: int | None = None, timeout: float | None = None, *, ack: Batch | ColumnBatch | None = None
+        self,
+        n: int | None = None,
+        timeout: float | None = None,
+        *,
+        ack: Batch | ColumnBatch | None = None,
+        lease_s: float | None = None,
     ) -> ColumnBatch:
         """:meth:`get` delivering the batch as columns.
 
         Raises:
             QueueTimeoutError: nothing ready within ``timeout`` seconds.
             LeaseError: ``ack`` could not be acked (nothing is leased then).
+            ArgumentError: ``n`` or ``lease_s`` is out of range (nothing is acked or leased).
         """
+        check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
         return self.queue.get_columns(
-            self.task, fields=self.fields, n=n, batcher=self.batcher, timeout=timeout, replica=self.replica
+            self.task,
+            fields=self.fields,
+            n=n,
+            batcher=self.batcher,
+            timeout=timeout,
+            replica=self.replica,
+            lease_s=lease_s,
         )
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch`` (for a replica set: this rank's ack)."""
         self.queue.ack(batch, rank=None if self.replica is None else self.replica.rank)
+
+    def ack_and_publish(self, batch: Batch | ColumnBatch, version: int) -> None:
+        """Consume ``batch`` and publish ``version`` in one step (see :meth:`TransferQueue.ack_and_publish`)."""
+        self.queue.ack_and_publish(batch, version, rank=None if self.replica is None else self.replica.rank)
 
     def nack(self, batch: Batch | ColumnBatch) -> None:
         """Give ``batch`` back for redelivery."""

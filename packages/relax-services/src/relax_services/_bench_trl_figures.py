@@ -116,7 +116,7 @@ def format_table(sides: list[SideResult]) -> str:
         ("  compute (batch, forward, backward, step)", "compute_s"),
         ("  publish weights", "publish_s"),
         ("  wait for a complete batch", "wait_s"),
-        ("  queue calls (renew, ack, version)", "queue_s"),
+        ("  queue calls besides the get (ack + version)", "queue_s"),
         ("  outside these (record, loop, GIL)", "other_s"),
     ]
     figures = [summarise(s) for s in sides]

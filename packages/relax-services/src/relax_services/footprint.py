@@ -136,8 +136,8 @@ class UpdateSplit:
         compute_s: Building the batch, forward, backward and optimizer step.
         publish_s: Publishing the new weights (snapshot and store) after the update.
         wait_s: Waiting for the queue to hand over a complete batch (rollout, reward and hops upstream).
-        queue_s: The update's other queue calls: renewing the batch's lease, acking it, publishing the version
-            (round trips to the queue actor in the distributed mode; 0 in runs that did not record them).
+        queue_s: The update's queue calls besides the get: the batch's ack with the version publish, one call
+            (a round trip to the queue actor in the distributed mode; 0 in runs that did not record them).
         interval_s: Median seconds between consecutive updates (None when the records carry no times).
         other_s: Median of each update's interval less its four parts: what the trainer loop spends outside them
             (the metric record, the loop and, in one process, the other roles holding the GIL); None as above.

@@ -1,5 +1,11 @@
 """Trainer service: consumes whole groups whose fields are all present, computes advantages and the policy
-loss (relax-core), applies one policy update, publishes the new weights and version, then acks."""
+loss (relax-core), applies one policy update, publishes the new weights, then acks the batch and publishes the
+version in one queue call.
+
+Per update the trainer makes two queue calls (each one round trip to the queue actor in the distributed mode): the
+get, which leases the batch for the whole update (``lease_s``, so no renewal call), and ``ack_and_publish``. With
+the queue in another process and τ ≥ 1 the get of the next batch is made while the update computes
+(``services/_prefetch.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from relax_core import (
     policy_loss_units,
     value_loss,
 )
-from relax_queue import Batch, GroupBatcher, LeaseError, QueueClient, QueueTimeoutError
+from relax_queue import Batch, GroupBatcher, QueueClient, QueueTimeoutError, TransferQueue
 from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
 from relax_services.engines import LossFn, LossInputs, LossResult, TrainEngine, TrainSample
@@ -33,6 +39,7 @@ from relax_services.services._mismatch import (
     mismatch_sums,
     pop_rollout_mismatch,
 )
+from relax_services.services._prefetch import BatchPrefetch
 from relax_services.weights import WeightStore
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
 
 
 _TRAIN_LEASE_S = 3600.0  # one update never takes this long; the trainer acks right after it
+_GET_TIMEOUT_S = 0.5  # a get's wait for a batch: the loop comes back to beat and to check for a hold between gets
 
 
 def sample_order(key: str) -> tuple[str, int]:
@@ -261,6 +269,12 @@ class TrainerService(ServiceBase):
         self.reader = sample_queue.reader(
             "trainer", fields=trainer_fields(cfg), batcher=GroupBatcher(cfg.trainer.groups_per_step)
         )
+        tau = cfg.staleness.tau
+        # In one process a get is a call without a round trip, and a second thread only competes for the GIL.
+        remote = not isinstance(sample_queue, TransferQueue)
+        self._prefetch = (
+            BatchPrefetch(self.reader, tau, _TRAIN_LEASE_S, _GET_TIMEOUT_S) if remote and tau != 0 else None
+        )
         self._publish()
         self._wait_s = 0.0
 
@@ -284,16 +298,24 @@ class TrainerService(ServiceBase):
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the loop, then the engine's processes when it has its own (a Trainer group's ranks)."""
         stopped = super().stop(timeout)
+        if self._prefetch is not None and stopped:  # the loop is out: nothing else uses the reader
+            self._prefetch.close()
         self.engine.shutdown()
         return stopped
 
-    def _publish(self) -> None:
+    def _publish(self, consumed: Batch | None = None) -> None:
+        """Publish the weights, then the version to the queue; with ``consumed`` (the batch the update trained on)
+        the batch is acked in the same queue call, so it is consumed as the version becomes visible (never
+        counted as stale against the version it produced) and no snapshot sees one without the other."""
         if self.critic is not None:  # before the version is visible, so a Critic that catches up to it finds it
             assert self.critic_weights is not None  # checked in __init__
             self.critic_weights.publish(self.version, self.critic.policy_state())
         stats = self.weights.publish(self.version, self.engine.policy_state())
         start = time.perf_counter()
-        self.queue.publish_version(self.version)
+        if consumed is None:
+            self.queue.publish_version(self.version)
+        else:
+            self.reader.ack_and_publish(consumed, self.version)
         self._version_s = time.perf_counter() - start
         self._sync_s = stats.seconds
 
@@ -328,11 +350,15 @@ class TrainerService(ServiceBase):
             self._stop.wait(0.05)  # the loop keeps beating while held, so it is not taken for hung
             return
         if self.version >= self.cfg.trainer.total_steps:
+            if self._prefetch is not None:
+                self._prefetch.give_back()  # no update will consume it
             self._stop.wait(0.2)
             return
         start = time.perf_counter()
-        try:
-            batch = self.reader.get(timeout=0.5)
+        batch = None if self._prefetch is None else self._prefetch.take(self.version)
+        try:  # leased for the whole update (an expired lease would hand the batch out twice)
+            if batch is None:
+                batch = self.reader.get(timeout=_GET_TIMEOUT_S, lease_s=_TRAIN_LEASE_S)
         except QueueTimeoutError:
             self._wait_s += time.perf_counter() - start
             return
@@ -345,14 +371,9 @@ class TrainerService(ServiceBase):
         self._train_on(batch)
 
     def _train_on(self, batch: Batch) -> None:
-        renew_start = time.perf_counter()
-        try:  # hold the lease for the whole update: an expired lease would hand the batch out twice
-            self.reader.renew(batch, timeout_s=_TRAIN_LEASE_S)
-        except LeaseError:
-            self.record("late_ack", rows=len(batch))  # already redelivered: train on it when it comes back
-            return
         start = time.perf_counter()
-        queue_s = start - renew_start  # the update's queue calls besides the get: renew, ack, publish_version
+        if self._prefetch is not None:
+            self._prefetch.start()  # the next batch's get overlaps this update
         delivered = sorted(batch.rows, key=lambda row: sample_order(str(row.key)))  # delivery order may vary
         rows = [as_sample_row(row.fields) for row in delivered]
         version_before = self.version
@@ -370,11 +391,8 @@ class TrainerService(ServiceBase):
             critic_metrics = self.critic.step(samples, self.value_loss_fn)
             metrics.update({f"critic_{k}": v for k, v in critic_metrics.items() if k not in ("lr", "version")})
         train_s = time.perf_counter() - start
-        ack_start = time.perf_counter()
-        self.reader.ack(batch)  # consumed before the new version is visible, so it never counts as stale
-        queue_s += time.perf_counter() - ack_start
-        self._publish()
-        queue_s += self._version_s
+        self._publish(consumed=batch)
+        queue_s = self._version_s  # the update's queue call besides the get: the ack with the version
         by_task: dict[str, list[float]] = defaultdict(list)
         for r in rows:
             by_task[r["meta"]["task"]].append(float(r["reward"]))
