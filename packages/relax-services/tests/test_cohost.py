@@ -177,3 +177,14 @@ def test_a_hung_role_sharing_the_trainers_host_restarts_the_run(fake_ray: list[s
     with pytest.raises(GlobalRestartNeeded, match="trainer failed: its host host-r failed with reference: hung"):
         manager._restart(_pipeline(fake_ray, {}), members[1], "hung")
     assert [(e["event"], e["service"]) for e in manager.events] == [("detected", "reference"), ("detected", "trainer")]
+
+
+def test_a_host_death_during_a_fellow_members_rebuild_waits_for_that_rebuild(fake_ray: list[str]) -> None:
+    """The reward's rebuild is in progress when the host dies: the others are judged again once it has ended (its
+    failure is then a global restart), not restarted beside it by a second thread."""
+    members = [_spec("rollout-0", "rollout"), _spec("reward", "reward")]
+    _Host(members, fake_ray)
+    manager = HealthManager(HealthConfig())
+    manager._restarting["reward"] = SimpleNamespace(is_alive=lambda: True)  # type: ignore[assignment]
+    manager._restart(_pipeline(fake_ray, {}), members[0], "process died")
+    assert manager.events == [] and list(manager._restarting) == ["reward"] and fake_ray == []

@@ -178,19 +178,21 @@ class HealthManager:
     def _restart(self, pipeline: Pipeline, spec: ServiceSpec, reason: str) -> None:
         """Restart ``spec`` in place on a thread: rebuilt in its process when its loop raised, else in a new process,
         which for a service sharing a host (``run.hosts``) is a new host for every member of it."""
-        self.record_event("detected", spec.name, reason=reason)
         # A loop that raised left a live process with its model stack loaded: rebuild the service there first.
         rebuild = reason.startswith(_RAISED) and spec.name not in self._down_since
         host = None if rebuild else spec.host
         group = [spec] if host is None else host.members
+        if any(other.name in self._restarting for other in group):
+            return  # a fellow member's restart is in progress in this host: judged again once it has ended
+        self.record_event("detected", spec.name, reason=reason)
+        shared = f"its host {host.name} failed with {spec.name}: {reason}" if host is not None else reason
         for other in group:
             if other is not spec:  # its process ends with the host: it is restarted too
-                self.record_event("detected", other.name, reason=f"shares host {host.name} with {spec.name}: {reason}")
+                self.record_event("detected", other.name, reason=shared)
         trainer = next((s for s in group if s.role == "trainer"), None)
         if trainer is not None:  # its state lives in the last checkpoint: restart the whole run from there
             self._down_since.clear()
-            why = reason if trainer is spec else f"its host {host.name} failed with {spec.name}: {reason}"
-            raise GlobalRestartNeeded(f"trainer failed: {why}")
+            raise GlobalRestartNeeded(f"trainer failed: {reason if trainer is spec else shared}")
         spent = next((s for s in group if s.restarts >= self.cfg.max_restarts), None)
         if spent is not None:
             self.record_event("gave_up", spent.name, restarts=spent.restarts)
