@@ -38,10 +38,13 @@ def test_bad_hosts_are_rejected_naming_the_host(override: str, words: str) -> No
 
 
 def test_roles_of_one_host_cannot_be_placed_apart() -> None:
-    with pytest.raises(ConfigError, match=r"run.hosts\[0\] shares one process between rollout, eval.*rollout: gpu"):
-        load_run_config(None, ["run.hosts=[[rollout, eval]]", "run.placement={rollout: gpu}"])
-    both = load_run_config(None, ["run.hosts=[[rollout, eval]]", "run.placement={rollout: gpu, eval: gpu}"])
-    assert both.run.placement == {"rollout": "gpu", "eval": "gpu"}
+    with pytest.raises(ConfigError, match=r"run.hosts\[0\] shares one process between rollout, eval.*rollout: a"):
+        load_run_config(None, ["run.hosts=[[rollout, eval]]", "run.placement={rollout: a, eval: b}"])
+    one = load_run_config(None, ["run.hosts=[[rollout, eval]]", "run.placement={rollout: gpu, trainer: cpu}"])
+    assert one.run.placement == {"rollout": "gpu", "trainer": "cpu"}  # the Evaluator goes where its host goes
+    services = {s.name: s for s in [_spec("rollout-0", "rollout"), _spec("eval", "eval")]}
+    services["rollout-0"].resource = "gpu"
+    assert [h.resource for h in shared_hosts(one.run.hosts, services)] == ["gpu"]
 
 
 def _spec(name: str, role: str) -> ServiceSpec:
@@ -157,7 +160,9 @@ def test_a_raise_in_one_hosted_role_rebuilds_only_that_role(fake_ray: list[str])
     members = [_spec("rollout-0", "rollout"), _spec("reward", "reward")]
     host = _Host(members, fake_ray)
     rebuilt: list[str] = []
-    members[1].handle = SimpleNamespace(rebuild=SimpleNamespace(remote=lambda name, *a, **k: rebuilt.append(name) or 100))
+    members[1].handle = SimpleNamespace(
+        rebuild=SimpleNamespace(remote=lambda name, *a, **k: rebuilt.append(name) or 100)
+    )
     manager = HealthManager(HealthConfig(restart_backoff_s=1.0))
     services = {s.name: s for s in members}
     beats = {"reward": {"pid": 100, "since_change_s": 0.1, "error": "RuntimeError: boom"}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["DEFAULT_HOSTS", "HOST_ROLES", "check_hosts", "check_hosts_placement"]
+__all__ = ["DEFAULT_HOSTS", "HOST_ROLES", "check_hosts", "check_hosts_placement", "host_resource"]
 
 HOST_ROLES: tuple[str, ...] = ("trainer", "rollout", "reward", "reference", "critic", "eval")
 """The roles ``run.hosts`` may name (the services of :data:`relax_services._service_host.SERVICE_CLASSES`)."""
@@ -49,16 +49,23 @@ def check_hosts(hosts: Sequence[Sequence[str]]) -> list[list[str]]:
 
 
 def check_hosts_placement(hosts: Sequence[Sequence[str]], placement: Mapping[str, str]) -> None:
-    """The roles of one host run in one process, so on one node: ``run.placement`` may not pin them apart.
+    """The roles of one host run in one process, so on one node: ``run.placement`` may not pin them apart (a role of
+    the host left unpinned goes where the pinned ones go, see :func:`host_resource`).
 
     Raises:
-        ValueError: two roles of one host pinned to different resources, or one pinned and another not.
+        ValueError: two roles of one host pinned to different resources.
     """
     for index, host in enumerate(hosts):
-        pinned = {role: placement.get(role) for role in host}
+        pinned = {role: placement[role] for role in host if role in placement}
         if len(set(pinned.values())) > 1:
             shown = ", ".join(f"{role}: {res}" for role, res in pinned.items())
             raise ValueError(
                 f"run.hosts[{index}] shares one process between {', '.join(host)}, but run.placement places them "
-                f"apart ({shown}); pin every role of the host to the same resource, or none of them"
+                f"apart ({shown}); pin the roles of one host to one resource"
             )
+
+
+def host_resource(resources: Sequence[str | None]) -> str | None:
+    """The Ray resource a host requires: the one its pinned members share (:func:`check_hosts_placement` allows no
+    other), or None when none of them is pinned."""
+    return next((resource for resource in resources if resource is not None), None)

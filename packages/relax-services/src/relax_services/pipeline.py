@@ -28,6 +28,7 @@ from relax_queue import (
 )
 from relax_services._cohost import SharedHost
 from relax_services._engine_extras import check_engines
+from relax_services._hosts_config import host_resource
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services._prompts import HeldoutSet, PromptBuilder
 from relax_services._service_host import SERVICE_CLASSES, host_class
@@ -366,7 +367,8 @@ def shared_hosts(hosts: list[list[str]], services: dict[str, ServiceSpec]) -> li
         members = [spec for spec in services.values() if spec.role in roles]
         if len(members) < 2:
             continue
-        host = SharedHost("host-" + "-".join(spec.name for spec in members), members, resource=members[0].resource)
+        name = "host-" + "-".join(spec.name for spec in members)
+        host = SharedHost(name, members, resource=host_resource([spec.resource for spec in members]))
         for spec in members:
             spec.host = host
         out.append(host)
