@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 from relax_services._service_host import ServiceHost
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
     from relax_services.pipeline import ServiceSpec
 
 __all__ = ["HostedHandle", "ServiceGroupHost", "SharedHost", "group_class"]
@@ -59,14 +62,15 @@ class ServiceGroupHost:
 class _HostedMethod:
     """``handle.<method>.remote(...)`` of one hosted service: a :meth:`ServiceGroupHost.call` of its host."""
 
-    def __init__(self, actor: Any, service: str, method: str) -> None:
+    def __init__(self, actor: ActorHandle[ServiceGroupHost], service: str, method: str) -> None:
         self._actor = actor
         self._service = service
         self._method = method
 
-    def remote(self, *args: object, **kwargs: object) -> Any:
+    def remote(self, *args: object, **kwargs: object) -> ObjectRef[object]:
         """Call the method in the host; returns the call's Ray object reference."""
-        return self._actor.call.remote(self._service, self._method, *args, **kwargs)
+        ref: ObjectRef[object] = self._actor.call.remote(self._service, self._method, *args, **kwargs)
+        return ref
 
 
 class HostedHandle:
@@ -74,7 +78,7 @@ class HostedHandle:
     service's ``report`` inside the host, so the controller and the health manager call a hosted service as they
     call one in its own actor. ``actor`` is the host's real Ray handle (what ``ray.kill`` takes)."""
 
-    def __init__(self, actor: Any, service: str) -> None:
+    def __init__(self, actor: ActorHandle[ServiceGroupHost], service: str) -> None:
         self.actor = actor
         self.service = service
 

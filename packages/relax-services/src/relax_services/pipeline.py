@@ -79,9 +79,10 @@ class ServiceSpec:
     """The host whose process this service shares with others (``run.hosts``); None: an actor of its own."""
 
     @property
-    def actor(self) -> Any:
+    def actor(self) -> ActorHandle[object]:
         """The Ray actor whose process runs this service: its own, or its host's (what ``ray.kill`` ends)."""
-        return self.host.actor if self.host is not None else self.handle
+        actor: ActorHandle[object] = self.host.actor if self.host is not None else self.handle
+        return actor
 
     def launch(self, namespace: str) -> ObjectRef[int]:
         """Create the actor (a hosted service: its host, unless a fellow member created it already) and ask the
