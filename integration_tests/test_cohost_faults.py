@@ -52,14 +52,14 @@ def test_a_killed_host_brings_back_every_role_it_held(small_config, run_pipeline
         "trainer.total_steps=30",
         "trainer.ppo_epochs=4",
         "data.tasks=[image, text]",
-        "faults=[{service: eval, kind: kill, at_step: 3, min_trainer_backlog: 32}]",
+        "faults=[{service: reward, kind: kill, at_step: 3, min_trainer_backlog: 32}]",  # SIGKILL of its host
         "queue.lease_timeout_s=5",
     )
     result = run_pipeline(cfg)
     assert result.error is None and result.steps == 30, result.error
     events = _events(result.run_dir)
     injected = next(e for e in events if e["event"] == "injected")
-    assert injected["service"] == "eval"
+    assert injected["service"] == "reward"
     detected = {e["service"] for e in events if e["event"] == "detected"}
     assert detected == set(HOSTED), events
     restarted = [e for e in events if e["event"] == "restarted"]
