@@ -28,8 +28,8 @@ from relax_queue import (
 )
 from relax_services._cohost import SharedHost
 from relax_services._engine_extras import check_engines
-from relax_services._hosts_config import host_resource
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
+from relax_services._hosts_config import host_resource
 from relax_services._prompts import HeldoutSet, PromptBuilder
 from relax_services._service_host import SERVICE_CLASSES, host_class
 from relax_services.broadcast_store import BroadcastWeightStore
