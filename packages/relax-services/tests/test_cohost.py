@@ -193,3 +193,18 @@ def test_a_host_death_during_a_fellow_members_rebuild_waits_for_that_rebuild(fak
     manager._restarting["reward"] = SimpleNamespace(is_alive=lambda: True)  # type: ignore[assignment]
     manager._restart(_pipeline(fake_ray, {}), members[0], "process died")
     assert manager.events == [] and list(manager._restarting) == ["reward"] and fake_ray == []
+
+
+def test_chaos_counts_a_kill_or_hang_beside_the_trainer_as_a_global_restart() -> None:
+    from relax_services.chaos import global_restarts_needed
+    from relax_services.config import FaultSpec
+
+    faults = [
+        FaultSpec(service="reference", kind="kill", at_step=2),
+        FaultSpec(service="reference", kind="raise", at_step=3),  # rebuilt alone inside the host
+        FaultSpec(service="rollout", kind="hang", at_step=4),
+        FaultSpec(service="trainer", kind="raise", at_step=5),
+    ]
+    assert global_restarts_needed(faults) == 1
+    assert global_restarts_needed(faults, [["rollout", "reference"]]) == 1
+    assert global_restarts_needed(faults, [["trainer", "reference"], ["rollout", "eval"]]) == 2
