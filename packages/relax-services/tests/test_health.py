@@ -88,6 +88,7 @@ def test_a_restart_builds_the_new_process_during_the_backoff(monkeypatch: pytest
 
     class Spec:
         name, role, restarts, pid, handle = "rollout-0", "rollout", 1, 11, object()
+        host = None  # an actor of its own
 
         def spawn(self, namespace: str) -> None:
             events.append(f"spawn {namespace} after {self.restarts} restarts")
@@ -168,6 +169,7 @@ def _fake_restart_setup(monkeypatch: pytest.MonkeyPatch, rebuild_fails: bool) ->
 
     class Spec:
         name, role, restarts, pid = "reward", "reward", 0, 11
+        host = None  # an actor of its own
         args, kwargs = ("cfg", "queue"), {"health": "monitor"}
         handle = SimpleNamespace(rebuild=SimpleNamespace(remote=rebuild))
 
@@ -217,6 +219,7 @@ def test_an_in_place_restart_does_not_block_the_controller_loop(monkeypatch: pyt
 
     class Spec:
         name, role, restarts, pid, handle = "reward", "reward", 0, 11, object()
+        host = None  # an actor of its own
 
         def spawn(self, namespace: str) -> None:
             building.set()

@@ -103,11 +103,18 @@ def actor_faults(
     return faults
 
 
-def global_restarts_needed(faults: list[FaultSpec]) -> int:
+def global_restarts_needed(faults: list[FaultSpec], hosts: list[list[str]] | None = None) -> int:
     """Global restarts a fault plan causes by design: one per Trainer fault (other roles restart in place), one
-    per killed queue, store or monitor actor, and one per kill during a global restart (it interrupts that
-    attempt)."""
-    return sum(f.service == "trainer" or f.service in ACTOR_TARGETS for f in faults)
+    per kill or hang of a role sharing the Trainer's process (``hosts``: ``run.hosts``; its process is replaced,
+    the Trainer with it), one per killed queue, store or monitor actor, and one per kill during a global restart (it
+    interrupts that attempt)."""
+    with_trainer = next((set(host) for host in hosts or [] if "trainer" in host), set())
+    return sum(
+        f.service == "trainer"
+        or f.service in ACTOR_TARGETS
+        or (f.service in with_trainer and f.kind in ("kill", "hang"))
+        for f in faults
+    )
 
 
 def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
@@ -160,7 +167,7 @@ def chaos_config(
     faults += actor_faults(n_actor_faults, seed, cfg.trainer.total_steps, taken, critic=cfg.algorithm.uses_critic)
     # Each Trainer or actor fault is a global restart by design: the plan must not exhaust the run's allowance of
     # them (one more is left for a service that keeps failing).
-    needed = global_restarts_needed(faults) + 1
+    needed = global_restarts_needed(faults, cfg.run.hosts) + 1
     health = cfg.health.model_copy(update={"max_global_restarts": max(cfg.health.max_global_restarts, needed)})
     return cfg.model_copy(update={"faults": faults, "health": health})
 

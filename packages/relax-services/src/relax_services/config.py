@@ -25,6 +25,7 @@ from relax_core import (
     off_policy_alternatives,
     read_yaml_mapping,
 )
+from relax_services._hosts_config import DEFAULT_HOSTS, check_hosts, check_hosts_placement
 from relax_services._reward_config import RunRewardConfig
 from relax_services._sizes import queue_bytes_problem
 from relax_services._trainer_group_config import check_trainer_group, default_train_engine
@@ -399,6 +400,24 @@ class RunSettings(ConfigModel):
     placement: dict[str, str] = pydantic.Field(default_factory=dict)
     """Pin roles to nodes: role (trainer, rollout, reward, reference, eval) → a Ray custom resource that only the
     chosen nodes have (each actor of the role requires 0.01 of it). Empty: Ray places actors freely."""
+
+    hosts: list[list[str]] = pydantic.Field(default_factory=lambda: [list(host) for host in DEFAULT_HOSTS])
+    """Distributed mode: roles whose services share one process (each list, two roles or more, is one Ray actor
+    that runs them as threads over the same queue and weight-store clients; roles not listed have a process each,
+    ``[]`` gives every service its own). A role stands for all its services (every Rollout worker). An exception in
+    one role restarts that role inside its host; the death of the host restarts every role it held (a global
+    restart when the Trainer is one of them). Default: the Reference, the Evaluator and the Reward in the Rollout's
+    process. The colocated mode runs every role in its one process whatever this says."""
+
+    @pydantic.field_validator("hosts")
+    @classmethod
+    def _check_hosts(cls, value: list[list[str]]) -> list[list[str]]:
+        return check_hosts(value)
+
+    @pydantic.model_validator(mode="after")
+    def _hosts_on_one_node(self) -> RunSettings:
+        check_hosts_placement(self.hosts, self.placement)
+        return self
 
 
 RUN_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -1,6 +1,10 @@
 """Health manager: detects crashed services (process gone), failed loops (an exception reported in a
 heartbeat) and hung ones (progress counter frozen past the timeout), and restarts them in place with backoff.
 
+Restarts are host-aware (``run.hosts``): a loop that raised is rebuilt alone inside its process, whoever shares it;
+a process that died or must be replaced (a hang) takes every service it held, so all of them restart together in a
+new one (a global restart when the Trainer is among them).
+
 Every event (injected, detected, restarted, recovered, gave up) is logged to the run's metrics.
 """
 
@@ -16,6 +20,7 @@ from relax_services._metrics import MetricsWriter
 from relax_services.config import HealthConfig
 
 if TYPE_CHECKING:
+    from relax_services._cohost import SharedHost
     from relax_services._health_monitor import Beat
     from relax_services.pipeline import Pipeline, ServiceSpec
 
@@ -135,7 +140,8 @@ class HealthManager:
         if failed and self.precheck is not None:
             self.precheck()
         for name, reason in failed.items():
-            self._restart(pipeline, pipeline.services[name], reason)
+            if name not in self._restarting:  # else restarted with a fellow member of its host just now
+                self._restart(pipeline, pipeline.services[name], reason)
 
     def judge(self, beats: Mapping[str, Beat], services: Mapping[str, _Service], now: float) -> dict[str, str]:
         """Which services failed and why, from the monitor's ``snapshot`` and the monotonic time ``now``."""
@@ -170,21 +176,68 @@ class HealthManager:
             self._started[name] = time.monotonic()
 
     def _restart(self, pipeline: Pipeline, spec: ServiceSpec, reason: str) -> None:
-        self.record_event("detected", spec.name, reason=reason)
-        if spec.role == "trainer":  # its state lives in the last checkpoint: restart the whole run from there
-            self._down_since.clear()
-            raise GlobalRestartNeeded(f"trainer failed: {reason}")
-        if spec.restarts >= self.cfg.max_restarts:
-            self.record_event("gave_up", spec.name, restarts=spec.restarts)
-            self._down_since.clear()
-            raise GlobalRestartNeeded(f"service {spec.name} failed {spec.restarts + 1} times; last: {reason}")
+        """Restart ``spec`` in place on a thread: rebuilt in its process when its loop raised, else in a new process,
+        which for a service sharing a host (``run.hosts``) is a new host for every member of it."""
         # A loop that raised left a live process with its model stack loaded: rebuild the service there first.
         rebuild = reason.startswith(_RAISED) and spec.name not in self._down_since
-        thread = threading.Thread(
-            target=self._restart_in_place, args=(pipeline, spec, rebuild), name=f"restart-{spec.name}", daemon=True
-        )
-        self._restarting[spec.name] = thread
+        host = None if rebuild else spec.host
+        group = [spec] if host is None else host.members
+        if any(other.name in self._restarting for other in group):
+            return  # a fellow member's restart is in progress in this host: judged again once it has ended
+        self.record_event("detected", spec.name, reason=reason)
+        shared = f"its host {host.name} failed with {spec.name}: {reason}" if host is not None else reason
+        for other in group:
+            if other is not spec:  # its process ends with the host: it is restarted too
+                self.record_event("detected", other.name, reason=shared)
+        trainer = next((s for s in group if s.role == "trainer"), None)
+        if trainer is not None:  # its state lives in the last checkpoint: restart the whole run from there
+            self._down_since.clear()
+            raise GlobalRestartNeeded(f"trainer failed: {reason if trainer is spec else shared}")
+        spent = next((s for s in group if s.restarts >= self.cfg.max_restarts), None)
+        if spent is not None:
+            self.record_event("gave_up", spent.name, restarts=spent.restarts)
+            self._down_since.clear()
+            raise GlobalRestartNeeded(f"service {spent.name} failed {spent.restarts + 1} times; last: {reason}")
+        if host is not None:
+            thread = threading.Thread(
+                target=self._restart_host, args=(pipeline, host), name=f"restart-{host.name}", daemon=True
+            )
+        else:
+            thread = threading.Thread(
+                target=self._restart_in_place, args=(pipeline, spec, rebuild), name=f"restart-{spec.name}", daemon=True
+            )
+        for member in group:
+            self._restarting[member.name] = thread
         thread.start()
+
+    def _restart_host(self, pipeline: Pipeline, host: SharedHost) -> None:
+        """Replace a dead or hung host by a new process holding every member, built during the backoff (the longest
+        of the members'), then start every member's work loop."""
+        t0 = time.monotonic()
+        backoff = max(self.cfg.restart_backoff_s * (2**spec.restarts) for spec in host.members)
+        try:
+            import ray
+
+            for spec in host.members:
+                ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
+                spec.restarts += 1
+            host.replace(pipeline.namespace)
+            time.sleep(max(0.0, backoff - (time.monotonic() - t0)))
+            for spec in host.members:
+                spec.start_loop()
+        except BaseException as exc:  # handed to the controller loop (once for the host), which restarts the run
+            self._restart_errors[host.members[0].name] = exc
+            return
+        for spec in host.members:
+            self.record_event(
+                "restarted",
+                spec.name,
+                restarts=spec.restarts,
+                pid=spec.pid,
+                seconds=time.monotonic() - t0,
+                process="new",
+                host=host.name,
+            )
 
     def _restart_in_place(self, pipeline: Pipeline, spec: ServiceSpec, rebuild: bool = False) -> None:
         """Restart ``spec`` after the backoff: rebuilt in its own process when ``rebuild`` (its loop raised), else
@@ -198,6 +251,9 @@ class HealthManager:
         backoff = self.cfg.restart_backoff_s * (2**spec.restarts)
         try:
             if not (rebuild and self._rebuild(pipeline, spec, backoff)):
+                if spec.host is not None:
+                    # Its fellow members share the process a replacement would end, and are not being restarted.
+                    raise GlobalRestartNeeded(f"{spec.name} could not be rebuilt inside host {spec.host.name}")
                 self._replace(pipeline, spec, backoff, t0)
                 rebuild = False
         except BaseException as exc:  # handed to the controller loop, which restarts the run

@@ -2,8 +2,8 @@
 
 A pipeline is: a prompt queue (task ``rollout``), a sample queue (tasks ``reward``, ``reference`` when a KL
 term is used, ``critic`` for PPO, and ``trainer``), versioned weight stores (policy; critic for PPO), a health
-monitor, and one Ray actor per service, each in its own process. Services talk only through the queues and the
-weight stores.
+monitor, and one Ray actor per service, each in its own process, except the roles ``run.hosts`` puts in one shared
+host actor (:mod:`relax_services._cohost`). Services talk only through the queues and the weight stores.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from relax_queue import (
     TaskSpec,
     create_ray_queue,
 )
+from relax_services._cohost import SharedHost
 from relax_services._engine_extras import check_engines
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
+from relax_services._hosts_config import host_resource
 from relax_services._prompts import HeldoutSet, PromptBuilder
 from relax_services._service_host import SERVICE_CLASSES, host_class
 from relax_services.broadcast_store import BroadcastWeightStore
@@ -52,6 +54,7 @@ __all__ = [
     "pipeline_family",
     "queue_configs",
     "service_plan",
+    "shared_hosts",
 ]
 
 
@@ -72,16 +75,35 @@ class ServiceSpec:
     pid: int | None = None
     restarts: int = 0
     resource: str | None = None
+    host: SharedHost | None = None
+    """The host whose process this service shares with others (``run.hosts``); None: an actor of its own."""
+
+    @property
+    def actor(self) -> ActorHandle[object]:
+        """The Ray actor whose process runs this service: its own, or its host's (what ``ray.kill`` ends)."""
+        actor: ActorHandle[object] = self.host.actor if self.host is not None else self.handle
+        return actor
 
     def launch(self, namespace: str) -> ObjectRef[int]:
-        """Create the actor and ask it to start; returns the start call's reference (its process id)."""
-        self.spawn(namespace)
+        """Create the actor (a hosted service: its host, unless a fellow member created it already) and ask the
+        service to start; returns the start call's reference (its process id)."""
+        if self.host is None:
+            self.spawn(namespace)
+        elif self.host.actor is None:
+            self.host.spawn(namespace)
         started: ObjectRef[int] = self.handle.start.remote()
         return started
 
     def spawn(self, namespace: str) -> None:
-        """Create the actor without starting its work loop: its process imports and builds itself meanwhile."""
+        """Create the actor without starting its work loop: its process imports and builds itself meanwhile.
+
+        Raises:
+            RuntimeError: the service is hosted: its process is its host's (:meth:`SharedHost.replace`).
+        """
         import ray
+
+        if self.host is not None:
+            raise RuntimeError(f"service {self.name} shares host {self.host.name}: replace the host, not the service")
 
         # A path is hosted (imported in the actor's process only); a class is Ray's actor class itself.
         actor_cls: Any = ray.remote(host_class(self.cls) if isinstance(self.cls, str) else self.cls)
@@ -124,6 +146,8 @@ class Pipeline:
     health: Any  # the HealthMonitor actor's handle
     services: dict[str, ServiceSpec]
     critic_weights: RayWeightStore | None = None
+    hosts: list[SharedHost] = field(default_factory=list)
+    """The processes several services share (``run.hosts``); their members are in ``services`` too."""
 
     def start(self, watch: Callable[[], None] | None = None, poll_s: float = 0.25, timeout_s: float = 600.0) -> None:
         """Start every service at once (their processes import and build models in parallel).
@@ -194,7 +218,9 @@ class Pipeline:
                     stops.append(spec.handle.stop.remote())
         with contextlib.suppress(Exception):  # a dead or hung service is killed below all the same
             ray.get(stops, timeout=timeout)
-        for actor in [spec.handle for spec in self.services.values() if spec.handle is not None]:
+        for actor in {
+            id(spec.actor): spec.actor for spec in self.services.values() if spec.handle is not None
+        }.values():
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         for actor in self.actors().values():
@@ -329,7 +355,25 @@ def _build(
     ):
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
-    return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights)
+    hosts = shared_hosts(cfg.run.hosts, services)
+    return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights, hosts)
+
+
+def shared_hosts(hosts: list[list[str]], services: dict[str, ServiceSpec]) -> list[SharedHost]:
+    """The hosts of ``run.hosts`` over a pipeline's services, each member's ``host`` set: a host holds every service
+    of its roles; one that would hold a single service (its other roles are not in this pipeline, e.g. no Reference
+    without a KL term) is none, and that service keeps an actor of its own."""
+    out: list[SharedHost] = []
+    for roles in hosts:
+        members = [spec for spec in services.values() if spec.role in roles]
+        if len(members) < 2:
+            continue
+        name = "host-" + "-".join(spec.name for spec in members)
+        host = SharedHost(name, members, resource=host_resource([spec.resource for spec in members]))
+        for spec in members:
+            spec.host = host
+        out.append(host)
+    return out
 
 
 PipelineBuilder = Callable[..., Pipeline]
