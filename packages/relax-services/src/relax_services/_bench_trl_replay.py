@@ -8,9 +8,11 @@ Trainer runs for one update — the run config's training engine (:func:`~relax_
 and :func:`~relax_services.services.trainer.make_loss_fn` — from the same weights and Adam state, and measures how
 far the two updates are apart: advantages, gradients before clipping, their global norm and the weights after.
 
-Two updates alike to float rounding differ in the weights after by a small fraction of the update itself; a
-different objective (a scaled loss, another learning rate, clipping elsewhere) moves them apart by the order of
-the update. :attr:`UpdateCheck.matches` draws the line at a tenth of TRL's own step in every tensor.
+Two updates alike to float rounding differ in the weights after by a small fraction of the update itself and in
+the gradients by a small fraction of the largest one; a different objective moves them apart by the order of the
+update (another learning rate, clipping elsewhere) or of the gradient (a scaled or differently aggregated loss,
+which Adam's normalisation would hide in the weights). :attr:`UpdateCheck.matches` draws the lines at a tenth of
+TRL's own step in every tensor and a hundredth of its largest gradient.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import torch
 
 from relax_core import exact_match_reward
 
-__all__ = ["MATCH_FRACTION", "UpdateCheck", "format_checks", "replay_update"]
+__all__ = ["GRAD_MATCH_FRACTION", "MATCH_FRACTION", "UpdateCheck", "format_checks", "replay_update"]
 
 MATCH_FRACTION = 0.1
 """Updates match when relax's weights after are within this fraction of TRL's own step, tensor by tensor."""
+GRAD_MATCH_FRACTION = 0.01
+"""... and relax's gradients before clipping within this fraction of TRL's largest gradient element (the two
+group-std ε, TRL's 1e-4 and relax-core's 1e-6, alone differ by 4e-4 of an advantage when a group's std is 0.25)."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,12 @@ class UpdateCheck:
 
     @property
     def matches(self) -> bool:
-        """Whether relax's weights after are within :data:`MATCH_FRACTION` of TRL's step in every tensor."""
-        return self.weight_diff <= MATCH_FRACTION * self.weight_step
+        """Whether relax's weights after are within :data:`MATCH_FRACTION` of TRL's step in every tensor and its
+        gradients within :data:`GRAD_MATCH_FRACTION` of TRL's largest."""
+        return (
+            self.weight_diff <= MATCH_FRACTION * self.weight_step
+            and self.grad_diff <= GRAD_MATCH_FRACTION * self.grad_max
+        )
 
 
 def _rows(capture: Mapping[str, Any], tokenizer: Any) -> list[dict[str, Any]]:
