@@ -52,6 +52,10 @@ def main() -> None:
     torch.manual_seed(hp["seed"])
     model = Qwen2ForCausalLM.from_pretrained(str(args.work / "model"))
     task = json.loads((args.work / "task.json").read_text(encoding="utf-8"))
+    for prompt, ids in task["prompt_ids"].items():  # the ids relax feeds its model, or the sides are not equal
+        got = tokenizer(text=[prompt])["input_ids"][0]
+        if got != ids:
+            raise SystemExit(f"TRL's tokenizer gives {got} for {prompt!r}, relax feeds {ids}")
     pairs_list = list(zip(task["prompts"], task["answers"], strict=True))
     dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in pairs_list])
 

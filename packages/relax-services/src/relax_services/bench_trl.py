@@ -202,7 +202,13 @@ def _write_task(work: Path, hp: BenchHParams) -> None:
     ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
     prompts = [hf.decode(x) for x in ids]
     assert [hf(p, add_special_tokens=False)["input_ids"] for p in prompts] == ids
-    task = {"prompts": [prompts[i] for i in order], "answers": [items[i].answer for i in order]}
+    # TRL's side checks that its tokenizer gives these very ids (it once got 9 where relax fed 20: the checkpoint's
+    # tokenizer was loaded as another class, see models/checkpoint.py).
+    task = {
+        "prompts": [prompts[i] for i in order],
+        "answers": [items[i].answer for i in order],
+        "prompt_ids": {prompts[i]: ids[i] for i in range(len(items))},
+    }
     (work / "task.json").write_text(json.dumps(task), encoding="utf-8")
 
 
