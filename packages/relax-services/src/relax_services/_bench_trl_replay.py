@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from relax_core import exact_match_reward
+
+if TYPE_CHECKING:
+    from relax_services.rows import SampleRow
 
 __all__ = ["GRAD_MATCH_FRACTION", "MATCH_FRACTION", "UpdateCheck", "format_checks", "replay_update"]
 
@@ -137,14 +140,16 @@ def replay_update(capture: Mapping[str, Any], cfg: Any) -> UpdateCheck:
         r["logprobs"] = scored[i, : len(r["response"])].tolist()
     rows.sort(key=lambda r: (r["meta"]["prompt_key"], r["row"]))  # the Trainer's order: by group, then index
     version = int(capture["step"])
-    samples = build_train_samples(cfg, rows, proximal_logprobs(cfg, engine, rows), version=version)
+    sample_rows = cast("list[SampleRow]", rows)  # the Trainer's fields, plus the capture's row index
+    samples = build_train_samples(cfg, sample_rows, proximal_logprobs(cfg, engine, sample_rows), version=version)
     ours = torch.tensor([float(s.fields["advantages"][0]) for s in samples])  # [B] one value per row
     theirs = capture["advantages"][[r["row"] for r in rows]].float()  # [B]
     engine.optimizer.zero_grad(set_to_none=True)
     engine.accumulate_gradients(samples, make_loss_fn(cfg))
     params = dict(engine.model.named_parameters())
     trl_grads: Mapping[str, torch.Tensor] = capture["grads"]
-    grad_diff = max(float((params[n].grad - g).abs().max()) for n, g in trl_grads.items())
+    grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params.items()}
+    grad_diff = max(float((grads[n] - g).abs().max()) for n, g in trl_grads.items())
     grad_norm = float(
         torch.nn.utils.clip_grad_norm_(
             [p for p in params.values() if p.grad is not None], cfg.optimizer.grad_clip or float("inf")
@@ -162,7 +167,7 @@ def replay_update(capture: Mapping[str, Any], cfg: Any) -> UpdateCheck:
         step=version,
         reward=sum(float(r["reward"]) for r in rows) / len(rows),
         advantage_diff=float((ours - theirs).abs().max()),
-        grad_norm_trl=float(torch.sqrt(sum((g.double() ** 2).sum() for g in trl_grads.values()))),
+        grad_norm_trl=float(torch.stack([(g.double() ** 2).sum() for g in trl_grads.values()]).sum().sqrt()),
         grad_norm_relax=grad_norm,
         grad_diff=grad_diff,
         grad_max=max(float(g.abs().max()) for g in trl_grads.values()),

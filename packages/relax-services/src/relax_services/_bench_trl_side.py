@@ -151,14 +151,14 @@ def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[
     def weights(model: Any) -> dict[str, Any]:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    class Capturing(base):  # type: ignore[misc,valid-type]
+    class Capturing(base):  # type: ignore[misc]
         pending: dict[str, Any] | None = None
 
         def _prepare_inputs(self, generation_batch: Any) -> Any:
             inputs = super()._prepare_inputs(generation_batch)
             step = int(self.state.global_step)
             if self.model.training and step in steps:
-                optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps it
+                optimizer: Any = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps it
                 names = {id(p): n for n, p in self.model.named_parameters()}
                 adam = {
                     names[id(p)]: copy.deepcopy(optimizer.state[p]) for g in optimizer.param_groups for p in g["params"]
@@ -195,7 +195,7 @@ def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[
 
         @staticmethod
         def after_step_callback() -> Any:
-            class AfterStep(TrainerCallback):  # type: ignore[misc]
+            class AfterStep(TrainerCallback):
                 def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
                     pending = Capturing.pending
                     if pending is not None and model is not None:
