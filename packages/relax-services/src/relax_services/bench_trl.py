@@ -16,7 +16,8 @@ rate high enough for GRPO to find the signal from scratch (with an end-of-answer
 Held equal: the model — one ``Qwen2ForCausalLM`` checkpoint folder written from a config (width 64, 2 layers,
 4 heads, 2 KV heads, FFN 128, untied head, the same initial weights) with relax's 64-token character tokenizer
 and chat template, which TRL loads with ``from_pretrained`` and relax as ``model.source`` — the prompt ids
-(``<|bos|><|user|>a+b=<|assistant|>``, rendered by the folder's chat template), group size, prompts per update,
+(``<|im_start|>user\\na+b=<|im_end|>\\n<|im_start|>assistant\\n``, 12 ids rendered by the folder's chat
+template; TRL's side stops when its tokenizer gives others), group size, prompts per update,
 completion length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
 per-sequence-token-mean loss, group-std advantage scaling, one optimizer step per batch, the ids never sampled,
 the prompt order (:func:`prompt_schedule`: each update 16 distinct prompts of a fresh permutation, as TRL's sampler
