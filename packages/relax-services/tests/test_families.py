@@ -183,3 +183,15 @@ def test_qwen3_vl_video_from_the_data_path_scores_as_a_plain_forward(folders: di
         torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
         torch.testing.assert_close(trainer_logp[row, : len(c.token_ids)], ref, atol=1e-5, rtol=0)
         assert mask[row, : len(c.token_ids)].all()
+
+
+@pytest.mark.parametrize("name", list(FAMILY_MEDIA))
+def test_every_family_prompt_is_tokenized_as_its_tokenizer_file_says(folders: dict[str, Path], name: str) -> None:
+    # The 64-id vocabulary's order (tiny_tokenizer): <|im_start|> 1, <|im_end|> 2, user 10, assistant 11, '2' 14,
+    # '4' 16, '+' 54, '=' 57, newline 63. AutoTokenizer alone gave the Qwen2 checkpoint Qwen2Tokenizer's
+    # byte-level pre-tokenizer: the newlines vanished and "user" / "assistant" came out letter by letter (20 ids).
+    item = TaskItem(id="add-24", task="text", prompt="2+4=", answer="6", options=tuple("0123456789"), chance=0.1)
+    ids = PromptBuilder(ModelConfig(source=str(folders[name])))(item).input_ids.tolist()
+    assert ids == [1, 10, 63, 14, 54, 16, 57, 2, 63, 1, 11, 63]
+    tokenizer = open_checkpoint(folders[name]).tokenizer
+    assert tokenizer.decode(ids) == "<|im_start|>user\n2+4=<|im_end|>\n<|im_start|>assistant\n"

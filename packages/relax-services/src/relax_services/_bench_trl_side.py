@@ -1,6 +1,13 @@
 """TRL's side of ``relax bench trl``: runs TRL's ``GRPOTrainer`` on the benchmark task and writes one JSON line
 per update (wall time, mean reward, samples) to ``--out``.
 
+With ``--capture-steps`` it also saves those updates at their boundary (``step<NNNN>.pt`` in ``--capture-dir``):
+the training inputs (prompt and completion ids and masks, advantages, each row's answer), the weights and Adam
+state before the update, the gradients before clipping, and the weights after; relax replays them
+(:mod:`relax_services._bench_trl_replay`). The capture subclasses ``GRPOTrainer`` at two documented hooks
+(``_prepare_inputs`` returns the update's batch, ``training_step`` leaves the gradients) and reads the rest
+from a callback: nothing in TRL is changed.
+
 Run by the benchmark with the interpreter of its throwaway venv (the only place ``trl`` is installed); it is not
 imported by relax. The reward is relax-core's ``exact_match_reward``, the very function relax's reward service
 uses, so both sides score alike.
@@ -23,7 +30,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="benchmark folder: tokenizer/, task.json")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--hparams", type=str, required=True, help="JSON of the shared hyper-parameters")
+    parser.add_argument("--capture-steps", type=str, default="", help="comma-separated 0-based updates to save")
+    parser.add_argument("--capture-dir", type=Path, default=None, help="where the captured updates go")
     args = parser.parse_args()
+    capture = {int(s) for s in args.capture_steps.split(",") if s}
+    if capture and args.capture_dir is None:
+        parser.error("--capture-steps needs --capture-dir")
     hp: dict[str, Any] = json.loads(args.hparams)
 
     import torch
@@ -40,8 +52,12 @@ def main() -> None:
     torch.manual_seed(hp["seed"])
     model = Qwen2ForCausalLM.from_pretrained(str(args.work / "model"))
     task = json.loads((args.work / "task.json").read_text(encoding="utf-8"))
-    pairs = zip(task["prompts"], task["answers"], strict=True)
-    dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in pairs])
+    for prompt, ids in task["prompt_ids"].items():  # the ids relax feeds its model, or the sides are not equal
+        got = tokenizer(text=[prompt])["input_ids"][0]
+        if got != ids:
+            raise SystemExit(f"TRL's tokenizer gives {got} for {prompt!r}, relax feeds {ids}")
+    pairs_list = list(zip(task["prompts"], task["answers"], strict=True))
+    dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in pairs_list])
 
     def reward(completions: list[str], answer: list[str], **_: object) -> list[float]:
         return [exact_match_reward(c, a) for c, a in zip(completions, answer, strict=True)]
@@ -108,16 +124,88 @@ def main() -> None:
         disable_tqdm=True,
         generation_kwargs={"suppress_tokens": hp["suppressed_ids"]},  # relax never samples these ids either
     )
-    trainer = GRPOTrainer(
+    trainer_class = (
+        _capturing_trainer(GRPOTrainer, capture, args.capture_dir, dict(pairs_list)) if capture else GRPOTrainer
+    )
+    trainer = trainer_class(
         model=model,
         reward_funcs=reward,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timeline()],
+        callbacks=[Timeline(), *([trainer_class.after_step_callback()] if capture else [])],
     )
     trainer.train()
     out.close()
+
+
+def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[str, str]) -> Any:
+    """``base`` (TRL's ``GRPOTrainer``) saving the updates ``steps`` at their boundary into ``folder``."""
+    import copy
+
+    import torch
+    from transformers import TrainerCallback
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def weights(model: Any) -> dict[str, Any]:
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    class Capturing(base):  # type: ignore[misc]
+        pending: dict[str, Any] | None = None
+
+        def _prepare_inputs(self, generation_batch: Any) -> Any:
+            inputs = super()._prepare_inputs(generation_batch)
+            step = int(self.state.global_step)
+            if self.model.training and step in steps:
+                optimizer: Any = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps it
+                names = {id(p): n for n, p in self.model.named_parameters()}
+                adam = {
+                    names[id(p)]: copy.deepcopy(optimizer.state[p]) for g in optimizer.param_groups for p in g["params"]
+                }
+                prompts = [
+                    self.processing_class.decode(ids[mask.bool()])
+                    for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"], strict=True)
+                ]
+                Capturing.pending = {
+                    "step": step,
+                    **{k: inputs[k].detach().clone() for k in ("prompt_ids", "prompt_mask", "completion_ids")},
+                    "completion_mask": inputs["completion_mask"].detach().clone(),
+                    "advantages": inputs["advantages"].detach().clone(),
+                    "answers": [answers[p] for p in prompts],
+                    "before": weights(self.model),
+                    "adam": {n: st for n, st in adam.items() if st},
+                    "optimizer": type(optimizer).__name__,
+                    "optimizer_defaults": {
+                        k: v for k, v in optimizer.defaults.items() if isinstance(v, int | float | bool | tuple)
+                    },
+                    "weight_decay": [float(g["weight_decay"]) for g in optimizer.param_groups],
+                }
+            return inputs
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            pending = Capturing.pending
+            if pending is not None and "grads" not in pending:  # backward ran; clipping and the step come after
+                pending["loss"] = float(loss)
+                pending["grads"] = {
+                    n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
+                }
+            return loss
+
+        @staticmethod
+        def after_step_callback() -> Any:
+            class AfterStep(TrainerCallback):
+                def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+                    pending = Capturing.pending
+                    if pending is not None and model is not None:
+                        pending["after"] = weights(model)
+                        torch.save(pending, folder / f"step{pending['step']:04d}.pt")
+                        Capturing.pending = None
+
+            return AfterStep()
+
+    return Capturing
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ rate high enough for GRPO to find the signal from scratch (with an end-of-answer
 Held equal: the model — one ``Qwen2ForCausalLM`` checkpoint folder written from a config (width 64, 2 layers,
 4 heads, 2 KV heads, FFN 128, untied head, the same initial weights) with relax's 64-token character tokenizer
 and chat template, which TRL loads with ``from_pretrained`` and relax as ``model.source`` — the prompt ids
-(``<|bos|><|user|>a+b=<|assistant|>``, rendered by the folder's chat template), group size, prompts per update,
+(``<|im_start|>user\\na+b=<|im_end|>\\n<|im_start|>assistant\\n``, 12 ids rendered by the folder's chat
+template; TRL's side stops when its tokenizer gives others), group size, prompts per update,
 completion length, temperature, learning rate (constant), Adam, gradient clip, clip ε, β = 0 (no KL), no entropy bonus,
 per-sequence-token-mean loss, group-std advantage scaling, one optimizer step per batch, the ids never sampled,
 the prompt order (:func:`prompt_schedule`: each update 16 distinct prompts of a fresh permutation, as TRL's sampler
@@ -64,6 +65,7 @@ __all__ = [
     "RELAX_MODES",
     "BenchSettings",
     "SideResult",
+    "check_updates",
     "crossing",
     "format_spread",
     "format_table",
@@ -201,7 +203,13 @@ def _write_task(work: Path, hp: BenchHParams) -> None:
     ids = [to_prompt(it).input_ids.tolist() for it in items]  # the ids relax feeds its model
     prompts = [hf.decode(x) for x in ids]
     assert [hf(p, add_special_tokens=False)["input_ids"] for p in prompts] == ids
-    task = {"prompts": [prompts[i] for i in order], "answers": [items[i].answer for i in order]}
+    # TRL's side checks that its tokenizer gives these very ids (it once got 9 where relax fed 20: the checkpoint's
+    # tokenizer was loaded as another class, see models/checkpoint.py).
+    task = {
+        "prompts": [prompts[i] for i in order],
+        "answers": [items[i].answer for i in order],
+        "prompt_ids": {prompts[i]: ids[i] for i in range(len(items))},
+    }
     (work / "task.json").write_text(json.dumps(task), encoding="utf-8")
 
 
@@ -243,13 +251,15 @@ def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResul
     return side
 
 
-def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str]) -> SideResult:
+def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str], capture: Sequence[int] = ()) -> SideResult:
     python = _trl_python(work)
     out = work / "trl" / "timeline.jsonl"
     shutil.rmtree(out.parent, ignore_errors=True)
     out.parent.mkdir(parents=True)
     script = Path(__file__).with_name("_bench_trl_side.py")
     cmd = [str(python), str(script), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
+    if capture:
+        cmd += ["--capture-steps", ",".join(map(str, capture)), "--capture-dir", str(out.parent / "captures")]
     side = _run(f"TRL {TRL_VERSION} GRPOTrainer", cmd, env, work / "trl" / "log.txt")
     for line in out.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
@@ -380,3 +390,37 @@ def run_trl_bench(
     (work / "spread.md").write_text(spread + "\n", encoding="utf-8")
     print(spread, flush=True)
     return 0
+
+
+def check_updates(work: Path, steps: Sequence[int], seed: int = 0, settings: BenchSettings | None = None) -> int:
+    """The same-batch, same-state check: TRL trains to the last of ``steps`` (0-based updates) saving each of them
+    at its boundary, then relax's trainer step replays each from TRL's weights and Adam state
+    (:mod:`relax_services._bench_trl_replay`). Prints the table and saves it as ``work/update_check.md``.
+
+    Returns:
+        0 when every update matches TRL's (:attr:`~relax_services._bench_trl_replay.UpdateCheck.matches`), else 1.
+    """
+    import torch
+
+    from relax_services._bench_trl_replay import format_checks, replay_update
+    from relax_services.config import load_run_config
+
+    if not steps or min(steps) < 0:
+        raise ValueError(f"check_updates needs 0-based update indices >= 0, got {list(steps)}")
+    work = work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    _write_model(work, seed)
+    hp = _hparams(max(steps) + 1, seed, work, settings)
+    _write_task(work, hp)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    print(f"relax bench trl --check-updates: seed {seed}, TRL to update {max(steps)}, in {work}", flush=True)
+    _run_trl(work, hp, env, capture=sorted(set(steps)))
+    cfg = load_run_config(None, relax_overrides(work, hp, 0))
+    folder = work / "trl" / "captures"
+    checks = [
+        replay_update(torch.load(folder / f"step{s:04d}.pt", weights_only=False), cfg) for s in sorted(set(steps))
+    ]
+    table = format_checks(checks)
+    (work / "update_check.md").write_text(table + "\n", encoding="utf-8")
+    print(table, flush=True)
+    return 0 if all(c.matches for c in checks) else 1

@@ -204,6 +204,10 @@ def _bench_trl(args: argparse.Namespace) -> int:
         return [int(t) for t in text.split(",")] if text else []
 
     settings = BenchSettings(lr=args.lr, group_size=args.group_size, groups_per_step=args.groups_per_step)
+    if args.check_updates:
+        from relax_services.bench_trl import check_updates
+
+        return check_updates(args.work, ints(args.check_updates), seed=args.seed, settings=settings)
     return run_trl_bench(
         args.work,
         args.updates,
@@ -303,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     trl.add_argument("--groups-per-step", type=int, default=defaults.groups_per_step, help="prompts per update (of 25)")
     trl.add_argument("--seed", type=int, default=0, help="initial weights, prompt order and sampling (default 0)")
     trl.add_argument("--seeds", default="", help="several seeds (e.g. 0,1,2,3): one run each, then the spread")
+    trl.add_argument(
+        "--check-updates",
+        default="",
+        help="0-based updates (e.g. 0,1,50,100): TRL saves them, relax's trainer step replays each from TRL's "
+        "weights and Adam state, and the table compares gradients and weights (no relax run)",
+    )
     trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
     chaos.add_argument("config", nargs="?", type=Path, default=None)

@@ -133,6 +133,37 @@ def _placeholder_keys(family: ModelFamily) -> tuple[tuple[str, str], ...]:
     return family.placeholder_keys + extra
 
 
+_PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "decoder")  # with the model's type: how text becomes ids
+
+
+def _as_in_file(path: Path, tokenizer: Any) -> Any:
+    """``tokenizer`` (``AutoTokenizer``'s), or the folder's ``tokenizer.json`` as written where the two differ.
+
+    transformers 5 maps a ``model_type`` to its tokenizer class (``qwen2`` → ``Qwen2Tokenizer``), and such a class
+    builds its own normaliser, pre-tokeniser and decoder over the file's vocabulary. For the published checkpoints
+    these are the file's own, but a checkpoint with another tokenizer under that model type is then cut other than
+    its file says: relax's tiny Qwen2 checkpoint (a 64-id character vocabulary with ``user`` and ``assistant`` as
+    one id each) lost every newline and spelled the role words letter by letter, 20 prompt ids for the 12 of its
+    chat template, which every other reader of the folder (TRL, vLLM) tokenizes as written."""
+    file = path / "tokenizer.json"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not file.is_file() or backend is None:
+        return tokenizer
+    written, loaded = _read_json(file), json.loads(backend.to_str())
+
+    def pipeline(spec: Mapping[str, Any]) -> list[Any]:
+        return [spec.get(k) for k in _PIPELINE_PARTS] + [(spec.get("model") or {}).get("type")]
+
+    if pipeline(written) == pipeline(loaded):
+        return tokenizer
+    from transformers import TokenizersBackend
+
+    faithful = TokenizersBackend.from_pretrained(path, local_files_only=True)
+    if not getattr(faithful, "chat_template", None):
+        faithful.chat_template = getattr(tokenizer, "chat_template", None)
+    return faithful
+
+
 def _processor_chat_template(path: Path) -> str | None:
     """The chat template of the folder's processor files (``chat_template.jinja``, else the older
     ``chat_template.json``), which transformers' processors read and its tokenizers do not: the published Qwen-VL
@@ -188,7 +219,7 @@ def validate_checkpoint(path: str | Path) -> Checkpoint:
         config = getattr(config, container.config_key)
     _check_sizes(path, family, config)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = _as_in_file(path, AutoTokenizer.from_pretrained(path, local_files_only=True))
     except Exception as exc:  # transformers raises several types for unreadable tokenizer files
         raise CheckpointError(f"{path}: the tokenizer cannot be loaded ({type(exc).__name__}: {exc})") from exc
     if not getattr(tokenizer, "chat_template", None) and (template := _processor_chat_template(path)) is not None:
