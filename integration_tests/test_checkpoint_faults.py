@@ -15,9 +15,9 @@ from relax_services.checkpoint import CheckpointManager
 
 @pytest.mark.integration
 def test_disk_full_at_a_checkpoint(small_config, run_pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    from relax_services import controller
+    from relax_services import _checkpointing  # the controller's checkpoint writing
 
-    real_write = controller.write_controller_state
+    real_write = _checkpointing.write_controller_state
 
     def write(path: Path, state: Any) -> None:
         # The controller writes its state last into a ".tmp-step_…" folder; from step 1 on, the disk is "full".
@@ -25,7 +25,7 @@ def test_disk_full_at_a_checkpoint(small_config, run_pipeline, monkeypatch: pyte
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real_write(path, state)
 
-    monkeypatch.setattr(controller, "write_controller_state", write)
+    monkeypatch.setattr(_checkpointing, "write_controller_state", write)
     cfg = small_config("staleness.tau=0", "trainer.total_steps=6", "trainer.checkpoint_every=1", "data.tasks=[text]")
     result = run_pipeline(cfg)
     assert result.error is not None and "the disk is full" in result.error, result.error

@@ -3,33 +3,26 @@ health and restarts failed services, writes metrics, shows progress, and ends wi
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 from relax_core import dump_config
-from relax_services._actor_watch import ActorLost, ActorWatch, actor_lost, why_dead
+from relax_services._actor_watch import ActorWatch
+from relax_services._checkpointing import Checkpointing
 from relax_services._data import WarmupItem, data_report, finish_heldout, prepare_data, warmup_items
 from relax_services._fault_injection import FaultInjector
+from relax_services._global_restart import GlobalRestarts
 from relax_services._metrics import MetricsWriter
 from relax_services._prompts import HeldoutReport, HeldoutSet
 from relax_services._ray_init import init_ray
 from relax_services._run_result import CheckpointWriteError, RunResult, final_ledger
 from relax_services._synthetic import with_synthetic_files
-from relax_services.checkpoint import (
-    CONTROLLER_FILE,
-    ENGINE_FILE,
-    PROMPTS_FILE,
-    SAMPLES_FILE,
-    CheckpointManager,
-    write_controller_state,
-)
+from relax_services.checkpoint import CheckpointManager
 from relax_services.config import FaultSpec, RunConfig
 from relax_services.feeder import PromptFeeder
-from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
+from relax_services.health import HealthManager, ServiceGaveUpError
 from relax_services.pipeline import build_pipeline
 from relax_services.plots import plot_run
 from relax_services.preflight import make_run_dir
@@ -40,8 +33,14 @@ from relax_services.warmup_cache import format_warmup_task
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
 
 
-class Controller(FaultInjector):
-    """Drives one run to its end (steps, time limit, target reward, or a signal)."""
+class Controller(Checkpointing, GlobalRestarts, FaultInjector):
+    """Drives one run to its end (steps, time limit, target reward, or a signal).
+
+    Its checkpoints (:class:`~relax_services._checkpointing.Checkpointing`), global restarts
+    (:class:`~relax_services._global_restart.GlobalRestarts`) and fault injection
+    (:class:`~relax_services._fault_injection.FaultInjector`) are in modules of their own; this class owns the
+    state they read and the run's loop that calls them.
+    """
 
     pipeline_builder = staticmethod(build_pipeline)  # the colocated mode's controller builds in-process services
     prompts_here = False  # prompts built by the Rollout workers and the Evaluator: this process imports no torch
@@ -295,157 +294,10 @@ class Controller(FaultInjector):
         if restarting:
             self.watch.check()
 
-    def _checkpoint(self, hold: bool = False) -> Path:
-        """A consistent checkpoint: trainer held between updates, feeder held, then engine state, prompt queue,
-        sample queue (in that order: a prompt acked meanwhile has its samples in the later snapshot) and the
-        feeder position with its ledger, renamed into place together. ``hold`` leaves the trainer held after it
-        (the end of the run).
-
-        Raises:
-            CheckpointWriteError: the files could not be written (the partial folder is removed; the previous
-                checkpoint stays the latest).
-        """
-        import ray
-
-        trainer = self.pipeline.services["trainer"].handle
-        try:
-            # A healthy trainer reaches a step boundary within seconds; a hung one is restarted instead.
-            version = int(ray.get(trainer.pause.remote(), timeout=30 + 2 * self.cfg.health.heartbeat_timeout_s))
-        except ray.exceptions.RayError as exc:
-            raise GlobalRestartNeeded(f"trainer unavailable for a checkpoint: {type(exc).__name__}") from exc
-
-        def save_engine(path: str) -> None:
-            try:
-                ray.get(trainer.save_engine.remote(path), timeout=600)
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, OSError):  # the trainer could not write: the same as a write here
-                    raise exc.cause from None
-                raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
-            except ray.exceptions.RayError as exc:
-                raise GlobalRestartNeeded(f"trainer failed while checkpointing: {type(exc).__name__}") from exc
-
-        return self._write_checkpoint(version, save_engine, None if hold else lambda: trainer.resume.remote())
-
-    def _write_checkpoint(
-        self, version: int, save_engine: Callable[[str], None], resume_trainer: Callable[[], object] | None
-    ) -> Path:
-        """The checkpoint of a held trainer at ``version``: feeder held, then engine state (``save_engine``),
-        prompt queue, sample queue and the feeder position with its ledger, renamed into place together; then the
-        trainer resumes (``resume_trainer``; None leaves it held) and the HF export is written.
-
-        Raises:
-            CheckpointWriteError: the files could not be written (the partial folder is removed; the previous
-                checkpoint stays the latest).
-        """
-        self.feeder.pause()
-        try:
-            self._poll_services()  # the ledger must include every update up to this version
-            tmp: Path | None = None
-            try:
-                tmp = self.checkpoints.begin(version)
-                save_engine(str(tmp / ENGINE_FILE))
-                self.pipeline.prompt_queue.save(str(tmp / PROMPTS_FILE))
-                self.pipeline.sample_queue.save(str(tmp / SAMPLES_FILE))
-                self._poll_services()  # rows a Rollout worker skipped (reported, then acked) before the snapshots
-                state = {"step": version, "feeder": self.feeder.state_dict(), "elapsed_s": self.clock()}
-                write_controller_state(tmp / CONTROLLER_FILE, state)
-                data = data_report(self.data)  # while the feeder is held: its bad-row counts do not move
-                path = self.checkpoints.commit(version, tmp)
-            except OSError as exc:
-                if tmp is not None:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise CheckpointWriteError(self.checkpoints.folder, version, self.checkpoints.latest(), exc) from exc
-            except BaseException:  # e.g. a queue actor died during its snapshot: no partial folder stays
-                if tmp is not None:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        finally:
-            self.feeder.resume()
-            if resume_trainer is not None:
-                resume_trainer()
-        self._checkpoint_step = version
-        if self.cfg.model.export_hf:  # after the trainer resumed: a derived copy, `relax export` can redo it
-            self._service_call("trainer", "export_hf", str(path))  # by the process with the model stack
-        self._checkpoint_time = time.monotonic()
-        self.metrics.write(
-            "checkpoint", {"step": version, "path": str(path), **({} if data is None else {"data": data})}
-        )
-        return path
-
-    def _restart_cause(self, exc: Exception) -> GlobalRestartNeeded:
-        """``exc`` as the cause of a global restart: itself when it is one; for Ray reporting an actor gone (a call
-        to a queue, a store or the monitor from this loop), which actor died and why. Anything else is re-raised."""
-        if isinstance(exc, GlobalRestartNeeded):
-            return exc
-        if actor_lost(exc):
-            return self.watch.find(exc) or GlobalRestartNeeded(f"an actor died: {why_dead(exc)}")
-        raise exc
-
-    def _global_restart(self, cause: GlobalRestartNeeded) -> None:
-        """Tear every service down and bring the run back from its last checkpoint; an attempt that an actor's death
-        interrupts is followed by another, each one counted against ``health.max_global_restarts``.
-
-        Raises:
-            ServiceGaveUpError: the allowance of global restarts is spent.
-        """
-        t0 = time.monotonic()
-        reason = str(cause)
-        interrupted: dict[str, object] = {}
-        while True:
-            if isinstance(cause, ActorLost):
-                self.health.record_event("detected", cause.actor, reason=cause.why)
-            self.global_restarts += 1
-            self.health.record_event("global_restart", "run", reason=reason, step=self.step, **interrupted)
-            if self.global_restarts > self.cfg.health.max_global_restarts:
-                raise ServiceGaveUpError(
-                    f"gave up after {self.global_restarts - 1} global restarts "
-                    f"(health.max_global_restarts={self.cfg.health.max_global_restarts}); last failure: {reason}"
-                )
-            self.health.settle()  # an in-place restart still creating its actor must not outlive the old pipeline
-            self._stop_parts()
-            old = vars(self).get("pipeline")
-            try:
-                self._start_pipeline(self.checkpoints.latest())
-            except Exception as exc:  # an actor died while the run came back: try again from the same checkpoint
-                cause = self._restart_cause(exc)
-                reason = f"global restart interrupted: {cause}"
-                # Which services came up before the death was acted on (none when the pipeline was not even built).
-                started = [] if vars(self).get("pipeline") is old else self._started_services()
-                interrupted = {"services_started": started}
-                continue
-            self.health.record_event("recovered", "run", step=self.step, seconds=time.monotonic() - t0)
-            return
-
-    def _stop_parts(self) -> None:
-        """Stop the feeder and the pipeline, as far as they exist (a first start can fail before either is built)."""
-        built = vars(self)
-        if "feeder" in built:
-            self.feeder.stop()
-        if "pipeline" in built:
-            self.pipeline.stop()
-
-    def _started_services(self) -> list[str]:
-        """The services of the current pipeline whose start returned (after an interrupted start: the ones that
-        came up before the death was acted on)."""
-        return [name for name, spec in self.pipeline.services.items() if spec.pid is not None]
-
     def _service_pids(self) -> dict[str, int]:
         """The process id of each of the pipeline's services (none when no pipeline was ever built)."""
         services = self.pipeline.services if "pipeline" in vars(self) else {}
         return {name: int(spec.pid or 0) for name, spec in services.items()}
-
-    def _gave_up_message(self, exc: ServiceGaveUpError) -> str:
-        """What failed, what the run kept, and how to continue it."""
-        latest = self.checkpoints.latest()
-        if latest is None:
-            kept = "no complete checkpoint: start the run again"
-        else:
-            kept = (
-                f"kept: the checkpoint of step {self.checkpoints.load_controller(latest)['step']} ({latest}: weights, "
-                "optimizer, queue snapshots and the prompt ledger); continue with: relax train "
-                f"run.output_dir={self.run_dir.parent} run.name={self.run_dir.name} --resume"
-            )
-        return f"{exc}; {kept}"
 
     def _warmup(self, cfg: RunConfig) -> RunConfig:
         """Run the format warm-up (once per run folder) and point every service at the warmed-up checkpoint."""
@@ -479,19 +331,6 @@ class Controller(FaultInjector):
             return ray.get(getattr(self.pipeline.services[service].handle, method).remote(*args), timeout=600)
         except ray.exceptions.RayTaskError as exc:
             raise (exc.cause if isinstance(exc.cause, OSError) else exc) from None
-
-    def _checkpoint_due(self) -> bool:
-        """Every ``trainer.checkpoint_every`` updates, and every ``trainer.checkpoint_every_s`` seconds with at
-        least one new update: a failure then costs at most that much work either way."""
-        cfg = self.cfg.trainer
-        if self.step >= self._checkpoint_step + cfg.checkpoint_every:
-            return True
-        every_s = cfg.checkpoint_every_s
-        return (
-            every_s is not None
-            and self.step > self._checkpoint_step
-            and (time.monotonic() - self._checkpoint_time >= every_s)
-        )
 
     def _loop(self, progress: Progress) -> None:
         cfg = self.cfg
