@@ -17,6 +17,7 @@ from relax_queue._columnar import ColumnInput
 from relax_queue._errors import QueueClosedError, QueueTimeoutError
 from relax_queue._progress import PutColumns, PutMany, PutOne, check_get_arguments, normalise_fields
 from relax_queue._queue import TransferQueue
+from relax_queue._reader import get_kwargs
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Batch, ColumnBatch, Key, RowInput
 
@@ -239,15 +240,7 @@ class AsyncReader:
         check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
-        return await self.queue.get(
-            self.task,
-            fields=self.fields,
-            n=n,
-            batcher=self.batcher,
-            timeout=timeout,
-            replica=self.replica,
-            lease_s=lease_s,
-        )
+        return await self.queue.get(self.task, **get_kwargs(self, n, timeout, lease_s))
 
     async def get_columns(
         self,
@@ -261,15 +254,7 @@ class AsyncReader:
         check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
-        return await self.queue.get_columns(
-            self.task,
-            fields=self.fields,
-            n=n,
-            batcher=self.batcher,
-            timeout=timeout,
-            replica=self.replica,
-            lease_s=lease_s,
-        )
+        return await self.queue.get_columns(self.task, **get_kwargs(self, n, timeout, lease_s))
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch``."""

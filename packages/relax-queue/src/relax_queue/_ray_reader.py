@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relax_queue._batchers import Batcher
+from relax_queue._reader import get_kwargs
 from relax_queue._replica import ReplicaSet
 from relax_queue._types import Batch, ColumnBatch
 
@@ -34,16 +35,7 @@ class RayReader:
         lease_s: float | None = None,
     ) -> Batch:
         """Lease the next batch, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
-        return self.client.get(
-            self.task,
-            fields=self.fields,
-            n=n,
-            batcher=self.batcher,
-            timeout=timeout,
-            replica=self.replica,
-            ack=ack,
-            lease_s=lease_s,
-        )
+        return self.client.get(self.task, ack=ack, **get_kwargs(self, n, timeout, lease_s))
 
     def get_columns(
         self,
@@ -54,16 +46,7 @@ class RayReader:
         lease_s: float | None = None,
     ) -> ColumnBatch:
         """Lease the next batch as columns, after acking ``ack`` in the same round trip (see :meth:`Reader.get`)."""
-        return self.client.get_columns(
-            self.task,
-            fields=self.fields,
-            n=n,
-            batcher=self.batcher,
-            timeout=timeout,
-            replica=self.replica,
-            ack=ack,
-            lease_s=lease_s,
-        )
+        return self.client.get_columns(self.task, ack=ack, **get_kwargs(self, n, timeout, lease_s))
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_queue._batchers import Batcher
 from relax_queue._progress import check_get_arguments
@@ -12,7 +12,26 @@ from relax_queue._types import Batch, ColumnBatch
 if TYPE_CHECKING:
     from relax_queue._queue import TransferQueue
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "get_kwargs"]
+
+
+class _ReaderParts(Protocol):
+    fields: tuple[str, ...] | None
+    batcher: Batcher
+    replica: ReplicaSet | None
+
+
+def get_kwargs(reader: _ReaderParts, n: int | None, timeout: float | None, lease_s: float | None) -> dict[str, Any]:
+    """The keyword arguments of a reader's ``get`` / ``get_columns`` call to its queue: the reader's fields, batcher
+    and replica set with the call's ``n``, ``timeout`` and ``lease_s`` (every transport's reader forwards these)."""
+    return {
+        "fields": reader.fields,
+        "n": n,
+        "batcher": reader.batcher,
+        "timeout": timeout,
+        "replica": reader.replica,
+        "lease_s": lease_s,
+    }
 
 
 class Reader:
@@ -54,15 +73,7 @@ class Reader:
         check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
-        return self.queue.get(
-            self.task,
-            fields=self.fields,
-            n=n,
-            batcher=self.batcher,
-            timeout=timeout,
-            replica=self.replica,
-            lease_s=lease_s,
-        )
+        return self.queue.get(self.task, **get_kwargs(self, n, timeout, lease_s))
 
     def get_columns(
         self,
@@ -82,15 +93,7 @@ class Reader:
         check_get_arguments(self.task, n, lease_s)
         if ack is not None:
             self.ack(ack)
-        return self.queue.get_columns(
-            self.task,
-            fields=self.fields,
-            n=n,
-            batcher=self.batcher,
-            timeout=timeout,
-            replica=self.replica,
-            lease_s=lease_s,
-        )
+        return self.queue.get_columns(self.task, **get_kwargs(self, n, timeout, lease_s))
 
     def ack(self, batch: Batch | ColumnBatch) -> None:
         """Consume ``batch`` (for a replica set: this rank's ack)."""
