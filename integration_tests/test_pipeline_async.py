@@ -1,4 +1,5 @@
-"""The asynchronous pipeline: τ is honoured, every service runs in its own process, and the reward rises."""
+"""The asynchronous pipeline: τ is honoured, every service runs in its own process (``run.hosts=[]``), and the
+reward rises."""
 
 from __future__ import annotations
 
@@ -23,8 +24,16 @@ def _token_staleness(run_dir: Path) -> dict[int, int]:
 
 @pytest.mark.integration
 def test_tau1_bound_holds_and_services_are_processes(small_config, run_pipeline, tmp_path: Path) -> None:
-    # With the KL term on (the default's full-vocabulary form), so the Reference is one of the processes.
-    cfg = small_config("staleness.tau=1", "trainer.total_steps=8", "data.tasks=[text, audio]", "algorithm.kl_coef=0.1")
+    # With the KL term on (the default's full-vocabulary form), so the Reference is one of the processes; every
+    # service in a process of its own (the default hosts the Reference, Evaluator and Reward with the Rollout), so
+    # the default suite runs that layout too (test_cohost_faults.py checks the shared one).
+    cfg = small_config(
+        "staleness.tau=1",
+        "trainer.total_steps=8",
+        "data.tasks=[text, audio]",
+        "algorithm.kl_coef=0.1",
+        "run.hosts=[]",
+    )
     assert cfg.algorithm.kl_estimator == "full"
     result = run_pipeline(cfg)
     assert result.steps == 8

@@ -19,16 +19,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from relax_core import exact_match_reward
 
 if TYPE_CHECKING:
+    from relax_services._decoder import Decoder
+    from relax_services.config import RunConfig
+    from relax_services.engines import TorchTrainEngine
     from relax_services.rows import SampleRow
 
-__all__ = ["GRAD_MATCH_FRACTION", "MATCH_FRACTION", "UpdateCheck", "format_checks", "replay_update"]
+__all__ = ["GRAD_MATCH_FRACTION", "MATCH_FRACTION", "Capture", "UpdateCheck", "format_checks", "replay_update"]
+
+
+class Capture(TypedDict):
+    """One ``step<NNNN>.pt`` that ``_bench_trl_side.py --capture-steps`` saves at a TRL update's boundary."""
+
+    step: int
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    completion_ids: torch.Tensor  # [B, C]
+    completion_mask: torch.Tensor  # [B, C]
+    advantages: torch.Tensor  # [B]
+    answers: list[str]
+    before: dict[str, torch.Tensor]
+    adam: dict[str, dict[str, torch.Tensor]]
+    grads: dict[str, torch.Tensor]
+    after: dict[str, torch.Tensor]
+
 
 MATCH_FRACTION = 0.1
 """Updates match when relax's weights after are within this fraction of TRL's own step, tensor by tensor."""
@@ -75,12 +95,13 @@ class UpdateCheck:
         )
 
 
-def _rows(capture: Mapping[str, Any], tokenizer: Any) -> list[dict[str, Any]]:
-    """The captured batch as the Trainer's sample rows, a group per prompt, rewards by relax's decoding."""
+def _rows(capture: Capture, tokenizer: Decoder) -> list[tuple[int, SampleRow]]:
+    """The captured batch as the Trainer's sample rows, each with its row index in the capture: a group per prompt,
+    rewards by relax's decoding, behaviour log-probs still empty."""
     from relax_services.models import OmniPrompt
     from relax_services.services.reward import decode_response
 
-    rows = []
+    rows: list[tuple[int, SampleRow]] = []
     prompts: dict[tuple[int, ...], OmniPrompt] = {}
     for i, answer in enumerate(capture["answers"]):
         ids = tuple(capture["prompt_ids"][i][capture["prompt_mask"][i].bool()].tolist())
@@ -89,21 +110,20 @@ def _rows(capture: Mapping[str, Any], tokenizer: Any) -> list[dict[str, Any]]:
             raise ValueError(f"captured update {capture['step']}: row {i} has no completion token")
         prompt = prompts.setdefault(ids, OmniPrompt(list(ids)))
         key = "p" + "-".join(map(str, ids))  # one group per distinct prompt (an update's prompts are distinct)
-        rows.append(
-            {
-                "prompt": prompt,
-                "meta": {"task": "text", "answer": answer, "prompt_key": key},
-                "response": response,
-                "token_versions": [int(capture["step"])] * len(response),
-                "reward": exact_match_reward(decode_response(response, tokenizer), answer),
-                "reward_error": None,
-                "row": i,
-            }
-        )
+        row: SampleRow = {
+            "prompt": prompt,
+            "meta": {"task": "text", "answer": answer, "prompt_key": key},
+            "response": response,
+            "logprobs": [],
+            "token_versions": [int(capture["step"])] * len(response),
+            "reward": exact_match_reward(decode_response(response, tokenizer), answer),
+            "reward_error": None,
+        }
+        rows.append((i, row))
     return rows
 
 
-def _load_adam(engine: Any, adam: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+def _load_adam(engine: TorchTrainEngine, adam: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
     """Sets the engine's AdamW state from TRL's, matched by parameter name (TRL groups parameters its own way)."""
     if not adam:
         return
@@ -116,7 +136,7 @@ def _load_adam(engine: Any, adam: Mapping[str, Mapping[str, torch.Tensor]]) -> N
     engine.optimizer.load_state_dict(state)
 
 
-def replay_update(capture: Mapping[str, Any], cfg: Any) -> UpdateCheck:
+def replay_update(capture: Capture, cfg: RunConfig) -> UpdateCheck:
     """relax's update of ``capture``'s batch from ``capture``'s weights and Adam state, against TRL's.
 
     Args:
@@ -133,17 +153,17 @@ def replay_update(capture: Mapping[str, Any], cfg: Any) -> UpdateCheck:
     engine = build_train_engine(cfg)
     engine.model.load_state_dict(capture["before"], strict=True)
     _load_adam(engine, capture["adam"])
-    rows = _rows(capture, checkpoint_of(cfg.model).tokenizer)
+    indexed = _rows(capture, checkpoint_of(cfg.model).tokenizer)
     # τ = 0: the behaviour log-probs are the policy's before the update, which these weights are.
-    scored = engine.compute_logprobs([TrainSample(r["prompt"], torch.tensor(r["response"])) for r in rows])[0]
-    for i, r in enumerate(rows):
+    scored = engine.compute_logprobs([TrainSample(r["prompt"], torch.tensor(r["response"])) for _, r in indexed])[0]
+    for i, (_, r) in enumerate(indexed):
         r["logprobs"] = scored[i, : len(r["response"])].tolist()
-    rows.sort(key=lambda r: (r["meta"]["prompt_key"], r["row"]))  # the Trainer's order: by group, then index
+    indexed.sort(key=lambda ir: (ir[1]["meta"]["prompt_key"], ir[0]))  # the Trainer's order: by group, then index
     version = int(capture["step"])
-    sample_rows = cast("list[SampleRow]", rows)  # the Trainer's fields, plus the capture's row index
+    sample_rows = [r for _, r in indexed]
     samples = build_train_samples(cfg, sample_rows, proximal_logprobs(cfg, engine, sample_rows), version=version)
     ours = torch.tensor([float(s.fields["advantages"][0]) for s in samples])  # [B] one value per row
-    theirs = capture["advantages"][[r["row"] for r in rows]].float()  # [B]
+    theirs = capture["advantages"][[i for i, _ in indexed]].float()  # [B]
     engine.optimizer.zero_grad(set_to_none=True)
     engine.accumulate_gradients(samples, make_loss_fn(cfg))
     params = dict(engine.model.named_parameters())
@@ -165,7 +185,7 @@ def replay_update(capture: Mapping[str, Any], cfg: Any) -> UpdateCheck:
     worst = max(ratio, key=lambda n: ratio[n][0])
     return UpdateCheck(
         step=version,
-        reward=sum(float(r["reward"]) for r in rows) / len(rows),
+        reward=sum(float(r["reward"]) for r in sample_rows) / len(sample_rows),
         advantage_diff=float((ours - theirs).abs().max()),
         grad_norm_trl=float(torch.stack([(g.double() ** 2).sum() for g in trl_grads.values()]).sum().sqrt()),
         grad_norm_relax=grad_norm,

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+    import torch
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 
 def main() -> None:
@@ -124,8 +125,8 @@ def main() -> None:
         disable_tqdm=True,
         generation_kwargs={"suppress_tokens": hp["suppressed_ids"]},  # relax never samples these ids either
     )
-    trainer_class = (
-        _capturing_trainer(GRPOTrainer, capture, args.capture_dir, dict(pairs_list)) if capture else GRPOTrainer
+    trainer_class, after_step = (
+        _capturing_trainer(GRPOTrainer, capture, args.capture_dir, dict(pairs_list)) if capture else (GRPOTrainer, None)
     )
     trainer = trainer_class(
         model=model,
@@ -133,14 +134,17 @@ def main() -> None:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timeline(), *([trainer_class.after_step_callback()] if capture else [])],
+        callbacks=[Timeline(), *([after_step] if after_step is not None else [])],
     )
     trainer.train()
     out.close()
 
 
-def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[str, str]) -> Any:
-    """``base`` (TRL's ``GRPOTrainer``) saving the updates ``steps`` at their boundary into ``folder``."""
+def _capturing_trainer(
+    base: type, steps: set[int], folder: Path, answers: dict[str, str]
+) -> tuple[type, TrainerCallback]:
+    """``base`` (TRL's ``GRPOTrainer``) saving the updates ``steps`` at their boundary into ``folder``, with the
+    callback that saves each one once its optimizer step is done."""
     import copy
 
     import torch
@@ -148,14 +152,14 @@ def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[
 
     folder.mkdir(parents=True, exist_ok=True)
 
-    def weights(model: Any) -> dict[str, Any]:
+    def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     class Capturing(base):  # type: ignore[misc]
         pending: dict[str, Any] | None = None
 
-        def _prepare_inputs(self, generation_batch: Any) -> Any:
-            inputs = super()._prepare_inputs(generation_batch)
+        def _prepare_inputs(self, generation_batch: object) -> dict[str, torch.Tensor]:
+            inputs: dict[str, torch.Tensor] = super()._prepare_inputs(generation_batch)
             step = int(self.state.global_step)
             if self.model.training and step in steps:
                 optimizer: Any = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps it
@@ -183,8 +187,10 @@ def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[
                 }
             return inputs
 
-        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
-            loss = super().training_step(model, inputs, num_items_in_batch)
+        def training_step(
+            self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], num_items_in_batch: object = None
+        ) -> torch.Tensor:
+            loss: torch.Tensor = super().training_step(model, inputs, num_items_in_batch)
             pending = Capturing.pending
             if pending is not None and "grads" not in pending:  # backward ran; clipping and the step come after
                 pending["loss"] = float(loss)
@@ -194,9 +200,16 @@ def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[
             return loss
 
         @staticmethod
-        def after_step_callback() -> Any:
+        def after_step_callback() -> TrainerCallback:
             class AfterStep(TrainerCallback):
-                def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+                def on_step_end(
+                    self,
+                    args: TrainingArguments,
+                    state: TrainerState,
+                    control: TrainerControl,
+                    model: torch.nn.Module | None = None,
+                    **kwargs: object,
+                ) -> None:
                     pending = Capturing.pending
                     if pending is not None and model is not None:
                         pending["after"] = weights(model)
@@ -205,7 +218,7 @@ def _capturing_trainer(base: type, steps: set[int], folder: Path, answers: dict[
 
             return AfterStep()
 
-    return Capturing
+    return Capturing, Capturing.after_step_callback()
 
 
 if __name__ == "__main__":

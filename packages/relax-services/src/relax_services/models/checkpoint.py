@@ -25,7 +25,7 @@ from relax_services.models.modalities import MODEL_MODALITIES
 from relax_services.models.tokens import TokenIds, token_ids_from
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -136,7 +136,7 @@ def _placeholder_keys(family: ModelFamily) -> tuple[tuple[str, str], ...]:
 _PIPELINE_PARTS = ("normalizer", "pre_tokenizer", "decoder")  # with the model's type: how text becomes ids
 
 
-def _as_in_file(path: Path, tokenizer: Any) -> Any:
+def _as_in_file(path: Path, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """``tokenizer`` (``AutoTokenizer``'s), or the folder's ``tokenizer.json`` as written where the two differ.
 
     transformers 5 maps a ``model_type`` to its tokenizer class (``qwen2`` → ``Qwen2Tokenizer``), and such a class
@@ -151,14 +151,15 @@ def _as_in_file(path: Path, tokenizer: Any) -> Any:
         return tokenizer
     written, loaded = _read_json(file), json.loads(backend.to_str())
 
-    def pipeline(spec: Mapping[str, Any]) -> list[Any]:
-        return [spec.get(k) for k in _PIPELINE_PARTS] + [(spec.get("model") or {}).get("type")]
+    def pipeline(spec: Mapping[str, object]) -> list[object]:
+        model = spec.get("model")
+        return [spec.get(k) for k in _PIPELINE_PARTS] + [model.get("type") if isinstance(model, dict) else None]
 
     if pipeline(written) == pipeline(loaded):
         return tokenizer
     from transformers import TokenizersBackend
 
-    faithful = TokenizersBackend.from_pretrained(path, local_files_only=True)
+    faithful: PreTrainedTokenizerBase = TokenizersBackend.from_pretrained(path, local_files_only=True)
     if not getattr(faithful, "chat_template", None):
         faithful.chat_template = getattr(tokenizer, "chat_template", None)
     return faithful
