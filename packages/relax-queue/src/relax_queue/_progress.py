@@ -251,8 +251,7 @@ def get_attempt(
     Args:
         lease_s: seconds the lease lasts from delivery (``None``: the queue's ``lease_timeout_s``).
     """
-    check_batch_size(task, n)
-    check_lease_s(task, lease_s)
+    check_get_arguments(task, n, lease_s)
     chosen = batcher or FixedSizeBatcher()
 
     def attempt(now: float) -> Batch | None:
@@ -274,8 +273,7 @@ def get_columns_attempt(
     lease_s: float | None = None,
 ) -> Callable[[float], ColumnBatch | None]:
     """:func:`get_attempt` delivering columns."""
-    check_batch_size(task, n)
-    check_lease_s(task, lease_s)
+    check_get_arguments(task, n, lease_s)
     chosen = batcher or FixedSizeBatcher()
 
     def attempt(now: float) -> ColumnBatch | None:

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
     from relax_services.pipeline import ServiceSpec
 
-__all__ = ["HostedHandle", "ServiceGroupHost", "SharedHost", "group_class"]
+__all__ = ["HostedHandle", "ServiceGroupHost", "SharedHost", "actor_options", "group_class"]
 
 _CALLS_PER_SERVICE = 4
-"""Concurrent actor calls each service of a host may have in flight (a lone service's actor allows 4): the
+"""Concurrent actor calls each service may have in flight, in its own actor or in a host: the
 controller's report polls, the Trainer's pause, the Evaluator's evaluation and a rebuild must not queue behind each
 other's."""
 
@@ -88,6 +88,21 @@ class HostedHandle:
         return _HostedMethod(self.actor, self.service, method)
 
 
+def actor_options(name: str, services: int, resource: str | None) -> dict[str, object]:
+    """Ray options of the actor whose process runs ``services`` services (its own service's, or a host's): named,
+    no CPU reservation (the services pace themselves), :data:`_CALLS_PER_SERVICE` concurrent calls per service, never
+    restarted by Ray (the health manager restarts services), on a node with ``resource`` when one is pinned."""
+    options: dict[str, object] = {
+        "name": name,
+        "num_cpus": 0,
+        "max_concurrency": _CALLS_PER_SERVICE * services,
+        "max_restarts": 0,
+    }
+    if resource is not None:
+        options["resources"] = {resource: 0.01}
+    return options
+
+
 def group_class(targets: list[str]) -> type[ServiceGroupHost]:
     """A :class:`ServiceGroupHost` subclass named after its services' classes (``RolloutService_EvalService``), so
     that the process title and the run summary's memory split say which roles share the process."""
@@ -116,14 +131,7 @@ class SharedHost:
         import ray
 
         targets = [str(spec.cls) for spec in self.members]
-        options: dict[str, Any] = {
-            "name": f"{namespace}-{self.name}-{self.restarts}",
-            "num_cpus": 0,
-            "max_concurrency": _CALLS_PER_SERVICE * len(self.members),
-            "max_restarts": 0,
-        }
-        if self.resource is not None:
-            options["resources"] = {self.resource: 0.01}
+        options = actor_options(f"{namespace}-{self.name}-{self.restarts}", len(self.members), self.resource)
         members: list[MemberArgs] = [(spec.name, str(spec.cls), spec.args, spec.kwargs) for spec in self.members]
         self.actor = ray.remote(group_class(targets)).options(**options).remote(members)
         for spec in self.members:

@@ -407,19 +407,18 @@ def check_updates(work: Path, steps: Sequence[int], seed: int = 0, settings: Ben
 
     if not steps or min(steps) < 0:
         raise ValueError(f"check_updates needs 0-based update indices >= 0, got {list(steps)}")
+    chosen = sorted(set(steps))
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     _write_model(work, seed)
-    hp = _hparams(max(steps) + 1, seed, work, settings)
+    hp = _hparams(chosen[-1] + 1, seed, work, settings)
     _write_task(work, hp)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    print(f"relax bench trl --check-updates: seed {seed}, TRL to update {max(steps)}, in {work}", flush=True)
-    _run_trl(work, hp, env, capture=sorted(set(steps)))
+    print(f"relax bench trl --check-updates: seed {seed}, TRL to update {chosen[-1]}, in {work}", flush=True)
+    _run_trl(work, hp, env, capture=chosen)
     cfg = load_run_config(None, relax_overrides(work, hp, 0))
     folder = work / "trl" / "captures"
-    checks = [
-        replay_update(torch.load(folder / f"step{s:04d}.pt", weights_only=False), cfg) for s in sorted(set(steps))
-    ]
+    checks = [replay_update(torch.load(folder / f"step{s:04d}.pt", weights_only=False), cfg) for s in chosen]
     table = format_checks(checks)
     (work / "update_check.md").write_text(table + "\n", encoding="utf-8")
     print(table, flush=True)

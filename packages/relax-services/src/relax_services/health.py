@@ -14,6 +14,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_services._metrics import MetricsWriter
@@ -198,14 +199,12 @@ class HealthManager:
             self.record_event("gave_up", spent.name, restarts=spent.restarts)
             self._down_since.clear()
             raise GlobalRestartNeeded(f"service {spent.name} failed {spent.restarts + 1} times; last: {reason}")
-        if host is not None:
-            thread = threading.Thread(
-                target=self._restart_host, args=(pipeline, host), name=f"restart-{host.name}", daemon=True
-            )
-        else:
-            thread = threading.Thread(
-                target=self._restart_in_place, args=(pipeline, spec, rebuild), name=f"restart-{spec.name}", daemon=True
-            )
+        work, label = (
+            (partial(self._restart_host, pipeline, host), host.name)
+            if host is not None
+            else (partial(self._restart_in_place, pipeline, spec, rebuild), spec.name)
+        )
+        thread = threading.Thread(target=work, name=f"restart-{label}", daemon=True)
         for member in group:
             self._restarting[member.name] = thread
         thread.start()

@@ -26,7 +26,7 @@ from relax_queue import (
     TaskSpec,
     create_ray_queue,
 )
-from relax_services._cohost import SharedHost
+from relax_services._cohost import SharedHost, actor_options
 from relax_services._engine_extras import check_engines
 from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services._hosts_config import host_resource
@@ -108,14 +108,7 @@ class ServiceSpec:
         # A path is hosted (imported in the actor's process only); a class is Ray's actor class itself.
         actor_cls: Any = ray.remote(host_class(self.cls) if isinstance(self.cls, str) else self.cls)
         prefix = (self.cls,) if isinstance(self.cls, str) else ()
-        options: dict[str, Any] = {
-            "name": f"{namespace}-{self.name}-{self.restarts}",
-            "num_cpus": 0,
-            "max_concurrency": 4,
-            "max_restarts": 0,
-        }
-        if self.resource is not None:
-            options["resources"] = {self.resource: 0.01}
+        options = actor_options(f"{namespace}-{self.name}-{self.restarts}", 1, self.resource)
         self.handle = actor_cls.options(**options).remote(*prefix, self.name, *self.args, **self.kwargs)
 
     def start_loop(self, timeout: float = 300.0) -> int:
