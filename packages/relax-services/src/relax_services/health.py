@@ -56,8 +56,8 @@ class ServiceGaveUpError(RuntimeError):
 
 
 class GlobalRestartNeeded(RuntimeError):
-    """The Trainer failed, or a service exceeded its in-place restarts: restart everything from the last
-    checkpoint."""
+    """The Trainer failed, or a service or a shared host exceeded its in-place restarts: restart everything from the
+    last checkpoint."""
 
 
 class HealthManager:
