@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_services._metrics import MetricsWriter
-from relax_services._restart_counts import backoff_s, charged, restarted_event, spent
+from relax_services._restart_counts import Counted, backoff_s, charged, restarted_event, spent
 from relax_services.config import HealthConfig
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class HealthManager:
         self._down_since.clear()
         self._unbuilt.clear()
 
-    def _restart_host(self, pipeline: Pipeline, host: SharedHost, counts: list[Any], waited: bool = False) -> None:
+    def _restart_host(self, pipeline: Pipeline, host: SharedHost, counts: list[Counted], waited: bool = False) -> None:
         """Replace a host that died, hung or could not rebuild a member by a new process holding every member,
         built during the backoff, then start every member's work loop.
 
