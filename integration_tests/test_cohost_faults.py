@@ -100,7 +100,8 @@ def test_a_hosted_role_that_cannot_be_rebuilt_gets_its_host_replaced(small_confi
     events = _events(result.run_dir)
     first_pid = next(e for e in events if e["event"] == "restarted")["pid"]
     rebuilt = [(e["service"], e["process"], e["restarts"]) for e in events if e["event"] == "restarted"]
-    assert rebuilt[0] == ("eval", "same", 1), rebuilt  # the raise: rebuilt alone, in the first host
+    # The raise: the Evaluator rebuilt alone, in the first host; then the three roles of the replaced host.
+    assert rebuilt[0] == ("eval", "same", 1) and len(rebuilt) == 4, rebuilt
     unbuilt = [e for e in events if e["event"] == "detected" and "rebuild inside host" in str(e["reason"])]
     assert [e["service"] for e in unbuilt] == ["reward"], events
     assert "injected fault 'break'" in unbuilt[0]["reason"], unbuilt
