@@ -95,3 +95,14 @@ def test_a_break_beside_the_trainer_is_a_global_restart_and_elsewhere_is_not() -
     faults = [FaultSpec(service="eval", kind="break"), FaultSpec(service="reward", kind="break")]
     assert global_restarts_needed(faults) == 0  # the default hosts: each replaced in place with its host
     assert global_restarts_needed(faults, [["trainer", "eval"], ["rollout", "reward"]]) == 1
+
+
+def test_relax_chaos_eval_faults_puts_the_evaluator_in_the_plan() -> None:
+    from relax_services.chaos import chaos_config
+    from relax_services.cli import build_parser
+
+    assert build_parser().parse_args(["chaos", "--eval-faults"]).eval_faults is True
+    assert build_parser().parse_args(["chaos"]).eval_faults is False
+    with_eval = chaos_config(None, [], 5, seed=0, evaluator=True)
+    assert sorted(f.service for f in with_eval.faults) == ["eval", "reference", "reward", "rollout", "trainer"]
+    assert "eval" not in {f.service for f in chaos_config(None, [], 5, seed=0).faults}
