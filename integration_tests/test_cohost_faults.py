@@ -103,7 +103,9 @@ def test_a_hosted_role_that_cannot_be_rebuilt_gets_its_host_replaced(small_confi
     # The raise: the Evaluator rebuilt alone, in the first host; then the three roles of the replaced host.
     assert rebuilt[0] == ("eval", "same", 1) and len(rebuilt) == 4, rebuilt
     unbuilt = [e for e in events if e["event"] == "detected" and "rebuild inside host" in str(e["reason"])]
-    assert [e["service"] for e in unbuilt] == ["reward"], events
+    # The Reward's own failure, then its fellow roles' ("its host ... failed with reward: its rebuild ...").
+    assert [e["service"] for e in unbuilt] == ["reward", "rollout-0", "eval"], events
+    assert unbuilt[0]["reason"].startswith("its rebuild inside host"), unbuilt
     assert "injected fault 'break'" in unbuilt[0]["reason"], unbuilt
     reward = _assert_host_replaced_once(events, result.service_pids)
     assert reward["pid"] != first_pid and reward["restarts"] == 1, reward
