@@ -5,7 +5,8 @@ Each process that runs a model holds ≈ 400 MB of imports (torch, transformers)
 together is what the default distributed run's memory needs. The services of a host are the same service objects as
 in their own actors, each with its own work-loop thread over the same queue and weight-store clients (as the
 colocated mode runs them), so an exception in one role stays that role's: the health manager rebuilds it inside the
-host. The host's process is their one failure domain: when it dies, every role it held is restarted in a new one.
+host. The host's process is their one failure domain: when it dies, hangs in a role, or cannot rebuild a role, every
+role it held is restarted in a new one.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def group_class(targets: list[str]) -> type[ServiceGroupHost]:
 class SharedHost:
     """The services that share one process, and that process's actor (None until spawned).
 
-    ``restarts`` counts the new processes the host was given after its first (each one restarts every member).
+    ``restarts`` counts the new processes the host was given after its first (each one restarts every member): the
+    host's own count against ``health.max_restarts`` (see :mod:`relax_services._restart_counts`).
     """
 
     name: str

@@ -26,6 +26,7 @@ class FaultSpec(ConfigModel):
         "reward",
         "reference",
         "critic",
+        "eval",
         "trainer",
         "prompt_queue",
         "sample_queue",
@@ -33,13 +34,15 @@ class FaultSpec(ConfigModel):
         "critic_weights",
         "health_monitor",
     ]
-    """Which service, or which of the pipeline's other actors (:data:`ACTOR_TARGETS`: a queue, a weight store, the
-    health monitor), to hit."""
+    """Which service (a role: ``eval`` is the Evaluator), or which of the pipeline's other actors
+    (:data:`ACTOR_TARGETS`: a queue, a weight store, the health monitor), to hit."""
 
-    kind: Literal["kill", "raise", "hang", "kill_rank"] = "kill"
-    """SIGKILL its process, raise inside its work loop, or hang its work loop; ``kill_rank`` (the Trainer with
-    ``trainer.world_size`` > 1): the last rank's process dies inside the next update. An actor target has no work
-    loop: ``kill`` only."""
+    kind: Literal["kill", "raise", "hang", "break", "kill_rank"] = "kill"
+    """SIGKILL its process, raise inside its work loop, or hang its work loop; ``break``: raise inside its work
+    loop and leave its process unable to rebuild it (the rebuild raises, as a constructor failing in a damaged
+    process would), so that only a new process brings it back (distributed mode only); ``kill_rank`` (the Trainer
+    with ``trainer.world_size`` > 1): the last rank's process dies inside the next update. An actor target has no
+    work loop: ``kill`` only."""
 
     at_step: int = pydantic.Field(default=5, ge=0)
     """Inject once the trainer has reached this version."""
@@ -100,9 +103,10 @@ class RunSettings(ConfigModel):
     """Distributed mode: roles whose services share one process (each list, two roles or more, is one Ray actor
     that runs them as threads over the same queue and weight-store clients; roles not listed have a process each,
     ``[]`` gives every service its own). A role stands for all its services (every Rollout worker). An exception in
-    one role restarts that role inside its host; the death of the host restarts every role it held (a global
-    restart when the Trainer is one of them). Default: the Reference, the Evaluator and the Reward in the Rollout's
-    process. The colocated mode runs every role in its one process whatever this says."""
+    one role restarts that role inside its host; the death of the host, a hang, or a role that cannot be rebuilt
+    inside it restarts every role it held in a new process (a global restart when the Trainer is one of them).
+    Default: the Reference, the Evaluator and the Reward in the Rollout's process. The colocated mode runs every
+    role in its one process whatever this says."""
 
     @pydantic.field_validator("hosts")
     @classmethod

@@ -199,10 +199,16 @@ class HealthConfig(ConfigModel):
     """A service whose progress counter has not moved for this long is declared hung."""
 
     max_restarts: int = pydantic.Field(default=3, ge=0)
-    """In-place restarts per service before a global restart from the last checkpoint."""
+    """In-place restarts per service, and replacements per shared process (``run.hosts``), before the next failure
+    is a global restart from the last checkpoint. A service counts its own failures: a loop that raised (rebuilt in
+    its process), hung, or could not be rebuilt, and the death of a process of its own. A shared host counts its
+    replacements: a host that died counts against the host only (not against the roles it held, which restart with
+    it), and a host replaced because one of its roles hung or could not be rebuilt inside it counts against the host
+    and that role."""
 
     restart_backoff_s: float = pydantic.Field(default=1.0, ge=0.0)
-    """First restart delay; doubles with every restart of the same service."""
+    """First restart delay; doubles with every restart counted against what is restarted (the service, or the host
+    and the role that brought its replacement: the larger count)."""
 
     max_global_restarts: int = pydantic.Field(default=2, ge=0)
     """Restarts of the whole run from its last checkpoint (after a Trainer failure, or a service that kept

@@ -43,14 +43,17 @@ CHAOS_DEFAULTS = [
 _KINDS = ("kill", "raise", "hang")
 
 
-def chaos_targets(cfg: RunConfig) -> tuple[str, ...]:
+def chaos_targets(cfg: RunConfig, evaluator: bool = False) -> tuple[str, ...]:
     """The roles a run of ``cfg`` has that faults can hit: the Reference only with a KL term, the Critic only
-    for PPO."""
+    for PPO, the Evaluator (``eval``) only when ``evaluator`` (``relax chaos --eval-faults``): it makes no training
+    data, so a plan that measures what faults cost training leaves it out unless asked."""
     roles = ["rollout", "reward"]
     if cfg.algorithm.uses_reference:
         roles.append("reference")
     if cfg.algorithm.uses_critic:
         roles.append("critic")
+    if evaluator:
+        roles.append("eval")
     return (*roles, "trainer")
 
 
@@ -105,14 +108,14 @@ def actor_faults(
 
 def global_restarts_needed(faults: list[FaultSpec], hosts: list[list[str]] | None = None) -> int:
     """Global restarts a fault plan causes by design: one per Trainer fault (other roles restart in place), one
-    per kill or hang of a role sharing the Trainer's process (``hosts``: ``run.hosts``; its process is replaced,
-    the Trainer with it), one per killed queue, store or monitor actor, and one per kill during a global restart (it
-    interrupts that attempt)."""
+    per kill, hang or break of a role sharing the Trainer's process (``hosts``: ``run.hosts``; its process is
+    replaced, the Trainer with it), one per killed queue, store or monitor actor, and one per kill during a global
+    restart (it interrupts that attempt)."""
     with_trainer = next((set(host) for host in hosts or [] if "trainer" in host), set())
     return sum(
         f.service == "trainer"
         or f.service in ACTOR_TARGETS
-        or (f.service in with_trainer and f.kind in ("kill", "hang"))
+        or (f.service in with_trainer and f.kind in ("kill", "hang", "break"))
         for f in faults
     )
 
@@ -150,11 +153,16 @@ def fault_table(events: list[dict[str, Any]], ledger: dict[str, int]) -> str:
 
 
 def chaos_config(
-    config: Path | None, overrides: list[str], n_faults: int, seed: int, n_actor_faults: int = 0
+    config: Path | None,
+    overrides: list[str],
+    n_faults: int,
+    seed: int,
+    n_actor_faults: int = 0,
+    evaluator: bool = False,
 ) -> RunConfig:
     """The run config of ``relax chaos``: :data:`CHAOS_DEFAULTS` under ``overrides``, with ``n_faults`` seeded faults
-    on the run's roles and ``n_actor_faults`` on its other actors (:func:`actor_faults`), and enough global
-    restarts allowed for them.
+    on the run's roles (the Evaluator among them with ``evaluator``) and ``n_actor_faults`` on its other actors
+    (:func:`actor_faults`), and enough global restarts allowed for them.
 
     Raises:
         ConfigError: for a bad config or override.
@@ -162,7 +170,7 @@ def chaos_config(
     from relax_services.config import load_run_config
 
     cfg = load_run_config(config, [*CHAOS_DEFAULTS, *overrides])
-    faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg))
+    faults = random_faults(n_faults, seed, cfg.trainer.total_steps, chaos_targets(cfg, evaluator))
     taken = {f.at_step for f in faults}
     faults += actor_faults(n_actor_faults, seed, cfg.trainer.total_steps, taken, critic=cfg.algorithm.uses_critic)
     # Each Trainer or actor fault is a global restart by design: the plan must not exhaust the run's allowance of
@@ -172,17 +180,24 @@ def chaos_config(
     return cfg.model_copy(update={"faults": faults, "health": health})
 
 
-def run_chaos(config: Path | None, overrides: list[str], n_faults: int, seed: int, n_actor_faults: int = 0) -> int:
-    """Run with ``n_faults`` random faults on services and ``n_actor_faults`` on the other actors; print the fault
-    table; exit status 1 if the run ended with an error, any fault was not recovered from, or a prompt was lost or
-    duplicated."""
+def run_chaos(
+    config: Path | None,
+    overrides: list[str],
+    n_faults: int,
+    seed: int,
+    n_actor_faults: int = 0,
+    evaluator: bool = False,
+) -> int:
+    """Run with ``n_faults`` random faults on services (the Evaluator among them with ``evaluator``) and
+    ``n_actor_faults`` on the other actors; print the fault table; exit status 1 if the run ended with an error, any
+    fault was not recovered from, or a prompt was lost or duplicated."""
     import sys
 
     from relax_core import ConfigError
     from relax_services.preflight import check_run, make_run_dir
 
     try:
-        cfg = chaos_config(config, overrides, n_faults, seed, n_actor_faults)
+        cfg = chaos_config(config, overrides, n_faults, seed, n_actor_faults, evaluator)
         faults = cfg.faults
         run_dir = make_run_dir(cfg, check_run(cfg))
     except ConfigError as exc:

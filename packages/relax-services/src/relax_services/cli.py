@@ -222,7 +222,7 @@ def _bench_trl(args: argparse.Namespace) -> int:
 def _chaos(args: argparse.Namespace) -> int:
     from relax_services.chaos import run_chaos
 
-    return run_chaos(args.config, args.overrides, args.faults, args.seed, args.actor_faults)
+    return run_chaos(args.config, args.overrides, args.faults, args.seed, args.actor_faults, args.eval_faults)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -326,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
         "another actor during the global restart that follows)",
     )
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedule")
+    chaos.add_argument(
+        "--eval-faults",
+        action="store_true",
+        help="let the faults hit the Evaluator too (it makes no training data: its faults cost training nothing)",
+    )
     chaos.set_defaults(func=_chaos)
     plan = sub.add_parser(
         "plan",

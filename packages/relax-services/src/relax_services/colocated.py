@@ -30,6 +30,7 @@ from relax_queue import TransferQueue
 from relax_services._data import WarmupItem
 from relax_services._engine_extras import check_engines
 from relax_services._prompts import PromptBuilder
+from relax_services._restart_counts import restarted_event
 from relax_services._service_host import service_class
 from relax_services.checkpoint import PROMPTS_FILE, SAMPLES_FILE
 from relax_services.config import RunConfig
@@ -53,7 +54,8 @@ def check_colocated(cfg: RunConfig) -> None:
     """Reject settings the colocated mode cannot honour.
 
     Raises:
-        ValueError: ``run.ray_address`` or ``run.placement`` set, a ``kill`` fault (it would end the process), or
+        ValueError: ``run.ray_address`` or ``run.placement`` set, a ``kill`` fault (it would end the process), a
+            ``break`` fault (no process to replace), or
             ``trainer.weight_sync=broadcast`` (the threads share one in-process weight store).
     """
     if cfg.trainer.weight_sync != "object_store":
@@ -68,6 +70,12 @@ def check_colocated(cfg: RunConfig) -> None:
     kills = [i for i, f in enumerate(cfg.faults) if f.kind == "kill"]
     if kills:
         raise ValueError(f"faults[{kills[0]}].kind=kill would end the one colocated process; use raise or hang")
+    # A colocated restart builds a new service object, never rebuilds the old one: a break would be a plain raise.
+    breaks = [i for i, f in enumerate(cfg.faults) if f.kind == "break"]
+    if breaks:
+        raise ValueError(
+            f"faults[{breaks[0]}].kind=break needs a process to replace (run.mode=distributed); use raise or hang"
+        )
 
 
 class _LocalBeat:
@@ -221,7 +229,10 @@ class LocalHealthManager(HealthManager):
         spec.restarts += 1
         spec.create()
         self._started[spec.name] = time.monotonic()
-        self.record_event("restarted", spec.name, restarts=spec.restarts, pid=spec.pid, seconds=time.monotonic() - t0)
+        # A new service object in the one process: "same" process, as a distributed rebuild in place is.
+        self.record_event(
+            "restarted", spec.name, **restarted_event(spec.restarts, spec.pid, time.monotonic() - t0, "same", None)
+        )
 
 
 class ColocatedController(Controller):

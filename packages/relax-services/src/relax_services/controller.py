@@ -401,7 +401,8 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             "depth_rows": int(qm["depth_rows"]),
             "samples_per_s": rate,
             "eta_s": eta,
-            "restarts": sum(s.restarts for s in self.pipeline.services.values()),
+            # Every service brought back, however (a host's replacement brings back each of its roles).
+            "restarts": sum(e["event"] == "restarted" for e in self.health.events),
         }
 
     def _final_eval(self) -> tuple[dict[str, float], int | None]:

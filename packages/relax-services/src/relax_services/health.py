@@ -2,8 +2,9 @@
 heartbeat) and hung ones (progress counter frozen past the timeout), and restarts them in place with backoff.
 
 Restarts are host-aware (``run.hosts``): a loop that raised is rebuilt alone inside its process, whoever shares it;
-a process that died or must be replaced (a hang) takes every service it held, so all of them restart together in a
-new one (a global restart when the Trainer is among them).
+a process that died or must be replaced (a hang, or a rebuild that failed) takes every service it held, so all of
+them restart together in a new one (a global restart when the Trainer is among them). What each restart counts
+against ``health.max_restarts`` is :mod:`relax_services._restart_counts`'s rule.
 
 Every event (injected, detected, restarted, recovered, gave up) is logged to the run's metrics.
 """
@@ -18,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_services._metrics import MetricsWriter
+from relax_services._restart_counts import Counted, backoff_s, charged, restarted_event, spent
 from relax_services.config import HealthConfig
 
 if TYPE_CHECKING:
@@ -54,8 +56,8 @@ class ServiceGaveUpError(RuntimeError):
 
 
 class GlobalRestartNeeded(RuntimeError):
-    """The Trainer failed, or a service exceeded its in-place restarts: restart everything from the last
-    checkpoint."""
+    """The Trainer failed, or a service or a shared host exceeded its in-place restarts: restart everything from the
+    last checkpoint."""
 
 
 class HealthManager:
@@ -77,6 +79,9 @@ class HealthManager:
         self._started: dict[str, float] = {}  # service -> monotonic time it was (re)started
         self._restarting: dict[str, threading.Thread] = {}
         self._restart_errors: dict[str, BaseException] = {}
+        # Hosted services whose rebuild failed inside their live host: judged failed again on the controller's
+        # thread, where their host is replaced with every fellow member (the rebuild thread must not touch them).
+        self._unbuilt: dict[str, str] = {}
         self._lock = threading.Lock()
         # Called (it may raise) before any service is restarted in place: the controller checks that the queues and
         # stores every service uses are alive, since a service failing because one of them died needs a global
@@ -96,6 +101,7 @@ class HealthManager:
         """Every service of ``pipeline`` was (re)started now (a run's start or a global restart): grace for all."""
         now = time.monotonic()
         self._down_since.clear()
+        self._unbuilt.clear()
         for name in pipeline.services:
             self._started[name] = now
 
@@ -135,7 +141,7 @@ class HealthManager:
         """Detect crashed, failed and hung services and restart them in place (on a thread)."""
         import ray
 
-        self._finish_restarts()
+        self._finish_restarts()  # before judging: a hosted rebuild that failed is judged below
         beats = ray.get(pipeline.health.snapshot.remote(), timeout=30)
         failed = self.judge(beats, pipeline.services, time.monotonic())
         if failed and self.precheck is not None:
@@ -154,6 +160,8 @@ class HealthManager:
             since_start = now - self._started.get(name, now)
             if name in self._down_since:
                 failed[name] = self._down_reason.pop(name, "process died")
+            elif name in self._unbuilt:
+                failed[name] = self._unbuilt[name]
             elif beat is not None and beat.get("error"):
                 failed[name] = f"{_RAISED}{beat['error']}"
             elif (
@@ -173,6 +181,8 @@ class HealthManager:
             error = self._restart_errors.pop(name, None)
             if error is not None:
                 raise GlobalRestartNeeded(f"restart of {name} failed: {type(error).__name__}: {error}")
+            if name in self._unbuilt:  # not restarted: judged failed again (see _restart_in_place)
+                continue
             self._down_since.pop(name, None)
             self._started[name] = time.monotonic()
 
@@ -190,17 +200,22 @@ class HealthManager:
         for other in group:
             if other is not spec:  # its process ends with the host: it is restarted too
                 self.record_event("detected", other.name, reason=shared)
+        # After a failed rebuild the backoff was spent before it: the new process starts at once. Every member's
+        # failed rebuild is settled by this restart.
+        waited = bool([m for m in group if self._unbuilt.pop(m.name, None) is not None])
         trainer = next((s for s in group if s.role == "trainer"), None)
         if trainer is not None:  # its state lives in the last checkpoint: restart the whole run from there
-            self._down_since.clear()
+            self._forget_failures()
             raise GlobalRestartNeeded(f"trainer failed: {reason if trainer is spec else shared}")
-        spent = next((s for s in group if s.restarts >= self.cfg.max_restarts), None)
-        if spent is not None:
-            self.record_event("gave_up", spent.name, restarts=spent.restarts)
-            self._down_since.clear()
-            raise GlobalRestartNeeded(f"service {spent.name} failed {spent.restarts + 1} times; last: {reason}")
+        counts = charged(spec, host, died=spec.name in self._down_since)
+        used = spent(counts, self.cfg.max_restarts)
+        if used is not None:
+            self.record_event("gave_up", used.name, restarts=used.restarts)
+            self._forget_failures()
+            what = "service" if used is spec else "host"
+            raise GlobalRestartNeeded(f"{what} {used.name} failed {used.restarts + 1} times; last: {reason}")
         work, label = (
-            (partial(self._restart_host, pipeline, host), host.name)
+            (partial(self._restart_host, pipeline, host, counts, waited), host.name)
             if host is not None
             else (partial(self._restart_in_place, pipeline, spec, rebuild), spec.name)
         )
@@ -209,17 +224,30 @@ class HealthManager:
             self._restarting[member.name] = thread
         thread.start()
 
-    def _restart_host(self, pipeline: Pipeline, host: SharedHost) -> None:
-        """Replace a dead or hung host by a new process holding every member, built during the backoff (the longest
-        of the members'), then start every member's work loop."""
+    def _forget_failures(self) -> None:
+        """A global restart replaces every service: what was judged of the old ones is moot."""
+        self._down_since.clear()
+        self._unbuilt.clear()
+
+    def _restart_host(self, pipeline: Pipeline, host: SharedHost, counts: list[Counted], waited: bool = False) -> None:
+        """Replace a host that died, hung or could not rebuild a member by a new process holding every member,
+        built during the backoff, then start every member's work loop.
+
+        Args:
+            counts: What the restart counts against (:func:`~relax_services._restart_counts.charged`): the host, and
+                the member whose failure caused the replacement; each goes up by one, the others' stay.
+            waited: The backoff was spent already (before a rebuild that failed): none now.
+        """
         t0 = time.monotonic()
-        backoff = max(self.cfg.restart_backoff_s * (2**spec.restarts) for spec in host.members)
+        backoff = 0.0 if waited else backoff_s(self.cfg.restart_backoff_s, counts)
         try:
             import ray
 
             for spec in host.members:
                 ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
-                spec.restarts += 1
+            for count in counts:
+                if count is not host:  # the host's own count goes up in replace(), with its new actor's name
+                    count.restarts += 1
             host.replace(pipeline.namespace)
             time.sleep(max(0.0, backoff - (time.monotonic() - t0)))
             for spec in host.members:
@@ -229,13 +257,7 @@ class HealthManager:
             return
         for spec in host.members:
             self.record_event(
-                "restarted",
-                spec.name,
-                restarts=spec.restarts,
-                pid=spec.pid,
-                seconds=time.monotonic() - t0,
-                process="new",
-                host=host.name,
+                "restarted", spec.name, **restarted_event(spec.restarts, spec.pid, time.monotonic() - t0, "new", host)
             )
 
     def _restart_in_place(self, pipeline: Pipeline, spec: ServiceSpec, rebuild: bool = False) -> None:
@@ -247,38 +269,40 @@ class HealthManager:
         backoff still spaces the work loops of a service that keeps failing.
         """
         t0 = time.monotonic()
-        backoff = self.cfg.restart_backoff_s * (2**spec.restarts)
+        backoff = backoff_s(self.cfg.restart_backoff_s, [spec])
         try:
-            if not (rebuild and self._rebuild(pipeline, spec, backoff)):
-                if spec.host is not None:
-                    # Its fellow members share the process a replacement would end, and are not being restarted.
-                    raise GlobalRestartNeeded(f"{spec.name} could not be rebuilt inside host {spec.host.name}")
+            if rebuild:
+                error = self._rebuild(pipeline, spec, backoff)
+                if error is not None and spec.host is not None:
+                    # Its fellow members share the process a replacement ends, and this thread does not own their
+                    # restarts: the controller's thread judges it again and replaces the host with all of them.
+                    self._unbuilt[spec.name] = f"its rebuild inside host {spec.host.name} failed: {error}"
+                    return
+                rebuild = error is None
+            if not rebuild:
                 self._replace(pipeline, spec, backoff, t0)
-                rebuild = False
         except BaseException as exc:  # handed to the controller loop, which restarts the run
             self._restart_errors[spec.name] = exc
             return
         self.record_event(
             "restarted",
             spec.name,
-            restarts=spec.restarts,
-            pid=spec.pid,
-            seconds=time.monotonic() - t0,
-            process="same" if rebuild else "new",
+            **restarted_event(spec.restarts, spec.pid, time.monotonic() - t0, "same" if rebuild else "new", spec.host),
         )
 
-    def _rebuild(self, pipeline: Pipeline, spec: ServiceSpec, backoff: float) -> bool:
-        """Rebuild the service in its live process (no new imports); False when that fails."""
+    def _rebuild(self, pipeline: Pipeline, spec: ServiceSpec, backoff: float) -> str | None:
+        """Rebuild the service in its live process (no new imports); returns None, or why that failed."""
         import ray
 
         time.sleep(backoff)
         try:
             ray.get(pipeline.health.forget.remote(spec.name), timeout=60)
             spec.pid = int(ray.get(spec.handle.rebuild.remote(spec.name, *spec.args, **spec.kwargs), timeout=300))
-        except Exception:  # a broken process: replace it
-            return False
+        except Exception as exc:  # a broken process: replace it
+            lines = str(exc).strip().splitlines()  # a Ray task error: the remote traceback, its exception last
+            return lines[-1] if lines else type(exc).__name__
         spec.restarts += 1
-        return True
+        return None
 
     def _replace(self, pipeline: Pipeline, spec: ServiceSpec, backoff: float, t0: float) -> None:
         """Kill the service's process and start a new one, built during what is left of the backoff."""

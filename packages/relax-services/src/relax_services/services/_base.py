@@ -70,6 +70,8 @@ class ServiceBase:
         self._progress = 0
         self._error: str | None = None
         self._fault: str | None = None
+        # Set by an injected ``break``; a rebuild runs ``__init__`` again only after checking it, so it stays set.
+        self._broken = False
         self._records: list[dict[str, Any]] = []
         self._records_lock = threading.Lock()
         self._last_beat = 0.0
@@ -100,8 +102,11 @@ class ServiceBase:
         They are passed again because Ray builds an actor with ``__new__`` and ``__init__`` apart.
 
         Raises:
-            RuntimeError: If the work loop is still running (a hang: only a new process ends it).
+            RuntimeError: If the work loop is still running (a hang: only a new process ends it), or this process was
+                left unable to rebuild it (an injected ``break``).
         """
+        if self._broken:  # what a constructor failing in a damaged process looks like to the health manager
+            raise RuntimeError(f"{self.name}: injected fault 'break': this process cannot rebuild the service")
         if self._thread is not None and self._error is not None:
             # The loop raised: it records the error, then returns; the status can be read in between.
             self._thread.join(timeout=5.0)
@@ -133,10 +138,13 @@ class ServiceBase:
         return out
 
     def inject(self, kind: str) -> None:
-        """Fault injection: ``"raise"`` makes the next loop iteration raise, ``"hang"`` blocks the loop forever."""
-        if kind not in ("raise", "hang"):
-            raise ValueError(f"inject kind must be 'raise' or 'hang', got {kind!r}")
-        self._fault = kind
+        """Fault injection: ``"raise"`` makes the next loop iteration raise, ``"hang"`` blocks the loop forever,
+        ``"break"`` raises as ``"raise"`` does and leaves this process unable to rebuild the service (its
+        :meth:`rebuild` raises), so that only a new process brings it back."""
+        if kind not in ("raise", "hang", "break"):
+            raise ValueError(f"inject kind must be 'raise', 'hang' or 'break', got {kind!r}")
+        self._broken = kind == "break"
+        self._fault = "raise" if kind == "break" else kind
 
     # ------------------------------------------------------------------ for subclasses
     def step(self) -> None:
