@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from relax_services._reaper import start_reaper
+from relax_services._worker_setup import WORKER_SETUP_HOOK
 
 __all__ = [
     "ACTOR_ENV",
@@ -55,7 +56,8 @@ def init_ray(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    env = {"env_vars": dict(ACTOR_ENV)}
+    # The setup hook keeps triton out of every worker on a machine without a GPU (see ``_worker_setup``).
+    env = {"env_vars": dict(ACTOR_ENV), "worker_process_setup_hook": WORKER_SETUP_HOOK}
     if address is None:
         # A local Ray must not outlive this process, even if it is SIGKILLed: a watchdog ends what is left. It
         # lives as long as this module holds it (its pipe closes when this process ends, however it ends).

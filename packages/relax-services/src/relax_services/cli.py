@@ -124,6 +124,9 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     controller_cls: type[Controller] = Controller
     started = False
     if cfg.run.mode == "colocated":  # every service a thread of this process: no Ray
+        from relax_services._worker_setup import keep_triton_out
+
+        keep_triton_out()  # before the models' imports, as in every Ray worker of a distributed run
         from relax_services.colocated import ColocatedController, check_colocated
 
         try:
