@@ -42,7 +42,7 @@ def _script(client: RayQueueClient, tmp: Any) -> list[Any]:
     mids = [np.full(2_000, i, dtype=np.float64) for i in range(3)]  # 16 kB each: chunked column pieces
     client.put_many([RowInput("r0", {"x": big, "m": "a"}, versions=0), RowInput("r1", {"x": 1.5, "m": "b"})])
     client.put_columns(["c0", "c1", "c2"], {"x": mids, "m": ["c", "d", "e"]}, v_min=[0, 1, 1], v_max=1)
-    out.append((client.ready("reward", ["x", "m"]), len(client), client.version()))
+    out.append((client.ready("reward", ["x", "m"]), len(client), client.version))
     reward = client.reader("reward", ["x", "m"], FixedSizeBatcher(5))
     rows = reward.get(timeout=30)
     out.append((rows.keys, [float(np.sum(r.fields["x"])) for r in rows.rows], [r.fields["m"] for r in rows.rows]))
@@ -54,7 +54,7 @@ def _script(client: RayQueueClient, tmp: Any) -> list[Any]:
     out.append((cols.keys, [float(np.sum(v)) for v in cols.column("x")], cols.v_min, cols.v_max, cols.staleness))
     trainer.ack_and_publish(cols, 1)
     metrics = client.metrics()
-    out.append((client.version(), metrics["depth_bytes"], metrics["tasks"]["trainer"]["acked"]))
+    out.append((client.version, metrics["depth_bytes"], metrics["tasks"]["trainer"]["acked"]))
     return out
 
 
@@ -76,7 +76,7 @@ def test_a_queue_in_a_group_answers_as_a_queue_of_its_own(ray_session: Any, tmp_
         assert _script(group["samples"], tmp_path / "g") == expected
         # The other queue of the group saw none of it.
         prompts = group["prompts"]
-        assert (len(prompts), prompts.version(), prompts.metrics()["depth_bytes"]) == (0, 0, 0)
+        assert (len(prompts), prompts.version, prompts.metrics()["depth_bytes"]) == (0, 0, 0)
     finally:
         alone.shutdown()
         group["samples"].shutdown()
