@@ -14,7 +14,7 @@ the other key in the report of a death (a fault that kills ``weights`` or ``heal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from relax_services._health_monitor import HealthMonitor
 from relax_services.weights import RayWeightStore, WeightStoreActor
@@ -46,5 +46,5 @@ def create_weights_and_monitor(name: str, keep: int = 2) -> tuple[RayWeightStore
     """
     import ray
 
-    actor = ray.remote(WeightsAndMonitor).options(name=name, num_cpus=0).remote(keep)
-    return RayWeightStore(actor), actor
+    actor = cast("ActorHandle[Any]", ray.remote(WeightsAndMonitor).options(name=name, num_cpus=0).remote(keep))
+    return RayWeightStore(actor), actor  # ray's stubs widen a class's handle (see RayWeightStore.create)
