@@ -14,7 +14,7 @@ the other key in the report of a death (a fault that kills ``weights`` or ``heal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from relax_services._health_monitor import HealthMonitor
 from relax_services.weights import RayWeightStore, WeightStoreActor
@@ -37,7 +37,7 @@ class WeightsAndMonitor(WeightStoreActor, HealthMonitor):
         HealthMonitor.__init__(self)
 
 
-def create_weights_and_monitor(name: str, keep: int = 2) -> tuple[RayWeightStore, ActorHandle[Any]]:
+def create_weights_and_monitor(name: str, keep: int = 2) -> tuple[RayWeightStore, ActorHandle[WeightsAndMonitor]]:
     """Start the named actor (``num_cpus=0``); returns the weight store over it and its handle as the health monitor.
 
     Args:
@@ -46,5 +46,8 @@ def create_weights_and_monitor(name: str, keep: int = 2) -> tuple[RayWeightStore
     """
     import ray
 
-    actor = cast("ActorHandle[Any]", ray.remote(WeightsAndMonitor).options(name=name, num_cpus=0).remote(keep))
-    return RayWeightStore(actor), actor  # ray's stubs widen a class's handle (see RayWeightStore.create)
+    # ray's stubs widen a class's handle (see RayWeightStore.create); the store sees the same actor by its face.
+    actor = cast(
+        "ActorHandle[WeightsAndMonitor]", ray.remote(WeightsAndMonitor).options(name=name, num_cpus=0).remote(keep)
+    )
+    return RayWeightStore(cast("ActorHandle[WeightStoreActor]", actor)), actor
