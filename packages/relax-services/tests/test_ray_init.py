@@ -142,3 +142,19 @@ def test_a_ray_without_the_private_node_api_keeps_its_head_processes(monkeypatch
     monkeypatch.setattr(ray_worker, "_global_node", node, raising=False)
     assert stop_unused_head_processes() == []
     assert set(node.all_processes) == {"monitor", "log_monitor"}
+
+
+def test_wait_gone_returns_once_the_process_has_ended() -> None:
+    """The driver waits for the warm-up task's process to end (``wait_gone``) before the services start."""
+    from relax_services._ray_init import alive, wait_gone
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_gone(quick.pid, timeout_s=120) is True  # a zombie not yet reaped counts as gone
+    quick.wait()
+    assert not alive(quick.pid)
+    lasting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert wait_gone(lasting.pid, timeout_s=0.2) is False and alive(lasting.pid)
+    finally:
+        lasting.kill()
+        lasting.wait()

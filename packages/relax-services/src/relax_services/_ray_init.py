@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from relax_services._reaper import start_reaper
@@ -17,6 +18,7 @@ __all__ = [
     "alive",
     "init_ray",
     "stop_unused_head_processes",
+    "wait_gone",
 ]
 
 logger = logging.getLogger(__name__)
@@ -128,6 +130,16 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
         raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
+
+
+def wait_gone(pid: int, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool:
+    """Wait until process ``pid`` (of this machine) has ended, at most ``timeout_s``; returns whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def alive(pid: int) -> bool:
