@@ -32,6 +32,10 @@ class Probe:
         raw = open("/proc/self/environ", "rb").read().split(b"\\0")
         return os.getpid(), dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
+    def triton_blocked(self):
+        import sys
+        return "triton" in sys.modules and sys.modules["triton"] is None
+
 
 def tree():
     root = psutil.Process()
@@ -48,6 +52,7 @@ started = init_ray(None)
 probe = Probe.remote()
 pid, env = ray.get(probe.start_env.remote(), timeout=120)
 first = tree()
+triton_blocked = ray.get(probe.triton_blocked.remote(), timeout=120)
 os.kill(pid, signal.SIGKILL)
 while True:  # the call fails until Ray has restarted the actor in a new process
     try:
@@ -58,6 +63,7 @@ while True:  # the call fails until Ray has restarted the actor in a new process
 config = ray._private.state.state.get_system_config()
 ray.shutdown()
 print(json.dumps({"started": started, "env": env, "tree": first, "pid": pid, "pid2": pid2, "env2": env2,
+                  "triton_blocked": triton_blocked,
                   "config": {key: config.get(key) for key in %r}}))
 """
 
@@ -78,6 +84,17 @@ def test_actors_start_with_the_run_environment(local_ray: dict[str, object]) -> 
     assert {key: env.get(key) for key in ACTOR_ENV} == ACTOR_ENV
     # glibc reads these at start-up only: they must be in the exec'd environment, with the values documented.
     assert env["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_workers_run_the_setup_hook_before_any_actor(local_ray: dict[str, object]) -> None:
+    """The run's worker setup hook ran in the actor's process before its class was loaded: triton is marked absent
+    there exactly where ``keep_triton_out`` says it should be (no GPU device, no ``RELAX_KEEP_TRITON=1``)."""
+    import os
+
+    from relax_services._worker_setup import KEEP_TRITON_ENV, gpu_present
+
+    expected = not gpu_present() and os.environ.get(KEEP_TRITON_ENV) != "1"
+    assert local_ray["triton_blocked"] is expected
 
 
 def test_head_runs_no_unused_process(local_ray: dict[str, object]) -> None:
@@ -125,3 +142,19 @@ def test_a_ray_without_the_private_node_api_keeps_its_head_processes(monkeypatch
     monkeypatch.setattr(ray_worker, "_global_node", node, raising=False)
     assert stop_unused_head_processes() == []
     assert set(node.all_processes) == {"monitor", "log_monitor"}
+
+
+def test_wait_gone_returns_once_the_process_has_ended() -> None:
+    """The driver waits for the warm-up task's process to end (``wait_gone``) before the services start."""
+    from relax_services._ray_init import alive, wait_gone
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_gone(quick.pid, timeout_s=120) is True  # a zombie not yet reaped counts as gone
+    quick.wait()
+    assert not alive(quick.pid)
+    lasting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert wait_gone(lasting.pid, timeout_s=0.2) is False and alive(lasting.pid)
+    finally:
+        lasting.kill()
+        lasting.wait()

@@ -28,6 +28,7 @@ from relax_queue._payload import PLAIN_MODULES, Payload, is_plain
 from relax_queue._protocols import QueueClient, QueueReader
 from relax_queue._queue import Reader, TransferQueue, VersionError
 from relax_queue._ray import RayQueueClient, RayReader, connect, create_ray_queue
+from relax_queue._ray_group import create_ray_queues
 from relax_queue._replica import ReplicaSet
 from relax_queue._sizing import estimate_nbytes
 from relax_queue._snapshot import snapshot_keys
@@ -68,6 +69,7 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "RayReader",
     "connect",
     "create_ray_queue",
+    "create_ray_queues",
     # opaque payloads (values the queue moves without importing their modules)
     "PLAIN_MODULES",
     "Payload",

@@ -53,10 +53,20 @@ from relax_queue._wire import (
     unpack,
 )
 
-__all__ = ["RayQueueClient", "RayReader", "connect", "create_ray_queue"]
+__all__ = ["RayQueueClient", "RayReader", "actor_options", "connect", "create_ray_queue"]
 
 DEFAULT_OBJECT_STORE_THRESHOLD = 64 * 1024
 DEFAULT_OBJECT_STORE_CHUNK_BYTES = 64 * 2**20
+
+
+def actor_options(name: str, namespace: str | None, detached: bool) -> dict[str, Any]:
+    """Ray options of a queue actor: named, up to 1000 calls at once (blocked gets wait on its event loop)."""
+    options: dict[str, Any] = {"name": name, "max_concurrency": 1000}
+    if namespace is not None:
+        options["namespace"] = namespace
+    if detached:
+        options["lifetime"] = "detached"
+    return options
 
 
 def create_ray_queue(
@@ -92,12 +102,7 @@ def create_ray_queue(
         ValueError: an actor of that name already exists.
     """
     ray = ray_module()
-    options: dict[str, Any] = {"name": name, "max_concurrency": 1000}
-    if namespace is not None:
-        options["namespace"] = namespace
-    if detached:
-        options["lifetime"] = "detached"
-    actor = actor_class().options(**options).remote(config, durable_payloads)
+    actor = actor_class().options(**actor_options(name, namespace, detached)).remote(config, durable_payloads)
     ray.get(actor.call.remote("metrics"))  # surface constructor errors here
     return RayQueueClient(
         actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts
@@ -107,17 +112,19 @@ def create_ray_queue(
 def connect(
     name: str,
     *,
+    queue: str | None = None,
     namespace: str | None = None,
     object_store_threshold: int = DEFAULT_OBJECT_STORE_THRESHOLD,
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES,
     opaque_values: bool = True,
     pipeline_puts: bool = False,
 ) -> RayQueueClient:
-    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none); arguments as
+    """A client of the queue actor ``name`` (raises ``ValueError`` when there is none); ``queue``: the queue's name
+    in an actor :func:`create_ray_queues` made (None for one :func:`create_ray_queue` made); other arguments as
     :func:`create_ray_queue`'s."""
     actor = ray_module().get_actor(name, namespace=namespace)
     return RayQueueClient(
-        actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts
+        actor, name, namespace, object_store_threshold, object_store_chunk_bytes, opaque_values, pipeline_puts, queue
     )
 
 
@@ -144,6 +151,9 @@ class RayQueueClient:
     object_store_chunk_bytes: int = DEFAULT_OBJECT_STORE_CHUNK_BYTES
     opaque_values: bool = True
     pipeline_puts: bool = False
+    queue: str | None = None
+    """The queue's name inside an actor that holds several (:func:`create_ray_queues`); None: the actor is this
+    queue's own (:func:`create_ray_queue`)."""
     round_trips: int = field(default=0, compare=False)
     """Calls this client made to the queue actor (each one round trip); every method makes one."""
     _pending: Any = field(default=None, compare=False, repr=False)  # the reference of the put in flight
@@ -159,12 +169,14 @@ class RayQueueClient:
     def _submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Submit one call to the queue actor (counted in :attr:`round_trips`); returns its reference."""
         self.round_trips += 1
-        return getattr(self.actor, method).remote(*args, **kwargs)
+        route = () if self.queue is None else (self.queue,)
+        return getattr(self.actor, method).remote(*route, *args, **kwargs)
 
     def _submit_returning(self, slots: int, method: str, *args: Any) -> Any:
         """:meth:`_submit` of a call with ``slots`` return values (a list of references)."""
         self.round_trips += 1
-        return getattr(self.actor, method).options(num_returns=slots).remote(*args)
+        route = () if self.queue is None else (self.queue,)
+        return getattr(self.actor, method).options(num_returns=slots).remote(*route, *args)
 
     def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`_submit` after the put in flight is applied (its error raised here, this call not made)."""
@@ -483,6 +495,7 @@ class RayQueueClient:
         self._call("close")
 
     def shutdown(self) -> None:
-        """Kill the queue actor (its rows are lost unless saved; a put in flight is dropped unraised)."""
+        """Kill the queue actor (its rows are lost unless saved; a put in flight is dropped unraised); an actor
+        that holds several queues (:func:`create_ray_queues`) ends with all of them."""
         self._pending = None
         ray_module().kill(self.actor)

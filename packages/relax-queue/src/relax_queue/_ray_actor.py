@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ from relax_queue._wire import (
     unpack,
 )
 
-__all__ = ["actor_class", "ray_module"]
+__all__ = ["ROUTED_METHODS", "actor_class", "group_actor_class", "ray_module"]
 
 
 def ray_module() -> Any:
@@ -48,13 +49,78 @@ def ray_module() -> Any:
 @functools.cache
 def actor_class() -> Any:
     """The queue actor's Ray class (made once: defining it needs ray)."""
+    return ray_module().remote(num_cpus=0)(_queue_server())
+
+
+@functools.cache
+def group_actor_class() -> Any:
+    """The Ray class of an actor that holds several named queues (made once): each method of the queue actor, with
+    the queue's name first (:func:`_routed`); every queue keeps its own state, one event loop serves them all."""
+    server = _queue_server()
+
+    def __init__(self: Any, configs: Mapping[str, QueueConfig], durable_payloads: bool) -> None:
+        if not configs:
+            raise ValueError("a queue group actor needs at least one queue")
+        self.queues = {name: server(config, durable_payloads) for name, config in configs.items()}
+
+    methods: dict[str, Any] = {"__init__": __init__, "__doc__": "Holds several named queues, one actor process."}
+    for method in ROUTED_METHODS:
+        methods[method] = _routed(method, getattr(server, method))
+    return ray_module().remote(num_cpus=0)(type("QueueGroupActor", (), methods))
+
+
+ROUTED_METHODS = (
+    "put_many",
+    "put_columns",
+    "get_columns",
+    "add_fields_many",
+    "get",
+    "version",
+    "admit",
+    "load",
+    "save",
+    "call",
+)
+"""The queue actor's methods a client calls (a group actor takes each with the queue's name first)."""
+
+
+def _routed(method: str, impl: Any) -> Any:
+    """Method ``method`` of the group actor: the same method of the named queue's server (a coroutine when that one
+    is: Ray then awaits it on the actor's event loop)."""
+
+    def server_of(self: Any, queue: str) -> Any:
+        try:
+            return self.queues[queue]
+        except KeyError:
+            raise RelaxQueueError(f"no queue {queue!r} in this actor; it holds: {', '.join(self.queues)}") from None
+
+    if inspect.iscoroutinefunction(impl):
+
+        async def routed_async(self: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
+            return await getattr(server_of(self, queue), method)(*args, **kwargs)
+
+        routed: Any = routed_async
+    else:
+
+        def routed_sync(self: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
+            return getattr(server_of(self, queue), method)(*args, **kwargs)
+
+        routed = routed_sync
+    routed.__name__ = routed.__qualname__ = method
+    routed.__doc__ = f"The queue actor's ``{method}`` of queue ``queue``."
+    return routed
+
+
+@functools.cache
+def _queue_server() -> Any:
+    """The body of a queue actor as a plain class (made once: its methods use ray): a Ray actor of its own
+    (:func:`actor_class`), or one of several in a group actor (:func:`group_actor_class`)."""
     import asyncio
 
     ray = ray_module()
     from relax_queue._async import AsyncTransferQueue
     from relax_queue._queue import TransferQueue
 
-    @ray.remote(num_cpus=0)
     class QueueActor:
         """Holds the queue; every method is one round trip for many rows."""
 

@@ -7,13 +7,17 @@ per actor in flight at a time, read without waiting on every tick of its loop (:
 waiting check (:meth:`ActorWatch.check`) before it restarts a service in place and at the end of a global restart.
 A dead one raises :class:`ActorLost`, which the controller answers with a global restart from the last checkpoint
 (the queues' contents are in its snapshots, so the ledger stays exact).
+
+Several keys may name one process (the policy weight store and the health monitor share one, see ``_light_host``):
+it is pinged once, and its death is reported under the key a fault injection said it killed (:meth:`ActorWatch.
+killed`), else under its first key, naming the others it took with it.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relax_services.health import GlobalRestartNeeded, memory_kill
@@ -37,11 +41,16 @@ class ActorLost(GlobalRestartNeeded):
 
     Attributes:
         actor: its key in :data:`ACTOR_TITLES`.
-        why: why, as far as Ray says (e.g. killed by its memory monitor).
+        why: why, as far as Ray says (e.g. killed by its memory monitor), and the other actors its process held.
+        shared: the keys of the other actors that died with it (they shared its process).
     """
 
-    def __init__(self, actor: str, why: str) -> None:
-        self.actor, self.why = actor, why
+    def __init__(self, actor: str, why: str, shared: Sequence[str] = ()) -> None:
+        self.actor, self.shared = actor, tuple(shared)
+        if self.shared:
+            held = ", ".join(f"{ACTOR_TITLES.get(key, key)} ({key})" for key in self.shared)
+            why = f"{why}; its process held {held} too"
+        self.why = why
         super().__init__(f"{ACTOR_TITLES.get(actor, actor)} actor ({actor}) died: {why}")
 
 
@@ -70,12 +79,22 @@ class ActorWatch:
     """Pings a pipeline's non-service actors (``key → handle``) to notice any of them die.
 
     A ping is Ray's built-in ``__ray_ready__`` call: a dead actor's fails at once, a live one answers as soon as its
-    event loop is free. An actor busy past a check's timeout counts as alive (a hang is not a death).
+    event loop is free. An actor busy past a check's timeout counts as alive (a hang is not a death). Keys with equal
+    handles are one process, pinged once under the first of them.
     """
 
     def __init__(self, actors: Mapping[str, Any]) -> None:
         self.actors = dict(actors)
-        self._pending: dict[str, Any] = {}  # key -> the ping in flight
+        self._probes: dict[str, Any] = {}  # key -> handle, one key per process
+        for key, actor in self.actors.items():
+            if not any(actor == seen for seen in self._probes.values()):
+                self._probes[key] = actor
+        self._pending: dict[str, Any] = {}  # probe key -> the ping in flight
+        self._killed: set[str] = set()
+
+    def killed(self, key: str) -> None:
+        """Fault injection is killing actor ``key``'s process: its death is reported under ``key`` (once)."""
+        self._killed.add(key)
 
     def poll(self) -> None:
         """Read the pings that were answered (without waiting) and send new ones where none is in flight.
@@ -83,7 +102,7 @@ class ActorWatch:
         Raises:
             ActorLost: an actor's ping failed.
         """
-        if not self.actors:
+        if not self._probes:
             return
         import ray
 
@@ -95,7 +114,7 @@ class ActorWatch:
                 if ref in answered:
                     del self._pending[key]
                     self._read(key, ref)
-        for key, actor in self.actors.items():
+        for key, actor in self._probes.items():
             if key not in self._pending:
                 self._pending[key] = actor.__ray_ready__.remote()
 
@@ -105,11 +124,11 @@ class ActorWatch:
         Raises:
             ActorLost: an actor's ping failed.
         """
-        if not self.actors:
+        if not self._probes:
             return
         import ray
 
-        pings = {key: actor.__ray_ready__.remote() for key, actor in self.actors.items()}
+        pings = {key: actor.__ray_ready__.remote() for key, actor in self._probes.items()}
         done, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=timeout_s)
         answered = set(done)
         for key, ref in pings.items():
@@ -132,13 +151,20 @@ class ActorWatch:
         # the config and the model stack).
         return int(ray.get(self.actors[key].__ray_call__.remote(lambda _actor: os.getpid()), timeout=timeout_s))
 
-    @staticmethod
-    def _read(key: str, ref: Any) -> None:
+    def _read(self, key: str, ref: Any) -> None:
         import ray
 
         try:
             ray.get(ref, timeout=0)
         except ray.exceptions.RayActorError as exc:
-            raise ActorLost(key, why_dead(exc)) from exc
+            raise self._lost(key, why_dead(exc)) from exc
         except ray.exceptions.GetTimeoutError:  # answered per ray.wait: not expected, and not a death
             pass
+
+    def _lost(self, key: str, why: str) -> ActorLost:
+        """The report of the death of probe ``key``'s process: under the key fault injection killed, if it named one
+        of the process's keys, else under ``key``; the process's other keys as ``shared``."""
+        sharing = [other for other, actor in self.actors.items() if actor == self.actors[key]]
+        named = next((other for other in sharing if other in self._killed), key)
+        self._killed.discard(named)
+        return ActorLost(named, why, shared=[other for other in sharing if other != named])

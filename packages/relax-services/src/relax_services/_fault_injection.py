@@ -70,6 +70,7 @@ class FaultInjector:
         if index is not None:
             extra["fault_index"] = index
         self.health.record_event("injected", fault.service, fault=fault.kind, step=self.step, pid=pid, **extra)
+        self.watch.killed(fault.service)  # a process several actors share is reported under the one killed
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30.0
         while alive(pid) and time.monotonic() < deadline:  # SIGKILL ends it within moments: the fault is in place

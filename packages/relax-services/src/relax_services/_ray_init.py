@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from relax_services._reaper import start_reaper
+from relax_services._worker_setup import WORKER_SETUP_HOOK
 
 __all__ = [
     "ACTOR_ENV",
@@ -16,6 +18,7 @@ __all__ = [
     "alive",
     "init_ray",
     "stop_unused_head_processes",
+    "wait_gone",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,7 +58,8 @@ def init_ray(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    env = {"env_vars": dict(ACTOR_ENV)}
+    # The setup hook keeps triton out of every worker on a machine without a GPU (see ``_worker_setup``).
+    env = {"env_vars": dict(ACTOR_ENV), "worker_process_setup_hook": WORKER_SETUP_HOOK}
     if address is None:
         # A local Ray must not outlive this process, even if it is SIGKILLed: a watchdog ends what is left. It
         # lives as long as this module holds it (its pipe closes when this process ends, however it ends).
@@ -126,6 +130,16 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
         raise ConnectionError(f"cannot reach the Ray cluster at --ray-address {address!r}: {exc}") from exc
+
+
+def wait_gone(pid: int, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool:
+    """Wait until process ``pid`` (of this machine) has ended, at most ``timeout_s``; returns whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def alive(pid: int) -> bool:

@@ -15,7 +15,8 @@ __all__ = ["ACTOR_TARGETS", "FaultSpec", "RunSettings"]
 
 ACTOR_TARGETS = ("prompt_queue", "sample_queue", "weights", "critic_weights", "health_monitor")
 """The actors of a pipeline that are not services (no work loop, no heartbeat) and that faults can kill: the two
-queues, the policy and critic weight stores, and the health monitor."""
+queues, the policy and critic weight stores, and the health monitor. The two queues share one process, and so do the
+policy store and the monitor: a kill of one key of a pair ends both (see ``_actor_watch``)."""
 
 
 class FaultSpec(ConfigModel):

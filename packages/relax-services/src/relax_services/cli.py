@@ -78,6 +78,11 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     from relax_services._source_check import check_source
     from relax_services.models._light import CheckpointError
 
+    if cfg.run.mode == "colocated":  # this process imports the model stack next: as every Ray worker does first
+        from relax_services._worker_setup import keep_triton_out
+
+        keep_triton_out()
+
     try:  # the model folder's contents (architecture, sizes, tokenizer) before a run folder, Ray or any service
         # Distributed: in a child process, as this one never imports the model stack; colocated: here, where the
         # services import it anyway.

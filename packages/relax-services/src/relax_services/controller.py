@@ -16,7 +16,7 @@ from relax_services._fault_injection import FaultInjector
 from relax_services._global_restart import GlobalRestarts
 from relax_services._metrics import MetricsWriter
 from relax_services._prompts import HeldoutReport, HeldoutSet
-from relax_services._ray_init import init_ray
+from relax_services._ray_init import init_ray, wait_gone
 from relax_services._run_result import CheckpointWriteError, RunResult, final_ledger
 from relax_services._synthetic import with_synthetic_files
 from relax_services.checkpoint import CheckpointManager
@@ -320,8 +320,10 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
         import ray
 
         task = ray.remote(num_cpus=0, max_calls=1)(format_warmup_task)
-        info: dict[str, object] = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
-        return info
+        info, node, pid = ray.get(task.remote(cfg, items, self.data.to_prompt, str(out), cfg.trainer.seed))
+        if node == ray.get_runtime_context().get_node_id():
+            wait_gone(pid)  # its ≈ 1 GB would otherwise overlap the services' imports: the run's peak memory
+        return cast("dict[str, object]", info)
 
     def _service_call(self, service: str, method: str, *args: object) -> object:
         """``method(*args)`` of service ``service``, waited for (an OSError it raised is raised here as such)."""

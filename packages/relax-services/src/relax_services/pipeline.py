@@ -2,8 +2,10 @@
 
 A pipeline is: a prompt queue (task ``rollout``), a sample queue (tasks ``reward``, ``reference`` when a KL
 term is used, ``critic`` for PPO, and ``trainer``), versioned weight stores (policy; critic for PPO), a health
-monitor, and one Ray actor per service, each in its own process, except the roles ``run.hosts`` puts in one shared
-host actor (:mod:`relax_services._cohost`). Services talk only through the queues and the weight stores.
+monitor (the two queues share one process, and so do the policy store and the monitor,
+:mod:`relax_services._light_host`), and one Ray actor per service, each in its own process, except the roles
+``run.hosts`` puts in one shared host actor (:mod:`relax_services._cohost`). Services talk only through the queues
+and the weight stores.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ from relax_queue import (
     QueueConfig,
     RayQueueClient,
     TaskSpec,
-    create_ray_queue,
+    create_ray_queues,
 )
 from relax_services._cohost import SharedHost, actor_options
 from relax_services._engine_extras import check_engines
-from relax_services._health_monitor import HealthMonitor  # light: its actor does not import the model stack
 from relax_services._hosts_config import host_resource
+from relax_services._light_host import create_weights_and_monitor  # light: its actor imports no model stack
 from relax_services._prompts import HeldoutSet, PromptBuilder
 from relax_services._service_host import SERVICE_CLASSES, host_class
 from relax_services.broadcast_store import BroadcastWeightStore
@@ -186,7 +188,8 @@ class Pipeline:
 
     def actors(self) -> dict[str, Any]:
         """The pipeline's actors that are not services, by the keys faults target them with: the queues, the weight
-        stores and the health monitor (an :class:`relax_services._actor_watch.ActorWatch` watches them)."""
+        stores and the health monitor (an :class:`relax_services._actor_watch.ActorWatch` watches them; keys whose
+        handles are equal share one process, as ``weights`` and ``health_monitor`` do in a built pipeline)."""
         actors = {
             "prompt_queue": self.prompt_queue.actor,
             "sample_queue": self.sample_queue.actor,
@@ -247,14 +250,11 @@ def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
 
 
 def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
-    """The run's prompt and sample queue actors (a build that fails after the first kills it, see ``_build``)."""
+    """The run's prompt and sample queues, both held by one queue actor process (a Ray worker's imports cost more
+    than the prompt queue's rows; the death of that process was a global restart for either queue already)."""
     prompts, samples = queue_configs(cfg)
-    prompt_queue = create_ray_queue(f"{namespace}-prompts", prompts)
-    try:
-        return prompt_queue, create_ray_queue(f"{namespace}-samples", samples)
-    except BaseException:
-        prompt_queue.shutdown()
-        raise
+    queues = create_ray_queues(f"{namespace}-queues", {"prompts": prompts, "samples": samples})
+    return queues["prompts"], queues["samples"]
 
 
 def build_grpo(
@@ -321,11 +321,12 @@ def _build(
     created: list[Any] = []  # actors made so far: a build that fails midway (an actor died) must not leave them
     try:
         prompt_queue, sample_queue = _queues(cfg, namespace)
-        created += [prompt_queue.actor, sample_queue.actor]
+        created.append(prompt_queue.actor)  # the one actor of both queues
         if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
             prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
             sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
-        store = RayWeightStore.create(name=f"{namespace}-weights", keep=2)
+        # One light process is both the policy weight store and the health monitor (``_light_host``).
+        store, health = create_weights_and_monitor(f"{namespace}-weights-health", keep=2)
         created.append(store.actor)
         weights: RayWeightStore | BroadcastWeightStore = store
         if cfg.trainer.weight_sync == "broadcast":
@@ -336,7 +337,6 @@ def _build(
         critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
         if critic_weights is not None:
             created.append(critic_weights.actor)
-        health = ray.remote(HealthMonitor).options(name=f"{namespace}-health", num_cpus=0).remote()
     except BaseException:
         for actor in created:
             with contextlib.suppress(Exception):

@@ -366,9 +366,15 @@ def load_or_run(
 
 def format_warmup_task(
     cfg: RunConfig, items: Sequence[WarmupItem], to_prompt: PromptBuilder, out_dir: str, seed: int = 0
-) -> dict[str, object]:
+) -> tuple[dict[str, object], str, int]:
     """:func:`relax_services.warmup.format_warmup` imported where it runs: the driver hands this light function to
-    a Ray task, whose process alone imports the warm-up's model stack."""
+    a Ray task, whose process alone imports the warm-up's model stack. Returns the warm-up's metrics record, and
+    the Ray node and process id it ran in (the driver waits for that process to end before the services start)."""
+    import os
+
+    import ray
+
     from relax_services.warmup import format_warmup
 
-    return format_warmup(cfg, items, to_prompt, out_dir, seed)
+    info = format_warmup(cfg, items, to_prompt, out_dir, seed)
+    return info, ray.get_runtime_context().get_node_id(), os.getpid()
