@@ -107,15 +107,24 @@ def test_ray_store_is_shared_by_name_across_processes(ray_session: Any) -> None:
     store = RayWeightStore.create("weights-shared", keep=3)
     assert RayWeightStore.create("weights-shared").versions() == []  # get-if-exists: same actor
 
+    # The actor's class refers to nothing of this module: a module-level name it used would be pickled by reference,
+    # and the actor's process would import this test module, transformers and the default checkpoint with it.
     @ray.remote(num_cpus=0)
     class Trainer:
-        def publish(self, version: int) -> float:
-            stats = RayWeightStore.connect("weights-shared").publish(version, _weights(float(version)))
+        def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> float:
+            stats = RayWeightStore.connect("weights-shared").publish(version, state_dict)
             return stats.seconds
+
+        def heavy_modules(self) -> list[str]:
+            import sys
+
+            return sorted(m for m in ("transformers", "relax_services.models") if m in sys.modules)
 
     trainer = Trainer.remote()  # type: ignore[attr-defined]
     for v in (1, 2):
-        assert ray.get(trainer.publish.remote(v)) >= 0
+        assert ray.get(trainer.publish.remote(v, _weights(float(v)))) >= 0
+    # Publishing needs torch only: no model stack in the trainer's process.
+    assert ray.get(trainer.heavy_modules.remote()) == []
     reader = RayWeightStore.connect("weights-shared")  # the driver reads what the trainer process put
     update = reader.fetch(None)
     assert update is not None and update.version == 2 and float(update.state_dict["w"][0, 0]) == 2.0
