@@ -4,6 +4,7 @@ holds up the other, and they share one process and its fate."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -122,3 +123,36 @@ def test_queues_in_a_group_stay_apart_and_share_one_process(ray_session: Any) ->
                 samples.metrics()
     finally:
         ray.kill(samples.actor, no_restart=True)
+
+
+class _Registry:
+    """Other light state for the queue group actor's process (a ``host``)."""
+
+    def __init__(self, start: int) -> None:
+        self.count = start
+
+    def bump(self, by: int) -> int:
+        self.count += by
+        return self.count
+
+
+class _Clashing:
+    def version(self) -> int:  # a queue actor method's name
+        return 0
+
+
+def test_a_host_class_shares_the_queue_actor_process(ray_session: Any) -> None:
+    """The host's methods answer on the queues' actor, with its own state, beside queues that behave as always."""
+    configs = {"a": QueueConfig(tasks=(TaskSpec("t"),)), "b": QueueConfig(tasks=(TaskSpec("t"),))}
+    clients = create_ray_queues(f"group-host-{os.getpid()}", configs, host=_Registry, host_args=(10,))
+    actor = clients["a"].actor
+    try:
+        assert clients["b"].actor == actor
+        assert ray_session.get(actor.bump.remote(5)) == 15 and ray_session.get(actor.bump.remote(1)) == 16
+        clients["a"].put_many([RowInput("r", {"x": 1})])
+        batch = clients["a"].reader("t", ("x",), FixedSizeBatcher(1)).get(timeout=30)
+        assert batch.keys == ["r"] and clients["b"].metrics()["depth_rows"] == 0
+    finally:
+        clients["a"].shutdown()
+    with pytest.raises(ValueError, match="_Clashing cannot share a queue group actor: it has version"):
+        create_ray_queues(f"group-clash-{os.getpid()}", configs, host=_Clashing)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from relax_queue import QueueConfig, TaskSpec, create_ray_queue
+from relax_queue import QueueConfig, RowInput, TaskSpec, create_ray_queue
 from relax_services._actor_watch import ActorLost, ActorWatch, why_dead
 from relax_services._health_monitor import HealthMonitor
 from relax_services.health import GlobalRestartNeeded
@@ -60,39 +60,49 @@ def test_a_killed_actor_is_found_and_named(ray_session) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("injected", [None, "health_monitor"])
 def test_a_shared_process_is_pinged_once_and_its_death_names_every_key(ray_session, injected) -> None:
-    """The policy weight store and the health monitor share one process: both faces answer on one actor, its death
-    is reported under the key a fault injection named (else its first key), and the report names the other."""
-    from relax_services._light_host import create_weights_and_monitor
+    """The queues, the policy weight store and the health monitor share one process: every face answers on one
+    actor, its death is reported under the key a fault injection named (else its first key), and the report names
+    the others."""
+    from relax_queue._ray_actor import ROUTED_METHODS
+    from relax_services._light_host import create_light_actor
     from relax_services.weights import WeightStoreActor
 
     ray = ray_session
-    # Disjoint faces: a method of one that the other also had would hide it in the shared class.
+    # Disjoint faces: a method of one that another also had would hide it in the shared class.
     store_methods = {m for m in vars(WeightStoreActor) if not m.startswith("_")}
     monitor_methods = {m for m in vars(HealthMonitor) if not m.startswith("_")}
     assert store_methods and monitor_methods and not store_methods & monitor_methods
-    store, monitor = create_weights_and_monitor(f"watch-shared-{os.getpid()}-{injected}")
-    queue = create_ray_queue(f"watch-shared-q-{os.getpid()}-{injected}", QueueConfig(tasks=(TaskSpec("a"),)))
-    watch = ActorWatch({"sample_queue": queue.actor, "weights": store.actor, "health_monitor": monitor})
+    assert not (store_methods | monitor_methods) & set(ROUTED_METHODS)
+    config = QueueConfig(tasks=(TaskSpec("a"),))
+    light = create_light_actor(f"watch-shared-{os.getpid()}-{injected}", {"prompts": config, "samples": config})
+    other = create_ray_queue(f"watch-shared-q-{os.getpid()}-{injected}", QueueConfig(tasks=(TaskSpec("a"),)))
+    store, monitor = light.weights, light.health
+    keys = {"prompt_queue": light.queues["prompts"].actor, "sample_queue": light.queues["samples"].actor}
+    watch = ActorWatch({**keys, "weights": store.actor, "health_monitor": monitor, "critic_weights": other.actor})
     try:
         ray.get(monitor.beat.remote("rollout-0", 3, 11))
         assert store.latest_version() is None and set(ray.get(monitor.snapshot.remote())) == {"rollout-0"}
-        assert watch.pid("weights") == watch.pid("health_monitor") != watch.pid("sample_queue")
+        light.queues["samples"].put_many([RowInput("k", {"x": 1})])
+        assert light.queues["samples"].metrics()["depth_rows"] == 1
+        assert light.queues["prompts"].metrics()["depth_rows"] == 0
+        pids = {key: watch.pid(key) for key in ("prompt_queue", "sample_queue", "weights", "health_monitor")}
+        assert len(set(pids.values())) == 1 and watch.pid("critic_weights") not in pids.values(), pids
         watch.check()
         watch.poll()
-        assert sorted(watch._pending) == ["sample_queue", "weights"]  # one ping per process
+        assert sorted(watch._pending) == ["critic_weights", "prompt_queue"]  # one ping per process
         if injected is not None:
             watch.killed(injected)
         os.kill(watch.pid("health_monitor"), signal.SIGKILL)
         with pytest.raises(ActorLost) as caught:
             watch.check(timeout_s=120)
         lost = caught.value
-        named = injected or "weights"
-        other = "weights" if named == "health_monitor" else "health_monitor"
-        assert lost.actor == named and lost.shared == (other,)
-        title = {"weights": "the policy weight store", "health_monitor": "the health monitor"}
+        named = injected or "prompt_queue"
+        assert lost.actor == named
+        assert sorted(lost.shared) == sorted({"prompt_queue", "sample_queue", "weights", "health_monitor"} - {named})
+        title = {"prompt_queue": "the prompt queue", "health_monitor": "the health monitor"}
         assert str(lost).startswith(f"{title[named]} actor ({named}) died: its process ended unexpectedly"), lost
-        assert lost.why.endswith(f"; its process held {title[other]} ({other}) too"), lost.why
-        ray.get(queue.actor.__ray_ready__.remote())  # the other process is untouched
+        assert "the policy weight store (weights)" in lost.why, lost.why
+        ray.get(other.actor.__ray_ready__.remote())  # the other process is untouched
     finally:
-        for actor in (store.actor, queue.actor):
+        for actor in (monitor, other.actor):
             ray.kill(actor, no_restart=True)

@@ -1,4 +1,4 @@
-"""The run's two queue actors stay free of the model stack while they hold and move real rows.
+"""The run's queue actor stays free of the model stack while they hold and move real rows.
 
 The feeder, a Rollout, the Reward and the Reference services run their real code here (in the test's process)
 against the pipeline's own Ray queue actors, on the default run's synthetic dataset rows (text, image, audio,
@@ -22,6 +22,15 @@ pytestmark = pytest.mark.integration
 
 HEAVY = ("torch", "transformers", "relax_modalities", "relax_services")
 
+LIGHT_HOST_MODULES = {
+    "relax_services",
+    "relax_services._lazy",
+    "relax_services._light_host",
+    "relax_services._health_monitor",
+    "relax_services.weights",
+}
+"""What of :data:`HEAVY` the light actor's process may load: the modules of its weight store and health monitor."""
+
 
 def _actor_modules(ray: Any, actor: Any) -> list[str]:
     def loaded(_self: object, heavy: tuple[str, ...] = HEAVY) -> list[str]:  # runs in the actor's process
@@ -36,13 +45,14 @@ def test_queue_actors_move_real_rows_without_the_model_stack(ray_session: Any, t
     from relax_services._data import prepare_data
     from relax_services.config import load_run_config
     from relax_services.feeder import PromptFeeder
-    from relax_services.pipeline import _queues, queue_configs
+    from relax_services.pipeline import _light_actor, queue_configs
     from relax_services.services import ReferenceService, RewardService, RolloutService, trainer_fields
     from relax_services.weights import InProcessWeightStore
 
     cfg = load_run_config(None, ["trainer.groups_per_step=16"])  # one update = one Rollout call of 16 groups
     data = prepare_data(cfg, tmp_path)
-    prompt_queue, sample_queue = _queues(cfg, "footprint-test")
+    light = _light_actor(cfg, "footprint-test")
+    prompt_queue, sample_queue = light.queues["prompts"], light.queues["samples"]
     try:
         feeder = PromptFeeder(data.stream, data.to_prompt, prompt_queue, sample_queue, cfg.algorithm.group_size, True)
         assert feeder.pump(max_groups=cfg.trainer.groups_per_step) == cfg.trainer.groups_per_step
@@ -80,8 +90,9 @@ def test_queue_actors_move_real_rows_without_the_model_stack(ray_session: Any, t
         assert held and all(type(r["fields"]["prompt"]).__name__ == "OmniPrompt" for r in held)
         assert all(type(r["fields"]["prompt"]) is Payload for r in pickle.loads(snapshot.read_bytes())["rows"])
 
-        for client in (prompt_queue, sample_queue):
-            assert _actor_modules(ray_session, client.actor) == []
+        assert prompt_queue.actor == sample_queue.actor == light.weights.actor == light.health  # one process
+        # Its weight store and monitor bring only their own light modules (no torch, transformers or modalities).
+        assert set(_actor_modules(ray_session, light.health)) <= LIGHT_HOST_MODULES
     finally:
         prompt_queue.shutdown()
         sample_queue.shutdown()

@@ -11,7 +11,7 @@ import functools
 import gc
 import inspect
 from collections.abc import Coroutine, Mapping
-from typing import Any
+from typing import Any, cast
 
 from relax_queue._columnar import is_array
 from relax_queue._config import QueueConfig
@@ -53,20 +53,39 @@ def actor_class() -> Any:
 
 
 @functools.cache
-def group_actor_class() -> Any:
-    """The Ray class of an actor that holds several named queues (made once): each method of the queue actor, with
-    the queue's name first (:func:`_routed`); every queue keeps its own state, one event loop serves them all."""
-    server = _queue_server()
+def group_actor_class(host: type | None = None) -> Any:
+    """The Ray class of an actor that holds several named queues (made once per ``host``): each method of the queue
+    actor, with the queue's name first (:func:`_routed`); every queue keeps its own state, one event loop serves them
+    all.
 
-    def __init__(self: Any, configs: Mapping[str, QueueConfig], durable_payloads: bool) -> None:
+    Args:
+        host: A plain class whose methods the actor serves besides the queues' (its instance's state lives in the
+            same process; ``__init__`` takes the queues' arguments first, then ``host``'s). Its methods run on the
+            actor's event loop, so they must be short; none may share a name with :data:`ROUTED_METHODS` or use the
+            attribute ``queues``.
+
+    Raises:
+        ValueError: ``host`` has an attribute of one of those names.
+    """
+    server = _queue_server()
+    if host is not None:
+        clash = sorted(name for name in (*ROUTED_METHODS, "queues") if hasattr(host, name))
+        if clash:
+            raise ValueError(f"{host.__name__} cannot share a queue group actor: it has {', '.join(clash)}")
+
+    def __init__(self: Any, configs: Mapping[str, QueueConfig], durable_payloads: bool, *host_args: Any) -> None:
         if not configs:
             raise ValueError("a queue group actor needs at least one queue")
+        if host is not None:
+            cast(Any, host).__init__(self, *host_args)  # the mixin's own constructor, on this instance
         self.queues = {name: server(config, durable_payloads) for name, config in configs.items()}
 
     methods: dict[str, Any] = {"__init__": __init__, "__doc__": "Holds several named queues, one actor process."}
     for method in ROUTED_METHODS:
         methods[method] = _routed(method, getattr(server, method))
-    return ray_module().remote(num_cpus=0)(type("QueueGroupActor", (), methods))
+    bases = () if host is None else (host,)
+    name = "QueueGroupActor" if host is None else f"QueueGroupActor_{host.__name__}"
+    return ray_module().remote(num_cpus=0)(type(name, bases, methods))
 
 
 ROUTED_METHODS = (

@@ -34,6 +34,8 @@ def create_ray_queues(
     durable_payloads: bool = True,
     opaque_values: bool = True,
     pipeline_puts: bool = False,
+    host: type | None = None,
+    host_args: tuple[object, ...] = (),
 ) -> dict[str, RayQueueClient]:
     """Start one actor (once per cluster) that holds several named queues; returns a client of each, by name.
 
@@ -41,16 +43,19 @@ def create_ray_queues(
     snapshots); they share one process and one event loop, which saves a Ray worker process per queue (tens of MB
     of imports each) where the queues are light. Their fates are shared too: the actor's death ends every queue in
     it, and :meth:`RayQueueClient.shutdown` of any client kills the actor. Arguments as :func:`create_ray_queue`'s;
-    ``configs`` maps each queue's name to its config.
+    ``configs`` maps each queue's name to its config. ``host`` (a plain class, built with ``host_args``) is other
+    light state the same process serves: the actor has its methods too, called through any client's ``actor``
+    handle (e.g. a pipeline's weight registry and heartbeat collector; see :func:`group_actor_class`).
 
     Raises:
-        ValueError: an actor of that name already exists, or ``configs`` is empty.
+        ValueError: an actor of that name already exists, ``configs`` is empty, or ``host`` has a method of the
+            queue actor's name.
     """
     if not configs:
         raise ValueError("create_ray_queues needs at least one queue config")
     ray = ray_module()
     options = actor_options(name, namespace, detached)
-    actor = group_actor_class().options(**options).remote(dict(configs), durable_payloads)
+    actor = group_actor_class(host).options(**options).remote(dict(configs), durable_payloads, *host_args)
     ray.get(actor.call.remote(next(iter(configs)), "metrics"))  # surface constructor errors here
     return {
         queue: RayQueueClient(

@@ -2,7 +2,7 @@
 
 A pipeline is: a prompt queue (task ``rollout``), a sample queue (tasks ``reward``, ``reference`` when a KL
 term is used, ``critic`` for PPO, and ``trainer``), versioned weight stores (policy; critic for PPO), a health
-monitor (the two queues share one process, and so do the policy store and the monitor,
+monitor (the two queues, the policy store and the monitor share one light process,
 :mod:`relax_services._light_host`), and one Ray actor per service, each in its own process, except the roles
 ``run.hosts`` puts in one shared host actor (:mod:`relax_services._cohost`). Services talk only through the queues
 and the weight stores.
@@ -26,12 +26,11 @@ from relax_queue import (
     QueueConfig,
     RayQueueClient,
     TaskSpec,
-    create_ray_queues,
 )
 from relax_services._cohost import SharedHost, actor_options
 from relax_services._engine_extras import check_engines
 from relax_services._hosts_config import host_resource
-from relax_services._light_host import create_weights_and_monitor  # light: its actor imports no model stack
+from relax_services._light_host import LightActor, create_light_actor  # light: its actor imports no model stack
 from relax_services._prompts import HeldoutSet, PromptBuilder
 from relax_services._service_host import SERVICE_CLASSES, host_class
 from relax_services.broadcast_store import BroadcastWeightStore
@@ -249,12 +248,12 @@ def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
     return prompts, samples
 
 
-def _queues(cfg: RunConfig, namespace: str) -> tuple[RayQueueClient, RayQueueClient]:
-    """The run's prompt and sample queues, both held by one queue actor process (a Ray worker's imports cost more
-    than the prompt queue's rows; the death of that process was a global restart for either queue already)."""
+def _light_actor(cfg: RunConfig, namespace: str) -> LightActor:
+    """The run's prompt and sample queues, its policy weight store and its health monitor, all held by one light
+    actor process (a Ray worker's imports cost more than their state; the death of any of them was a global restart
+    already)."""
     prompts, samples = queue_configs(cfg)
-    queues = create_ray_queues(f"{namespace}-queues", {"prompts": prompts, "samples": samples})
-    return queues["prompts"], queues["samples"]
+    return create_light_actor(f"{namespace}-light", {"prompts": prompts, "samples": samples}, keep=2)
 
 
 def build_grpo(
@@ -320,14 +319,13 @@ def _build(
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
     created: list[Any] = []  # actors made so far: a build that fails midway (an actor died) must not leave them
     try:
-        prompt_queue, sample_queue = _queues(cfg, namespace)
-        created.append(prompt_queue.actor)  # the one actor of both queues
+        light = _light_actor(cfg, namespace)
+        created.append(light.health)  # the one actor of both queues, the policy store and the monitor
+        prompt_queue, sample_queue = light.queues["prompts"], light.queues["samples"]
+        store, health = light.weights, light.health
         if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
             prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
             sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
-        # One light process is both the policy weight store and the health monitor (``_light_host``).
-        store, health = create_weights_and_monitor(f"{namespace}-weights-health", keep=2)
-        created.append(store.actor)
         weights: RayWeightStore | BroadcastWeightStore = store
         if cfg.trainer.weight_sync == "broadcast":
             from relax_services.engines.weight_broadcast import BroadcastConfig
