@@ -169,14 +169,17 @@ class RayQueueClient:
     def _submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Submit one call to the queue actor (counted in :attr:`round_trips`); returns its reference."""
         self.round_trips += 1
-        route = () if self.queue is None else (self.queue,)
-        return getattr(self.actor, method).remote(*route, *args, **kwargs)
+        return getattr(self.actor, method).remote(*self._route, *args, **kwargs)
 
     def _submit_returning(self, slots: int, method: str, *args: Any) -> Any:
         """:meth:`_submit` of a call with ``slots`` return values (a list of references)."""
         self.round_trips += 1
-        route = () if self.queue is None else (self.queue,)
-        return getattr(self.actor, method).options(num_returns=slots).remote(*route, *args)
+        return getattr(self.actor, method).options(num_returns=slots).remote(*self._route, *args)
+
+    @property
+    def _route(self) -> tuple[str, ...]:
+        """What each call carries before its own arguments: the queue's name in a group actor, else nothing."""
+        return () if self.queue is None else (self.queue,)
 
     def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`_submit` after the put in flight is applied (its error raised here, this call not made)."""

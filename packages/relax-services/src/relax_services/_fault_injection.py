@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 from relax_services._actor_watch import ActorWatch
 from relax_services._metrics import read_metrics
-from relax_services._ray_init import alive
+from relax_services._ray_init import wait_gone
 from relax_services.config import ACTOR_TARGETS, FaultSpec, RunConfig
 from relax_services.health import HealthManager
 
@@ -72,9 +71,7 @@ class FaultInjector:
         self.health.record_event("injected", fault.service, fault=fault.kind, step=self.step, pid=pid, **extra)
         self.watch.killed(fault.service)  # a process several actors share is reported under the one killed
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30.0
-        while alive(pid) and time.monotonic() < deadline:  # SIGKILL ends it within moments: the fault is in place
-            time.sleep(0.05)
+        wait_gone(pid, timeout_s=30.0)  # SIGKILL ends it within moments: the fault is in place
 
     def _inject(self, service: str, kind: str) -> None:
         """Deliver one fault to the pipeline's service ``service``: ``kill`` as SIGKILL of its process, any other
