@@ -8,9 +8,9 @@ waiting check (:meth:`ActorWatch.check`) before it restarts a service in place a
 A dead one raises :class:`ActorLost`, which the controller answers with a global restart from the last checkpoint
 (the queues' contents are in its snapshots, so the ledger stays exact).
 
-Several keys may name one process (the policy weight store and the health monitor share one, see ``_light_host``):
-it is pinged once, and its death is reported under the key a fault injection said it killed (:meth:`ActorWatch.
-killed`), else under its first key, naming the others it took with it.
+Several keys may name one process (the queues, the policy weight store and the health monitor share one, see
+``_light_host``): it is pinged once, and its death is reported under the key a fault injection said it killed
+(:meth:`ActorWatch.killed`), else under its first key, naming the others it took with it.
 """
 
 from __future__ import annotations
