@@ -25,12 +25,14 @@ from relax_core import (
     value_loss,
 )
 from relax_modalities import build_stream
-from relax_services._data import prepare_data
-from relax_services._dataset import record_item
-from relax_services._policy import build_policy, build_train_engine, build_value_engine, checkpoint_of, sampling_params
 from relax_services.config import RunConfig, load_run_config
-from relax_services.controller import Controller, RunResult
+from relax_services.control.controller import Controller, RunResult
+from relax_services.data.files import record_item
+from relax_services.data.run_data import prepare_data
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, LossInputs, TrainSample
+from relax_services.engines.sampling import sampling_params
+from relax_services.engines.torch import build_train_engine, build_value_engine
+from relax_services.models.policy import build_policy, checkpoint_of
 from relax_services.services import decode_response, sampling_seed
 
 FAST = [

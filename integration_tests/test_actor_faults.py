@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from relax_services._metrics import read_metrics
-from relax_services.chaos import fault_table
+from relax_services.bench.chaos import fault_table
 from relax_services.config import FaultSpec
-from relax_services.controller import Controller
+from relax_services.control.controller import Controller
+from relax_services.reporting.metrics import read_metrics
 
 
 def _health(run_dir: Path) -> list[dict]:

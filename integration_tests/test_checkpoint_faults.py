@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from relax_services._metrics import read_metrics
-from relax_services.checkpoint import CheckpointManager
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.reporting.metrics import read_metrics
 
 
 @pytest.mark.integration
 def test_disk_full_at_a_checkpoint(small_config, run_pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
-    from relax_services import _checkpointing  # the controller's checkpoint writing
+    from relax_services.control import checkpointing as _checkpointing  # the controller's checkpoint writing
 
     real_write = _checkpointing.write_controller_state
 

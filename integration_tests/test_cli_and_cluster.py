@@ -49,7 +49,7 @@ _TWO_NODE = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from relax_services.config import load_run_config
-    from relax_services.controller import Controller
+    from relax_services.control.controller import Controller
 
     out = Path(sys.argv[1])
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"trainer_node": 1}})

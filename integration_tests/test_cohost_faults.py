@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_services._metrics import read_metrics
+from relax_services.reporting.metrics import read_metrics
 
 HOSTED = ("rollout-0", "eval", "reward")
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_services._metrics import read_metrics
-from relax_services._policy import build_policy
-from relax_services.checkpoint import CheckpointManager
-from relax_services.colocated import ColocatedController, check_colocated
-from relax_services.footprint import update_split
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.control.colocated import ColocatedController, check_colocated
+from relax_services.models.policy import build_policy
+from relax_services.reporting.footprint import update_split
+from relax_services.reporting.metrics import read_metrics
 
 STEPS = 3
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from relax_services._metrics import read_metrics
-from relax_services.colocated import ColocatedController
+from relax_services.control.colocated import ColocatedController
+from relax_services.reporting.metrics import read_metrics
 
 
 @pytest.mark.integration

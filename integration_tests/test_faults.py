@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_services._metrics import read_metrics
-from relax_services.checkpoint import CheckpointManager
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.reporting.metrics import read_metrics
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -112,7 +112,7 @@ def test_killed_trainer_resumes_from_checkpoint_exactly(small_config, run_pipeli
 def test_soak_repeated_random_faults_all_recovered(small_config, run_pipeline) -> None:
     """Several minutes of training with a fault every few steps (kills, raises and hangs of every service,
     the Trainer included): every fault is recovered from and the ledger stays exact."""
-    from relax_services.chaos import CHAOS_DEFAULTS, fault_table, random_faults
+    from relax_services.bench.chaos import CHAOS_DEFAULTS, fault_table, random_faults
 
     cfg = small_config(*CHAOS_DEFAULTS, "trainer.total_steps=120", "trainer.max_minutes=15", "run.progress=none")
     cfg = cfg.model_copy(update={"faults": random_faults(10, seed=7, total_steps=cfg.trainer.total_steps)})

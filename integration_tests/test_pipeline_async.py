@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from relax_services._metrics import read_metrics
+from relax_services.reporting.metrics import read_metrics
 
 
 def _token_staleness(run_dir: Path) -> dict[int, int]:

@@ -14,11 +14,11 @@ import pytest
 from PIL import Image
 
 from relax_modalities import build_stream
-from relax_services._metrics import read_metrics
-from relax_services.checkpoint import CheckpointManager
-from relax_services.controller import Controller
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.control.controller import Controller
 from relax_services.models.tiny_families import write_tiny_checkpoint
-from relax_services.summary import format_summary
+from relax_services.reporting.metrics import read_metrics
+from relax_services.reporting.summary import format_summary
 
 GOOD_ROWS = 24
 SHUFFLE = 4

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-from relax_services._metrics import read_metrics
-from relax_services.checkpoint import ENGINE_FILE, CheckpointManager
+from relax_services.control.checkpoint import ENGINE_FILE, CheckpointManager
 from relax_services.models.tiny_families import write_tiny_checkpoint
+from relax_services.reporting.metrics import read_metrics
 
 
 def _four_updates_at_tau2(cfg, run_pipeline) -> Path:

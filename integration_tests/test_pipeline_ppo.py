@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from relax_services._data import prepare_data, warmup_items
-from relax_services._metrics import read_metrics
-from relax_services._policy import build_policy
-from relax_services.checkpoint import CheckpointManager
 from relax_services.config import load_run_config
-from relax_services.warmup import format_warmup
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.control.warmup import format_warmup
+from relax_services.data.run_data import prepare_data, warmup_items
+from relax_services.models.policy import build_policy
+from relax_services.reporting.metrics import read_metrics
 
 STEPS = 3
 

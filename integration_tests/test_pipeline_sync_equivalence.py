@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_services._metrics import read_metrics
-from relax_services._policy import build_policy
-from relax_services.checkpoint import CheckpointManager
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.models.policy import build_policy
+from relax_services.reporting.metrics import read_metrics
 
 STEPS = 3
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_services._metrics import read_metrics
-from relax_services._policy import build_policy
-from relax_services.checkpoint import CheckpointManager
+from relax_services.control.checkpoint import CheckpointManager
+from relax_services.models.policy import build_policy
+from relax_services.reporting.metrics import read_metrics
 
 # Two ranks add the same per-sample gradient terms in a different order than one process (each rank sums its
 # share, then the shares are summed; the grad norm adds per-shard squares): ~1e-7 relative on a gradient. A few

@@ -29,7 +29,7 @@ def test_a_reward_actor_whose_loop_raised_is_rebuilt_in_its_own_process(
     import ray
 
     from relax_queue import create_ray_queue
-    from relax_services.pipeline import ServiceSpec, queue_configs
+    from relax_services.control.pipeline import ServiceSpec, queue_configs
     from relax_services.services import RewardService
 
     cfg = small_config()

@@ -41,7 +41,7 @@ from relax_modalities import (
 )
 from relax_modalities.synthetic import MediaRef
 from relax_modalities.text import CheckpointTemplate, MediaSlot
-from relax_services._data import processor_settings
+from relax_services.data.run_data import processor_settings
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
 from relax_services.engines.scoring import score_responses
 from relax_services.models import (

@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 
-from relax_services._ray_init import ACTOR_ENV
+from relax_services.hosting.ray_init import ACTOR_ENV
 
 MALLOC = {key: value for key, value in ACTOR_ENV.items() if key.startswith("MALLOC_")}
 
@@ -34,7 +34,7 @@ _CHILD = """
 import json, statistics, time
 import torch
 from relax_services.engines.protocols import TrainSample
-from relax_services.engines.torch_train import TorchTrainConfig, TorchTrainEngine
+from relax_services.engines.torch.train import TorchTrainConfig, TorchTrainEngine
 from relax_services.models import build_tiny_omni
 from relax_services.models.synthetic import synthetic_prompt
 

@@ -27,7 +27,7 @@ import time
 
 import psutil
 
-from relax_services.footprint import _label
+from relax_services.reporting.footprint import _label
 
 
 def _smaps(pid: int) -> tuple[int, int] | None:

@@ -30,7 +30,7 @@ from relax_services.config import load_run_config
 from relax_services.services import {cls}
 t1 = time.perf_counter()
 from relax_queue import TransferQueue
-from relax_services.pipeline import queue_configs, service_plan
+from relax_services.control.pipeline import queue_configs, service_plan
 from relax_services.weights import InProcessWeightStore
 cfg = load_run_config()
 prompts_cfg, samples_cfg = queue_configs(cfg)

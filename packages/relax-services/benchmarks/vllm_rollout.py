@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from relax_services.engines import HFRolloutEngine, SamplingParams
-from relax_services.engines.vllm_checkpoint import export_text_decoder
-from relax_services.engines.vllm_rollout import VLLMRolloutConfig, VLLMRolloutEngine
+from relax_services.engines.vllm.checkpoint import export_text_decoder
+from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine
 from relax_services.models import DEFAULT_SOURCE, OmniPrompt, TinyOmniConfig, build_tiny_omni, open_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
 

@@ -15,7 +15,7 @@ import pytest
 from relax_core import ConfigError
 from relax_services.cli import build_parser, main
 from relax_services.config import load_run_config
-from relax_services.resume import resume_config
+from relax_services.config.resume import resume_config
 
 _PROBE = """
 import json, sys
@@ -154,7 +154,7 @@ def test_vllm_engine_without_vllm_fails_before_heavy_imports_naming_the_extra(tm
 
 @_NO_VLLM
 def test_vllm_engine_without_vllm_is_a_config_issue(tmp_path: Path) -> None:
-    from relax_services.preflight import check_run
+    from relax_services.control.preflight import check_run
 
     cfg = load_run_config(None, ["rollout.engine=vllm", "data.tasks=[text]", f"run.output_dir={tmp_path}"])
     with pytest.raises(ConfigError) as info:
@@ -166,7 +166,7 @@ def test_vllm_engine_without_vllm_is_a_config_issue(tmp_path: Path) -> None:
 
 
 def test_text_only_rollout_engine_with_media_tasks_is_a_config_issue(tmp_path: Path) -> None:
-    from relax_services.preflight import check_run
+    from relax_services.control.preflight import check_run
 
     cfg = load_run_config(None, ["rollout.engine=vllm", "data.tasks=[image, text]", f"run.output_dir={tmp_path}"])
     with pytest.raises(ConfigError) as info:

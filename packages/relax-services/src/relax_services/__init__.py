@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from relax_services._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from relax_services.checkpoint import CheckpointManager
     from relax_services.config import (
         DataConfig,
         EvalConfig,
@@ -40,7 +39,16 @@ if TYPE_CHECKING:
         TrainerConfig,
         load_run_config,
     )
-    from relax_services.controller import Controller, RunResult, init_ray, make_run_dir
+    from relax_services.control.checkpoint import CheckpointManager
+    from relax_services.control.controller import Controller, RunResult, init_ray, make_run_dir
+    from relax_services.control.pipeline import (
+        PIPELINE_BUILDERS,
+        Pipeline,
+        ServiceSpec,
+        build_pipeline,
+        pipeline_family,
+    )
+    from relax_services.data.feeder import Ledger, PromptFeeder
     from relax_services.engines import (
         ROLLOUT_ENGINES,
         TRAIN_ENGINES,
@@ -58,9 +66,7 @@ if TYPE_CHECKING:
         make_rollout_engine,
         make_train_engine,
     )
-    from relax_services.feeder import Ledger, PromptFeeder
-    from relax_services.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
-    from relax_services.pipeline import PIPELINE_BUILDERS, Pipeline, ServiceSpec, build_pipeline, pipeline_family
+    from relax_services.faults.health import GlobalRestartNeeded, HealthManager, ServiceGaveUpError
     from relax_services.rows import (
         CriticFields,
         DataItem,
@@ -104,16 +110,16 @@ _EXPORTS: dict[str, str] = {
     "RunSettings": "relax_services.config",
     "FaultSpec": "relax_services.config",
     # running
-    "Controller": "relax_services.controller",
-    "RunResult": "relax_services.controller",
-    "init_ray": "relax_services.controller",
-    "make_run_dir": "relax_services.controller",
+    "Controller": "relax_services.control.controller",
+    "RunResult": "relax_services.control.controller",
+    "init_ray": "relax_services.control.controller",
+    "make_run_dir": "relax_services.control.controller",
     # pipelines
-    "build_pipeline": "relax_services.pipeline",
-    "pipeline_family": "relax_services.pipeline",
-    "PIPELINE_BUILDERS": "relax_services.pipeline",
-    "Pipeline": "relax_services.pipeline",
-    "ServiceSpec": "relax_services.pipeline",
+    "build_pipeline": "relax_services.control.pipeline",
+    "pipeline_family": "relax_services.control.pipeline",
+    "PIPELINE_BUILDERS": "relax_services.control.pipeline",
+    "Pipeline": "relax_services.control.pipeline",
+    "ServiceSpec": "relax_services.control.pipeline",
     # services
     "RolloutService": "relax_services.services",
     "RewardService": "relax_services.services",
@@ -160,13 +166,13 @@ _EXPORTS: dict[str, str] = {
     "RayWeightStore": "relax_services.weights",
     "WeightPoller": "relax_services.weights",
     # data
-    "PromptFeeder": "relax_services.feeder",
-    "Ledger": "relax_services.feeder",
+    "PromptFeeder": "relax_services.data.feeder",
+    "Ledger": "relax_services.data.feeder",
     # health and checkpoints
-    "HealthManager": "relax_services.health",
-    "GlobalRestartNeeded": "relax_services.health",
-    "ServiceGaveUpError": "relax_services.health",
-    "CheckpointManager": "relax_services.checkpoint",
+    "HealthManager": "relax_services.faults.health",
+    "GlobalRestartNeeded": "relax_services.faults.health",
+    "ServiceGaveUpError": "relax_services.faults.health",
+    "CheckpointManager": "relax_services.control.checkpoint",
 }
 
 __all__ = [  # noqa: RUF022 - grouped by topic, as _EXPORTS

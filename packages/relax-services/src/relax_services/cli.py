@@ -59,8 +59,8 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     # Only light modules before the config is checked: a config error is reported in about a second.
     from relax_core import ConfigError
     from relax_services.config import load_run_config
-    from relax_services.preflight import check_run, make_run_dir
-    from relax_services.resume import resume_config
+    from relax_services.config.resume import resume_config
+    from relax_services.control.preflight import check_run, make_run_dir
 
     overrides = list(args.overrides)
     if args.ray_address is not None:
@@ -75,11 +75,11 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
-    from relax_services._source_check import check_source
     from relax_services.models._light import CheckpointError
+    from relax_services.models.source_check import check_source
 
     if cfg.run.mode == "colocated":  # this process imports the model stack next: as every Ray worker does first
-        from relax_services._worker_setup import keep_triton_out
+        from relax_services.hosting.worker_setup import keep_triton_out
 
         keep_triton_out()
 
@@ -90,7 +90,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
-    from relax_services._dataset import check_data
+    from relax_services.data.files import check_data
 
     try:  # dataset files and reward functions likewise: a missing file or column fails here, naming it
         check_data(cfg)
@@ -103,7 +103,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
     print(f"relax train: run folder {run_dir}", flush=True)
-    from relax_services.trainer_plan import trainer_plan_text
+    from relax_services.engines.trainer_plan import trainer_plan_text
 
     plan_text = trainer_plan_text(cfg)  # the Trainer service records what its engine realised beside it
     print(plan_text, flush=True)
@@ -113,10 +113,10 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         print(f"relax train: plan.txt not written: {exc}", file=sys.stderr)
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
-    from relax_services.controller import Controller, init_ray  # ray (the model stack only in the services)
-    from relax_services.footprint import PeakMemory, format_footprint, update_split
-    from relax_services.health import memory_kill
-    from relax_services.summary import format_summary
+    from relax_services.control.controller import Controller, init_ray  # ray (the model stack only in the services)
+    from relax_services.faults.health import memory_kill
+    from relax_services.reporting.footprint import PeakMemory, format_footprint, update_split
+    from relax_services.reporting.summary import format_summary
 
     if signals.reason is not None:  # arrived during the imports: stop before Ray starts
         print(
@@ -129,7 +129,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     controller_cls: type[Controller] = Controller
     started = False
     if cfg.run.mode == "colocated":  # every service a thread of this process: no Ray
-        from relax_services.colocated import ColocatedController, check_colocated
+        from relax_services.control.colocated import ColocatedController, check_colocated
 
         try:
             check_colocated(cfg)
@@ -178,7 +178,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from relax_services.export import export_run
+    from relax_services.control.export import export_run
 
     try:
         out = export_run(args.run_dir, args.out_dir, args.step)
@@ -190,27 +190,27 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from relax_services.bench import run_pipeline_bench
+    from relax_services.bench.pipeline import run_pipeline_bench
 
     return run_pipeline_bench(args.taus, args.overrides, args.config)
 
 
 def _bench_train(args: argparse.Namespace) -> int:
-    from relax_services.bench_train import run
+    from relax_services.bench.train import run
 
     run(args)
     return 0
 
 
 def _bench_trl(args: argparse.Namespace) -> int:
-    from relax_services.bench_trl import BenchSettings, run_trl_bench
+    from relax_services.bench.trl import BenchSettings, run_trl_bench
 
     def ints(text: str) -> list[int]:
         return [int(t) for t in text.split(",")] if text else []
 
     settings = BenchSettings(lr=args.lr, group_size=args.group_size, groups_per_step=args.groups_per_step)
     if args.check_updates:
-        from relax_services.bench_trl import check_updates
+        from relax_services.bench.trl import check_updates
 
         return check_updates(args.work, ints(args.check_updates), seed=args.seed, settings=settings)
     return run_trl_bench(
@@ -225,7 +225,7 @@ def _bench_trl(args: argparse.Namespace) -> int:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from relax_services.chaos import run_chaos
+    from relax_services.bench.chaos import run_chaos
 
     return run_chaos(args.config, args.overrides, args.faults, args.seed, args.actor_faults, args.eval_faults)
 
@@ -241,7 +241,7 @@ def _plan(args: argparse.Namespace) -> int:
         return int(plan_main(rest))
     from relax_core import ConfigError
     from relax_services.config import load_run_config
-    from relax_services.trainer_plan import trainer_plan_text
+    from relax_services.engines.trainer_plan import trainer_plan_text
 
     config = rest.pop(0) if rest and "=" not in rest[0] else None
     try:
@@ -292,12 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
     pipe.set_defaults(func=_bench)
     bench_train = bench_sub.add_parser("train", help="FSDP2 engine: updates/s at world size 1 and 2, sync GB/s")
-    from relax_services.bench_train import add_arguments  # light: the workers import the models lazily
+    from relax_services.bench.train import add_arguments  # light: the workers import the models lazily
 
     add_arguments(bench_train)
     bench_train.set_defaults(func=_bench_train)
 
-    from relax_services.bench_trl import BenchSettings  # light: stdlib and the footprint module
+    from relax_services.bench.trl import BenchSettings  # light: stdlib and the footprint module
 
     defaults = BenchSettings()
     trl = bench_sub.add_parser(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DEFAULT_INTRA_OP_THREADS", "check_threads", "pin_intra_op_threads"]
+__all__ = ["DEFAULT_INTRA_OP_THREADS", "check_threads", "configure_process", "pin_intra_op_threads"]
 
 DEFAULT_INTRA_OP_THREADS = 1
 """One thread per process: every service computes with it, and under CPU contention more threads per process
@@ -35,3 +35,9 @@ def pin_intra_op_threads(threads: int | None) -> None:
     """
     if threads is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def configure_process() -> None:
+    """Per-process settings every service and trainer rank applies first: one torch thread (robust under CPU
+    contention)."""
+    torch.set_num_threads(1)

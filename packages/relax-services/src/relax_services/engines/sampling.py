@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from relax_services.models.policy import checkpoint_of
+
+if TYPE_CHECKING:
+    from relax_services.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -120,3 +126,9 @@ def sample_tokens(
     # Guard against landing on a zero-probability id at a flat stretch of the CDF.
     tokens = torch.where(torch.isinf(trunc.gather(-1, tokens[:, None])[:, 0]), trunc.argmax(-1), tokens)
     return tokens, logp.gather(-1, tokens[:, None])[:, 0], trunc.gather(-1, tokens[:, None])[:, 0]
+
+
+def sampling_params(cfg: ModelConfig, **kwargs: Any) -> SamplingParams:
+    """Sampling parameters with the checkpoint's eos and never-sample ids."""
+    tokens = checkpoint_of(cfg).tokens
+    return SamplingParams(suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id, **kwargs)

@@ -1,7 +1,7 @@
 """What the driver needs of the models package without the model stack: the checkpoint errors and the cache folder.
 
 The driver (the ``relax train`` process) validates ``model.source`` in a child process (see
-:mod:`relax_services._source_check`) and raises these errors itself, so it never imports torch or transformers.
+:mod:`relax_services.models.source_check`) and raises these errors itself, so it never imports torch or transformers.
 """
 
 from __future__ import annotations

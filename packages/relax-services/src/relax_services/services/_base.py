@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, cast
 if TYPE_CHECKING:
     from relax_queue import Batch, QueueReader
 
-from relax_services._health_monitor import Beat, HealthMonitor  # re-exported: their home before they moved
+from relax_services.faults.monitor import Beat, HealthMonitor  # re-exported: their home before they moved
 
-__all__ = ["Beat", "HealthHandle", "HealthMonitor", "ServiceBase", "ServiceStatus", "configure_process"]
+__all__ = ["Beat", "HealthHandle", "HealthMonitor", "ServiceBase", "ServiceStatus"]
 
 
 class ServiceStatus(TypedDict):
@@ -41,13 +41,6 @@ class HealthHandle(Protocol):
         ...
 
 
-def configure_process() -> None:
-    """Per-process settings every service applies first: one torch thread (robust under CPU contention)."""
-    import torch
-
-    torch.set_num_threads(1)
-
-
 class ServiceBase:
     """Base of the service actors: owns the work-loop thread and the shared control surface.
 
@@ -62,6 +55,8 @@ class ServiceBase:
 
     def __init__(self, name: str, health: HealthHandle | None) -> None:
         if self.model_stack:
+            from relax_services.engines._threads import configure_process  # torch: services with a model only
+
             configure_process()
         self.name = name
         self._health = health

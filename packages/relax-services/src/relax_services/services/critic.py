@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from relax_queue import FixedSizeBatcher, Key, QueueClient, QueueTimeoutError
-from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
 from relax_services.engines import TrainSample
+from relax_services.engines.torch import build_value_engine
 from relax_services.rows import CriticFields
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.weights import WeightPoller, WeightStore

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from relax_core import build_reward_runner
-from relax_services._policy import checkpoint_of, sampling_params
-from relax_services._prompts import HeldoutReport, HeldoutSet
 from relax_services.config import RunConfig
+from relax_services.data.prompts import HeldoutReport, HeldoutSet
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
+from relax_services.engines.sampling import sampling_params
+from relax_services.models.policy import checkpoint_of
 from relax_services.rows import HeldoutItem, reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.services.reward import decode_response
@@ -27,7 +28,7 @@ class EvalService(ServiceBase):
     Args:
         heldout: ``(task, prompt, item)`` triples, never trained on (tasks: the synthetic tasks, or the held-out
             files' data_sources); the item's ground truth and metadata go to the reward. Or the held-out rows
-            (:class:`~relax_services._prompts.HeldoutSet`), whose prompts are built here, in this process: rows with
+            (:class:`~relax_services.data.prompts.HeldoutSet`), whose prompts are built here, in this process: rows with
             unreadable media are skipped, and :meth:`heldout_report` says which.
     """
 
@@ -91,7 +92,7 @@ class EvalService(ServiceBase):
 
     def heldout_report(self) -> HeldoutReport:
         """Which held-out rows this evaluator kept and which it skipped for unreadable media (see
-        :class:`~relax_services._prompts.HeldoutReport`)."""
+        :class:`~relax_services.data.prompts.HeldoutReport`)."""
         return self._report
 
     def evaluate_latest(self) -> tuple[int, dict[str, float]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from relax_queue import FixedSizeBatcher, Key, QueueClient, QueueTimeoutError
-from relax_services._trainer_group_config import single_process
 from relax_services.config import RunConfig
+from relax_services.config.trainer_group import single_process
 from relax_services.engines import TrainEngine, TrainSample
 from relax_services.engines.registry import make_train_engine
 from relax_services.rows import ReferenceFields

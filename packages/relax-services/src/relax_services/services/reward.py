@@ -6,7 +6,7 @@ Scoring goes through relax-core's reward runner (``reward.fn`` or ``reward.name`
 batch or the service.
 
 The service runs no model, so its process imports neither torch nor transformers: responses are decoded from the
-checkpoint's ``tokenizer.json`` by the ``tokenizers`` library (:class:`~relax_services._decoder.ResponseDecoder`,
+checkpoint's ``tokenizer.json`` by the ``tokenizers`` library (:class:`~relax_services.models.decoder.ResponseDecoder`,
 the same text as the transformers tokenizer).
 """
 
@@ -16,8 +16,8 @@ from typing import ClassVar
 
 from relax_core import build_reward_runner
 from relax_queue import FixedSizeBatcher, QueueClient, QueueTimeoutError
-from relax_services._decoder import Decoder, ResponseDecoder, checkpoint_folder
 from relax_services.config import RunConfig
+from relax_services.models.decoder import Decoder, ResponseDecoder, checkpoint_folder
 from relax_services.rows import reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
 

@@ -7,16 +7,16 @@ import hashlib
 import time
 
 from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, Row, RowInput
-from relax_services._policy import sampling_params
-from relax_services._prompts import PromptBuilder
-from relax_services.broadcast_store import BroadcastWeightStore
 from relax_services.config import RunConfig
+from relax_services.data.prompts import PromptBuilder
 from relax_services.engines import RolloutEngine
 from relax_services.engines.registry import make_rollout_engine
+from relax_services.engines.sampling import sampling_params
 from relax_services.models import OmniPrompt
 from relax_services.rows import RolloutFields, SampleMeta, as_prompt_row, as_record_row, item_extras, sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.weights import WeightPoller, WeightStore
+from relax_services.weights.broadcast_store import BroadcastWeightStore
 
 __all__ = ["RolloutService", "sampling_seed"]
 

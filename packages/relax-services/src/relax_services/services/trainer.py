@@ -26,10 +26,10 @@ from relax_core import (
     value_loss,
 )
 from relax_queue import Batch, GroupBatcher, QueueClient, QueueTimeoutError, TransferQueue
-from relax_services._policy import build_value_engine
 from relax_services.config import RunConfig
 from relax_services.engines import LossFn, LossInputs, LossResult, TrainEngine, TrainSample
 from relax_services.engines.registry import make_train_engine
+from relax_services.engines.torch import build_value_engine
 from relax_services.rows import SampleRow, as_sample_row, split_sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.services._hold import StepHold
@@ -227,8 +227,8 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
 def _realised_plan(cfg: RunConfig, engine: TrainEngine) -> str:
     """The Trainer's layout as the engine built it: a group's rank 0 reads it back from its mesh; a one-process
     engine has no mesh, and its text is the config's."""
-    from relax_services.trainer_group import TrainerGroup
-    from relax_services.trainer_plan import trainer_plan_text
+    from relax_services.engines.fsdp.group import TrainerGroup
+    from relax_services.engines.trainer_plan import trainer_plan_text
 
     return engine.plan_text if isinstance(engine, TrainerGroup) else trainer_plan_text(cfg)
 
@@ -289,7 +289,7 @@ class TrainerService(ServiceBase):
         if kind != "kill_rank":
             super().inject(kind)
             return
-        from relax_services.trainer_group import TrainerGroup
+        from relax_services.engines.fsdp.group import TrainerGroup
 
         if not isinstance(self.engine, TrainerGroup):
             raise ValueError(f"inject 'kill_rank' needs a Trainer group, not {type(self.engine).__name__}")
@@ -338,11 +338,14 @@ class TrainerService(ServiceBase):
 
     def export_hf(self, checkpoint_dir: str) -> str:
         """Write checkpoint ``checkpoint_dir``'s policy (and critic) in Hugging Face format into its ``hf`` folder
-        (:func:`~relax_services.export.export_checkpoint`), here where the model stack is loaded; returns the folder.
-        Safe while training goes on: it reads the checkpoint's files, not this engine."""
-        from relax_services.export import HF_FOLDER, export_checkpoint
+        (:func:`~relax_services.models.export.export_state`), here where the model stack is loaded; returns the
+        folder. Safe while training goes on: it reads the checkpoint's files, not this engine."""
+        from relax_services._files import ENGINE_FILE
+        from relax_services.models.export import HF_FOLDER, export_state
 
-        return str(export_checkpoint(checkpoint_dir, self.cfg.model, Path(checkpoint_dir) / HF_FOLDER))
+        folder = Path(checkpoint_dir)
+        state = torch.load(folder / ENGINE_FILE, map_location="cpu", weights_only=False)
+        return str(export_state(state, self.cfg.model, folder / HF_FOLDER))
 
     def step(self) -> None:
         """One update: lease whole groups, train on them, publish the new weights and version, ack."""

@@ -1,0 +1,246 @@
+"""The run config of ``relax train``: relax-core's component configs plus one small config per service.
+
+A run is one YAML file plus dotted overrides (``staleness.tau=1``); with no file, the defaults below are the
+embedded default run (async GRPO, τ = 2, tiny omni model, synthetic omni task mix).
+
+The section configs live by topic in private modules and are exported here: model and data (``_data_config``),
+the services' sections (``_service_config``), run settings and faults (``_run_settings``); this module holds the
+whole run's config, its embedded defaults and its loader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from relax_core import (
+    AlgorithmConfig,
+    ConfigError,
+    ConfigModel,
+    OptimizerConfig,
+    StalenessConfig,
+    algorithm_spec,
+    apply_overrides,
+    load_config,
+    off_policy_alternatives,
+    read_yaml_mapping,
+)
+from relax_services.config.data import DEFAULT_TASKS as DEFAULT_TASKS
+from relax_services.config.data import DataConfig, ModelConfig
+from relax_services.config.data import TaskName as TaskName
+from relax_services.config.reward import RunRewardConfig
+from relax_services.config.run import ACTOR_TARGETS, FaultSpec, RunSettings
+from relax_services.config.services import MICRO_BATCH_GROUPS_CAP as MICRO_BATCH_GROUPS_CAP
+from relax_services.config.services import (
+    EvalConfig,
+    HealthConfig,
+    QueueSettings,
+    RolloutConfig,
+    TrainerConfig,
+    VLLMSettings,
+)
+from relax_services.config.sizes import queue_bytes_problem
+from relax_services.config.trainer_group import check_trainer_group
+
+__all__ = [
+    "ACTOR_TARGETS",
+    "DataConfig",
+    "EvalConfig",
+    "FaultSpec",
+    "HealthConfig",
+    "ModelConfig",
+    "QueueSettings",
+    "RolloutConfig",
+    "RunConfig",
+    "RunRewardConfig",
+    "RunSettings",
+    "TrainerConfig",
+    "VLLMSettings",
+    "load_run_config",
+]
+
+
+RUN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "algorithm": {
+        "preset": "grpo",
+        "entropy_coef": 0.01,
+        "kl_coef": 0.1,
+        "kl_estimator": "full",
+        "decoupled": True,
+        "tis_cap": 2.0,
+    },
+    "optimizer": {
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "grad_clip": 1.0,
+        # Constant: the text task is still learning late in the run, and a cosine decay to 0.1x slowed it (its
+        # held-out reached 0.8 within 10 minutes in one of five runs; see the README). A decaying schedule a run
+        # gives spans the run (trainer.total_steps, load_run_config) unless it sets optimizer.total_steps.
+        "schedule": "constant",
+    },
+    "staleness": {"tau": 2, "on_stale": "requeue"},
+}
+"""Where the embedded default run departs from relax-core's component defaults. A run config's own values are
+merged over these key by key; an ``algorithm.preset`` of its own replaces the default algorithm block whole."""
+
+
+def _default_algorithm() -> AlgorithmConfig:
+    return AlgorithmConfig.model_validate(RUN_DEFAULTS["algorithm"])
+
+
+def _default_optimizer() -> OptimizerConfig:
+    # Only used when a RunConfig is built with an optimizer section given by object; otherwise the before-validator
+    # fills in the section with the run's length.
+    return OptimizerConfig.model_validate({**RUN_DEFAULTS["optimizer"], "total_steps": 1000})
+
+
+class RunConfig(ConfigModel):
+    """A whole ``relax train`` run."""
+
+    algorithm: AlgorithmConfig = pydantic.Field(default_factory=_default_algorithm)
+    """The RL algorithm (preset plus overrides); see relax-core's presets."""
+
+    optimizer: OptimizerConfig = pydantic.Field(default_factory=_default_optimizer)
+    """Policy optimizer."""
+
+    staleness: StalenessConfig = pydantic.Field(
+        default_factory=lambda: StalenessConfig.model_validate(RUN_DEFAULTS["staleness"])
+    )
+    """The τ knob: 0 is strictly on-policy (equal to a synchronous trainer), null is fully asynchronous."""
+
+    reward: RunRewardConfig = pydantic.Field(default_factory=RunRewardConfig)
+    """Reward scoring responses against each prompt's ground truth (a registry name, a user function, routes
+    by ``data_source``)."""
+
+    model: ModelConfig = pydantic.Field(default_factory=ModelConfig)
+    data: DataConfig = pydantic.Field(default_factory=DataConfig)
+    rollout: RolloutConfig = pydantic.Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = pydantic.Field(default_factory=TrainerConfig)
+    queue: QueueSettings = pydantic.Field(default_factory=QueueSettings)
+    eval: EvalConfig = pydantic.Field(default_factory=EvalConfig)
+    health: HealthConfig = pydantic.Field(default_factory=HealthConfig)
+    faults: list[FaultSpec] = pydantic.Field(default_factory=list)
+    """Faults to inject (empty in normal runs)."""
+    run: RunSettings = pydantic.Field(default_factory=RunSettings)
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _schedule_length(cls, data: object) -> object:
+        return _derive_schedule_length(data) if isinstance(data, dict) else data
+
+    @pydantic.model_validator(mode="after")
+    def _check_consistency(self) -> RunConfig:
+        estimator = self.algorithm.advantage_estimator
+        if algorithm_spec(estimator).on_policy_only and self.staleness.tau != 0:
+            raise ValueError(
+                f"algorithm.advantage_estimator={estimator!r} assumes on-policy data but staleness.tau="
+                f"{self.staleness.tau}; use algorithm.advantage_estimator={off_policy_alternatives(estimator)} "
+                "(off-policy corrected) or staleness.tau=0"
+            )
+        if self.trainer.groups_per_step % self.trainer.minibatches:
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
+                f"trainer.minibatches={self.trainer.minibatches}"
+            )
+        if self.trainer.micro_batch_groups > self.trainer.groups_per_step:
+            raise ValueError(
+                f"trainer.micro_batch_groups={self.trainer.micro_batch_groups} must be <= "
+                f"trainer.groups_per_step={self.trainer.groups_per_step}"
+            )
+        if self.samples_per_step > self.queue.max_rows:
+            # The trainer takes whole updates only: the sample queue must hold one at once, or producers block on
+            # a full queue while the trainer waits for the rest of its update (a silent hang).
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} × algorithm.group_size="
+                f"{self.algorithm.group_size} = {self.samples_per_step} samples per update do not fit in "
+                f"queue.max_rows={self.queue.max_rows}; raise queue.max_rows or lower trainer.groups_per_step"
+            )
+        if (problem := queue_bytes_problem(self)) is not None:  # the byte bound's counterpart of the check above
+            raise ValueError(problem)
+        if self.trainer.groups_per_step % self.trainer.micro_batch_groups:
+            raise ValueError(
+                f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
+                f"trainer.micro_batch_groups={self.trainer.micro_batch_groups}"
+            )
+        check_trainer_group(self)
+        self._check_fault_targets()
+        return self
+
+    def _check_fault_targets(self) -> None:
+        """A fault must hit something the run has: the critic and its weight store exist only for an estimator
+        with a critic, the Reference only with a KL term or an estimator that needs it."""
+        algo = self.algorithm
+        absent = {
+            "critic": None if algo.uses_critic else f"algorithm.advantage_estimator={algo.advantage_estimator!r}",
+            "critic_weights": None
+            if algo.uses_critic
+            else f"algorithm.advantage_estimator={algo.advantage_estimator!r}",
+            "reference": None
+            if algo.uses_reference
+            else f"algorithm.kl_coef={algo.kl_coef} with algorithm.advantage_estimator={algo.advantage_estimator!r}",
+        }
+        for i, fault in enumerate(self.faults):
+            if (why := absent.get(fault.service)) is not None:
+                raise ValueError(f"faults[{i}].service={fault.service!r}: this run has none ({why})")
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one update consumes: groups × group size."""
+        return self.trainer.groups_per_step * self.algorithm.group_size
+
+    @property
+    def rollout_call_groups(self) -> int:
+        """Groups one Rollout call takes: the largest divisor of ``trainer.groups_per_step`` that is at most
+        ``rollout.groups_per_call``. Admission grants whole updates' worth of groups, so a call size that does not
+        divide an update would wait for groups that are never admitted (at τ = 0, or with a small update)."""
+        step, cap = self.trainer.groups_per_step, self.rollout.groups_per_call
+        return max(n for n in range(1, min(step, cap) + 1) if step % n == 0)
+
+
+def _read_source(source: str | Path | dict[str, object] | None) -> dict[str, object]:
+    if source is None:
+        return {}
+    return dict(source) if isinstance(source, dict) else read_yaml_mapping(Path(source))
+
+
+def _derive_schedule_length(data: dict[str, object]) -> dict[str, object]:
+    """One source of truth for the run length: ``optimizer.total_steps`` (the LR schedule's length) is
+    ``trainer.total_steps`` unless the config sets it."""
+    data = dict(data)
+    optimizer = data.get("optimizer")
+    if isinstance(optimizer, OptimizerConfig) or (isinstance(optimizer, dict) and optimizer.get("total_steps")):
+        return data
+    trainer = data.get("trainer")
+    steps = trainer.get("total_steps") if isinstance(trainer, dict) else None
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1):
+        steps = TrainerConfig.model_fields["total_steps"].default  # an invalid value is reported under trainer.
+    if optimizer is None:
+        data["optimizer"] = {**RUN_DEFAULTS["optimizer"], "total_steps": steps}
+    elif isinstance(optimizer, dict):
+        data["optimizer"] = {**optimizer, "total_steps": steps}
+    return data
+
+
+def load_run_config(
+    source: str | Path | dict[str, object] | None = None, overrides: list[str] | None = None
+) -> RunConfig:
+    """Load a run config from YAML (or nothing: the embedded default) plus dotted overrides.
+
+    The embedded defaults (:data:`RUN_DEFAULTS`) stay in force for every key the file and overrides leave unset.
+
+    Raises:
+        ConfigError: naming each offending dotted field, its value and what is allowed.
+    """
+    data = apply_overrides(_read_source(source), overrides or [])
+    for section, defaults in RUN_DEFAULTS.items():
+        given = data.get(section)
+        if given is None:
+            data[section] = dict(defaults)
+        elif isinstance(given, dict) and not (section == "algorithm" and "preset" in given):
+            data[section] = {**defaults, **given}
+    try:
+        return load_config(RunConfig, data)
+    except ConfigError as exc:  # name the file the bad value came from
+        raise ConfigError(exc.issues, str(source) if isinstance(source, str | Path) else None) from None

@@ -1,0 +1,215 @@
+"""The run config's service sections: the Rollout (with its vLLM engine settings), the Trainer, the queues
+between services, the Evaluator, and the health checks that restart them. Exported by :mod:`relax_services.config`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from relax_core import ConfigModel
+from relax_services.config.trainer_group import default_train_engine
+
+__all__ = [
+    "MICRO_BATCH_GROUPS_CAP",
+    "EvalConfig",
+    "HealthConfig",
+    "QueueSettings",
+    "RolloutConfig",
+    "TrainerConfig",
+    "VLLMSettings",
+]
+
+MICRO_BATCH_GROUPS_CAP = 32
+"""Most groups in one micro-batch when ``trainer.micro_batch_groups`` is not given."""
+
+
+class VLLMSettings(ConfigModel):
+    """``rollout.engine=vllm``: the vLLM engine each Rollout worker (and the Evaluator) builds (extra
+    ``relax-services[vllm]``; see ``relax_services.engines.vllm.rollout``)."""
+
+    tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
+    """Tensor-parallel ranks of each replica (one replica per Rollout worker)."""
+
+    dtype: str = "float32"
+    """Weight and activation dtype of vLLM (``float32`` matches the trainer's default forward)."""
+
+    max_model_len: int = pydantic.Field(default=2048, ge=1)
+    """Longest prompt + response, in tokens."""
+
+    max_num_seqs: int = pydantic.Field(default=256, ge=1)
+    """Requests vLLM schedules at once."""
+
+    kv_cache_mib: int = pydantic.Field(default=256, ge=1)
+    """KV-cache size per replica, in MiB."""
+
+    logprobs_mode: Literal["auto", "processed_logprobs", "raw_logits"] = "auto"
+    """How behaviour log-probs are read from vLLM: ``processed_logprobs`` (sampled token only; needs top_p = 1),
+    ``raw_logits`` (whole logit rows; any top-p), ``auto``: the first unless ``rollout.top_p < 1``."""
+
+    in_process: bool = True
+    """Run vLLM's engine core in the worker's own process (weights stream to it without a staging file)."""
+
+
+class RolloutConfig(ConfigModel):
+    """The Rollout service: generation engine and sampling parameters."""
+
+    num_workers: int = pydantic.Field(default=1, ge=1)
+    """Rollout actors (each its own process)."""
+
+    groups_per_call: int = pydantic.Field(default=16, ge=1)
+    """Most prompt groups generated together in one batched engine call (see ``RunConfig.rollout_call_groups``)."""
+
+    temperature: float = pydantic.Field(default=1.0, gt=0.0)
+    """Sampling temperature."""
+
+    top_p: float = pydantic.Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1.0 samples the full vocabulary)."""
+
+    max_new_tokens: int = pydantic.Field(default=4, ge=1)
+    """Longest response in tokens (answers are 1–3 characters plus end-of-answer)."""
+
+    engine: str = "hf"
+    """Rollout engine: an id of ``relax_services.engines.registry.ROLLOUT_ENGINES`` (``hf``: transformers,
+    ``vllm``: vLLM, extra ``relax-services[vllm]``)."""
+
+    vllm: VLLMSettings = pydantic.Field(default_factory=VLLMSettings)
+    """Settings of the vLLM engine (used with ``engine=vllm``)."""
+
+    partial_rollout: Literal["finish_old", "switch", "abort_resume"] = "switch"
+    """What generation in flight does when new weights arrive: finish on the old weights, switch weights
+    between decode steps (per-token versions recorded), or abort and restart on the new weights."""
+
+
+class TrainerConfig(ConfigModel):
+    """The Trainer service: what one update consumes and how long the run lasts."""
+
+    engine: str = "torch"
+    """Training engine: an id of ``relax_services.engines.registry.TRAIN_ENGINES`` (``torch``: single process;
+    ``fsdp``: a group of ``world_size`` ranks on torch FSDP2). When not given: ``fsdp`` if ``world_size`` > 1."""
+
+    world_size: int = pydantic.Field(default=1, ge=1)
+    """Ranks of the Trainer (Ray actors forming one process group, FSDP2-sharded; 1: one process). Every rank
+    trains on an equal share of each minibatch, so ``groups_per_step / minibatches × algorithm.group_size``
+    must be a multiple of it (whole groups per rank when ``groups_per_step / minibatches`` is); with
+    ``algorithm.filter_groups``, ``algorithm.group_size`` must be (any number of kept groups then splits
+    evenly). ``micro_batch_groups`` bounds each rank's micro-batch."""
+
+    tensor_parallel: int = pydantic.Field(default=1, ge=1)
+    """Tensor-parallel degree of a Trainer group (``trainer.engine=fsdp``): each decoder block's attention and MLP
+    split over this many ranks (it must divide ``world_size``, and the model's attention heads, key/value heads and
+    MLP width); the group is ``world_size / tensor_parallel`` data-parallel ranks of ``tensor_parallel`` each."""
+
+    groups_per_step: int = pydantic.Field(default=32, ge=1)
+    """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
+
+    micro_batch_groups: int = pydantic.Field(default=32, ge=1)
+    """Groups per forward/backward micro-batch (gradient accumulation when smaller than groups_per_step). When
+    not given: the largest divisor of groups_per_step that is at most 32, so ``trainer.groups_per_step=4`` alone
+    is a valid run."""
+
+    minibatches: int = pydantic.Field(default=1, ge=1)
+    """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,
+    the proximal log-probs of decoupled PPO are computed once, before the first."""
+
+    ppo_epochs: int = pydantic.Field(default=1, ge=1)
+    """Passes over the minibatches per update."""
+
+    total_steps: int = pydantic.Field(default=1000, ge=1)
+    """Stop after this many updates."""
+
+    max_minutes: float | None = pydantic.Field(default=8.0, gt=0.0)
+    """Stop after this much wall-clock time (None: no limit)."""
+
+    target_reward: float | None = pydantic.Field(default=0.9, gt=0.0, le=1.0)
+    """Stop early once the held-out reward of every task reaches this (None: never stop early)."""
+
+    checkpoint_every: int = pydantic.Field(default=50, ge=1)
+    """Write a checkpoint every this many updates (and at the end)."""
+
+    checkpoint_every_s: float | None = pydantic.Field(default=120.0, gt=0.0)
+    """Also write one when this many seconds passed since the last with at least one new update (None: by
+    updates only). A Trainer failure goes back to the last checkpoint, so it costs at most ``checkpoint_every``
+    updates and about this much time of work."""
+
+    keep_checkpoints: int = pydantic.Field(default=2, ge=1)
+    """How many most recent checkpoints to keep."""
+
+    warmup_format_steps: int = pydantic.Field(default=30, ge=0)
+    """Supervised steps that teach the answer format only (an option of the task, never the answer). Keep it short:
+    a long warm-up also teaches that the answer does not depend on the input (measured: 50 steps left a text-only
+    probe at chance for ~150 RL updates, 10 steps let it reach 0.94 held-out by update 260)."""
+
+    warmup_lr: float = pydantic.Field(default=2e-3, gt=0.0)
+    """Learning rate of the format warm-up."""
+
+    seed: int = 0
+    """Seed of the trainer RNG (sampling seeds derive from it and the prompt key)."""
+
+    weight_sync: Literal["object_store", "broadcast"] = "object_store"
+    """How new weights reach the rollout workers: ``object_store`` (each version put once in Ray's object store,
+    every reader fetches it) or ``broadcast`` (also broadcast bucket by bucket over a torch.distributed group of
+    the Trainer and the rollout workers, gloo on CPU and NCCL on GPU; a worker outside the group, just restarted or
+    after a broken broadcast, reads the object store until it joins at the next version). Not with
+    ``run.mode=colocated``."""
+
+    sync_bucket_mib: float = pydantic.Field(default=256.0, gt=0.0)
+    """Bucket size of the broadcast, MiB (a larger tensor travels alone in its own bucket)."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _default_micro_batch(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("micro_batch_groups") is None:
+            step = data.get("groups_per_step", cls.model_fields["groups_per_step"].default)
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
+                cap = MICRO_BATCH_GROUPS_CAP
+                data = {**data, "micro_batch_groups": max(n for n in range(1, min(step, cap) + 1) if step % n == 0)}
+        return data
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _default_engine(cls, data: object) -> object:
+        return default_train_engine(data)
+
+
+class QueueSettings(ConfigModel):
+    """The TransferQueue between services."""
+
+    max_rows: int = pydantic.Field(default=4096, ge=1)
+    """Capacity in rows; producers block when it is reached."""
+
+    max_bytes: int = pydantic.Field(default=512 * 1024 * 1024, ge=1)
+    """Capacity in bytes of payload."""
+
+    lease_timeout_s: float = pydantic.Field(default=60.0, gt=0.0)
+    """A leased batch not acked within this time is redelivered."""
+
+
+class EvalConfig(ConfigModel):
+    """Held-out evaluation (greedy decoding, its own process)."""
+
+    every_steps: int = pydantic.Field(default=10, ge=1)
+    """Evaluate the newest weights after every this many updates."""
+
+
+class HealthConfig(ConfigModel):
+    """Heartbeats and restarts."""
+
+    heartbeat_timeout_s: float = pydantic.Field(default=30.0, gt=0.0)
+    """A service whose progress counter has not moved for this long is declared hung."""
+
+    max_restarts: int = pydantic.Field(default=3, ge=0)
+    """In-place restarts per service, and replacements per shared process (``run.hosts``), before the next failure
+    is a global restart from the last checkpoint. A service counts its own failures: a loop that raised (rebuilt in
+    its process), hung, or could not be rebuilt, and the death of a process of its own. A shared host counts its
+    replacements: a host that died counts against the host only (not against the roles it held, which restart with
+    it), and a host replaced because one of its roles hung or could not be rebuilt inside it counts against the host
+    and that role."""
+
+    restart_backoff_s: float = pydantic.Field(default=1.0, ge=0.0)
+    """First restart delay; doubles with every restart counted against what is restarted (the service, or the host
+    and the role that brought its replacement: the larger count)."""
+
+    max_global_restarts: int = pydantic.Field(default=2, ge=0)
+    """Restarts of the whole run from its last checkpoint (after a Trainer failure, or a service that kept
+    failing) before the run stops with an error."""

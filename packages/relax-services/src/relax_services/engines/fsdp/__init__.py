@@ -1,0 +1,56 @@
+"""The FSDP2 training engine (``trainer.engine=fsdp``): a group of Ray actors, one per rank, training one
+FSDP2-sharded policy (gloo on CPU, NCCL on GPU), with its layout, tensor parallelism and sharded checkpoints.
+
+Only the factory is defined here; the engine's modules import ``torch.distributed``'s FSDP and checkpoint stacks
+(seconds of a process's start-up) and are imported when a group is built.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from relax_services.config import RunConfig
+    from relax_services.engines.fsdp.group import TrainerGroup
+
+__all__ = ["build_trainer_group"]
+
+
+class _GivenModel:
+    """Model factory of a rank that starts from given weights: pickled to each rank, so each gets its own copy."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(self) -> torch.nn.Module:
+        return self.model
+
+
+def build_trainer_group(cfg: RunConfig, model: torch.nn.Module | None = None) -> TrainerGroup:
+    """``trainer.engine=fsdp``: ``trainer.world_size`` Ray actors training one FSDP2-sharded policy with the
+    single-process engine's settings (``micro_batch_groups`` per rank). gloo on CPU, NCCL on GPU.
+
+    A hung rank stops the Trainer's loop, which the health manager's heartbeat timeout catches first; the group's
+    own call timeout (twice that, at least two minutes) is the backstop that also bounds its collectives.
+    """
+    from relax_services.engines.fsdp.group import TrainerGroup, TrainerGroupConfig
+    from relax_services.engines.torch import train_config
+    from relax_services.engines.trainer_plan import trainer_backend, trainer_layout
+    from relax_services.models.policy import build_policy
+
+    train = train_config(cfg)
+    cuda = train.device.startswith("cuda")
+    group = TrainerGroupConfig(
+        world_size=cfg.trainer.world_size,
+        backend=trainer_backend(train.device),
+        step_timeout_s=max(2 * cfg.health.heartbeat_timeout_s, 120.0),
+        num_cpus_per_rank=0.0,  # as every service actor: the ranks share the node's cores with the other services
+        num_gpus_per_rank=1.0 if cuda else 0.0,
+        resource=cfg.run.placement.get("trainer"),
+        parallel=trainer_layout(cfg),  # the layout `relax plan` prints for this config
+    )
+    factory = functools.partial(build_policy, cfg.model) if model is None else _GivenModel(model)
+    return TrainerGroup(factory, train, group=group)

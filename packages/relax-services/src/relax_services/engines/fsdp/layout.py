@@ -1,0 +1,86 @@
+"""How the FSDP2 engine lays a model over its meshes: the units ``fully_shard`` wraps (each text decoder block,
+and a scoring root holding the rest), and the process group of every rank that holds a piece of the model.
+
+The root is a small module whose forward is the whole scoring computation
+(:func:`~relax_services.engines.score_responses`), because the scoring calls the decoder, the embeddings, the
+media encoders and the LM head directly rather than through the model's own forward; the root group holds the
+embeddings, final norm, LM head and the media encoders.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from relax_services.engines.scoring import score_responses, score_values
+from relax_services.engines.torch.train import TorchTrainConfig
+from relax_services.models.inputs import OmniPrompt
+from relax_services.models.value import ValueModel
+
+__all__ = ["ScoringRoot", "decoder_blocks", "shard_group"]
+
+# Text decoder blocks of a thinker (``model.layers.N``) or of a critic (``thinker.model.layers.N``).
+_BLOCK_NAME = re.compile(r"(thinker\.)?model\.layers\.\d+")
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The text decoder blocks of a Qwen2.5-Omni thinker or critic, the units ``fully_shard`` wraps.
+
+    Raises:
+        ValueError: If ``model`` has none (names ``model.layers.N`` or ``thinker.model.layers.N``).
+    """
+    blocks = [m for name, m in model.named_modules() if _BLOCK_NAME.fullmatch(name)]
+    if not blocks:
+        raise ValueError(
+            f"{type(model).__name__} has no text decoder blocks named 'model.layers.N' or 'thinker.model.layers.N'"
+        )
+    return blocks
+
+
+def shard_group(mesh: DeviceMesh, tp_mesh: DeviceMesh | None) -> dist.ProcessGroup:
+    """The process group of every rank that holds a piece of the model: ``mesh``'s (data parallel), or with
+    tensor parallelism the ``(dp, tp)`` submesh's. Checkpoints and exports run over it: DCP's save plan must
+    cover every shard, and over the dp group alone the tensor-parallel ranks of one dp rank would each write
+    the same files. Collective over ``tp_mesh``'s root mesh when ``tp_mesh`` is given.
+
+    Raises:
+        ValueError: If ``tp_mesh`` is given and either mesh has no dimension name.
+    """
+    if tp_mesh is None:
+        return mesh.get_group()
+    names = (mesh.mesh_dim_names or (None,))[0], (tp_mesh.mesh_dim_names or (None,))[0]
+    if None in names:
+        raise ValueError(f"with tensor parallelism both meshes need dimension names, got {names}")
+    # The 2-D mesh fully_shard itself builds from the same two (DeviceMesh._concatenate), flattened to one
+    # dimension: torch has no public way yet to a group over two mesh dimensions (torchtitan flattens too).
+    both = DeviceMesh._concatenate([mesh, tp_mesh])
+    return both._flatten("_".join(str(n) for n in names)).get_group()
+
+
+class ScoringRoot(torch.nn.Module):
+    """FSDP root: its forward is the scoring of a micro-batch, so the root group's parameters (embeddings,
+    encoders, LM head) are gathered for exactly that computation."""
+
+    def __init__(self, policy: torch.nn.Module, config: TorchTrainConfig, device: torch.device) -> None:
+        super().__init__()
+        self.policy = policy
+        self._config = config
+        self._device = device
+
+    def forward(
+        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Scores one micro-batch: ``(logprobs, entropy, mask, values, dist)``, each ``[B, L]`` (``dist``
+        ``[B, L, V]`` log-probs; ``values`` only for a critic, ``dist`` only for a policy)."""
+        # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
+        if isinstance(self.policy, ValueModel):
+            s = score_values(self.policy, prompts, responses, self._config.suppressed_ids, self._device)
+        else:
+            s = score_responses(
+                self.policy, prompts, responses, self._config.temperature, self._config.suppressed_ids, self._device
+            )
+        return s.logprobs, s.entropy, s.mask, s.values, s.dist

@@ -1,0 +1,442 @@
+"""Distributed training engine: the policy sharded with torch FSDP2 (``fully_shard``) over a process group.
+
+Every rank builds the same model, receives the same batch (a batch of whole groups) and trains on its own
+contiguous share of each minibatch. The micro-batch losses are weighted by their share of the *whole*
+minibatch's tokens (or samples) and the gradient reduction sums instead of averaging, so the gradient of
+``N`` ranks is the gradient of one process on the same batch: the engine is a drop-in
+:class:`~relax_services.engines.TrainEngine` for the single-process
+:class:`~relax_services.engines.TorchTrainEngine`, to float rounding (the ranks add partial sums in a
+different order than one process does).
+
+Sharding: ``fully_shard`` per text decoder block, then the root, a module whose forward is the whole scoring
+computation (:mod:`~relax_services.engines.fsdp.layout`); the root group holds the embeddings, final norm, LM head
+and the media encoders. The encoders stay in the root group on purpose: a rank whose share holds no image never
+runs the vision tower, so a separately sharded tower would leave the other ranks waiting in its all-gather.
+Parameters one rank did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, shard_group
+from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state
+from relax_services.engines.fsdp.tensor_parallel import clip_gradients
+from relax_services.engines.protocols import LossFn, TrainSample
+from relax_services.engines.scoring import TokenScores
+from relax_services.engines.torch.train import (
+    TorchTrainConfig,
+    _pad_to,
+    autocast_context,
+    autocast_enabled,
+    backward_micro_batch,
+    rescale_by_units,
+    split_micro_batches,
+    units_of_step,
+)
+from relax_services.models.value import ValueModel
+
+__all__ = [
+    "FSDPConfig",
+    "FSDPTrainEngine",
+    "FSDPValueEngine",
+    "decoder_blocks",
+    "load_train_state",
+    "shard_group",
+    "train_state",
+]
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    """How :class:`FSDPTrainEngine` shards the model; optimizer and loss settings stay in
+    :class:`~relax_services.engines.TorchTrainConfig`.
+
+    Attributes:
+        mixed_precision: ``"auto"``: bf16 parameters for compute with fp32 gradient reduction on CUDA, full
+            fp32 on CPU; ``"bf16"`` forces that policy; ``"off"`` computes and reduces in the parameters'
+            dtype. The sharded master weights and the optimizer state stay fp32 either way.
+        activation_checkpointing: Recompute each decoder block's MLP in backward instead of keeping its
+            activations. Attention is not recomputed: the scoring shares each prompt's key/value cache, which
+            attention appends to, so recomputing it would append twice.
+        reshard_after_forward: Free each block's gathered parameters after its forward and gather again in
+            backward (ZeRO-3, least memory); ``False`` keeps them until backward (ZeRO-2, less traffic).
+    """
+
+    mixed_precision: Literal["auto", "bf16", "off"] = "auto"
+    activation_checkpointing: bool = False
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision not in ("auto", "bf16", "off"):
+            raise ValueError(
+                f"FSDPConfig.mixed_precision must be 'auto', 'bf16' or 'off', got {self.mixed_precision!r}"
+            )
+
+
+class FSDPTrainEngine:
+    """:class:`~relax_services.engines.TrainEngine` over ``torch.distributed.fsdp.fully_shard``.
+
+    Every rank of the mesh constructs the engine (collectively) with the same model weights, and calls
+    :meth:`step`, :meth:`compute_logprobs`, :meth:`policy_state` and :meth:`state_dict` with the same arguments
+    in the same order: each of them runs collectives.
+
+    Args:
+        model: The policy (a Qwen2.5-Omni thinker) or, in :class:`FSDPValueEngine`, the critic; sharded in
+            place, so hand each rank its own copy.
+        config: Optimizer and loss settings, as for the single-process engine; ``micro_batch_size`` is per rank.
+        fsdp: Sharding settings.
+        mesh: A 1-D data-parallel mesh of the ranks that train together; defaults to every rank of the default
+            process group on ``config.device``'s type.
+        tp_mesh: A 1-D tensor-parallel mesh (the same parent mesh as ``mesh``): the decoder blocks are split over
+            it (:mod:`~relax_services.engines.fsdp.tensor_parallel`) before FSDP shards over ``mesh``; its ranks
+            train on the same data. None: no tensor parallelism.
+
+    Attributes:
+        group, rank, world_size: The data-parallel group (``mesh``'s), this rank in it and its size: batch
+            shares, gathered scores and summed metrics run over it.
+        shard_group, shard_rank: Every rank holding a piece of the model (:func:`shard_group`: dp, or dp × tp)
+            and this rank in it: checkpoints and exports run over it.
+
+    Raises:
+        RuntimeError: If no process group is initialised.
+        ValueError: If ``mesh`` is not 1-D, or ``tp_mesh`` is given and a mesh has no dimension name.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TorchTrainConfig | None = None,
+        fsdp: FSDPConfig | None = None,
+        mesh: DeviceMesh | None = None,
+        tp_mesh: DeviceMesh | None = None,
+    ) -> None:
+        if mesh is None and not dist.is_initialized():
+            raise RuntimeError(
+                "FSDPTrainEngine needs torch.distributed: call init_process_group first (gloo on CPU, nccl on GPU)"
+            )
+        self.config = config or TorchTrainConfig()
+        self.fsdp = fsdp or FSDPConfig()
+        torch.manual_seed(self.config.seed)
+        self.device = torch.device(self.config.device)
+        if mesh is None:
+            mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+        if mesh.ndim != 1:
+            raise ValueError(f"FSDPTrainEngine needs a 1-D data-parallel mesh, got {mesh.ndim} dimensions")
+        self.mesh = mesh
+        self.group = mesh.get_group()
+        self.world_size = mesh.size()
+        self.rank = mesh.get_local_rank()
+        self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
+        self.shard_group = shard_group(mesh, self.tp_mesh)
+        self.shard_rank = dist.get_rank(self.shard_group)
+        self.model = model.to(self.device)
+        self.root = ScoringRoot(self.model, self.config, self.device)
+        if self.tp_mesh is not None:
+            from relax_services.engines.fsdp.tensor_parallel import parallelize_decoder
+
+            parallelize_decoder(decoder_blocks(self.model), self.tp_mesh)
+        self._track_usage()
+        self._shard()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.eps,
+            weight_decay=self.config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.config.lr_factor)
+        self._version = 0
+
+    @property
+    def mixed_precision_enabled(self) -> bool:
+        """Whether the gathered parameters are bf16 (with fp32 gradient reduction)."""
+        if self.fsdp.mixed_precision == "auto":
+            return self.device.type == "cuda"
+        return self.fsdp.mixed_precision == "bf16"
+
+    def _shard(self) -> None:
+        mp = MixedPrecisionPolicy()
+        if self.mixed_precision_enabled:
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        units: list[torch.nn.Module] = []
+        for block in decoder_blocks(self.model):
+            if self.fsdp.activation_checkpointing:
+                from torch.distributed._composable.checkpoint_activation import checkpoint
+
+                checkpoint(cast(torch.nn.Module, block.mlp))
+            fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.fsdp.reshard_after_forward)
+            units.append(block)
+        fully_shard(self.root, mesh=self.mesh, mp_policy=mp)
+        units.append(self.root)
+        for unit in units:
+            assert isinstance(unit, FSDPModule)
+            # Each rank's loss is already its share of the whole batch's loss: the gradients must add up, not
+            # average (the reduction's default divides by the world size). Plain SUM collectives: the factor
+            # would otherwise become a PREMUL_SUM, which gloo lacks.
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
+            unit.set_reduce_scatter_unused_params(True, recurse=False)
+
+    @property
+    def version(self) -> int:
+        """Policy updates (:meth:`step` calls) applied so far."""
+        return self._version
+
+    @property
+    def autocast_enabled(self) -> bool:
+        """Whether forwards run under bf16 autocast (as in the single-process engine)."""
+        return autocast_enabled(self.config, self.device)
+
+    def _autocast(self) -> AbstractContextManager[object]:
+        return autocast_context(self.config, self.device)
+
+    def score(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """Forward over one of this rank's micro-batches (collective: every rank scores one at the same time)."""
+        with self._autocast():
+            logprobs, entropy, mask, values, dist_ = self.root(
+                [s.prompt for s in batch], [s.response_ids for s in batch]
+            )
+        return TokenScores(logprobs=logprobs, entropy=entropy, mask=mask, values=values, dist=dist_)
+
+    # -- sharding of a batch over the ranks ----------------------------------------------------------------------
+
+    def _share(self, batch: Sequence[TrainSample], what: str) -> Sequence[TrainSample]:
+        """This rank's contiguous slice of ``batch`` (consecutive samples, so whole groups stay together when the
+        group size divides the slice)."""
+        if not batch:
+            raise ValueError(f"cannot {what} an empty batch")
+        if len(batch) % self.world_size:
+            raise ValueError(
+                f"cannot {what} a batch of {len(batch)} samples on {self.world_size} ranks: the size must be a "
+                f"multiple of the world size (every rank runs the same number of forwards)"
+            )
+        size = len(batch) // self.world_size
+        return batch[self.rank * size : (self.rank + 1) * size]
+
+    def _counts(self, batch: Sequence[TrainSample]) -> list[float]:
+        """Per-sample weights before normalisation: unmasked response tokens, or 1 per sample."""
+        if self.config.loss_weighting == "samples":
+            return [1.0] * len(batch)
+        banned = torch.tensor(sorted(self.config.suppressed_ids), dtype=torch.long)
+        return [float((~torch.isin(s.response_ids, banned)).sum()) for s in batch]
+
+    # -- TrainEngine ---------------------------------------------------------------------------------------------
+
+    def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token ``(logprobs [B, L], mask [B, L])`` of the whole batch on CPU, without grad: each rank scores
+        its share and the shares are gathered."""
+        scores = self._score_without_grad(batch)
+        return scores.logprobs, scores.mask
+
+    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
+        """:class:`TokenScores` of the whole batch on CPU, without grad; ``[B, L, V]`` distributions only
+        ``with_dist``."""
+        return self._score_without_grad(batch, with_dist)
+
+    def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+        share = self._share(batch, "score")
+        was_training = self.model.training
+        self.root.eval()
+        with torch.no_grad():
+            parts = [self.score(micro) for micro in split_micro_batches(share, self.config.micro_batch_size)]
+        self.root.train(was_training)
+        length = max(p.mask.shape[1] for p in parts)
+        length = int(self._all_reduce(torch.tensor([float(length)]), dist.ReduceOp.MAX)[0])
+
+        def gather(tensors: list[torch.Tensor]) -> torch.Tensor:
+            local = torch.cat([_pad_to(x, length) for x in tensors]).float()
+            return self._all_gather(local).cpu()
+
+        has_values = parts[0].values is not None
+        dists = [p.dist for p in parts if p.dist is not None] if with_dist else []
+        return TokenScores(
+            logprobs=gather([p.logprobs for p in parts]),
+            entropy=gather([p.entropy for p in parts]),
+            mask=gather([p.mask for p in parts]),
+            values=gather([p.values for p in parts if p.values is not None]) if has_values else None,
+            dist=gather(dists) if dists else None,
+        )
+
+    def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        """One policy update (one version): ``epochs × minibatches`` optimizer steps over consecutive equal slices
+        of ``batch``, each rank taking its share of every slice; then one LR schedule step.
+
+        Every rank passes the same ``batch``; each slice must be a multiple of the world size.
+
+        Returns:
+            The single-process engine's metrics (``loss``, ``entropy``, ``tokens``, ``grad_norm``, ``loss_fn``'s
+            own, ``lr``, ``step_s``, ``version``), over the whole batch and equal on every rank.
+        """
+        if len(batch) % self.config.minibatches:
+            raise ValueError(
+                f"a batch of {len(batch)} samples does not split into {self.config.minibatches} equal minibatches"
+            )
+        start = time.perf_counter()
+        size = len(batch) // self.config.minibatches
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        totals: dict[str, float] = {}
+        for _ in range(self.config.epochs):
+            for first in range(0, len(batch), size):
+                for key, value in self._optimizer_step(batch[first : first + size], loss_fn).items():
+                    totals[key] = totals.get(key, 0.0) + value
+        metrics = {k: v / self.config.optimizer_steps_per_update for k, v in totals.items()}
+        self.scheduler.step()
+        self._version += 1
+        metrics.update(lr=lr, step_s=time.perf_counter() - start, version=float(self._version))
+        return metrics
+
+    def _optimizer_step(self, minibatch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._used.zero_()
+        metrics = self._accumulate_gradients(minibatch, loss_fn)
+        self._drop_unused_gradients()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        metrics["grad_norm"] = clip_gradients(params, max_norm)  # over the DTensor shards: the global norm
+        self.optimizer.step()
+        return metrics
+
+    def _track_usage(self) -> None:
+        """Marks, per optimizer step, the parameters whose module ran a forward with grad enabled."""
+        index = {name: i for i, (name, _) in enumerate(self.model.named_parameters())}
+        self._used = torch.zeros(len(index))
+        for prefix, module in self.model.named_modules():
+            mine = [index[f"{prefix}.{n}" if prefix else n] for n, p in module.named_parameters(recurse=False)]
+            if mine:
+                module.register_forward_hook(self._usage_hook(torch.tensor(mine)))
+
+    def _usage_hook(self, positions: torch.Tensor) -> Callable[[torch.nn.Module, tuple[object, ...], object], None]:
+        def hook(module: torch.nn.Module, args: tuple[object, ...], output: object) -> None:
+            if torch.is_grad_enabled():
+                self._used[positions] = 1.0
+
+        return hook
+
+    def _drop_unused_gradients(self) -> None:
+        """Sets ``.grad = None`` on the parameters no rank used in this optimizer step, as one process leaves
+        them: AdamW then skips them (no momentum step, no state) exactly as it does in one process.
+
+        The reduction gives every parameter of a group a gradient, zeros where a rank did not use it (the
+        encoders of a modality absent from a rank's share), so that all ranks reduce-scatter the same tensors.
+        Which parameters were used is recorded by forward hooks, not read from the values: a used parameter
+        can have an all-zero gradient (the backbone behind a zero-initialised value head), and one process
+        steps it.
+        """
+        used = self._all_reduce(self._used, dist.ReduceOp.MAX)
+        for p, flag in zip(self.model.parameters(), used.tolist(), strict=True):
+            if not flag:
+                p.grad = None
+
+    def _accumulate_gradients(self, minibatch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
+        """Backward of this rank's part of ``Σ_m w_m · loss_fn(m)``, ``w_m`` the micro-batch's share of the whole
+        minibatch's tokens (or samples); metrics of the whole minibatch."""
+        counts = self._counts(minibatch)
+        total = sum(counts)
+        if total == 0:
+            raise ValueError("batch has no unmasked response tokens to train on")
+        share = self._share(minibatch, "train on")
+        first = self.rank * len(share)
+        self.root.train()
+        local: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
+        offset = first
+        units: list[float | None] = []
+        for micro in split_micro_batches(share, self.config.micro_batch_size):
+            weight = sum(counts[offset : offset + len(micro)]) / total
+            offset += len(micro)
+            units.append(backward_micro_batch(loss_fn, micro, self.score(micro), weight, local))
+        local_units = units_of_step(units)
+        # Summed with the metrics (every rank joins that collective whatever form its loss returned).
+        local["_units"] = local_units or 0.0
+        local["_plain_ranks"] = 1.0 if local_units is None else 0.0
+        totals = self._sum_metrics(local)
+        step_units, plain_ranks = totals.pop("_units"), totals.pop("_plain_ranks")
+        if 0 < plain_ranks < self.world_size:
+            raise ValueError("loss_fn returned a LossResult on some ranks and a plain loss on others")
+        if plain_ranks == 0:
+            # Gradients were reduce-scattered as sums (divide factor 1): dividing the shards by the units of the
+            # whole step gives the single-process engine's gradient.
+            rescale_by_units(self.model.parameters(), totals, step_units)
+        totals["entropy"] /= max(totals["tokens"], 1.0)
+        return totals
+
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) CPU copies of the weights on every rank (collective: gathers one tensor at a time)."""
+        from relax_services.weights.buckets import full_tensors
+
+        return dict(full_tensors(self.model))
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards: model and optimizer as DTensors keyed by parameter name (what
+        ``torch.distributed.checkpoint`` saves and reshards), scheduler, this rank's RNG states and version.
+        Copies, not views of the live state."""
+        model_state, optim_state = train_state(self.model, self.optimizer)
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "model": clone_state(model_state),
+            "optimizer": clone_state(optim_state),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng,
+            "version": self._version,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict` (model and optimizer entries as DTensors on this mesh, or full tensors)."""
+        # strict=False: a parameter that never had a gradient has no optimizer state.
+        load_train_state(self.model, self.optimizer, state["model"], state["optimizer"], StateDictOptions(strict=False))
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self._version = int(state["version"])
+
+    def shutdown(self) -> None:
+        """Nothing to release: the rank process that runs this engine owns its process group."""
+
+    # -- collectives over the mesh -------------------------------------------------------------------------------
+
+    def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
+        out = tensor.to(self.device)
+        dist.all_reduce(out, op=op, group=self.group)
+        return out.cpu()
+
+    def _all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Concatenation along dim 0 of every rank's equally shaped ``local``, in rank order."""
+        local = local.to(self.device).contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts)
+
+    def _sum_metrics(self, local: dict[str, float]) -> dict[str, float]:
+        """Sums of every rank's metrics, added in rank order (the same floats on every rank)."""
+        gathered: list[dict[str, float] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, local, group=self.group)
+        keys = set(local)
+        if any(g is None or set(g) != keys for g in gathered):
+            raise ValueError(f"loss_fn returned different metric names on different ranks: {gathered}")
+        return {k: sum(g[k] for g in gathered if g is not None) for k in local}
+
+
+class FSDPValueEngine(FSDPTrainEngine):
+    """Trains a critic (:class:`~relax_services.models.ValueModel`) sharded like the policy; the loss function
+    reads ``inputs.values``."""
+
+    model: ValueModel
+
+    def compute_values(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token ``(values [B, L], mask [B, L])`` of the whole batch on CPU, without grad."""
+        scores = self._score_without_grad(batch)
+        assert scores.values is not None, "score_values sets values"
+        return scores.values, scores.mask

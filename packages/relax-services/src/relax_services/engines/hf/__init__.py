@@ -1,0 +1,20 @@
+"""The transformers rollout engine (``rollout.engine=hf``): batched incremental decoding of the run's policy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relax_services.engines.hf.rollout import HFRolloutConfig, HFRolloutEngine
+from relax_services.models.policy import build_policy
+
+if TYPE_CHECKING:
+    from relax_services.config import RunConfig
+    from relax_services.engines.registry import RolloutEngineOptions
+
+__all__ = ["HFRolloutConfig", "HFRolloutEngine", "build_hf_rollout_engine"]
+
+
+def build_hf_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions) -> HFRolloutEngine:
+    """``rollout.engine=hf``: the transformers engine over the run's policy."""
+    mode = options.partial_rollout if options.partial_rollout is not None else cfg.rollout.partial_rollout
+    return HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=mode))

@@ -1,0 +1,61 @@
+"""The single-process torch engines (``trainer.engine=torch``): the policy's and the critic's, with the run's
+optimizer settings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from relax_services.engines.torch.train import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
+from relax_services.engines.trainer_plan import TRAINER_DEVICE
+from relax_services.models import build_value_model
+from relax_services.models.policy import build_policy, checkpoint_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from relax_services.config import RunConfig
+
+__all__ = [
+    "TorchTrainConfig",
+    "TorchTrainEngine",
+    "TorchValueEngine",
+    "build_train_engine",
+    "build_value_engine",
+    "train_config",
+]
+
+
+def build_train_engine(cfg: RunConfig, model: torch.nn.Module | None = None) -> TorchTrainEngine:
+    """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
+    weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
+    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_config(cfg))
+
+
+def build_value_engine(cfg: RunConfig) -> TorchValueEngine:
+    """The critic's engine: the policy's initial weights plus a zero value head, the run's optimizer settings."""
+    return TorchValueEngine(build_value_model(build_policy(cfg.model)), train_config(cfg))
+
+
+def train_config(cfg: RunConfig) -> TorchTrainConfig:
+    """The engine settings a run config gives every training engine (the FSDP2 group's ranks included)."""
+    opt = cfg.optimizer
+    weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
+    return TorchTrainConfig(
+        device=TRAINER_DEVICE,
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        grad_clip=opt.grad_clip or 0.0,
+        micro_batch_size=cfg.trainer.micro_batch_groups * cfg.algorithm.group_size,
+        minibatches=cfg.trainer.minibatches,
+        epochs=cfg.trainer.ppo_epochs,
+        loss_weighting=weighting,
+        warmup_steps=opt.warmup_steps,
+        schedule=opt.schedule,
+        total_steps=opt.total_steps or cfg.trainer.total_steps,
+        min_lr_ratio=opt.min_lr_ratio,
+        temperature=cfg.rollout.temperature,
+        suppressed_ids=checkpoint_of(cfg.model).tokens.never_sample,
+        seed=cfg.trainer.seed,
+    )

