@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relax_services.control.controller import Controller
 
 __all__ = ["main"]
 
@@ -113,7 +116,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         print(f"relax train: plan.txt not written: {exc}", file=sys.stderr)
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
-    from relax_services.control.controller import Controller, init_ray  # ray (the model stack only in the services)
+    from relax_services.control.launch import LaunchError, launch  # ray (the model stack only in the services)
     from relax_services.faults.health import memory_kill
     from relax_services.reporting.footprint import PeakMemory, format_footprint, update_split
     from relax_services.reporting.summary import format_summary
@@ -126,40 +129,25 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         )
         return 1
 
-    controller_cls: type[Controller] = Controller
-    started = False
-    if cfg.run.mode == "colocated":  # every service a thread of this process: no Ray
-        from relax_services.control.colocated import ColocatedController, check_colocated
-
-        try:
-            check_colocated(cfg)
-        except ValueError as exc:
-            print(f"relax train: {exc}", file=sys.stderr)
-            return 2
-        controller_cls = ColocatedController
-    else:
-        try:
-            started = init_ray(cfg.run.ray_address)
-        except ConnectionError as exc:
-            print(f"relax train: {exc}", file=sys.stderr)
-            return 2
-    memory = PeakMemory().start()
-    try:
-        controller = controller_cls(cfg, run_dir, resume=args.resume, resume_changes=changed, started_at=_STARTED)
+    def on_start(controller: Controller) -> None:
         signals.target = controller
         if signals.reason is not None:
             controller.request_stop(signals.reason)
-        result = controller.run()
+
+    memory = PeakMemory().start()
+    try:
+        result = launch(
+            cfg, run_dir, resume=args.resume, resume_changes=changed, started_at=_STARTED, on_start=on_start
+        )
+    except LaunchError as exc:
+        memory.stop()
+        print(f"relax train: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         if memory_kill(exc):
             print(f"relax train: {_MEMORY_HINT}\n  ({type(exc).__name__}: {str(exc).splitlines()[0]})", file=sys.stderr)
             return 1
         raise
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
     memory.stop()
     text = (
         format_summary(result)

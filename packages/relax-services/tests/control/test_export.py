@@ -14,9 +14,9 @@ from relax_core import dump_config
 from relax_services.cli import main
 from relax_services.config import ModelConfig, load_run_config
 from relax_services.control.checkpoint import CONTROLLER_FILE, ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
-from relax_services.control.export import export_checkpoint
 from relax_services.engines import LossInputs, TorchTrainConfig, TorchTrainEngine, TorchValueEngine, TrainSample
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, build_value_model, open_checkpoint
+from relax_services.models.export import export_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
 
 CKPT = open_checkpoint(DEFAULT_SOURCE)

@@ -36,7 +36,9 @@ def test_check_engines_finds_modules_without_importing_them() -> None:
     probe = (
         "import sys; from relax_services.engines.registry import check_engines; "
         "from relax_services.config import load_run_config; check_engines(load_run_config(None, [])); "
-        "print(sorted(m for m in ('torch', 'relax_services.engines', 'relax_services._policy') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'relax_services.engines.protocols', 'relax_services.engines.hf', "
+        "'relax_services.engines.torch', 'relax_services.engines.fsdp', 'relax_services.models.policy') "
+        "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -93,8 +93,9 @@ def equivalence(out: dict[str, Any]) -> FSDPTrainEngine:
 
 
 def units(out: dict[str, Any]) -> None:
-    """Micro-batches combined by the units their loss reports (each rank's own units, summed over the group)."""
-    engine = FSDPTrainEngine(build_tiny_omni(0), CONFIG)
+    """Micro-batches combined by the units their loss reports (each rank's own units, summed over the group); in
+    float64, so that the order of float sums cannot show through AdamW's normalisation (see the test)."""
+    engine = FSDPTrainEngine(build_tiny_omni(0).double(), CONFIG)
     out["units_metrics"] = _train(engine, range(2), pg_kept_mean)
     out["units_weights"] = engine.policy_state()
 

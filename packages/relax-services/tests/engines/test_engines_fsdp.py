@@ -39,6 +39,15 @@ WORLD = 2
 # relative; six AdamW steps at lr 1e-2 turn that into ~5e-6 absolute on the weights (observed 4.7e-6).
 ATOL = 5e-5
 
+# AdamW divides each update by the root of its second moment (plus eps = 1e-8), so a weight whose gradient is near
+# zero moves by up to ~lr per step whatever the gradient's size: float32 summation-order noise (~1e-7 relative,
+# ~1e-8 absolute on the tiny model's gradients, comparable to eps) can then move that weight by a sizeable share of
+# lr (6.3e-5 seen on one CPU after four steps at lr 1e-2), a figure no bound on the sums controls. In float64 the
+# same noise is ~2^-53 relative (1e-17 absolute), a billion times below eps, so AdamW passes it on unamplified:
+# four steps at lr 1e-2 give at most lr * 4 * 1e-17 / 1e-8 = 4e-11. A wrong combination of micro-batches moves
+# weights by 1e-3 and more (the reference update itself).
+ATOL_F64 = 1e-9
+
 # The two ranks' run takes ~2 min alone and up to ~5 min on a loaded machine; the default 300 s is too tight.
 pytestmark = pytest.mark.timeout(900)
 
@@ -96,7 +105,7 @@ def reference() -> dict[str, Any]:
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)  # exact for float32 too
 
 
 def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -131,11 +140,14 @@ def test_micro_batches_combine_by_the_units_the_loss_reports(ranks: list[dict[st
     weights, metrics = [], []
     for micro in (1, 4):
         torch.manual_seed(0)
-        engine = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(worker.CONFIG, micro_batch_size=micro))
+        model = build_tiny_omni(0).double()  # as the worker's group: float64 (ATOL_F64)
+        engine = TorchTrainEngine(model, dataclasses.replace(worker.CONFIG, micro_batch_size=micro))
         metrics.append([engine.step(worker.batch(s), worker.pg_kept_mean) for s in range(2)])
         weights.append(engine.policy_state())
-    assert _max_diff(weights[0], weights[1]) < ATOL
-    assert _max_diff(ranks[0]["units_weights"], weights[1]) < ATOL
+    initial = build_tiny_omni(0).double().state_dict()
+    assert _max_diff({k: initial[k] for k in weights[1]}, weights[1]) > 1e-3  # the updates moved the weights
+    assert _max_diff(weights[0], weights[1]) < ATOL_F64
+    assert _max_diff(ranks[0]["units_weights"], weights[1]) < ATOL_F64
     for ours, same_micro, whole in zip(ranks[0]["units_metrics"], metrics[0], metrics[1], strict=True):
         assert ours["loss"] == pytest.approx(whole["loss"], rel=1e-4)  # the step's loss, however it was split
         # The loss's own metrics are unit-weighted means over micro-batches: equal for the same micro-batches.

@@ -25,9 +25,12 @@ HEAVY = ("torch", "transformers", "relax_modalities", "relax_services")
 LIGHT_HOST_MODULES = {
     "relax_services",
     "relax_services._lazy",
+    "relax_services.hosting",
     "relax_services.hosting.light_host",
+    "relax_services.faults",
     "relax_services.faults.monitor",
     "relax_services.weights",
+    "relax_services.weights.stores",
 }
 """What of :data:`HEAVY` the light actor's process may load: the modules of its weight store and health monitor."""
 

@@ -204,21 +204,14 @@ def run_chaos(
         print(f"relax chaos: {exc}", file=sys.stderr)
         return 2
     print(f"relax chaos: {len(faults)} faults → {run_dir}", flush=True)
-    import ray
-
-    from relax_services.control.controller import Controller, init_ray
+    from relax_services.control.launch import LaunchError, launch
     from relax_services.reporting.summary import format_summary
 
     try:
-        started = init_ray(cfg.run.ray_address)
-    except ConnectionError as exc:
+        result = launch(cfg, run_dir)
+    except LaunchError as exc:
         print(f"relax chaos: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = Controller(cfg, run_dir).run()
-    finally:
-        if started:
-            ray.shutdown()
     table = fault_table(result.health_events, result.ledger)
     (run_dir / "faults.txt").write_text(table + "\n", encoding="utf-8")
     print(format_summary(result), flush=True)

@@ -95,11 +95,13 @@ def run_pipeline_bench(taus: str, overrides: list[str], config: Path | None) -> 
     import ray
 
     from relax_services.config import load_run_config
-    from relax_services.control.controller import Controller, init_ray, make_run_dir
+    from relax_services.control.launch import launch
+    from relax_services.control.preflight import make_run_dir
+    from relax_services.hosting.ray_init import init_ray
 
     values: list[int | None] = [None if t.strip() in ("inf", "null") else int(t) for t in taus.split(",")]
     rows = []
-    started = init_ray(None)
+    started = init_ray(None)  # one Ray instance for every τ: each launch finds it started
     try:
         for tau in values:
             tau_text = "null" if tau is None else str(tau)
@@ -108,7 +110,7 @@ def run_pipeline_bench(taus: str, overrides: list[str], config: Path | None) -> 
             run_dir = make_run_dir(cfg)
             run_dir = run_dir.rename(run_dir.with_name(f"{run_dir.name}-bench-tau{tau_text}"))
             print(f"relax bench: τ={tau_text} → {run_dir}", flush=True)
-            result = Controller(cfg, run_dir).run()
+            result = launch(cfg, run_dir)
             rows.append(_row(tau, result))
             print(format_bench_table(rows), flush=True)
     finally:

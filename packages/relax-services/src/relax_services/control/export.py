@@ -1,22 +1,14 @@
-"""Hugging Face export of a run's checkpoints (``relax export``): the walk over a run folder to one checkpoint, whose
-engine state :func:`relax_services.models.export.export_state` writes."""
+"""Hugging Face export of a run's checkpoints (``relax export``): the walk over a run folder to one checkpoint, which
+:func:`relax_services.models.export.export_checkpoint` writes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from relax_services.config import ModelConfig, load_run_config
+from relax_services.config import load_run_config
 from relax_services.control.checkpoint import CheckpointManager
 
-__all__ = ["export_checkpoint", "export_run"]
-
-
-def export_checkpoint(checkpoint_dir: str | Path, model: ModelConfig, out_dir: str | Path) -> Path:
-    """Writes run checkpoint ``checkpoint_dir``'s policy (and critic) to ``out_dir`` in Hugging Face format
-    (:func:`~relax_services.models.export.export_state`); returns ``out_dir``."""
-    from relax_services.models.export import export_state  # the model stack: only here, not in `relax` itself
-
-    return export_state(CheckpointManager.load_engine(Path(checkpoint_dir)), model, out_dir)
+__all__ = ["export_run"]
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
@@ -46,4 +38,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     model = cfg.model
     if (run / "warmup_model" / "config.json").is_file():
         model = model.model_copy(update={"source": str(run / "warmup_model")})
+    from relax_services.models.export import export_checkpoint  # the model stack: only here, not in `relax`
+
     return export_checkpoint(path, model, out_dir)

@@ -22,7 +22,9 @@ class Counted(Protocol):
     """Whatever has a restart count: a service's record, or a shared host."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The service's or the host's name, as restart events name it."""
+        ...
 
     restarts: int
 

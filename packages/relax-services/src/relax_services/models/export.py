@@ -1,4 +1,4 @@
-"""Hugging Face export of one trainer engine state: the policy (and the critic, with its value head) as checkpoint
+"""Hugging Face export of one run checkpoint: the policy (and the critic, with its value head) as checkpoint
 folders that ``transformers`` (and vLLM) load directly, with the tokenizer, chat template and processor files of
 the run's model folder. The walk over a run's checkpoints is :mod:`relax_services.control.export`."""
 
@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relax_services._files import ENGINE_FILE
 from relax_services.models.checkpoint import copy_side_files, open_checkpoint
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
     from relax_services.config import ModelConfig
 
-__all__ = ["HF_FOLDER", "export_state"]
+__all__ = ["HF_FOLDER", "export_checkpoint"]
 
 HF_FOLDER = "hf"
 """Name of the Hugging Face folder written inside every checkpoint folder."""
@@ -30,8 +31,8 @@ def _save(model: PreTrainedModel, state: Mapping[str, torch.Tensor], source: Pat
     copy_side_files(source, out)
 
 
-def export_state(state: Mapping[str, Any], model: ModelConfig, out_dir: str | Path) -> Path:
-    """Writes the policy of trainer engine state ``state`` to ``out_dir`` in Hugging Face format.
+def export_checkpoint(checkpoint_dir: str | Path, model: ModelConfig, out_dir: str | Path) -> Path:
+    """Writes run checkpoint ``checkpoint_dir``'s policy to ``out_dir`` in Hugging Face format.
 
     ``out_dir`` gets the policy's ``config.json``, ``generation_config.json``, ``model.safetensors`` and the model
     folder's tokenizer / chat template / processor files; with a critic, ``out_dir/critic`` gets the critic's
@@ -39,16 +40,18 @@ def export_state(state: Mapping[str, Any], model: ModelConfig, out_dir: str | Pa
     is complete or absent.
 
     Args:
-        state: A trainer engine's state (``model``, and ``critic`` with a critic), as a run checkpoint holds it.
+        checkpoint_dir: A run checkpoint folder (``checkpoints/step_N``): its trainer engine state is read.
         model: The run's model config (its folder gives the architecture, tokenizer and processor files).
         out_dir: Folder to write; replaced when it exists.
 
     Returns:
         ``out_dir``.
     """
+    import torch
     from safetensors.torch import save_file
 
     out = Path(out_dir)
+    state: dict[str, Any] = torch.load(Path(checkpoint_dir) / ENGINE_FILE, map_location="cpu", weights_only=False)
     ckpt = open_checkpoint(model.source, model.seed)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

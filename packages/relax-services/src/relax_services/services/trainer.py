@@ -338,14 +338,11 @@ class TrainerService(ServiceBase):
 
     def export_hf(self, checkpoint_dir: str) -> str:
         """Write checkpoint ``checkpoint_dir``'s policy (and critic) in Hugging Face format into its ``hf`` folder
-        (:func:`~relax_services.models.export.export_state`), here where the model stack is loaded; returns the
+        (:func:`~relax_services.models.export.export_checkpoint`), here where the model stack is loaded; returns the
         folder. Safe while training goes on: it reads the checkpoint's files, not this engine."""
-        from relax_services._files import ENGINE_FILE
-        from relax_services.models.export import HF_FOLDER, export_state
+        from relax_services.models.export import HF_FOLDER, export_checkpoint
 
-        folder = Path(checkpoint_dir)
-        state = torch.load(folder / ENGINE_FILE, map_location="cpu", weights_only=False)
-        return str(export_state(state, self.cfg.model, folder / HF_FOLDER))
+        return str(export_checkpoint(checkpoint_dir, self.cfg.model, Path(checkpoint_dir) / HF_FOLDER))
 
     def step(self) -> None:
         """One update: lease whole groups, train on them, publish the new weights and version, ack."""
