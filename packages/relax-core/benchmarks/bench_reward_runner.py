@@ -1,9 +1,8 @@
 """Overhead of the reward runner (routing, timeouts, fallback, counts) against calling the function directly.
 
-Scores 4,096 responses with the ``exact_match`` built-in three ways, best of ``--repeats`` runs each,
-alternating: a plain loop over the function, the older ``RewardScorer`` (no timeout for sync functions),
-and ``RewardRunner`` (sync calls on worker threads, each bounded by ``timeout_s``). Prints µs per sample
-and the ratios.
+Scores 4,096 responses with the ``exact_match`` built-in two ways, best of ``--repeats`` runs each,
+alternating: a plain loop over the function and ``RewardRunner`` (sync calls on worker threads, each bounded
+by ``timeout_s``). Prints µs per sample and the ratio.
 
 Run: ``uv run --no-sync python packages/relax-core/benchmarks/bench_reward_runner.py``
 """
@@ -32,11 +31,9 @@ def main() -> None:
     requests = [rc.RewardRequest(f"answer {i}", f"answer {i % 2}", "bench") for i in range(args.samples)]
     responses = [r.response for r in requests]
     truths = [r.ground_truth for r in requests]
-    scorer = rc.build_reward(rc.RewardConfig(name="exact_match"))
     with rc.build_reward_runner(rc.RewardRunnerConfig()) as runner:
         sides = {
             "plain loop": lambda: [rc.exact_match_reward(r, g) for r, g in zip(responses, truths, strict=True)],
-            "RewardScorer": lambda: scorer.score(responses, truths),
             "RewardRunner": lambda: runner.score(requests),
         }
         times = dict.fromkeys(sides, float("inf"))

@@ -24,11 +24,18 @@ class RunConfig(rc.ConfigModel):
     staleness: rc.StalenessConfig = pydantic.Field(default_factory=rc.StalenessConfig)
     """The staleness bound."""
 
-    reward: rc.RewardConfig = pydantic.Field(default_factory=rc.RewardConfig)
+    reward: rc.RewardRunnerConfig = pydantic.Field(default_factory=rc.RewardRunnerConfig)
     """The reward."""
 
 
-COMPONENTS = [rc.AlgorithmConfig, rc.OptimizerConfig, rc.StalenessConfig, rc.RewardConfig]
+COMPONENTS = [
+    rc.AlgorithmConfig,
+    rc.OptimizerConfig,
+    rc.StalenessConfig,
+    rc.RewardRunnerConfig,
+    rc.RewardSpec,
+    rc.RemoteRewardConfig,
+]
 
 
 def _error(source: Any, overrides: list[str] | None = None) -> rc.ConfigError:
@@ -55,13 +62,18 @@ def test_yaml_file_plus_dotted_overrides(tmp_path: Path) -> None:
     cfg = rc.load_config(
         RunConfig,
         path,
-        ["algorithm.clip_eps_high=0.28", "staleness.tau=null", "optimizer.betas=[0.9, 0.95]", "reward.kwargs.k=1"],
+        [
+            "algorithm.clip_eps_high=0.28",
+            "staleness.tau=null",
+            "optimizer.betas=[0.9, 0.95]",
+            "reward.default.kwargs.k=1",
+        ],
     )
     assert cfg.algorithm.clip_eps_high == 0.28
     assert cfg.algorithm.policy_loss == "gspo"
     assert cfg.optimizer.lr == 3e-4 and cfg.optimizer.betas == (0.9, 0.95)
     assert cfg.staleness.tau is None
-    assert cfg.reward.kwargs == {"k": 1}
+    assert cfg.reward.default.kwargs == {"k": 1}
 
 
 def test_scientific_notation_override_is_a_float() -> None:
@@ -104,7 +116,7 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
         (["optimizer.schedule=step"], "optimizer.schedule", "step", "'constant', 'linear' or 'cosine'"),
         (["staleness.tau=-1"], "staleness.tau", -1, ">= 0"),
         (["staleness.on_stale=ignore"], "staleness.on_stale", "ignore", "'drop', 'requeue' or 'flag'"),
-        (["reward.kind=sync"], "reward.kind", "sync", "'auto'"),
+        (["reward.default.kind=sync"], "reward.default.kind", "sync", "'auto'"),
         (["reward.timeout_s=0"], "reward.timeout_s", 0, "> 0"),
     ],
 )

@@ -1,9 +1,6 @@
-"""Reward functions, the registry and failure isolation."""
+"""Reward functions and the registry (failure isolation is the runner's: test_reward_runner.py)."""
 
 from __future__ import annotations
-
-import asyncio
-from collections.abc import Sequence
 
 import pytest
 
@@ -120,23 +117,9 @@ def user_reward(response: str, ground_truth: object, *, bonus: float = 0.0) -> f
     return float(len(response)) + bonus
 
 
-async def async_user_reward(response: str, ground_truth: object) -> float:
-    await asyncio.sleep(0.2 if response == "slow" else 0.0)
-    if response == "boom":
-        raise RuntimeError("sandbox crashed")
-    return 1.0
-
-
-def batched_user_reward(responses: Sequence[str], ground_truths: Sequence[object]) -> list[float]:
-    return [1.0 / len(r) for r in responses]  # raises ZeroDivisionError on an empty response
-
-
 def test_user_reward_by_dotted_path() -> None:
-    module = __name__
-    for name in (f"{module}:user_reward", f"{module}.user_reward"):
-        scorer = rc.build_reward(rc.RewardConfig(name=name, kwargs={"bonus": 0.5}))
-        assert scorer.kind == "scalar"
-        assert scorer.score(["abc"], [None]) == [rc.RewardResult(3.5)]
+    for name in (f"{__name__}:user_reward", f"{__name__}.user_reward"):
+        assert rc.resolve_reward_fn(name) is user_reward
 
 
 @pytest.mark.parametrize(
@@ -149,71 +132,4 @@ def test_user_reward_by_dotted_path() -> None:
 )
 def test_unresolvable_reward_names(name: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        rc.build_reward(rc.RewardConfig(name=name))
-
-
-def test_declared_kind_must_match_the_function() -> None:
-    with pytest.raises(ValueError, match="not a coroutine"):
-        rc.build_reward(rc.RewardConfig(name="math", kind="async"))
-    with pytest.raises(ValueError, match="is a coroutine"):
-        rc.build_reward(rc.RewardConfig(name=f"{__name__}:async_user_reward", kind="scalar"))
-
-
-def test_a_raising_scalar_reward_fails_only_its_sample() -> None:
-    def flaky(response: str, truth: object) -> float:
-        if response == "bad":
-            raise KeyError("missing field")
-        if response == "nan":
-            return float("nan")
-        if response == "str":
-            return "1.0"  # type: ignore[return-value]
-        return 1.0
-
-    scorer = rc.RewardScorer(flaky, "scalar", failure_reward=-1.0)
-    results = scorer.score(["ok", "bad", "nan", "str", "ok"], [None] * 5)
-    assert [r.reward for r in results] == [1.0, -1.0, -1.0, -1.0, 1.0]
-    assert [r.ok for r in results] == [True, False, False, False, True]
-    assert results[1].error == "KeyError: 'missing field'"
-    assert results[2].error is not None and "non-finite" in results[2].error
-    assert results[3].error is not None and "expected a float" in results[3].error
-
-
-def test_a_raising_batched_reward_is_isolated_per_sample() -> None:
-    scorer = rc.build_reward(rc.RewardConfig(name=f"{__name__}:batched_user_reward", kind="batched"))
-    results = scorer.score(["ab", "", "abcd"], [None] * 3)
-    assert [r.reward for r in results] == [0.5, 0.0, 0.25]
-    assert results[1].error is not None and results[1].error.startswith("ZeroDivisionError")
-
-
-def test_batched_reward_with_wrong_length_fails_its_samples() -> None:
-    scorer = rc.RewardScorer(lambda rs, gs: [1.0], "batched")
-    results = scorer.score(["a", "b"], [None, None])
-    assert [r.ok for r in results] == [True, True]  # rescored one by one, each call returns one value
-    broken = rc.RewardScorer(lambda rs, gs: [], "batched")
-    assert all(r.error is not None and "0 values" in r.error for r in broken.score(["a"], [None]))
-
-
-def test_async_reward_failures_and_timeouts() -> None:
-    cfg = rc.RewardConfig(name=f"{__name__}:async_user_reward", timeout_s=0.05)
-    scorer = rc.build_reward(cfg)
-    assert scorer.kind == "async"
-    results = scorer.score(["fine", "boom", "slow"], [None] * 3)
-    assert results[0] == rc.RewardResult(1.0)
-    assert results[1].error == "RuntimeError: sandbox crashed"
-    assert results[2].error is not None and results[2].error.startswith("TimeoutError")
-
-
-def test_ascore_from_async_code() -> None:
-    scalar = rc.build_reward(rc.RewardConfig(name="exact_match"))
-    async_scorer = rc.build_reward(rc.RewardConfig(name=f"{__name__}:async_user_reward"))
-
-    async def main() -> tuple[list[rc.RewardResult], list[rc.RewardResult]]:
-        return await scalar.ascore(["a"], ["a"]), await async_scorer.ascore(["x", "y"], [None, None])
-
-    first, second = asyncio.run(main())
-    assert first == [rc.RewardResult(1.0)] and second == [rc.RewardResult(1.0), rc.RewardResult(1.0)]
-
-
-def test_mismatched_lengths_are_a_caller_error() -> None:
-    with pytest.raises(ValueError, match="2 responses but 1 ground truths"):
-        rc.build_reward(rc.RewardConfig()).score(["a", "b"], ["a"])
+        rc.resolve_reward_fn(name)

@@ -8,7 +8,8 @@ use of one of their names, so a config error is reported before any heavy import
 
 from typing import TYPE_CHECKING, Any
 
-from relax_core._algorithms import (
+from relax_core._names import KLEstimator, LossAggMode
+from relax_core.algorithms.table import (
     ALGORITHMS,
     AdvantageFn,
     AlgorithmSpec,
@@ -18,7 +19,7 @@ from relax_core._algorithms import (
     off_policy_alternatives,
     preset_names,
 )
-from relax_core._config_base import (
+from relax_core.config.base import (
     ConfigError,
     ConfigIssue,
     ConfigModel,
@@ -29,21 +30,18 @@ from relax_core._config_base import (
     parse_override,
     read_yaml_mapping,
 )
-from relax_core._configs import (
+from relax_core.config.components import (
     AdvantageEstimator,
     AlgorithmConfig,
     OptimizerConfig,
     PolicyLossName,
-    RewardConfig,
     StalenessConfig,
     load_preset,
     lr_multiplier,
 )
-from relax_core._data_config import DataFileSpec, RowSchema
-from relax_core._names import KLEstimator, LossAggMode
-from relax_core._presets import PRESET_NAMES, PresetName
-from relax_core._reward_builtins import length_penalty_reward, math_verify_reward, regex_reward, weighted_reward
-from relax_core._reward_fns import (
+from relax_core.config.data import DataFileSpec, RowSchema
+from relax_core.config.presets import PRESET_NAMES, PresetName
+from relax_core.rewards.basic import (
     exact_match_reward,
     extract_boxed,
     extract_choice,
@@ -52,8 +50,16 @@ from relax_core._reward_fns import (
     multiple_choice_reward,
     normalize_number,
 )
-from relax_core._reward_remote import RemoteReward, RemoteRewardConfig, RemoteRewardError
-from relax_core._reward_runner import (
+from relax_core.rewards.extras import length_penalty_reward, math_verify_reward, regex_reward, weighted_reward
+from relax_core.rewards.registry import (
+    REWARD_REGISTRY,
+    AsyncRewardFn,
+    BatchedRewardFn,
+    RewardFn,
+    resolve_reward_fn,
+)
+from relax_core.rewards.remote import RemoteReward, RemoteRewardConfig, RemoteRewardError
+from relax_core.rewards.runner import (
     RewardOutcome,
     RewardRequest,
     RewardRunner,
@@ -62,20 +68,10 @@ from relax_core._reward_runner import (
     RewardStats,
     build_reward_runner,
 )
-from relax_core._reward_user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
-from relax_core._rewards import (
-    REWARD_REGISTRY,
-    AsyncRewardFn,
-    BatchedRewardFn,
-    RewardFn,
-    RewardResult,
-    RewardScorer,
-    build_reward,
-    resolve_reward_fn,
-)
+from relax_core.rewards.user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
 
 if TYPE_CHECKING:  # the lazily imported names, for type checkers
-    from relax_core._advantages import (
+    from relax_core.algorithms.advantages import (
         VTraceOutput,
         broadcast_to_tokens,
         discounted_returns,
@@ -88,8 +84,8 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         rloo_advantages,
         vtrace,
     )
-    from relax_core._estimate import AdvantageOutput, compute_advantages, outcome_token_rewards
-    from relax_core._kl import (
+    from relax_core.algorithms.estimate import AdvantageOutput, compute_advantages, outcome_token_rewards
+    from relax_core.algorithms.kl import (
         entropy_from_logits,
         kl_estimate,
         kl_full,
@@ -97,9 +93,16 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         token_logprobs,
         value_loss,
     )
-    from relax_core._loss_fn import compute_policy_loss, policy_loss_units
-    from relax_core._masked import aggregate_loss, aggregation_units, masked_mean, masked_sum, masked_var, masked_whiten
-    from relax_core._policy_losses import (
+    from relax_core.algorithms.loss import compute_policy_loss, policy_loss_units
+    from relax_core.algorithms.masked import (
+        aggregate_loss,
+        aggregation_units,
+        masked_mean,
+        masked_sum,
+        masked_var,
+        masked_whiten,
+    )
+    from relax_core.algorithms.policy_losses import (
         ImportanceWeights,
         cispo_loss,
         gspo_log_ratio,
@@ -109,40 +112,40 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
     )
 
 _LAZY: dict[str, str] = {
-    "VTraceOutput": "relax_core._advantages",
-    "broadcast_to_tokens": "relax_core._advantages",
-    "discounted_returns": "relax_core._advantages",
-    "dynamic_sampling_keep": "relax_core._advantages",
-    "gae_advantages": "relax_core._advantages",
-    "group_index": "relax_core._advantages",
-    "grpo_advantages": "relax_core._advantages",
-    "reinforce_pp_advantages": "relax_core._advantages",
-    "reinforce_pp_baseline_advantages": "relax_core._advantages",
-    "rloo_advantages": "relax_core._advantages",
-    "vtrace": "relax_core._advantages",
-    "AdvantageOutput": "relax_core._estimate",
-    "compute_advantages": "relax_core._estimate",
-    "outcome_token_rewards": "relax_core._estimate",
-    "entropy_from_logits": "relax_core._kl",
-    "kl_estimate": "relax_core._kl",
-    "kl_full": "relax_core._kl",
-    "kl_penalised_rewards": "relax_core._kl",
-    "token_logprobs": "relax_core._kl",
-    "value_loss": "relax_core._kl",
-    "compute_policy_loss": "relax_core._loss_fn",
-    "policy_loss_units": "relax_core._loss_fn",
-    "aggregate_loss": "relax_core._masked",
-    "aggregation_units": "relax_core._masked",
-    "masked_mean": "relax_core._masked",
-    "masked_sum": "relax_core._masked",
-    "masked_var": "relax_core._masked",
-    "masked_whiten": "relax_core._masked",
-    "ImportanceWeights": "relax_core._policy_losses",
-    "cispo_loss": "relax_core._policy_losses",
-    "gspo_log_ratio": "relax_core._policy_losses",
-    "importance_weights": "relax_core._policy_losses",
-    "ppo_clip_loss": "relax_core._policy_losses",
-    "sapo_loss": "relax_core._policy_losses",
+    "VTraceOutput": "relax_core.algorithms.advantages",
+    "broadcast_to_tokens": "relax_core.algorithms.advantages",
+    "discounted_returns": "relax_core.algorithms.advantages",
+    "dynamic_sampling_keep": "relax_core.algorithms.advantages",
+    "gae_advantages": "relax_core.algorithms.advantages",
+    "group_index": "relax_core.algorithms.advantages",
+    "grpo_advantages": "relax_core.algorithms.advantages",
+    "reinforce_pp_advantages": "relax_core.algorithms.advantages",
+    "reinforce_pp_baseline_advantages": "relax_core.algorithms.advantages",
+    "rloo_advantages": "relax_core.algorithms.advantages",
+    "vtrace": "relax_core.algorithms.advantages",
+    "AdvantageOutput": "relax_core.algorithms.estimate",
+    "compute_advantages": "relax_core.algorithms.estimate",
+    "outcome_token_rewards": "relax_core.algorithms.estimate",
+    "entropy_from_logits": "relax_core.algorithms.kl",
+    "kl_estimate": "relax_core.algorithms.kl",
+    "kl_full": "relax_core.algorithms.kl",
+    "kl_penalised_rewards": "relax_core.algorithms.kl",
+    "token_logprobs": "relax_core.algorithms.kl",
+    "value_loss": "relax_core.algorithms.kl",
+    "compute_policy_loss": "relax_core.algorithms.loss",
+    "policy_loss_units": "relax_core.algorithms.loss",
+    "aggregate_loss": "relax_core.algorithms.masked",
+    "aggregation_units": "relax_core.algorithms.masked",
+    "masked_mean": "relax_core.algorithms.masked",
+    "masked_sum": "relax_core.algorithms.masked",
+    "masked_var": "relax_core.algorithms.masked",
+    "masked_whiten": "relax_core.algorithms.masked",
+    "ImportanceWeights": "relax_core.algorithms.policy_losses",
+    "cispo_loss": "relax_core.algorithms.policy_losses",
+    "gspo_log_ratio": "relax_core.algorithms.policy_losses",
+    "importance_weights": "relax_core.algorithms.policy_losses",
+    "ppo_clip_loss": "relax_core.algorithms.policy_losses",
+    "sapo_loss": "relax_core.algorithms.policy_losses",
 }
 """Name → module of the torch math, imported when a name is first used."""
 
@@ -185,7 +188,6 @@ __all__ += [
     "OptimizerConfig",
     "PolicyLossName",
     "PresetName",
-    "RewardConfig",
     "RowSchema",
     "StalenessConfig",
     "load_preset",
@@ -254,9 +256,6 @@ __all__ += [
     "AsyncRewardFn",
     "BatchedRewardFn",
     "RewardFn",
-    "RewardResult",
-    "RewardScorer",
-    "build_reward",
     "exact_match_reward",
     "extract_boxed",
     "extract_choice",

@@ -1,7 +1,7 @@
 """Names the configs validate against, kept free of torch so that a config loads without importing it.
 
 A config error must be reported before any heavy import; the math modules that use these names
-(`_kl`, `_masked`) import them from here.
+(`algorithms/kl.py`, `algorithms/masked.py`) import them from here, and so do the configs (`config/components.py`).
 """
 
 from __future__ import annotations

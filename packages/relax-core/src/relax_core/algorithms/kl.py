@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relax_core._masked import aggregate_loss, masked_mean, masked_var
 from relax_core._names import KLEstimator, LossAggMode
+from relax_core.algorithms.masked import aggregate_loss, masked_mean, masked_var
 
 __all__ = [
     "KLEstimator",

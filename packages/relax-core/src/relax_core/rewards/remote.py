@@ -20,7 +20,7 @@ from typing import Any
 
 import pydantic
 
-from relax_core._config_base import ConfigModel
+from relax_core.config.base import ConfigModel
 
 __all__ = ["RemoteReward", "RemoteRewardConfig", "RemoteRewardError"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax_core._masked import masked_whiten
+from relax_core.algorithms.masked import masked_whiten
 
 __all__ = [
     "VTraceOutput",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax_core._algorithms import ALGORITHMS, preset_names
+from relax_core.algorithms.table import ALGORITHMS, preset_names
 
 __all__ = ["PRESET_NAMES", "PresetName", "preset_data"]
 

@@ -1,4 +1,5 @@
-"""Component configs owned by relax-core: algorithm, optimizer, staleness, reward.
+"""Component configs owned by relax-core: algorithm, optimizer, staleness (the reward runner's config is in
+``rewards/runner.py``).
 
 Each is a small :class:`~relax_core.ConfigModel`; every field carries its default and a docstring.
 relax-services composes its run config from these plus its own service configs.
@@ -12,10 +13,10 @@ from typing import Any, Literal
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from relax_core._algorithms import ALGORITHMS, algorithm_spec, preset_names
-from relax_core._config_base import ConfigModel, load_config
 from relax_core._names import KLEstimator, LossAggMode
-from relax_core._presets import PresetName, preset_data
+from relax_core.algorithms.table import ALGORITHMS, algorithm_spec, preset_names
+from relax_core.config.base import ConfigModel, load_config
+from relax_core.config.presets import PresetName, preset_data
 
 __all__ = [
     "AdvantageEstimator",
@@ -24,7 +25,6 @@ __all__ = [
     "LossAggMode",
     "OptimizerConfig",
     "PolicyLossName",
-    "RewardConfig",
     "StalenessConfig",
     "load_preset",
     "lr_multiplier",
@@ -301,24 +301,3 @@ class StalenessConfig(ConfigModel):
     def is_stale(self, current_version: int, sample_min_version: int) -> bool:
         """Whether a sample whose oldest token has ``sample_min_version`` exceeds τ at ``current_version``."""
         return self.tau is not None and current_version - sample_min_version > self.tau
-
-
-class RewardConfig(ConfigModel):
-    """Which reward function scores responses, and how."""
-
-    name: str = "exact_match"
-    """A registry name (exact_match, multiple_choice, math, format) or a dotted import path
-    ('my_pkg.rewards:score' or 'my_pkg.rewards.score')."""
-
-    kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
-    """Keyword arguments passed to every call of the function."""
-
-    kind: Literal["auto", "scalar", "batched", "async"] = "auto"
-    """Calling convention: scalar (one response), batched (lists), async (coroutine per response);
-    auto picks async for coroutine functions and scalar otherwise."""
-
-    timeout_s: float | None = pydantic.Field(default=None, gt=0.0)
-    """Per-response timeout for async reward functions; None waits forever."""
-
-    failure_reward: float = 0.0
-    """Reward recorded for a sample whose reward function raised (the sample is also marked failed)."""

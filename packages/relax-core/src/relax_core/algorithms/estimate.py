@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax_core._algorithms import EstimatorInputs, algorithm_spec
-from relax_core._configs import AlgorithmConfig
-from relax_core._kl import kl_estimate
-from relax_core._masked import masked_whiten
+from relax_core.algorithms.kl import kl_estimate
+from relax_core.algorithms.masked import masked_whiten
+from relax_core.algorithms.table import EstimatorInputs, algorithm_spec
+from relax_core.config.components import AlgorithmConfig
 
 __all__ = ["AdvantageOutput", "compute_advantages", "outcome_token_rewards"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pydantic
 
-from relax_core._config_base import ConfigModel
+from relax_core.config.base import ConfigModel
 
 __all__ = ["DataFileSpec", "RowSchema"]
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relax_core._configs import AlgorithmConfig
-from relax_core._kl import kl_estimate, kl_full
-from relax_core._masked import aggregate_loss, aggregation_units, masked_mean
-from relax_core._policy_losses import (
+from relax_core.algorithms.kl import kl_estimate, kl_full
+from relax_core.algorithms.masked import aggregate_loss, aggregation_units, masked_mean
+from relax_core.algorithms.policy_losses import (
     LOG_RATIO_BOUND,
     cispo_loss,
     gspo_log_ratio,
@@ -16,6 +15,7 @@ from relax_core._policy_losses import (
     ppo_clip_loss,
     sapo_loss,
 )
+from relax_core.config.components import AlgorithmConfig
 
 __all__ = ["compute_policy_loss", "policy_loss_units"]
 

@@ -21,10 +21,9 @@ from typing import Any
 
 import pydantic
 
-from relax_core._config_base import ConfigModel
-from relax_core._reward_remote import RemoteReward, RemoteRewardConfig
-from relax_core._reward_user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
-from relax_core._rewards import RewardResult
+from relax_core.config.base import ConfigModel
+from relax_core.rewards.remote import RemoteReward, RemoteRewardConfig
+from relax_core.rewards.user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
 
 __all__ = [
     "RewardOutcome",
@@ -119,10 +118,6 @@ class RewardOutcome:
     def ok(self) -> bool:
         """Whether the reward succeeded."""
         return self.error is None
-
-    def to_result(self) -> RewardResult:
-        """As the older :class:`RewardResult` (score and error)."""
-        return RewardResult(self.score, self.error)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from relax_core._rewards import resolve_reward_fn
+from relax_core.rewards.registry import resolve_reward_fn
 
 __all__ = ["CallStyle", "RewardKind", "call_style", "load_reward_fn", "parse_reward_value"]
 

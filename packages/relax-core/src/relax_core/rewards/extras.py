@@ -1,6 +1,6 @@
 r"""More built-in rewards: a math-verify answer check, regex, length penalty and a weighted combination.
 
-Each is a scalar reward ``(response, ground_truth, **kwargs) -> float`` like those of ``_reward_fns``.
+Each is a scalar reward ``(response, ground_truth, **kwargs) -> float`` like those of ``rewards/basic.py``.
 
 ``math_verify`` first tries the exact numeric comparison of :func:`math_reward` (fast, no SymPy) and, when
 that does not match, asks Hugging Face's ``math-verify`` (LaTeX → SymPy, symbolic equality: ``(x+1)^2`` =
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from relax_core._reward_fns import extract_boxed, math_reward
+from relax_core.rewards.basic import extract_boxed, math_reward
 
 __all__ = [
     "length_penalty_reward",
@@ -124,7 +124,7 @@ def weighted_reward(response: str, ground_truth: Any, *, terms: Sequence[Mapping
     Raises:
         ValueError: A term without ``fn`` or with unknown keys.
     """
-    from relax_core._rewards import resolve_reward_fn  # the registry lists this function: import late
+    from relax_core.rewards.registry import resolve_reward_fn  # the registry lists this function: import late
 
     total = 0.0
     for i, term in enumerate(terms):

@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from relax_core._masked import masked_mean
+from relax_core.algorithms.masked import masked_mean
 
 __all__ = [
     "LOG_RATIO_BOUND",

@@ -4,7 +4,7 @@ Config validation (allowed estimators and presets, group-size and on-policy chec
 dispatch of :func:`~relax_core.compute_advantages`, the services a pipeline needs (critic, reference) and
 the trainer's special cases (log-probs needed before the update) all read :data:`ALGORITHMS`.
 
-A new estimator is one entry here plus its pure function in ``_advantages.py``. The table is a plain dict:
+A new estimator is one entry here plus its pure function in ``advantages.py``. The table is a plain dict:
 code that wants a private estimator (a test, a research fork) adds an entry to it before building configs,
 e.g. ``ALGORITHMS["toy"] = AlgorithmSpec(advantage=my_fn)``; nothing caches the set of names.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from relax_core._configs import AlgorithmConfig
+    from relax_core.config.components import AlgorithmConfig
 
 # The table is read when a config is validated, which must not import torch (config errors come before any heavy
 # import); the adapters import the torch math when an estimate is computed.
@@ -96,7 +96,7 @@ class AlgorithmSpec:
 # ---------------------------------------------------------------- adapters to the pure functions
 def _seq_scores(inputs: EstimatorInputs) -> Tensor:
     """``[B]`` scores with the summed reward-placed KL penalty (outcome estimators see one number a sample)."""
-    from relax_core._masked import masked_sum
+    from relax_core.algorithms.masked import masked_sum
 
     return inputs.scores + masked_sum(inputs.penalty, inputs.mask, dim=-1)
 
@@ -112,40 +112,40 @@ def _values(inputs: EstimatorInputs) -> Tensor:
 
 
 def _grpo(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
-    from relax_core._advantages import broadcast_to_tokens, grpo_advantages
+    from relax_core.algorithms.advantages import broadcast_to_tokens, grpo_advantages
 
     seq_adv = grpo_advantages(_seq_scores(inputs), _groups(inputs), cfg.norm_adv_by_std)  # [B]
     return broadcast_to_tokens(seq_adv, inputs.mask), None
 
 
 def _rloo(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
-    from relax_core._advantages import broadcast_to_tokens, rloo_advantages
+    from relax_core.algorithms.advantages import broadcast_to_tokens, rloo_advantages
 
     seq_adv = rloo_advantages(_seq_scores(inputs), _groups(inputs))  # [B]
     return broadcast_to_tokens(seq_adv, inputs.mask), None
 
 
 def _reinforce_pp(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
-    from relax_core._advantages import reinforce_pp_advantages
+    from relax_core.algorithms.advantages import reinforce_pp_advantages
 
     return reinforce_pp_advantages(inputs.token_rewards, inputs.mask, cfg.gamma), None
 
 
 def _reinforce_pp_baseline(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
-    from relax_core._advantages import reinforce_pp_baseline_advantages
+    from relax_core.algorithms.advantages import reinforce_pp_baseline_advantages
 
     return reinforce_pp_baseline_advantages(inputs.scores, _groups(inputs), inputs.mask, inputs.penalty), None
 
 
 def _gae(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
-    from relax_core._advantages import gae_advantages
+    from relax_core.algorithms.advantages import gae_advantages
 
     advantages, returns = gae_advantages(inputs.token_rewards, _values(inputs), inputs.mask, cfg.gamma, cfg.lam)
     return advantages, returns
 
 
 def _vtrace(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
-    from relax_core._advantages import vtrace
+    from relax_core.algorithms.advantages import vtrace
 
     behaviour = inputs.old_logprobs
     assert behaviour is not None  # compute_advantages checks the spec's needs first
