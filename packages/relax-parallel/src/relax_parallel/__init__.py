@@ -11,6 +11,7 @@ from relax_parallel._config import RECOMPUTE_MODES, ParallelConfig
 from relax_parallel._hf_config import PRESETS, load_model_spec, model_spec_from_hf_config
 from relax_parallel._memory import (
     MemoryBreakdown,
+    inference_weight_bytes,
     kv_cache_bytes_per_token,
     layer_activation_bytes,
     layer_activation_coefficient,
@@ -53,6 +54,7 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "model_spec_from_hf_config",
     # Cost model: memory
     "MemoryBreakdown",
+    "inference_weight_bytes",
     "kv_cache_bytes_per_token",
     "layer_activation_bytes",
     "layer_activation_coefficient",

@@ -13,6 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from relax_services.config import RunConfig
     from relax_services.control.controller import Controller
 
 __all__ = ["main"]
@@ -100,20 +101,22 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except ValueError as exc:  # DataFileError is one
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:  # where every process would go; nothing loaded, no run folder, no service
+        from relax_services.control.dry_run import dry_run
+        from relax_services.control.launch import LaunchError
+
+        try:
+            print(dry_run(cfg), flush=True)
+        except LaunchError as exc:
+            print(f"relax train: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         run_dir = make_run_dir(cfg, run_dir)
     except ConfigError as exc:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
     print(f"relax train: run folder {run_dir}", flush=True)
-    from relax_services.engines.trainer_plan import trainer_plan_text
-
-    plan_text = trainer_plan_text(cfg)  # the Trainer service records what its engine realised beside it
-    print(plan_text, flush=True)
-    try:
-        (run_dir / "plan.txt").write_text(plan_text + "\n", encoding="utf-8")
-    except OSError as exc:
-        print(f"relax train: plan.txt not written: {exc}", file=sys.stderr)
     for key, (old, new) in changed.items():
         print(f"relax train: resumed with {key}={new!r} (the saved run had {old!r})", flush=True)
     from relax_services.control.launch import LaunchError, launch  # ray (the model stack only in the services)
@@ -134,10 +137,26 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         if signals.reason is not None:
             controller.request_stop(signals.reason)
 
+    def on_resolved(resolved: RunConfig) -> None:
+        from relax_services.engines.trainer_plan import trainer_plan_text
+
+        plan_text = trainer_plan_text(resolved)  # the Trainer service records what its engine realised beside it
+        print(plan_text, flush=True)
+        try:
+            (run_dir / "plan.txt").write_text(plan_text + "\n", encoding="utf-8")
+        except OSError as exc:
+            print(f"relax train: plan.txt not written: {exc}", file=sys.stderr)
+
     memory = PeakMemory().start()
     try:
         result = launch(
-            cfg, run_dir, resume=args.resume, resume_changes=changed, started_at=_STARTED, on_start=on_start
+            cfg,
+            run_dir,
+            resume=args.resume,
+            resume_changes=changed,
+            started_at=_STARTED,
+            on_start=on_start,
+            on_resolved=on_resolved,
         )
     except LaunchError as exc:
         memory.stop()
@@ -262,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=50")
     train.add_argument("--ray-address", default=None, help="join an existing Ray cluster instead of starting one")
     train.add_argument("--resume", action="store_true", help="resume from the run folder's last checkpoint")
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="resolve the config and the cluster and print where every role goes (node, GPU ids, dtype, memory "
+        "estimate); loads no model and starts no service",
+    )
     train.set_defaults(func=_train)
     export = sub.add_parser(
         "export",

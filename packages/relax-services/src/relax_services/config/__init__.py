@@ -6,12 +6,14 @@ The sections live in the modules beside this one; the names below are the face t
 
 from relax_services.config.run_config import (
     ACTOR_TARGETS,
+    CriticConfig,
     DataConfig,
     EvalConfig,
     FaultSpec,
     HealthConfig,
     ModelConfig,
     QueueSettings,
+    ReferenceConfig,
     RolloutConfig,
     RunConfig,
     RunRewardConfig,
@@ -23,12 +25,14 @@ from relax_services.config.run_config import (
 
 __all__ = [
     "ACTOR_TARGETS",
+    "CriticConfig",
     "DataConfig",
     "EvalConfig",
     "FaultSpec",
     "HealthConfig",
     "ModelConfig",
     "QueueSettings",
+    "ReferenceConfig",
     "RolloutConfig",
     "RunConfig",
     "RunRewardConfig",

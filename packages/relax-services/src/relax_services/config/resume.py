@@ -26,6 +26,13 @@ SAFE_ON_RESUME: tuple[str, ...] = (
     "trainer.keep_checkpoints",
     "trainer.world_size",
     "eval.every_steps",
+    "trainer.gpus_per_rank",
+    "rollout.gpus",
+    "reference.gpus",
+    "critic.gpus",
+    "eval.gpus",
+    "rollout.vllm.gpu_memory_utilization",
+    "rollout.vllm.enforce_eager",
     "health",
     "faults",
     "queue.lease_timeout_s",
@@ -34,7 +41,7 @@ SAFE_ON_RESUME: tuple[str, ...] = (
 """Dotted keys (or whole sections) an override may change on ``--resume``: the run's length and budget, how often
 it checkpoints and evaluates, the ranks of a Trainer group (its checkpoint holds the full state, which a group of
 any world size loads; the updates stay the same to float rounding), fault handling, and where and how it
-reports."""
+reports, and the GPUs each process reserves."""
 
 _IDENTITY = ("run.output_dir", "run.name")  # name the run folder; the saved copy may spell them differently
 

@@ -9,6 +9,7 @@ from typing import Literal
 import pydantic
 
 from relax_core import ConfigModel
+from relax_services.config.devices import DeviceChoice
 from relax_services.config.hosts import DEFAULT_HOSTS, check_hosts, check_hosts_placement
 
 __all__ = ["ACTOR_TARGETS", "FaultSpec", "RunSettings"]
@@ -89,6 +90,12 @@ class RunSettings(ConfigModel):
     mode: Literal["distributed", "colocated"] = "distributed"
     """'distributed': one Ray actor per service (several processes, GPUs, nodes). 'colocated': every service as a
     thread of the ``relax train`` process over the in-process queue and weight store (one machine, no Ray)."""
+
+    device: DeviceChoice = "auto"
+    """Where the roles that run a model compute: ``cuda`` (each reserves its GPUs: ``trainer.gpus_per_rank``,
+    ``rollout.gpus``, ``reference.gpus``, ``critic.gpus``, ``eval.gpus``), ``cpu``, or ``auto``: ``cuda`` when the
+    Ray cluster reports GPUs (this machine's torch in ``run.mode=colocated``). Resolved once at launch; asking for
+    ``cuda``, or for more GPUs than the cluster has, is an error before anything starts."""
 
     progress: Literal["auto", "live", "lines", "none"] = "auto"
     """'live' redraws a table (TTY), 'lines' prints one line per report, 'auto' picks by TTY."""

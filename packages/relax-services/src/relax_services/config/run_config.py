@@ -34,9 +34,11 @@ from relax_services.config.reward import RunRewardConfig
 from relax_services.config.run import ACTOR_TARGETS, FaultSpec, RunSettings
 from relax_services.config.services import MICRO_BATCH_GROUPS_CAP as MICRO_BATCH_GROUPS_CAP
 from relax_services.config.services import (
+    CriticConfig,
     EvalConfig,
     HealthConfig,
     QueueSettings,
+    ReferenceConfig,
     RolloutConfig,
     TrainerConfig,
     VLLMSettings,
@@ -46,12 +48,14 @@ from relax_services.config.trainer_group import check_trainer_group
 
 __all__ = [
     "ACTOR_TARGETS",
+    "CriticConfig",
     "DataConfig",
     "EvalConfig",
     "FaultSpec",
     "HealthConfig",
     "ModelConfig",
     "QueueSettings",
+    "ReferenceConfig",
     "RolloutConfig",
     "RunConfig",
     "RunRewardConfig",
@@ -119,6 +123,8 @@ class RunConfig(ConfigModel):
     rollout: RolloutConfig = pydantic.Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = pydantic.Field(default_factory=TrainerConfig)
     queue: QueueSettings = pydantic.Field(default_factory=QueueSettings)
+    reference: ReferenceConfig = pydantic.Field(default_factory=ReferenceConfig)
+    critic: CriticConfig = pydantic.Field(default_factory=CriticConfig)
     eval: EvalConfig = pydantic.Field(default_factory=EvalConfig)
     health: HealthConfig = pydantic.Field(default_factory=HealthConfig)
     faults: list[FaultSpec] = pydantic.Field(default_factory=list)

@@ -8,13 +8,16 @@ from typing import Literal
 import pydantic
 
 from relax_core import ConfigModel
+from relax_services.config.devices import Dtype, GpuCount
 from relax_services.config.trainer_group import default_train_engine
 
 __all__ = [
     "MICRO_BATCH_GROUPS_CAP",
+    "CriticConfig",
     "EvalConfig",
     "HealthConfig",
     "QueueSettings",
+    "ReferenceConfig",
     "RolloutConfig",
     "TrainerConfig",
     "VLLMSettings",
@@ -28,11 +31,24 @@ class VLLMSettings(ConfigModel):
     """``rollout.engine=vllm``: the vLLM engine each Rollout worker (and the Evaluator) builds (extra
     ``relax-services[vllm]``; see ``relax_services.engines.vllm.rollout``)."""
 
-    tensor_parallel_size: int = pydantic.Field(default=1, ge=1)
-    """Tensor-parallel ranks of each replica (one replica per Rollout worker)."""
+    tensor_parallel_size: int | None = pydantic.Field(default=None, ge=1)
+    """Tensor-parallel ranks of each replica (one replica per Rollout worker). None: ``rollout.gpus`` on a GPU run
+    (a replica spans the GPUs its worker reserves), 1 on the CPU."""
 
-    dtype: str = "float32"
-    """Weight and activation dtype of vLLM (``float32`` matches the trainer's default forward)."""
+    dtype: Dtype = "auto"
+    """Weight and activation dtype of vLLM; ``auto``: ``rollout.dtype``'s (bfloat16 on GPU, float32 on the CPU,
+    where float32 matches the trainer's forward)."""
+
+    gpu_memory_utilization: float = pydantic.Field(default=0.85, gt=0.0, le=1.0)
+    """Share of each GPU's memory vLLM may take for weights, activations and KV cache (GPU runs; on the CPU the KV
+    cache is ``kv_cache_mib``). Lower it when another role shares the GPU (fractional ``rollout.gpus``)."""
+
+    enforce_eager: bool | None = None
+    """Run the model eagerly (no CUDA graphs): slower decoding, faster start and less memory. None: eager on the
+    CPU, CUDA graphs on GPU."""
+
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of a prompt shared by the samples of a group (GPU runs)."""
 
     max_model_len: int = pydantic.Field(default=2048, ge=1)
     """Longest prompt + response, in tokens."""
@@ -41,7 +57,7 @@ class VLLMSettings(ConfigModel):
     """Requests vLLM schedules at once."""
 
     kv_cache_mib: int = pydantic.Field(default=256, ge=1)
-    """KV-cache size per replica, in MiB."""
+    """KV-cache size per replica, in MiB, on the CPU (a GPU run sizes it by ``gpu_memory_utilization``)."""
 
     logprobs_mode: Literal["auto", "processed_logprobs", "raw_logits"] = "auto"
     """How behaviour log-probs are read from vLLM: ``processed_logprobs`` (sampled token only; needs top_p = 1),
@@ -56,6 +72,13 @@ class RolloutConfig(ConfigModel):
 
     num_workers: int = pydantic.Field(default=1, ge=1)
     """Rollout actors (each its own process)."""
+
+    gpus: GpuCount = 1.0
+    """GPUs of each Rollout worker on a GPU run (``run.device``): a fraction shares a device with other roles, a
+    whole number above one is the vLLM replica's tensor-parallel size."""
+
+    dtype: Dtype = "auto"
+    """Dtype of the rollout engine's weights; ``auto``: bfloat16 on GPU, float32 on the CPU."""
 
     groups_per_call: int = pydantic.Field(default=16, ge=1)
     """Most prompt groups generated together in one batched engine call (see ``RunConfig.rollout_call_groups``)."""
@@ -94,6 +117,15 @@ class TrainerConfig(ConfigModel):
     must be a multiple of it (whole groups per rank when ``groups_per_step / minibatches`` is); with
     ``algorithm.filter_groups``, ``algorithm.group_size`` must be (any number of kept groups then splits
     evenly). ``micro_batch_groups`` bounds each rank's micro-batch."""
+
+    gpus_per_rank: GpuCount = 1.0
+    """GPUs of each Trainer rank (the Trainer's one process with ``trainer.engine=torch``) on a GPU run
+    (``run.device``); a fraction shares a device with other roles. A group's ranks are packed on as few nodes as
+    hold them."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The Trainer's compute precision; its weights and optimizer state stay float32. ``auto``: bfloat16 autocast
+    on a CUDA device that supports it, float32 on the CPU."""
 
     tensor_parallel: int = pydantic.Field(default=1, ge=1)
     """Tensor-parallel degree of a Trainer group (``trainer.engine=fsdp``): each decoder block's attention and MLP
@@ -190,6 +222,29 @@ class EvalConfig(ConfigModel):
 
     every_steps: int = pydantic.Field(default=10, ge=1)
     """Evaluate the newest weights after every this many updates."""
+
+    gpus: GpuCount = 1.0
+    """GPUs of the Evaluator's process on a GPU run (``run.device``; 0: it decodes on the CPU)."""
+
+    dtype: Dtype = "auto"
+    """Dtype of the Evaluator's weights; ``auto``: bfloat16 on GPU, float32 on the CPU."""
+
+
+class ReferenceConfig(ConfigModel):
+    """The Reference (log-probs of the initial policy, for the KL term)."""
+
+    gpus: GpuCount = 1.0
+    """GPUs of the Reference's process on a GPU run (``run.device``)."""
+
+    dtype: Dtype = "auto"
+    """Dtype of the Reference's weights; ``auto``: bfloat16 on GPU, float32 on the CPU."""
+
+
+class CriticConfig(ConfigModel):
+    """The Critic (values for PPO's GAE; trained by the Trainer, its weights read here)."""
+
+    gpus: GpuCount = 1.0
+    """GPUs of the Critic's process on a GPU run (``run.device``)."""
 
 
 class HealthConfig(ConfigModel):

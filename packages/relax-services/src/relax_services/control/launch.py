@@ -18,11 +18,41 @@ if TYPE_CHECKING:
     from relax_services.control.controller import Controller
     from relax_services.control.run_result import RunResult
 
-__all__ = ["LaunchError", "launch"]
+__all__ = ["LaunchError", "launch", "resolve_devices"]
 
 
 class LaunchError(Exception):
-    """The run could not start: nothing ran (a colocated run one process cannot run, an unreachable cluster)."""
+    """The run could not start: nothing ran (a colocated run one process cannot run, an unreachable cluster, devices
+    the cluster does not have)."""
+
+
+def resolve_devices(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``run.device`` resolved against the GPUs there are (Ray's cluster for a distributed run, which
+    must be up; this process's torch for a colocated one), and a distributed run's GPU processes checked against
+    them (:func:`~relax_services.hosting.placement.check_cluster`).
+
+    Raises:
+        LaunchError: ``run.device=cuda`` without a GPU, more GPUs asked than the cluster has, or a Trainer group
+            sharing GPUs between ranks (the message names the fields and what Ray reports).
+    """
+    from relax_services.config.devices import DeviceError, resolve_device, with_device
+    from relax_services.hosting.placement import check_cluster, run_processes
+
+    if cfg.run.mode == "colocated":
+        import torch
+
+        gpus, source = float(torch.cuda.device_count()), "torch in this process"
+    else:
+        import ray
+
+        gpus, source = float(ray.cluster_resources().get("GPU", 0.0)), "Ray"  # type: ignore[no-untyped-call]
+    try:
+        cfg = with_device(cfg, resolve_device(cfg.run.device, gpus, source=source))
+        if cfg.run.mode != "colocated":
+            check_cluster(cfg, run_processes(cfg), gpus)
+    except DeviceError as exc:
+        raise LaunchError(str(exc)) from exc
+    return cfg
 
 
 def launch(
@@ -33,6 +63,7 @@ def launch(
     resume_changes: dict[str, tuple[object, object]] | None = None,
     started_at: float | None = None,
     on_start: Callable[[Controller], None] | None = None,
+    on_resolved: Callable[[RunConfig], None] | None = None,
 ) -> RunResult:
     """Run ``cfg`` in the existing run folder ``run_dir`` and return its result.
 
@@ -43,11 +74,13 @@ def launch(
         resume_changes: What the resume overrides changed (``key: (saved, new)``), recorded in the metrics.
         started_at: When the command started (``time.monotonic``), for the start-up split; None: now.
         on_start: Called with the controller once it is built, before it runs (e.g. to route signals to it).
+        on_resolved: Called with the config the run runs, its device resolved (:func:`resolve_devices`), before any
+            service starts (e.g. to print the Trainer's plan).
 
     Raises:
         LaunchError: Before anything ran: a colocated run that one process cannot run
-            (:func:`~relax_services.control.colocated.check_colocated`), or the Ray cluster at ``run.ray_address``
-            cannot be reached.
+            (:func:`~relax_services.control.colocated.check_colocated`), the Ray cluster at ``run.ray_address``
+            cannot be reached, or the devices asked are not there (:func:`resolve_devices`).
     """
     from relax_services.control.controller import Controller
     from relax_services.hosting.ray_init import init_ray
@@ -68,6 +101,9 @@ def launch(
         except ConnectionError as exc:
             raise LaunchError(str(exc)) from exc
     try:
+        cfg = resolve_devices(cfg)
+        if on_resolved is not None:
+            on_resolved(cfg)
         controller = controller_cls(cfg, run_dir, resume=resume, resume_changes=resume_changes, started_at=started_at)
         if on_start is not None:
             on_start(controller)

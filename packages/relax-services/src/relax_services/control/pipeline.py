@@ -35,6 +35,7 @@ from relax_services.data.prompts import HeldoutSet, PromptBuilder
 from relax_services.engines.registry import check_engines
 from relax_services.hosting.cohost import SharedHost, actor_options
 from relax_services.hosting.light_host import LightActor, create_light_actor  # light: its actor imports no model stack
+from relax_services.hosting.placement import Placement, host_name, service_roles
 from relax_services.hosting.service_host import SERVICE_CLASSES, host_class
 from relax_services.rows import HeldoutItem
 from relax_services.weights import RayWeightStore, WeightStore
@@ -79,6 +80,9 @@ class ServiceSpec:
     resource: str | None = None
     host: SharedHost | None = None
     """The host whose process this service shares with others (``run.hosts``); None: an actor of its own."""
+    placement: dict[str, object] = field(default_factory=dict)
+    """Ray options placing its own actor on a GPU run: its GPUs and its placement-group bundle
+    (:meth:`~relax_services.hosting.placement.Placement.options`); empty on a CPU run."""
 
     @property
     def actor(self) -> ActorHandle[object]:
@@ -110,7 +114,7 @@ class ServiceSpec:
         # A path is hosted (imported in the actor's process only); a class is Ray's actor class itself.
         actor_cls: Any = ray.remote(host_class(self.cls) if isinstance(self.cls, str) else self.cls)
         prefix = (self.cls,) if isinstance(self.cls, str) else ()
-        options = actor_options(f"{namespace}-{self.name}-{self.restarts}", 1, self.resource)
+        options = actor_options(f"{namespace}-{self.name}-{self.restarts}", 1, self.resource) | self.placement
         self.handle = actor_cls.options(**options).remote(*prefix, self.name, *self.args, **self.kwargs)
 
     def start_loop(self, timeout: float = 300.0) -> int:
@@ -143,6 +147,8 @@ class Pipeline:
     critic_weights: RayWeightStore | None = None
     hosts: list[SharedHost] = field(default_factory=list)
     """The processes several services share (``run.hosts``); their members are in ``services`` too."""
+    placement: Placement | None = None
+    """The placement groups of a GPU run (None on a CPU run), released when the pipeline stops."""
 
     def start(self, watch: Callable[[], None] | None = None, poll_s: float = 0.25, timeout_s: float = 600.0) -> None:
         """Start every service at once (their processes import and build models in parallel).
@@ -223,6 +229,8 @@ class Pipeline:
         for actor in self.actors().values():
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+        if self.placement is not None:
+            self.placement.remove()
 
 
 def queue_configs(cfg: RunConfig) -> tuple[QueueConfig, QueueConfig]:
@@ -292,24 +300,37 @@ def service_plan(
     weights: WeightStore,
     critic_weights: WeightStore | None,
     to_prompt: PromptBuilder | None = None,
+    placement: Placement | None = None,
 ) -> list[PlannedService]:
     """The services of a run and their arguments, whatever runs them (Ray actors or threads of one process):
-    Trainer, Rollout workers, Reward, Reference (KL term), Critic (a critic weight store given) and Evaluator.
-    With ``to_prompt`` the Rollout workers build each prompt from the record rows the feeder puts."""
-    plan: list[PlannedService] = []
+    Trainer, Rollout workers, Reward, Reference (KL term), Critic (an estimator with a critic) and Evaluator
+    (:func:`~relax_services.hosting.placement.service_roles`). With ``to_prompt`` the Rollout workers build each
+    prompt from the record rows the feeder puts; ``placement`` places a Trainer group's ranks on a GPU run."""
     engine_state = None if restore is None else str(restore / ENGINE_FILE)
-    trainer_args = (cfg, sample_queue, weights, engine_state)
-    plan.append(("trainer", "trainer", SERVICE_CLASSES["trainer"], trainer_args, {"critic_weights": critic_weights}))
-    for i in range(cfg.rollout.num_workers):
-        worker_weights = weights.for_worker(i) if isinstance(weights, BroadcastWeightStore) else weights
-        rollout_args = (cfg, prompt_queue, sample_queue, worker_weights)
-        plan.append((f"rollout-{i}", "rollout", SERVICE_CLASSES["rollout"], rollout_args, {"to_prompt": to_prompt}))
-    plan.append(("reward", "reward", SERVICE_CLASSES["reward"], (cfg, sample_queue), {}))
-    if cfg.algorithm.uses_reference:
-        plan.append(("reference", "reference", SERVICE_CLASSES["reference"], (cfg, sample_queue), {}))
-    if critic_weights is not None:
-        plan.append(("critic", "critic", SERVICE_CLASSES["critic"], (cfg, sample_queue, critic_weights), {}))
-    plan.append(("eval", "eval", SERVICE_CLASSES["eval"], (cfg, heldout, weights), {}))
+    ranks = None if placement is None else placement.trainer_ranks()
+    args: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+        "trainer": ((cfg, sample_queue, weights, engine_state), {"critic_weights": critic_weights, "placement": ranks}),
+        "reward": ((cfg, sample_queue), {}),
+        "reference": ((cfg, sample_queue), {}),
+        "critic": ((cfg, sample_queue, critic_weights), {}),
+        "eval": ((cfg, heldout, weights), {}),
+    }
+    plan: list[PlannedService] = []
+    for name, role in service_roles(cfg):
+        if role == "rollout":
+            i = int(name.rpartition("-")[2])
+            worker_weights = weights.for_worker(i) if isinstance(weights, BroadcastWeightStore) else weights
+            plan.append(
+                (
+                    name,
+                    role,
+                    SERVICE_CLASSES[role],
+                    (cfg, prompt_queue, sample_queue, worker_weights),
+                    {"to_prompt": to_prompt},
+                )
+            )
+        else:
+            plan.append((name, role, SERVICE_CLASSES[role], *args[role]))
     return plan
 
 
@@ -320,6 +341,7 @@ def _build(
 
     namespace = f"relax-{uuid.uuid4().hex[:8]}"
     created: list[Any] = []  # actors made so far: a build that fails midway (an actor died) must not leave them
+    placement = Placement.create(cfg, namespace)  # first: a cluster that cannot hold the run stops it here
     try:
         light = _light_actor(cfg, namespace)
         created.append(light.health)  # the one actor of both queues, the policy store and the monitor
@@ -341,15 +363,22 @@ def _build(
         for actor in created:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
+        if placement is not None:
+            placement.remove()
         raise
     services: dict[str, ServiceSpec] = {}
     for name, role, cls, args, kwargs in service_plan(
-        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights, to_prompt
+        cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights, to_prompt, placement
     ):
         resource = cfg.run.placement.get(role)
         services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
+        services[name].placement = {} if placement is None else placement.options(name)
     hosts = shared_hosts(cfg.run.hosts, services)
-    return Pipeline(cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights, hosts)
+    for host in hosts:
+        host.placement = {} if placement is None else placement.options(host.name)
+    return Pipeline(
+        cfg, namespace, prompt_queue, sample_queue, weights, health, services, critic_weights, hosts, placement
+    )
 
 
 def shared_hosts(hosts: list[list[str]], services: dict[str, ServiceSpec]) -> list[SharedHost]:
@@ -361,7 +390,7 @@ def shared_hosts(hosts: list[list[str]], services: dict[str, ServiceSpec]) -> li
         members = [spec for spec in services.values() if spec.role in roles]
         if len(members) < 2:
             continue
-        name = "host-" + "-".join(spec.name for spec in members)
+        name = host_name([spec.name for spec in members])
         host = SharedHost(name, members, resource=host_resource([spec.resource for spec in members]))
         for spec in members:
             spec.host = host

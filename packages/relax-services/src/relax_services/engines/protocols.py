@@ -224,3 +224,12 @@ class TrainEngine(Protocol):
         """Releases what the engine holds outside the calling process (a Trainer group's rank actors) when the
         Trainer service stops; an in-process engine has nothing to release."""
         ...
+
+
+class RankOptions(Protocol):
+    """Where each rank of a training engine's group goes (a GPU run's placement, see
+    :class:`relax_services.hosting.placement.RankPlacement`)."""
+
+    def options(self, rank: int) -> dict[str, object]:
+        """Ray actor options of rank ``rank``: its GPUs and its placement-group bundle."""
+        ...

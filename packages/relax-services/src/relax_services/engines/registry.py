@@ -13,8 +13,10 @@ ImportError that names the extra to install (:data:`OPTIONAL_EXTRAS`).
 A factory takes the run config and returns an engine:
 
 - rollout: ``factory(cfg: RunConfig, options: RolloutEngineOptions) -> RolloutEngine``
-- training: ``factory(cfg: RunConfig, model: OmniModel | None) -> TrainEngine`` (``model``: start from these
-  weights instead of building the configured policy)
+- training: ``factory(cfg: RunConfig, model: OmniModel | None, *, role: str, placement: RankOptions | None)
+  -> TrainEngine`` (``model``: start from these weights instead of building the configured policy; ``role``: whose
+  device and dtype, ``trainer`` or a role that only scores with it, the Reference; ``placement``: where a group's
+  ranks go on a GPU run, None for one process)
 
 A new backend is its module plus one entry here (or, for code outside the package, an entry added to the dict
 at run time before the services start).
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relax_services.config import RunConfig
-    from relax_services.engines.protocols import PartialRolloutMode, RolloutEngine, TrainEngine
+    from relax_services.engines.protocols import PartialRolloutMode, RankOptions, RolloutEngine, TrainEngine
     from relax_services.models import OmniModel
 
 __all__ = [
@@ -173,9 +175,11 @@ class RolloutEngineOptions:
     Attributes:
         partial_rollout: How generation in flight meets new weights; None: ``rollout.partial_rollout``.
             The evaluator asks for ``"finish_old"`` (a greedy pass on one set of weights).
+        role: Whose device and dtype the engine takes: ``rollout``, or ``eval`` (the Evaluator's).
     """
 
     partial_rollout: PartialRolloutMode | None = None
+    role: str = "rollout"
 
 
 def resolve(registry: dict[str, str], name: str, *, field: str) -> Callable[..., object]:
@@ -219,8 +223,11 @@ def make_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions | None = N
     return engine
 
 
-def make_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TrainEngine:
-    """The training engine ``cfg.trainer.engine`` names, built by its registered factory.
+def make_train_engine(
+    cfg: RunConfig, model: OmniModel | None = None, *, role: str = "trainer", placement: RankOptions | None = None
+) -> TrainEngine:
+    """The training engine ``cfg.trainer.engine`` names, built by its registered factory on ``role``'s device (see
+    the module's factory signature).
 
     Raises:
         TypeError: The factory returned something that is not a :class:`TrainEngine`.
@@ -228,7 +235,7 @@ def make_train_engine(cfg: RunConfig, model: OmniModel | None = None) -> TrainEn
     from relax_services.engines.protocols import TrainEngine
 
     factory = resolve(TRAIN_ENGINES, cfg.trainer.engine, field="trainer.engine")
-    engine = factory(cfg, model)
+    engine = factory(cfg, model, role=role, placement=placement)
     if not isinstance(engine, TrainEngine):
         raise TypeError(f"trainer.engine={cfg.trainer.engine!r} built {type(engine).__name__}, not a TrainEngine")
     return engine

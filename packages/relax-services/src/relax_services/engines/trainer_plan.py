@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from relax_parallel import MESH_DIMS, ParallelConfig, ParallelPlan
+from relax_services.config.devices import device_of
 from relax_services.config.trainer_group import GROUP_TRAIN_ENGINES, data_parallel, rank_split
 
 if TYPE_CHECKING:
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from relax_services.config import RunConfig
 
 __all__ = [
-    "TRAINER_DEVICE",
     "describe_plan",
     "realised_plan_text",
     "trainer_backend",
@@ -31,12 +31,8 @@ __all__ = [
     "trainer_plan_text",
 ]
 
-TRAINER_DEVICE = "cpu"
-"""Torch device of the Trainer's engine (``TorchTrainConfig.device`` of a run; the run config has no device
-field yet, so every run trains on CPU and a group uses gloo)."""
 
-
-def trainer_backend(device: str = TRAINER_DEVICE) -> Literal["gloo", "nccl"]:
+def trainer_backend(device: str) -> Literal["gloo", "nccl"]:
     """The process-group backend of a Trainer group on ``device``: NCCL on CUDA, gloo otherwise."""
     return "nccl" if device.startswith("cuda") else "gloo"
 
@@ -101,7 +97,7 @@ def trainer_plan_text(cfg: RunConfig) -> str:
     all_groups = plan.rank_groups()
     groups = {d: all_groups[d] for d in MESH_DIMS}
     rank0 = {d: next(g for g in groups[d] if 0 in g) for d in MESH_DIMS}
-    return describe_plan(plan.config, trainer_backend(), groups, rank0)
+    return describe_plan(plan.config, trainer_backend(device_of(cfg, "trainer")), groups, rank0)
 
 
 def realised_plan_text(layout: ParallelConfig, backend: str, mesh: DeviceMesh) -> str:

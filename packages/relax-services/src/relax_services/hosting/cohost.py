@@ -12,7 +12,7 @@ role it held is restarted in a new one.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relax_services.hosting.service_host import ServiceHost
@@ -126,6 +126,8 @@ class SharedHost:
     resource: str | None = None
     actor: Any = None
     restarts: int = 0
+    placement: dict[str, object] = field(default_factory=dict)
+    """Ray options placing the host on a GPU run (its GPUs and placement-group bundle); empty on a CPU run."""
 
     def spawn(self, namespace: str) -> None:
         """Create the host actor (its process imports and builds every member) and point each member's handle at
@@ -134,6 +136,7 @@ class SharedHost:
 
         targets = [str(spec.cls) for spec in self.members]
         options = actor_options(f"{namespace}-{self.name}-{self.restarts}", len(self.members), self.resource)
+        options |= self.placement
         members: list[MemberArgs] = [(spec.name, str(spec.cls), spec.args, spec.kwargs) for spec in self.members]
         self.actor = ray.remote(group_class(targets)).options(**options).remote(members)
         for spec in self.members:

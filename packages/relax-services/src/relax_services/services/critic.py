@@ -32,7 +32,7 @@ class CriticService(ServiceBase):
         health: HealthHandle | None = None,
     ) -> None:
         super().__init__(name, health)
-        self.engine = build_value_engine(cfg)
+        self.engine = build_value_engine(cfg, role="critic")
         self.queue = sample_queue
         self.critic_version = -1
         self._poll = WeightPoller(critic_weights, lambda: self.critic_version)

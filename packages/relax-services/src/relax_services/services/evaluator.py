@@ -50,7 +50,9 @@ class EvalService(ServiceBase):
             self._report = {"kept": list(range(len(heldout))), "skipped": {}, "bad": []}
         self.weights = weights
         # rollout.engine, finishing each greedy pass on the weights it started with
-        self.engine: RolloutEngine = make_rollout_engine(cfg, RolloutEngineOptions(partial_rollout="finish_old"))
+        self.engine: RolloutEngine = make_rollout_engine(
+            cfg, RolloutEngineOptions(partial_rollout="finish_old", role="eval")
+        )
         self.runner = build_reward_runner(cfg.reward.runner_config())
         self.params = sampling_params(cfg.model, n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
         self.tokenizer = checkpoint_of(cfg.model).tokenizer

@@ -31,7 +31,7 @@ class ReferenceService(ServiceBase):
     ) -> None:
         super().__init__(name, health)
         # The trainer's engine kind, frozen at the initial weights; one process even when the Trainer is a group.
-        self.engine: TrainEngine = make_train_engine(single_process(cfg))
+        self.engine: TrainEngine = make_train_engine(single_process(cfg), role="reference")
         self.full_dist = cfg.algorithm.kl_estimator == "full"
         self.queue = sample_queue
         self.reader = sample_queue.reader(

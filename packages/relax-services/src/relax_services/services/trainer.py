@@ -28,6 +28,7 @@ from relax_core import (
 from relax_queue import Batch, GroupBatcher, QueueClient, QueueTimeoutError, TransferQueue
 from relax_services.config import RunConfig
 from relax_services.engines import LossFn, LossInputs, LossResult, TrainEngine, TrainSample
+from relax_services.engines.protocols import RankOptions
 from relax_services.engines.registry import make_train_engine
 from relax_services.engines.torch import build_value_engine
 from relax_services.rows import SampleRow, as_sample_row, split_sample_key
@@ -246,12 +247,14 @@ class TrainerService(ServiceBase):
         *,
         critic_weights: WeightStore | None = None,
         health: HealthHandle | None = None,
+        placement: RankOptions | None = None,
     ) -> None:
         super().__init__(name, health)
         self.cfg = cfg
         self.queue = sample_queue
         self.weights = weights
-        self.engine: TrainEngine = make_train_engine(cfg)  # trainer.engine, from the engine registry
+        # trainer.engine, from the engine registry; a group's ranks go to their bundles on a GPU run
+        self.engine: TrainEngine = make_train_engine(cfg, placement=placement)
         self.record("plan", text=_realised_plan(cfg, self.engine))  # what `relax plan` printed for this config
         # PPO: the critic trains here, next to the policy; the Critic service scores with its published weights.
         self.critic = build_value_engine(cfg) if cfg.algorithm.uses_critic else None

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from relax_services.config import RunConfig
     from relax_services.engines.fsdp.group import TrainerGroup
+    from relax_services.engines.protocols import RankOptions
 
 __all__ = ["build_trainer_group"]
 
@@ -29,28 +30,37 @@ class _GivenModel:
         return self.model
 
 
-def build_trainer_group(cfg: RunConfig, model: torch.nn.Module | None = None) -> TrainerGroup:
+def build_trainer_group(
+    cfg: RunConfig,
+    model: torch.nn.Module | None = None,
+    *,
+    role: str = "trainer",
+    placement: RankOptions | None = None,
+) -> TrainerGroup:
     """``trainer.engine=fsdp``: ``trainer.world_size`` Ray actors training one FSDP2-sharded policy with the
-    single-process engine's settings (``micro_batch_groups`` per rank). gloo on CPU, NCCL on GPU.
+    single-process engine's settings (``micro_batch_groups`` per rank). gloo on CPU, NCCL on GPU, each rank in its
+    ``placement`` bundle with ``trainer.gpus_per_rank`` GPUs (None: Ray places the ranks).
 
     A hung rank stops the Trainer's loop, which the health manager's heartbeat timeout catches first; the group's
     own call timeout (twice that, at least two minutes) is the backstop that also bounds its collectives.
     """
+    from relax_services.config.devices import role_gpus
     from relax_services.engines.fsdp.group import TrainerGroup, TrainerGroupConfig
     from relax_services.engines.torch import train_config
     from relax_services.engines.trainer_plan import trainer_backend, trainer_layout
     from relax_services.models.policy import build_policy
 
+    if role != "trainer":
+        raise ValueError(f"trainer.engine='fsdp' trains the policy; the {role} scores with a one-process engine")
     train = train_config(cfg)
-    cuda = train.device.startswith("cuda")
     group = TrainerGroupConfig(
         world_size=cfg.trainer.world_size,
         backend=trainer_backend(train.device),
         step_timeout_s=max(2 * cfg.health.heartbeat_timeout_s, 120.0),
         num_cpus_per_rank=0.0,  # as every service actor: the ranks share the node's cores with the other services
-        num_gpus_per_rank=1.0 if cuda else 0.0,
+        num_gpus_per_rank=role_gpus(cfg, "trainer"),
         resource=cfg.run.placement.get("trainer"),
         parallel=trainer_layout(cfg),  # the layout `relax plan` prints for this config
     )
     factory = functools.partial(build_policy, cfg.model) if model is None else _GivenModel(model)
-    return TrainerGroup(factory, train, group=group)
+    return TrainerGroup(factory, train, group=group, placement=placement)

@@ -31,7 +31,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 
 from relax_parallel import ParallelConfig, ParallelPlan
 from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine
-from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
+from relax_services.engines.protocols import LossFn, LossInputs, LossResult, RankOptions, TrainSample
 from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch.train import TorchTrainConfig
 
@@ -130,6 +130,8 @@ class _TrainerRank:
         plan text read back from the mesh it built (:func:`~relax_services.engines.trainer_plan.realised_plan_text`)."""
         from relax_services.engines.trainer_plan import realised_plan_text
 
+        if self.group.backend == "nccl":  # Ray made this rank's GPUs its visible devices: the first is its own
+            torch.cuda.set_device(0)
         if self._store is None:
             host, _, port = address.rpartition(":")
             self._store = TCPStore(host, int(port), self.group.world_size, is_master=False, timeout=self._timeout)
@@ -225,6 +227,8 @@ class TrainerGroup:
         config: Optimizer and loss settings of every rank's engine.
         fsdp: Sharding settings.
         group: World size, backend, timeout and resources.
+        placement: Where each rank goes (its GPUs and placement-group bundle, which override
+            ``group.num_gpus_per_rank``); None: Ray places the ranks by ``group``'s resources.
     """
 
     def __init__(
@@ -233,6 +237,7 @@ class TrainerGroup:
         config: TorchTrainConfig | None = None,
         fsdp: FSDPConfig | None = None,
         group: TrainerGroupConfig | None = None,
+        placement: RankOptions | None = None,
     ) -> None:
         import ray
 
@@ -244,7 +249,10 @@ class TrainerGroup:
             resources=resources,
             max_restarts=0,
         )(_TrainerRank)
-        self._ranks: list[Any] = [actor.remote(r, self.group) for r in range(self.group.world_size)]
+        self._ranks: list[Any] = [
+            actor.options(**({} if placement is None else placement.options(r))).remote(r, self.group)
+            for r in range(self.group.world_size)
+        ]
         self._failed: str | None = None
         self._version = 0
         start = self.group.start_timeout_s

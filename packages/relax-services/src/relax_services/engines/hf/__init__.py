@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from relax_services.config.devices import device_of, dtype_of
 from relax_services.engines.hf.rollout import HFRolloutConfig, HFRolloutEngine
 from relax_services.models.policy import build_policy
 
@@ -15,6 +16,9 @@ __all__ = ["HFRolloutConfig", "HFRolloutEngine", "build_hf_rollout_engine"]
 
 
 def build_hf_rollout_engine(cfg: RunConfig, options: RolloutEngineOptions) -> HFRolloutEngine:
-    """``rollout.engine=hf``: the transformers engine over the run's policy."""
+    """``rollout.engine=hf``: the transformers engine over the run's policy, on the device and in the dtype of
+    ``options.role`` (rollout or eval)."""
     mode = options.partial_rollout if options.partial_rollout is not None else cfg.rollout.partial_rollout
-    return HFRolloutEngine(build_policy(cfg.model), HFRolloutConfig(partial_rollout=mode))
+    role = options.role
+    config = HFRolloutConfig(partial_rollout=mode, device=device_of(cfg, role), dtype=dtype_of(cfg, role))
+    return HFRolloutEngine(build_policy(cfg.model), config)

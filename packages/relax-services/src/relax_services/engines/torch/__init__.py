@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from relax_services.config.devices import device_of, dtype_of, trainer_autocast
 from relax_services.engines.torch.train import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
-from relax_services.engines.trainer_plan import TRAINER_DEVICE
 from relax_services.models import build_value_model
 from relax_services.models.policy import build_policy, checkpoint_of
 
@@ -25,23 +25,32 @@ __all__ = [
 ]
 
 
-def build_train_engine(cfg: RunConfig, model: torch.nn.Module | None = None) -> TorchTrainEngine:
+def build_train_engine(
+    cfg: RunConfig, model: torch.nn.Module | None = None, *, role: str = "trainer", placement: object = None
+) -> TorchTrainEngine:
     """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
-    weighting that keeps gradient accumulation exact for the algorithm's loss aggregation."""
-    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_config(cfg))
+    weighting that keeps gradient accumulation exact for the algorithm's loss aggregation, on ``role``'s device
+    and dtype (the Reference builds one to score with). ``placement`` is the group engines'; one process has its
+    own already."""
+    del placement
+    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_config(cfg, role))
 
 
-def build_value_engine(cfg: RunConfig) -> TorchValueEngine:
-    """The critic's engine: the policy's initial weights plus a zero value head, the run's optimizer settings."""
-    return TorchValueEngine(build_value_model(build_policy(cfg.model)), train_config(cfg))
+def build_value_engine(cfg: RunConfig, role: str = "trainer") -> TorchValueEngine:
+    """The critic's engine: the policy's initial weights plus a zero value head, the run's optimizer settings, on
+    ``role``'s device (the Trainer trains one, the Critic scores with one)."""
+    return TorchValueEngine(build_value_model(build_policy(cfg.model)), train_config(cfg, role))
 
 
-def train_config(cfg: RunConfig) -> TorchTrainConfig:
-    """The engine settings a run config gives every training engine (the FSDP2 group's ranks included)."""
+def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
+    """The engine settings a run config gives every training engine (the FSDP2 group's ranks included), on the
+    device and in the weight dtype of ``role`` (the Trainer's, or a scoring role's: the Reference, the Critic)."""
     opt = cfg.optimizer
     weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
     return TorchTrainConfig(
-        device=TRAINER_DEVICE,
+        device=device_of(cfg, role),
+        param_dtype=dtype_of(cfg, role),
+        autocast=trainer_autocast(cfg),
         lr=opt.lr,
         betas=opt.betas,
         eps=opt.eps,

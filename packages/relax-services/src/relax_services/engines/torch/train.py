@@ -51,6 +51,8 @@ class TorchTrainConfig:
         autocast: ``"auto"`` uses bf16 autocast on a CUDA device that supports it, never on CPU;
             ``"bf16"`` forces it; ``"off"`` disables it.
         device: Torch device of the model.
+        param_dtype: Dtype of the model's weights (``"float32"`` for an engine that trains; a scoring-only engine,
+            the Reference's, may hold ``"bfloat16"``).
         seed: Seeds torch's global RNG when the engine is built (the model has no dropout by default;
             this keeps any stochastic layer reproducible).
         intra_op_threads: Torch intra-op threads the engine computes with, set on the process at every
@@ -76,11 +78,16 @@ class TorchTrainConfig:
     suppressed_ids: tuple[int, ...] = ()
     autocast: Literal["auto", "bf16", "off"] = "auto"
     device: str = "cpu"
+    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
     intra_op_threads: int | None = DEFAULT_INTRA_OP_THREADS
 
     def __post_init__(self) -> None:
         check_threads("TorchTrainConfig", self.intra_op_threads)
+        if self.param_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"TorchTrainConfig.param_dtype must be 'float32', 'bfloat16' or 'float16', got {self.param_dtype!r}"
+            )
         if self.lr <= 0:
             raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
@@ -124,7 +131,7 @@ class TorchTrainEngine:
     """:class:`~relax_services.engines.TrainEngine` in plain torch.
 
     Args:
-        model: The policy to train (moved to ``config.device``).
+        model: The policy to train (moved to ``config.device`` in ``config.param_dtype``).
         config: Optimizer and loss settings.
     """
 
@@ -132,7 +139,7 @@ class TorchTrainEngine:
         self.config = config or TorchTrainConfig()
         torch.manual_seed(self.config.seed)
         self.device = torch.device(self.config.device)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device, getattr(torch, self.config.param_dtype))
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.config.lr,

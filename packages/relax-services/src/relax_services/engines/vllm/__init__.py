@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relax_services.config.devices import device_of, dtype_of, whole_gpus
 from relax_services.engines.vllm.checkpoint import ENCODER_PREFIXES, export_text_decoder
 from relax_services.engines.vllm.rollout import LogprobsMode, VLLMRolloutConfig, VLLMRolloutEngine, import_vllm
 from relax_services.models.policy import build_policy, checkpoint_of
@@ -34,7 +35,10 @@ EXPORTED_FAMILIES: tuple[str, ...] = ("qwen2.5-omni-thinker",)
 
 
 def vllm_config(cfg: RunConfig, options: RolloutEngineOptions, *, exported: bool) -> VLLMRolloutConfig:
-    """The engine settings of ``cfg.rollout.vllm`` and the run's partial-rollout mode, sampling and seed.
+    """The engine settings of ``cfg.rollout.vllm`` and the run's partial-rollout mode, sampling and seed, on the
+    device of ``options.role`` (rollout or eval): on GPU the replica spans ``rollout.gpus`` devices (its
+    tensor-parallel size unless set), its memory is ``gpu_memory_utilization`` of each and it captures CUDA graphs
+    unless ``enforce_eager``; on the CPU its KV cache is ``kv_cache_mib`` and it runs eagerly.
 
     Args:
         exported: The engine serves an exported text decoder, so the encoders' weights are left out of updates.
@@ -47,16 +51,21 @@ def vllm_config(cfg: RunConfig, options: RolloutEngineOptions, *, exported: bool
         logprobs = "raw_logits" if cfg.rollout.top_p < 1 else "processed_logprobs"
     else:
         logprobs = settings.logprobs_mode
+    gpu = device_of(cfg, options.role) == "cuda"
+    tp = settings.tensor_parallel_size or (whole_gpus(cfg.rollout.gpus) if gpu else 1)
     return VLLMRolloutConfig(
         partial_rollout=mode,
         seed=cfg.trainer.seed,
         logprobs_mode=logprobs,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        dtype=settings.dtype,
+        tensor_parallel_size=tp,
+        dtype=dtype_of(cfg, options.role) if settings.dtype == "auto" else settings.dtype,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
-        kv_cache_bytes=settings.kv_cache_mib * 1024**2,
-        in_process=settings.in_process,
+        kv_cache_bytes=None if gpu else settings.kv_cache_mib * 1024**2,
+        memory_fraction=settings.gpu_memory_utilization if gpu else VLLMRolloutConfig.memory_fraction,
+        enforce_eager=not gpu if settings.enforce_eager is None else settings.enforce_eager,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        in_process=settings.in_process and tp == 1,
         skip_weight_prefixes=ENCODER_PREFIXES if exported else (),
     )
 
