@@ -15,10 +15,10 @@ from relax_services.config.devices import (
     trainer_autocast,
     with_device,
 )
+from relax_services.engines.registry import RolloutEngineOptions
 from relax_services.engines.torch import train_config
 from relax_services.engines.trainer_plan import trainer_plan_text
 from relax_services.engines.vllm import vllm_config
-from relax_services.engines.registry import RolloutEngineOptions
 from relax_services.hosting.placement import check_cluster, run_processes
 
 GPU = ["run.device=cuda"]

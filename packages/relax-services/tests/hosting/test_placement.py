@@ -68,7 +68,7 @@ def test_actors_see_the_gpus_the_dry_run_printed(run_script) -> None:  # type: i
     assert sorted(printed) == sorted(gpu_processes), out["table"]
     for process in gpu_processes:
         assert seen[process] == printed[process] and len(printed[process]) == 1, (process, out["table"])
-    assert sorted(sum((printed[p] for p in gpu_processes), [])) == ["0", "1", "2", "3"]  # 4 GPUs, each once
+    assert sorted(gpu for p in gpu_processes for gpu in printed[p]) == ["0", "1", "2", "3"]  # 4 GPUs, each once
     for process in ("trainer", "reward", "eval"):  # no GPU: the group's driver, the Reward, eval.gpus=0
         assert seen[process] == [] and process not in printed
     for process in gpu_processes:

@@ -27,6 +27,7 @@ SAFE_ON_RESUME: tuple[str, ...] = (
     "trainer.world_size",
     "eval.every_steps",
     "trainer.gpus_per_rank",
+    "trainer.fsdp",
     "rollout.gpus",
     "reference.gpus",
     "critic.gpus",

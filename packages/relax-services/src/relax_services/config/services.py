@@ -15,6 +15,7 @@ __all__ = [
     "MICRO_BATCH_GROUPS_CAP",
     "CriticConfig",
     "EvalConfig",
+    "FSDPSettings",
     "HealthConfig",
     "QueueSettings",
     "ReferenceConfig",
@@ -104,6 +105,21 @@ class RolloutConfig(ConfigModel):
     between decode steps (per-token versions recorded), or abort and restart on the new weights."""
 
 
+class FSDPSettings(ConfigModel):
+    """``trainer.engine=fsdp``: how the group shards the policy (``relax_services.engines.fsdp.train.FSDPConfig``)."""
+
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's MLP in the backward pass instead of keeping its activations."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (ZeRO-3, least memory); False keeps them until the
+    backward (ZeRO-2, less traffic)."""
+
+    cpu_offload: bool = False
+    """Keep parameter shards, gradients and optimizer state in host memory (GPU runs; the optimizer steps on the
+    CPU)."""
+
+
 class TrainerConfig(ConfigModel):
     """The Trainer service: what one update consumes and how long the run lasts."""
 
@@ -126,6 +142,9 @@ class TrainerConfig(ConfigModel):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The Trainer's compute precision; its weights and optimizer state stay float32. ``auto``: bfloat16 autocast
     on a CUDA device that supports it, float32 on the CPU."""
+
+    fsdp: FSDPSettings = pydantic.Field(default_factory=FSDPSettings)
+    """Sharding settings of a Trainer group (``trainer.engine=fsdp``)."""
 
     tensor_parallel: int = pydantic.Field(default=1, ge=1)
     """Tensor-parallel degree of a Trainer group (``trainer.engine=fsdp``): each decoder block's attention and MLP

@@ -47,16 +47,19 @@ ALIGNMENT = 16
 """Bytes each tensor's offset in a packed buffer is a multiple of (the widest element, complex128)."""
 
 
-def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def full_tensors(model: torch.nn.Module, *, keep: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, full CPU tensor)`` for every entry of ``model.state_dict()``, in order.
 
     A sharded entry (a DTensor) is gathered when it is reached (a collective: every rank of its mesh must
-    iterate in step); the full tensor is a detached CPU copy, never a view of the live weights.
+    iterate in step); the full tensor is a detached CPU copy, never a view of the live weights. ``keep=False``
+    (the ranks that only take part in the gathers): the gathered tensor is dropped on its device and nothing is
+    yielded, so those ranks never hold a full copy.
     """
     for name, value in model.state_dict().items():
         if isinstance(value, DTensor):
             value = value.full_tensor()
-        yield name, value.detach().to("cpu", copy=True)
+        if keep:
+            yield name, value.detach().to("cpu", copy=True)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def build_trainer_group(
     """
     from relax_services.config.devices import role_gpus
     from relax_services.engines.fsdp.group import TrainerGroup, TrainerGroupConfig
+    from relax_services.engines.fsdp.train import FSDPConfig
     from relax_services.engines.torch import train_config
     from relax_services.engines.trainer_plan import trainer_backend, trainer_layout
     from relax_services.models.policy import build_policy
@@ -63,4 +64,5 @@ def build_trainer_group(
         parallel=trainer_layout(cfg),  # the layout `relax plan` prints for this config
     )
     factory = functools.partial(build_policy, cfg.model) if model is None else _GivenModel(model)
-    return TrainerGroup(factory, train, group=group, placement=placement)
+    shard = FSDPConfig(**cfg.trainer.fsdp.model_dump())
+    return TrainerGroup(factory, train, shard, group=group, placement=placement)

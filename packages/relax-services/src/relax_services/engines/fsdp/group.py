@@ -172,7 +172,7 @@ class _TrainerRank:
         return self.engine.compute_scores(batch, with_dist)
 
     def policy_state(self) -> dict[str, torch.Tensor] | None:
-        state = self.engine.policy_state()  # every rank takes part in the gathers; rank 0 answers
+        state = self.engine.policy_state(keep=self.rank == 0)  # every rank gathers; rank 0 alone keeps a copy
         return state if self.rank == 0 else None
 
     def full_state(self) -> dict[str, Any] | None:

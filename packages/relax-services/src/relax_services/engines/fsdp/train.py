@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, shard_group
 from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state
@@ -71,11 +71,15 @@ class FSDPConfig:
             attention appends to, so recomputing it would append twice.
         reshard_after_forward: Free each block's gathered parameters after its forward and gather again in
             backward (ZeRO-3, least memory); ``False`` keeps them until backward (ZeRO-2, less traffic).
+        cpu_offload: Keep the parameter shards, their gradients and the optimizer state in host memory, copied to
+            the device for each block's compute (FSDP2's ``CPUOffloadPolicy``; the optimizer steps on the CPU). On
+            a CPU device it changes nothing.
     """
 
     mixed_precision: Literal["auto", "bf16", "off"] = "auto"
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in ("auto", "bf16", "off"):
@@ -169,15 +173,22 @@ class FSDPTrainEngine:
         mp = MixedPrecisionPolicy()
         if self.mixed_precision_enabled:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        offload = CPUOffloadPolicy() if self.fsdp.cpu_offload and self.device.type == "cuda" else OffloadPolicy()
         units: list[torch.nn.Module] = []
         for block in decoder_blocks(self.model):
             if self.fsdp.activation_checkpointing:
                 from torch.distributed._composable.checkpoint_activation import checkpoint
 
                 checkpoint(cast(torch.nn.Module, block.mlp))
-            fully_shard(block, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.fsdp.reshard_after_forward)
+            fully_shard(
+                block,
+                mesh=self.mesh,
+                mp_policy=mp,
+                reshard_after_forward=self.fsdp.reshard_after_forward,
+                offload_policy=offload,
+            )
             units.append(block)
-        fully_shard(self.root, mesh=self.mesh, mp_policy=mp)
+        fully_shard(self.root, mesh=self.mesh, mp_policy=mp, offload_policy=offload)
         units.append(self.root)
         for unit in units:
             assert isinstance(unit, FSDPModule)
@@ -370,11 +381,13 @@ class FSDPTrainEngine:
         totals["entropy"] /= max(totals["tokens"], 1.0)
         return totals
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) CPU copies of the weights on every rank (collective: gathers one tensor at a time)."""
+    def policy_state(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """Full (unsharded) CPU copies of the weights (collective: gathers one tensor at a time); ``keep=False``
+        takes part in the gathers and returns ``{}`` (the ranks whose copy nobody reads: only one full copy is
+        made in the group)."""
         from relax_services.weights.buckets import full_tensors
 
-        return dict(full_tensors(self.model))
+        return dict(full_tensors(self.model, keep=keep))
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's shards: model and optimizer as DTensors keyed by parameter name (what
