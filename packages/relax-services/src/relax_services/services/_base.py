@@ -4,6 +4,7 @@ inside that loop, metric records drained by the controller, and fault injection 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -70,6 +71,7 @@ class ServiceBase:
         self._records: list[dict[str, Any]] = []
         self._records_lock = threading.Lock()
         self._last_beat = 0.0
+        self._reported_peak = 0
 
     # ------------------------------------------------------------------ control surface (actor methods)
     def start(self) -> int:
@@ -127,10 +129,26 @@ class ServiceBase:
         return {"name": self.name, "pid": os.getpid(), "progress": self._progress, "error": self._error}
 
     def report(self) -> list[dict[str, Any]]:
-        """Metric records produced since the last call (the controller writes them to metrics.jsonl)."""
+        """Metric records produced since the last call (the controller writes them to metrics.jsonl), with a
+        ``device_memory`` record whenever this process's peak CUDA memory rose (:meth:`_device_peak`)."""
+        self._device_peak()
         with self._records_lock:
             out, self._records = self._records, []
         return out
+
+    def _device_peak(self) -> None:
+        """Record ``device_memory`` (``peak_mib``: torch's peak allocated bytes on this process's current CUDA
+        device, ``reserved_mib``: its allocator's peak reservation) when the peak rose since the last record. The
+        peak is the process's, so services that share a host report the same figure. Nothing on a process that
+        never used CUDA (torch is not even imported for that)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        peak = int(torch.cuda.max_memory_allocated())
+        if peak > self._reported_peak:
+            self._reported_peak = peak
+            reserved = int(torch.cuda.max_memory_reserved())
+            self.record("device_memory", peak_mib=round(peak / 2**20, 1), reserved_mib=round(reserved / 2**20, 1))
 
     def inject(self, kind: str) -> None:
         """Fault injection: ``"raise"`` makes the next loop iteration raise, ``"hang"`` blocks the loop forever,

@@ -50,8 +50,9 @@ class HFRolloutConfig:
         poll_every: Poll for weights every this many decode steps (``switch`` and ``abort_resume``).
         seed: Seed of the engine's sampling RNG.
         device: Torch device of the model.
-        dtype: Dtype of the model's weights (``"bfloat16"`` halves a GPU's weight memory; behaviour log-probs are
-            then bfloat16's, which the trainer's decoupled/importance-weighted losses correct).
+        dtype: Dtype the model's weights are cast to (``"bfloat16"`` halves a GPU's weight memory; behaviour
+            log-probs are then bfloat16's, which the trainer's decoupled/importance-weighted losses correct); None
+            keeps the model's own.
         intra_op_threads: Torch intra-op threads generation computes with, set on the process at every
             :meth:`~HFRolloutEngine.generate` call (None: the process's own setting); a fixed count gives the
             same behaviour log-probs in every process (see ``relax_services.engines._threads``).
@@ -62,12 +63,12 @@ class HFRolloutConfig:
     poll_every: int = 1
     seed: int = 0
     device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     intra_op_threads: int | None = DEFAULT_INTRA_OP_THREADS
 
     def __post_init__(self) -> None:
         check_threads("HFRolloutConfig", self.intra_op_threads)
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"HFRolloutConfig.dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
         if self.partial_rollout not in PARTIAL_ROLLOUT_MODES:
             raise ValueError(
@@ -108,7 +109,8 @@ class HFRolloutEngine:
     def __init__(self, model: torch.nn.Module, config: HFRolloutConfig | None = None, version: int = 0) -> None:
         self.config = config or HFRolloutConfig()
         self.device = torch.device(self.config.device)
-        self.model = model.to(self.device, getattr(torch, self.config.dtype)).eval()
+        dtype = None if self.config.dtype is None else getattr(torch, self.config.dtype)
+        self.model = model.to(self.device, dtype).eval()
         self._version = version
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.last_stats: dict[str, float] = {}

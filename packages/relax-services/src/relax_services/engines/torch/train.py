@@ -51,8 +51,8 @@ class TorchTrainConfig:
         autocast: ``"auto"`` uses bf16 autocast on a CUDA device that supports it, never on CPU;
             ``"bf16"`` forces it; ``"off"`` disables it.
         device: Torch device of the model.
-        param_dtype: Dtype of the model's weights (``"float32"`` for an engine that trains; a scoring-only engine,
-            the Reference's, may hold ``"bfloat16"``).
+        param_dtype: Dtype the model's weights are cast to (``"float32"`` for an engine that trains; a scoring-only
+            engine, the Reference's, may hold ``"bfloat16"``); None keeps the model's own.
         seed: Seeds torch's global RNG when the engine is built (the model has no dropout by default;
             this keeps any stochastic layer reproducible).
         intra_op_threads: Torch intra-op threads the engine computes with, set on the process at every
@@ -78,13 +78,13 @@ class TorchTrainConfig:
     suppressed_ids: tuple[int, ...] = ()
     autocast: Literal["auto", "bf16", "off"] = "auto"
     device: str = "cpu"
-    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     seed: int = 0
     intra_op_threads: int | None = DEFAULT_INTRA_OP_THREADS
 
     def __post_init__(self) -> None:
         check_threads("TorchTrainConfig", self.intra_op_threads)
-        if self.param_dtype not in ("float32", "bfloat16", "float16"):
+        if self.param_dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"TorchTrainConfig.param_dtype must be 'float32', 'bfloat16' or 'float16', got {self.param_dtype!r}"
             )
@@ -139,7 +139,8 @@ class TorchTrainEngine:
         self.config = config or TorchTrainConfig()
         torch.manual_seed(self.config.seed)
         self.device = torch.device(self.config.device)
-        self.model = model.to(self.device, getattr(torch, self.config.param_dtype))
+        dtype = None if self.config.param_dtype is None else getattr(torch, self.config.param_dtype)
+        self.model = model.to(self.device, dtype)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.config.lr,
