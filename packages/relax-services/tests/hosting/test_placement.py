@@ -1,6 +1,6 @@
 """Placement of a GPU run on a Ray instance that declares 4 GPUs it does not have: every process's actor sees
 exactly the GPU ids the dry run printed, a trainer group of 2 and two rollout replicas fit, a third replica is
-refused before anything starts (in a fresh interpreter: the test session's own Ray declares no GPU)."""
+refused before anything starts (``run.device=auto`` falls back to the CPU instead) (in a fresh interpreter: the test session's own Ray declares no GPU)."""
 
 from __future__ import annotations
 
@@ -45,17 +45,18 @@ for r in range(cfg.trainer.world_size):  # as TrainerGroup places its ranks
     seen[f"trainer-rank-{r}"] = ray.get(actor.visible.remote())
 placement.remove()
 try:
-    resolve_devices(load_run_config(None, [*base, "rollout.num_workers=3"]))
+    resolve_devices(load_run_config(None, [*base, "rollout.num_workers=3", "run.device=cuda"]))
     refused = None
 except LaunchError as exc:
     refused = str(exc)
+fallback = resolve_devices(load_run_config(None, [*base, "rollout.num_workers=3"])).run.device  # auto
 try:
     resolve_devices(load_run_config(None, ["run.device=cuda", "run.mode=colocated"]))
     colocated = None
 except LaunchError as exc:
     colocated = str(exc)
 print(json.dumps({"device": cfg.run.device, "printed": printed, "seen": seen, "table": format_dry_run(cfg, rows),
-                  "refused": refused, "colocated": colocated}))
+                  "refused": refused, "colocated": colocated, "fallback": fallback}))
 ray.shutdown()
 """
 
@@ -77,6 +78,7 @@ def test_actors_see_the_gpus_the_dry_run_printed(run_script) -> None:  # type: i
         "the run asks for 5 GPUs (trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.num_workers=3 × "
         "rollout.gpus=1), but Ray reports 4"
     )
+    assert out["fallback"] == "cpu"  # run.device=auto: a run the GPUs cannot hold trains on the CPU
     assert out["colocated"] == "run.device='cuda', but torch in this process reports no GPU; use run.device=cpu or auto"
 
 

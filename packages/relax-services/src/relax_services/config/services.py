@@ -51,6 +51,11 @@ class VLLMSettings(ConfigModel):
     enable_prefix_caching: bool = True
     """Reuse the KV cache of a prompt shared by the samples of a group (GPU runs)."""
 
+    sleep_when_idle: bool = False
+    """One GPU shared with the Trainer: between generate calls vLLM sleeps (its KV cache freed, its weights in host
+    memory) and wakes for the next call or weight update, so the Trainer has the GPU's memory while it updates
+    (vLLM's sleep mode; GPU runs only)."""
+
     max_model_len: int = pydantic.Field(default=2048, ge=1)
     """Longest prompt + response, in tokens."""
 

@@ -9,6 +9,7 @@ colocated driver (the model stack) is imported only for a colocated run.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LaunchError", "launch", "resolve_devices"]
 
+logger = logging.getLogger(__name__)
+
 
 class LaunchError(Exception):
     """The run could not start: nothing ran (a colocated run one process cannot run, an unreachable cluster, devices
@@ -30,6 +33,9 @@ def resolve_devices(cfg: RunConfig) -> RunConfig:
     """``cfg`` with ``run.device`` resolved against the GPUs there are (Ray's cluster for a distributed run, which
     must be up; this process's torch for a colocated one), and a distributed run's GPU processes checked against
     them (:func:`~relax_services.hosting.placement.check_cluster`).
+
+    ``run.device=auto`` is ``cuda`` when there are GPUs and the run's processes fit them, else ``cpu`` (with a
+    warning naming why).
 
     Raises:
         LaunchError: ``run.device=cuda`` without a GPU, more GPUs asked than the cluster has, or a Trainer group
@@ -47,12 +53,16 @@ def resolve_devices(cfg: RunConfig) -> RunConfig:
 
         gpus, source = float(ray.cluster_resources().get("GPU", 0.0)), "Ray"  # type: ignore[no-untyped-call]
     try:
-        cfg = with_device(cfg, resolve_device(cfg.run.device, gpus, source=source))
+        resolved = with_device(cfg, resolve_device(cfg.run.device, gpus, source=source))
         if cfg.run.mode != "colocated":
-            check_cluster(cfg, run_processes(cfg), gpus)
+            check_cluster(resolved, run_processes(resolved), gpus)
     except DeviceError as exc:
-        raise LaunchError(str(exc)) from exc
-    return cfg
+        if cfg.run.device != "auto":
+            raise LaunchError(str(exc)) from exc
+        # auto: a run the GPUs cannot hold (the default run asks for 2, a machine may have 1) trains on the CPU
+        logger.warning("run.device=auto: %s; the run trains on the CPU (set run.device=cuda to insist)", exc)
+        resolved = with_device(cfg, "cpu")
+    return resolved
 
 
 def launch(

@@ -142,14 +142,14 @@ def _check_engines(cfg: RunConfig) -> list[ConfigIssue]:
                 "data.tasks=[text]",
             )
         )
-    if cfg.rollout.engine in OWN_PROCESS_ROLLOUT_ENGINES and cfg.run.mode == "colocated":
+    if cfg.rollout.engine in OWN_PROCESS_ROLLOUT_ENGINES and cfg.run.mode == "colocated" and cfg.run.device != "cuda":
         issues.append(
             ConfigIssue(
                 "run.mode",
                 cfg.run.mode,
-                f"rollout.engine={cfg.rollout.engine!r} needs a process of its own per engine, which the colocated "
-                "mode (every service a thread of one process) cannot give",
-                "run.mode=distributed",
+                f"rollout.engine={cfg.rollout.engine!r} needs a process of its own per engine on the CPU, which the "
+                "colocated mode (every service a thread of one process) cannot give",
+                "run.mode=distributed, or run.device=cuda",
             )
         )
     return issues

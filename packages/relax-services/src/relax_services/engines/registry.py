@@ -90,9 +90,10 @@ TEXT_ONLY_ROLLOUT_ENGINES: frozenset[str] = frozenset({"vllm"})
 """Rollout engines that take text prompts only (the preflight refuses synthetic media tasks with them)."""
 
 OWN_PROCESS_ROLLOUT_ENGINES: frozenset[str] = frozenset({"vllm"})
-"""Rollout engines that need a process of their own (the preflight refuses ``run.mode=colocated`` with them): vLLM's
-CPU attention fixes its thread count when the engine starts, and the colocated services, threads of one process,
-set that process's torch thread count (measured: the first generate call then fails a thread-count check)."""
+"""Rollout engines that need a process of their own on the CPU (the preflight refuses ``run.mode=colocated`` with
+them unless ``run.device=cuda``): vLLM's CPU attention fixes its thread count when the engine starts, and the
+colocated services, threads of one process, set that process's torch thread count (measured: the first generate
+call then fails a thread-count check)."""
 
 
 def missing_package_message(field: str, name: str, package: str) -> str:

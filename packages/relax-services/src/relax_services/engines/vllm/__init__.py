@@ -65,6 +65,7 @@ def vllm_config(cfg: RunConfig, options: RolloutEngineOptions, *, exported: bool
         memory_fraction=settings.gpu_memory_utilization if gpu else VLLMRolloutConfig.memory_fraction,
         enforce_eager=not gpu if settings.enforce_eager is None else settings.enforce_eager,
         enable_prefix_caching=settings.enable_prefix_caching,
+        sleep_when_idle=settings.sleep_when_idle and gpu,
         in_process=settings.in_process and tp == 1,
         skip_weight_prefixes=ENCODER_PREFIXES if exported else (),
     )

@@ -115,6 +115,9 @@ class VLLMRolloutConfig:
             tensor-parallel rank, weights are then streamed to the worker without serialisation and start-up spawns
             no extra process. Otherwise each update is staged as a safetensors file the workers read.
         skip_weight_prefixes: State-dict entries never sent to vLLM (the omni encoders the text export lacks).
+        sleep_when_idle: Between generate calls, put vLLM to sleep (level 1: its KV cache freed, its weights moved
+            to host memory) and wake it for the next call or weight update, so a trainer sharing the GPU has the
+            memory while it updates (vLLM's sleep mode; CUDA only).
     """
 
     partial_rollout: PartialRolloutMode = "finish_old"
@@ -131,6 +134,7 @@ class VLLMRolloutConfig:
     enable_prefix_caching: bool = True
     in_process: bool = True
     skip_weight_prefixes: tuple[str, ...] = ENCODER_PREFIXES
+    sleep_when_idle: bool = False
 
     def __post_init__(self) -> None:
         if self.partial_rollout not in PARTIAL_ROLLOUT_MODES:
@@ -187,7 +191,10 @@ class VLLMRolloutEngine:
             logprobs_mode=self.config.logprobs_mode,
             max_logprobs=-1 if raw else 0,
             async_scheduling=False,
+            enable_sleep_mode=self.config.sleep_when_idle,
         )
+        self._asleep = False
+        self._allowed: dict[frozenset[int], list[int]] = {}
         self._vllm = vllm
         self._version = version
         self._seed = self.config.seed
@@ -231,6 +238,7 @@ class VLLMRolloutEngine:
         if version < self._version:
             raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
         start = time.perf_counter()
+        self._wake()
         skip = self.config.skip_weight_prefixes
         weights = ((name, tensor) for name, tensor in chain_buckets(buckets) if not name.startswith(skip))
         if self.config.in_process and self.config.tensor_parallel_size == 1:
@@ -261,6 +269,26 @@ class VLLMRolloutEngine:
         save_file(tensors, os.path.join(self._staging, "model.safetensors"))
         return self._staging
 
+    def _wake(self) -> None:
+        """Wake vLLM if :attr:`VLLMRolloutConfig.sleep_when_idle` put it to sleep after the last call."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _sleep(self) -> None:
+        if self.config.sleep_when_idle and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def _allowed_ids(self, suppressed: Sequence[int]) -> list[int]:
+        """The ids a request may sample (every id but ``suppressed``), built once per suppressed set: vLLM takes
+        the list per request, and building a vocabulary-sized list for each cost more than the request."""
+        key = frozenset(suppressed)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            allowed = self._allowed[key] = [i for i in range(self.vocab_size) if i not in key]
+        return allowed
+
     def close(self) -> None:
         """Shuts vLLM down and removes the weight staging folder."""
         if self._staging is not None:
@@ -272,7 +300,6 @@ class VLLMRolloutEngine:
 
     def _sampling_params(self, params: SamplingParams, max_tokens: int, seed: int) -> Any:
         raw = self.config.logprobs_mode == "raw_logits"
-        suppressed = set(params.suppressed_ids)
         return self._vllm.SamplingParams(
             n=1,
             temperature=params.temperature,
@@ -285,7 +312,7 @@ class VLLMRolloutEngine:
             stop_token_ids=[] if params.eos_id is None else [params.eos_id],
             # Applied after raw logits are captured and before temperature: suppressed ids are never sampled and
             # are outside the support of the processed log-probs.
-            allowed_token_ids=[i for i in range(self.vocab_size) if i not in suppressed],
+            allowed_token_ids=self._allowed_ids(params.suppressed_ids),
             logprobs=-1 if raw else 0,
             detokenize=False,
             skip_special_tokens=False,
@@ -326,6 +353,7 @@ class VLLMRolloutEngine:
             return []
         self._check(prompts, params)
         start = time.perf_counter()
+        self._wake()
         if poll_weights is not None:
             self._apply(poll_weights())
         call, self._calls = self._calls, self._calls + 1
@@ -375,6 +403,7 @@ class VLLMRolloutEngine:
         self.last_stats = generation_stats(
             out, time.perf_counter() - start, engine_steps=steps, weight_switches=switches
         )
+        self._sleep()  # until the next call or weight update (sleep_when_idle)
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def _apply(self, update: tuple[int, Mapping[str, torch.Tensor]] | None) -> None:
