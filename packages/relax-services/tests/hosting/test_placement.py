@@ -1,6 +1,7 @@
 """Placement of a GPU run on a Ray instance that declares 4 GPUs it does not have: every process's actor sees
 exactly the GPU ids the dry run printed, a trainer group of 2 and two rollout replicas fit, a third replica is
-refused before anything starts (``run.device=auto`` falls back to the CPU instead) (in a fresh interpreter: the test session's own Ray declares no GPU)."""
+refused before anything starts (``run.device=auto`` falls back to the CPU instead). In a fresh interpreter: the
+test session's own Ray declares no GPU."""
 
 from __future__ import annotations
 

@@ -88,6 +88,26 @@ class FSDPConfig:
             )
 
 
+FSDP2_METHODS: tuple[str, ...] = (
+    "set_gradient_divide_factor",
+    "set_force_sum_reduction_for_comms",
+    "set_reduce_scatter_unused_params",
+)
+"""The ``FSDPModule`` methods the engine calls (exact gradient sums over gloo and NCCL, parameters unused by a
+rank's batch reduced all the same); recent FSDP2 additions, checked when an engine is built (torch 2.14 is the
+version tested)."""
+
+
+def check_fsdp2() -> None:
+    """Raise ``RuntimeError`` naming the installed torch when its FSDP2 lacks a method of :data:`FSDP2_METHODS`."""
+    missing = [name for name in FSDP2_METHODS if not hasattr(FSDPModule, name)]
+    if missing:
+        raise RuntimeError(
+            f"trainer.engine='fsdp' needs torch's FSDP2 with FSDPModule.{', '.join(missing)}, which torch "
+            f"{torch.__version__} lacks; install a newer torch (2.14 is tested)"
+        )
+
+
 class FSDPTrainEngine:
     """:class:`~relax_services.engines.TrainEngine` over ``torch.distributed.fsdp.fully_shard``.
 
@@ -129,6 +149,7 @@ class FSDPTrainEngine:
             raise RuntimeError(
                 "FSDPTrainEngine needs torch.distributed: call init_process_group first (gloo on CPU, nccl on GPU)"
             )
+        check_fsdp2()
         self.config = config or TorchTrainConfig()
         self.fsdp = fsdp or FSDPConfig()
         torch.manual_seed(self.config.seed)
