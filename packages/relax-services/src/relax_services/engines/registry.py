@@ -16,7 +16,8 @@ A factory takes the run config and returns an engine:
 - training: ``factory(cfg: RunConfig, model: OmniModel | None, *, role: str, placement: RankOptions | None)
   -> TrainEngine`` (``model``: start from these weights instead of building the configured policy; ``role``: whose
   device and dtype, ``trainer`` or a role that only scores with it, the Reference; ``placement``: where a group's
-  ranks go on a GPU run, None for one process)
+  ranks go on a GPU run, None for one process; each is passed only when not its default, so a factory of the plain
+  ``(cfg, model)`` signature builds the Trainer's engine of a CPU run)
 
 A new backend is its module plus one entry here (or, for code outside the package, an entry added to the dict
 at run time before the services start).
@@ -236,7 +237,11 @@ def make_train_engine(
     from relax_services.engines.protocols import TrainEngine
 
     factory = resolve(TRAIN_ENGINES, cfg.trainer.engine, field="trainer.engine")
-    engine = factory(cfg, model, role=role, placement=placement)
+    # Only what differs from the defaults: a factory of the plain ``(cfg, model)`` signature builds the Trainer's.
+    extra: dict[str, object] = {} if role == "trainer" else {"role": role}
+    if placement is not None:
+        extra["placement"] = placement
+    engine = factory(cfg, model, **extra)
     if not isinstance(engine, TrainEngine):
         raise TypeError(f"trainer.engine={cfg.trainer.engine!r} built {type(engine).__name__}, not a TrainEngine")
     return engine
