@@ -23,7 +23,9 @@ from torch.distributed.tensor import DTensor
 from relax_services.engines import LossFn, LossInputs, LossResult, TorchTrainConfig, TrainEngine, TrainSample
 from relax_services.engines.fsdp.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
+from relax_services.config import ModelConfig
 from relax_services.models import build_tiny_omni, build_value_model
+from relax_services.models.policy import empty_policy
 from relax_services.models.synthetic import synthetic_prompt
 from relax_services.models.tiny_omni import tiny_omni_checkpoint
 from relax_services.weights.buckets import BucketLoader, InProcessWeightStream, stream_buckets
@@ -89,6 +91,13 @@ def equivalence(out: dict[str, Any]) -> FSDPTrainEngine:
     checkpointed = FSDPTrainEngine(build_tiny_omni(0), CONFIG, FSDPConfig(activation_checkpointing=True))
     _train(checkpointed, range(UPDATES))
     out["weights_checkpointed"] = checkpointed.policy_state()
+    # Rank 1 built on the meta device (no weights read): rank 0's are broadcast into its shards.
+    model = build_tiny_omni(0) if dist.get_rank() == 0 else empty_policy(ModelConfig(source="tiny-omni", seed=0))
+    out["built_empty"] = any(p.is_meta for p in model.parameters())
+    from_rank0 = FSDPTrainEngine(model, CONFIG)
+    out["initial_from_rank0"] = from_rank0.policy_state()
+    _train(from_rank0, range(UPDATES))
+    out["weights_from_rank0"] = from_rank0.policy_state()
     return engine
 
 

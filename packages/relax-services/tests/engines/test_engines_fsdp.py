@@ -134,6 +134,16 @@ def test_two_ranks_train_the_weights_one_process_trains(ranks: list[dict[str, An
     assert torch.equal(ranks[0]["weights"][name], reference["initial"][name])
 
 
+def test_a_rank_built_on_the_meta_device_receives_rank_0s_weights(
+    ranks: list[dict[str, Any]], reference: dict[str, Any]
+) -> None:
+    # Only rank 0 read the checkpoint; rank 1's shards and buffers came from it, so both start from the checkpoint's
+    # exact weights and train bit for bit as the group whose ranks both loaded it.
+    assert [r["built_empty"] for r in ranks] == [False, True]
+    assert _equal(ranks[0]["initial_from_rank0"], reference["initial"])
+    assert _equal(ranks[0]["weights_from_rank0"], ranks[0]["weights"])
+
+
 def test_micro_batches_combine_by_the_units_the_loss_reports(ranks: list[dict[str, Any]]) -> None:
     # References: one process with the worker's micro-batches of 1, and with each minibatch as ONE micro-batch
     # (nothing to combine). Every micro-batch keeps a different number of tokens, some none.

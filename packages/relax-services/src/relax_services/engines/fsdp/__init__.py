@@ -7,7 +7,6 @@ Only the factory is defined here; the engine's modules import ``torch.distribute
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ def build_trainer_group(
     from relax_services.engines.fsdp.train import FSDPConfig
     from relax_services.engines.torch import train_config
     from relax_services.engines.trainer_plan import trainer_backend, trainer_layout
-    from relax_services.models.policy import build_policy
+    from relax_services.models.policy import PolicyFactory
 
     if role != "trainer":
         raise ValueError(f"trainer.engine='fsdp' trains the policy; the {role} scores with a one-process engine")
@@ -63,6 +62,6 @@ def build_trainer_group(
         resource=cfg.run.placement.get("trainer"),
         parallel=trainer_layout(cfg),  # the layout `relax plan` prints for this config
     )
-    factory = functools.partial(build_policy, cfg.model) if model is None else _GivenModel(model)
+    factory = PolicyFactory(cfg.model) if model is None else _GivenModel(model)
     shard = FSDPConfig(**cfg.trainer.fsdp.model_dump())
     return TrainerGroup(factory, train, shard, group=group, placement=placement)

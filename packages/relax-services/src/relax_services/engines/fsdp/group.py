@@ -40,7 +40,9 @@ __all__ = ["TrainerGroup", "TrainerGroupConfig", "TrainerGroupFailed"]
 logger = logging.getLogger(__name__)
 
 ModelFactory = Callable[[], torch.nn.Module]
-"""Builds the model on a rank (every rank must build the same weights, e.g. from one seed or checkpoint)."""
+"""Builds the model on a rank (every rank must build the same weights, e.g. from one seed or checkpoint). A factory
+with an ``empty()`` method (:class:`~relax_services.models.policy.PolicyFactory`) is called on rank 0 only; the other
+ranks build the empty model and receive rank 0's weights."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,10 @@ class _TrainerRank:
         plan = ParallelPlan.from_config(self.group.layout, service="trainer")
         mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
         tp_mesh = mesh["tp"] if self.group.layout.tp > 1 else None
-        self.engine = FSDPTrainEngine(model_factory(), config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh)
+        # Rank 0 alone loads the checkpoint when the factory can build an empty model: the others receive its weights.
+        empty = getattr(model_factory, "empty", None)
+        model = empty() if self.rank != 0 and callable(empty) else model_factory()
+        self.engine = FSDPTrainEngine(model, config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh)
         return realised_plan_text(self.group.layout, self.group.backend, mesh)
 
     @property

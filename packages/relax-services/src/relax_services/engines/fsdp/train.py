@@ -117,7 +117,9 @@ class FSDPTrainEngine:
 
     Args:
         model: The policy (a Qwen2.5-Omni thinker) or, in :class:`FSDPValueEngine`, the critic; sharded in
-            place, so hand each rank its own copy.
+            place, so hand each rank its own copy. A rank other than the group's rank 0 may hand the model built on
+            the meta device (no weights): it then receives rank 0's weights, broadcast tensor by tensor and sharded
+            on arrival, so the whole model exists on rank 0 only.
         config: Optimizer and loss settings, as for the single-process engine; ``micro_batch_size`` is per rank.
         fsdp: Sharding settings.
         mesh: A 1-D data-parallel mesh of the ranks that train together; defaults to every rank of the default
@@ -165,7 +167,13 @@ class FSDPTrainEngine:
         self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
         self.shard_group = shard_group(mesh, self.tp_mesh)
         self.shard_rank = dist.get_rank(self.shard_group)
-        self.model = model.to(self.device)
+        empty = any(p.is_meta for p in model.parameters())
+        from_rank0 = self._any_rank(empty)
+        if from_rank0 and self.shard_rank == 0 and empty:
+            raise ValueError("FSDPTrainEngine: rank 0 of the group must hold the weights the other ranks receive")
+        self.model = model if empty else model.to(self.device)
+        # Rank 0's full weights, by reference (no copy), for the ranks built on the meta device.
+        full = dict(self.model.state_dict()) if from_rank0 and self.shard_rank == 0 else {}
         self.root = ScoringRoot(self.model, self.config, self.device)
         if self.tp_mesh is not None:
             from relax_services.engines.fsdp.tensor_parallel import parallelize_decoder
@@ -173,6 +181,8 @@ class FSDPTrainEngine:
             parallelize_decoder(decoder_blocks(self.model), self.tp_mesh)
         self._track_usage()
         self._shard()
+        if from_rank0:
+            self._receive_from_rank0(full, empty)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.config.lr,
@@ -182,6 +192,26 @@ class FSDPTrainEngine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.config.lr_factor)
         self._version = 0
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank of the shard group (a collective)."""
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.shard_group)
+        return bool(value.item() > 0)
+
+    def _receive_from_rank0(self, full: dict[str, torch.Tensor], empty: bool) -> None:
+        """Fill the shards of ranks built on the meta device from rank 0's full weights (each tensor broadcast once
+        and sharded on arrival), so only rank 0 ever loads the checkpoint or holds the whole model; buffers that
+        are not in the state dict (rotary frequencies) are broadcast too."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if empty:
+            self.model.to_empty(device=self.device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, dict[str, Any](full), options=options)
+        for buffer in self.model.buffers():
+            dist.broadcast(buffer, group_src=0, group=self.shard_group)
+        full.clear()
 
     @property
     def mixed_precision_enabled(self) -> bool:
