@@ -182,3 +182,15 @@ def test_own_process_rollout_engine_in_the_colocated_mode_is_a_config_issue(tmp_
     )
     assert result == {"rc": 2, "heavy": []}, err
     assert "run.mode" in err and "process of its own" in err and "run.mode=distributed" in err, err
+
+
+@pytest.mark.integration
+def test_dry_run_places_without_loading_a_model_or_writing_a_run_folder(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    probe, err = _cli("train", "--dry-run", f"run.output_dir={out}", "run.device=cpu", "trainer.world_size=2")
+    assert probe["rc"] == 0, err[-2000:]
+    assert "torch" not in probe["heavy"] and "transformers" not in probe["heavy"]  # Ray only: it asks the cluster
+    assert not out.exists()  # nothing written
+    cuda, err = _cli("train", "--dry-run", f"run.output_dir={out}", "run.device=cuda")
+    assert cuda["rc"] == 2
+    assert "relax train: run.device='cuda', but Ray reports no GPU; use run.device=cpu or auto" in err
