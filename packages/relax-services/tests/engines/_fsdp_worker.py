@@ -20,10 +20,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from relax_services.config import ModelConfig
 from relax_services.engines import LossFn, LossInputs, LossResult, TorchTrainConfig, TrainEngine, TrainSample
 from relax_services.engines.fsdp.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
-from relax_services.config import ModelConfig
 from relax_services.models import build_tiny_omni, build_value_model
 from relax_services.models.policy import empty_policy
 from relax_services.models.synthetic import synthetic_prompt
