@@ -108,6 +108,21 @@ def check_fsdp2() -> None:
         )
 
 
+def _to_meta(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` on the meta device with its tied parameters still one parameter (``Module.to`` gives each module
+    that holds a tied parameter a converted parameter of its own, untying the LM head from the embedding)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    model = model.to("meta")
+    for tied in names.values():
+        first = model.get_parameter(tied[0])
+        for name in tied[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
+    return model
+
+
 class FSDPTrainEngine:
     """:class:`~relax_services.engines.TrainEngine` over ``torch.distributed.fsdp.fully_shard``.
 
@@ -171,9 +186,18 @@ class FSDPTrainEngine:
         from_rank0 = self._any_rank(empty)
         if from_rank0 and self.shard_rank == 0 and empty:
             raise ValueError("FSDPTrainEngine: rank 0 of the group must hold the weights the other ranks receive")
-        self.model = model if empty else model.to(self.device)
-        # Rank 0's full weights, by reference (no copy), for the ranks built on the meta device.
-        full = dict(self.model.state_dict()) if from_rank0 and self.shard_rank == 0 else {}
+        full: dict[str, torch.Tensor] = {}
+        buffers: dict[str, torch.Tensor] = {}  # every buffer: the state dict lacks the non-persistent ones
+        if from_rank0:
+            # Rank 0's full weights (detached: they keep the storage, no copy) go to every rank once the model is
+            # sharded; rank 0's own model goes to the meta device too, so that every rank shards (and splits for
+            # tensor parallelism, whose distribution of a real tensor would wait for a broadcast the meta ranks
+            # never join) the same empty model.
+            if self.shard_rank == 0:
+                full = {name: value.detach() for name, value in model.state_dict().items()}
+                buffers = {name: value.detach() for name, value in model.named_buffers()}
+            model = _to_meta(model)
+        self.model = model if from_rank0 else model.to(self.device)
         self.root = ScoringRoot(self.model, self.config, self.device)
         if self.tp_mesh is not None:
             from relax_services.engines.fsdp.tensor_parallel import parallelize_decoder
@@ -182,7 +206,7 @@ class FSDPTrainEngine:
         self._track_usage()
         self._shard()
         if from_rank0:
-            self._receive_from_rank0(full, empty)
+            self._receive_from_rank0(full, buffers)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.config.lr,
@@ -199,19 +223,21 @@ class FSDPTrainEngine:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.shard_group)
         return bool(value.item() > 0)
 
-    def _receive_from_rank0(self, full: dict[str, torch.Tensor], empty: bool) -> None:
+    def _receive_from_rank0(self, full: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
         """Fill the shards of ranks built on the meta device from rank 0's full weights (each tensor broadcast once
         and sharded on arrival), so only rank 0 ever loads the checkpoint or holds the whole model; buffers that
         are not in the state dict (rotary frequencies) are broadcast too."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        if empty:
-            self.model.to_empty(device=self.device)
+        self.model.to_empty(device=self.device)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(self.model, dict[str, Any](full), options=options)
-        for buffer in self.model.buffers():
+        for name, buffer in self.model.named_buffers():
+            if self.shard_rank == 0:
+                buffer.copy_(buffers[name])
             dist.broadcast(buffer, group_src=0, group=self.shard_group)
         full.clear()
+        buffers.clear()
 
     @property
     def mixed_precision_enabled(self) -> bool:
