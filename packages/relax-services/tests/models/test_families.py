@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -195,3 +196,41 @@ def test_every_family_prompt_is_tokenized_as_its_tokenizer_file_says(folders: di
     assert ids == [1, 10, 63, 14, 54, 16, 57, 2, 63, 1, 11, 63]
     tokenizer = open_checkpoint(folders[name]).tokenizer
     assert tokenizer.decode(ids) == "<|im_start|>user\n2+4=<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_qwen2_checkpoint_of_another_shape(tmp_path: Path) -> None:
+    """``shape`` replaces the tiny sizes (a published config's, e.g. tied embeddings and its rotary base); the
+    vocabulary stays the tiny tokenizer's. Parameters: embedding 64·32 (tied: once); per layer q 32·32+32, k and v
+    32·16+16 each, o 32·32, MLP 3·32·48, 2 norms of 32; the final norm 32."""
+    shape = {
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    }
+    folder = write_tiny_checkpoint(tmp_path / "q2", "qwen2", shape=shape)
+    model = open_checkpoint(folder).load_model()
+    config = model.config
+    assert {k: getattr(config, k) for k in shape if k != "rope_parameters"} == {
+        k: v for k, v in shape.items() if k != "rope_parameters"
+    }
+    assert config.rope_parameters["rope_theta"] == 1000000.0 and config.vocab_size == 64
+    expected = 64 * 32 + (32 * 32 + 32 + 2 * (32 * 16 + 16) + 32 * 32 + 3 * 32 * 48 + 2 * 32) + 32
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+@pytest.mark.parametrize(
+    ("family", "kwargs", "words"),
+    [
+        ("qwen3", {"shape": {"hidden_size": 32}}, "for family 'qwen2' only"),
+        ("qwen2", {"shape": {"vocab_size": 100}}, "vocab_size"),
+        ("qwen2", {"shape": {"hidden_size": 32}, "hidden_size": 32}, "not both"),
+    ],
+)
+def test_shape_errors(tmp_path: Path, family: str, kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        write_tiny_checkpoint(tmp_path / "x", family, **kwargs)
+    assert not (tmp_path / "x").exists()

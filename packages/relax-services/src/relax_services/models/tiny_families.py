@@ -7,7 +7,7 @@ loading, validation and engine code a real checkpoint of its family takes.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -172,20 +172,41 @@ _VIDEO_PREPROCESSORS: dict[str, dict[str, object]] = {
 _EXTRA_CHARACTERS: dict[str, tuple[str, ...]] = {"qwen3-vl": ("<", ">")}  # its video timestamps: "<0.6 seconds>"
 """Family name → characters its tiny tokenizer adds to the default vocabulary."""
 
+_TOKENIZER_FIELDS = frozenset({"vocab_size", "pad_token_id", "eos_token_id", "bos_token_id"})
+"""Config fields a ``shape`` cannot set: the tokenizer's vocabulary and special ids."""
 
-def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidden_size: int | None = None) -> Path:
+
+def write_tiny_checkpoint(
+    path: str | Path,
+    family: str,
+    seed: int = 0,
+    *,
+    hidden_size: int | None = None,
+    shape: Mapping[str, object] | None = None,
+) -> Path:
     """Writes a tiny random checkpoint of ``family`` (a :data:`TINY_FAMILIES` name or ``"qwen2.5-omni-thinker"``).
 
     Args:
         hidden_size: For ``qwen2`` only: another width (4 heads, FFN twice as wide), e.g. 128 for head_dim 32,
             the smallest vLLM's CPU attention takes.
+        shape: For ``qwen2`` only: ``Qwen2Config`` fields that replace the tiny sizes, e.g. a published
+            checkpoint's (``hidden_size``, ``num_hidden_layers``, ``tie_word_embeddings``, ``rope_parameters``, ...).
+            The vocabulary and its special ids stay the tiny tokenizer's.
 
     Raises:
-        ValueError: for another family name, or ``hidden_size`` with another family than ``qwen2``.
+        ValueError: for another family name, ``hidden_size`` or ``shape`` with another family than ``qwen2``, both
+            of them, or a ``shape`` that sets the vocabulary or a token id.
     """
     path = Path(path)
-    if hidden_size is not None and family != "qwen2":
-        raise ValueError(f"write_tiny_checkpoint: hidden_size is for family 'qwen2' only, got family {family!r}")
+    if hidden_size is not None and shape is not None:
+        raise ValueError("write_tiny_checkpoint: give hidden_size or shape, not both")
+    sizes = dict(shape or {})
+    if hidden_size is not None:
+        sizes = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size}
+    if sizes and family != "qwen2":
+        raise ValueError(f"write_tiny_checkpoint: hidden_size and shape are for family 'qwen2' only, got {family!r}")
+    if fixed := sorted(set(sizes) & _TOKENIZER_FIELDS):
+        raise ValueError(f"write_tiny_checkpoint: shape cannot set {fixed}: they are the tiny tokenizer's")
     if family == "qwen2.5-omni-thinker":
         return write_tiny_omni(path, seed)
     if family not in TINY_FAMILIES:
@@ -193,11 +214,11 @@ def write_tiny_checkpoint(path: str | Path, family: str, seed: int = 0, *, hidde
     tokenizer = build_tiny_tokenizer(_EXTRA_CHARACTERS.get(family, ()))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if hidden_size is None:
-            model = TINY_FAMILIES[family](tokenizer)
-        else:
-            sizes = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size}
+        model: PreTrainedModel
+        if sizes:
             model = transformers.Qwen2ForCausalLM(_text_config("Qwen2Config", tokenizer, **sizes))  # type: ignore[no-untyped-call]
+        else:
+            model = TINY_FAMILIES[family](tokenizer)
     generation = model.generation_config
     generation.pad_token_id = tokenizer.pad_token_id
     generation.eos_token_id = tokenizer.eos_token_id

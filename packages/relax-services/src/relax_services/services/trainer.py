@@ -321,6 +321,7 @@ class TrainerService(ServiceBase):
             self.reader.ack_and_publish(consumed, self.version)
         self._version_s = time.perf_counter() - start
         self._sync_s = stats.seconds
+        self._sync_bytes = stats.num_bytes
 
     def pause(self, timeout: float = 300.0) -> int:
         """Hold the loop between updates (for a consistent checkpoint); returns the version it holds at."""
@@ -417,6 +418,7 @@ class TrainerService(ServiceBase):
             wait_s=self._wait_s,
             train_s=train_s,
             weight_sync_s=self._sync_s,
+            weight_sync_bytes=self._sync_bytes,
             queue_s=queue_s,
             keys=[str(k) for k in batch.keys],
             **{k: float(v) for k, v in metrics.items()},
