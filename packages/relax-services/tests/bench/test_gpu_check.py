@@ -14,7 +14,7 @@ import pytest
 
 from relax_services.bench.gpu_check import QWEN25_05B_SHAPE, layouts, parse_junit, train_overrides
 from relax_services.bench.gpu_report import passed, summarize_metrics
-from relax_services.config import RunSettings, load_run_config
+from relax_services.config import load_run_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
 
@@ -50,12 +50,10 @@ def test_cpu_mode_writes_a_report_consistent_with_the_run(
     report = json.loads((out / "gpu_check.json").read_text(encoding="utf-8"))
     assert report["device"] == "cpu" and report["tests"]["ran"] is False
     assert report["model"]["parameters"] == TINY_QWEN2_PARAMETERS
-    field = "device" in RunSettings.model_fields
-    assert bool(report["overrides_left_out"]) is not field  # run.device=cpu passed exactly when the config has it
     [run] = report["layouts"]
     assert report["layouts_skipped"] == []
     assert run["returncode"] == 0 and run["error"] is None and "trainer.total_steps=2" in run["command"]
-    assert ("run.device=cpu" in run["command"]) is field
+    assert "run.device=cpu" in run["command"]
     figures = run["figures"]
     assert figures["error"] is None and figures["stop_reason"] == "total_steps reached"
 
@@ -203,19 +201,17 @@ def test_layouts_fit_the_gpus_listed() -> None:
 
 
 def test_cpu_overrides_are_a_valid_run_config(tmp_path: Path) -> None:
-    overrides, _ = train_overrides("cpu", tmp_path / "model", tmp_path)
+    overrides = train_overrides("cpu", tmp_path / "model", tmp_path)
     [layout], _ = layouts("cpu", 0)
     cfg = load_run_config(None, [*overrides, *layout.overrides])
     assert cfg.trainer.total_steps == 2 and cfg.run.mode == "colocated" and cfg.data.tasks == ["text"]
 
 
-@pytest.mark.skipif("device" not in RunSettings.model_fields, reason="this checkout's config has no run.device yet")
 def test_cuda_overrides_are_a_valid_run_config(tmp_path: Path) -> None:
-    overrides, left_out = train_overrides("cuda", tmp_path / "model", tmp_path)
-    assert left_out == []
+    overrides = train_overrides("cuda", tmp_path / "model", tmp_path)
     for layout in layouts("cuda", 2)[0]:
         cfg = load_run_config(None, [*overrides, *layout.overrides])
-        assert cfg.trainer.total_steps == 20 and cfg.rollout.engine == "vllm"
+        assert cfg.trainer.total_steps == 20 and cfg.rollout.engine == "vllm" and cfg.run.device == "cuda"
 
 
 def test_the_shape_is_qwen25_05b() -> None:

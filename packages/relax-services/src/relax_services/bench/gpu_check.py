@@ -120,7 +120,6 @@ _SIZES = {
         "trainer.max_minutes=3.5",
         "trainer.checkpoint_every=1000",
         "trainer.checkpoint_every_s=null",
-        "run.device=cuda",
         "rollout.engine=vllm",
         "rollout.vllm.max_model_len=512",
     ),
@@ -174,26 +173,16 @@ def layouts(device: Device, gpus: int) -> tuple[list[Layout], list[SkippedLayout
     return [colocated], [{"name": split.name, "reason": f"nvidia-smi -L lists {gpus} GPU(s); the layout needs 2"}]
 
 
-def train_overrides(device: Device, model: Path, out: Path) -> tuple[list[str], list[str]]:
-    """The ``relax train`` overrides every layout of ``device`` shares, and the ones left out with the reason.
-
-    On the CPU ``run.device=cpu`` is passed only when the installed config has the field (``RunSettings``)."""
-    from relax_services.config import RunSettings
-
-    overrides = [
+def train_overrides(device: Device, model: Path, out: Path) -> list[str]:
+    """The ``relax train`` overrides every layout of ``device`` shares (``run.device`` among them)."""
+    return [
         f"model.source={model}",
         f"data.data_dir={out / 'data'}",
         f"run.output_dir={out / 'runs'}",
         *_COMMON,
         *_SIZES[device],
+        f"run.device={device}",
     ]
-    left_out = []
-    if device == "cpu":
-        if "device" in RunSettings.model_fields:
-            overrides.append("run.device=cpu")
-        else:
-            left_out.append("run.device=cpu (this checkout's RunSettings has no 'device' field)")
-    return overrides, left_out
 
 
 def gpu_count() -> int:
@@ -395,14 +384,13 @@ def check(device: Device, out: Path, repo: Path) -> Report:
         }
     model = build_checkpoint(device, out / "model")
     (out / "data").mkdir()
-    overrides, left_out = train_overrides(device, out / "model", out)
+    overrides = train_overrides(device, out / "model", out)
     to_run, skipped = layouts(device, gpu_count() if device == "cuda" else 0)
     return {
         "device": device,
         "machine": machine,
         "tests": tests,
         "model": model,
-        "overrides_left_out": left_out,
         "layouts": [run_layout(layout, overrides, out, RUN_TIMEOUT_S[device]) for layout in to_run],
         "layouts_skipped": skipped,
         "seconds": round(time.monotonic() - started, 1),

@@ -199,7 +199,6 @@ class Report(TypedDict):
     machine: Machine
     tests: PytestStep
     model: ModelInfo
-    overrides_left_out: list[str]
     layouts: list[LayoutRun]
     layouts_skipped: list[SkippedLayout]
     seconds: float
