@@ -211,6 +211,12 @@ def test_preset_contents() -> None:
     assert not rc.load_preset("grpo").uses_critic and rc.load_preset("grpo").uses_reference
 
 
+def test_the_full_kl_is_used_only_with_a_weight() -> None:
+    assert rc.AlgorithmConfig(kl_coef=0.1, kl_estimator="full").uses_full_kl
+    assert not rc.AlgorithmConfig(kl_coef=0.0, kl_estimator="full").uses_full_kl  # no KL term at all
+    assert not rc.AlgorithmConfig(kl_coef=0.1, kl_estimator="k3").uses_full_kl  # a per-token estimate
+
+
 def test_explicit_keys_override_the_preset() -> None:
     cfg = rc.load_config(RunConfig, {"algorithm": {"preset": "dapo"}}, ["algorithm.clip_eps_high=0.3"])
     assert cfg.algorithm.clip_eps_high == 0.3 and cfg.algorithm.filter_groups

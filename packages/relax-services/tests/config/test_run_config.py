@@ -82,3 +82,21 @@ def test_a_fault_on_a_role_the_run_does_not_have_is_a_config_error() -> None:
         None, ["algorithm.preset=ppo", "staleness.tau=0", "faults=[{service: critic_weights, kind: kill}]"]
     )
     assert ppo.algorithm.uses_critic and ppo.faults[0].service == "critic_weights"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "score_dist"),
+    [
+        ([], True),  # the default run's KL is the full-vocabulary one
+        (["algorithm.kl_estimator=k3"], False),
+        (["algorithm.kl_coef=0"], False),  # no KL term: nothing reads the distribution
+    ],
+)
+def test_the_training_step_scores_whole_distributions_only_for_the_full_kl(
+    overrides: list[str], score_dist: bool
+) -> None:
+    from relax_services.engines.torch import train_config
+
+    cfg = load_run_config(None, overrides)
+    assert cfg.algorithm.uses_full_kl is score_dist
+    assert train_config(cfg).score_dist is score_dist

@@ -293,9 +293,11 @@ def test_forced_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
 
 
-def test_scores_carry_the_whole_distribution_and_the_loss_sees_it() -> None:
+def test_scores_carry_the_whole_distribution_and_the_loss_sees_it_with_score_dist() -> None:
     batch = _samples(4)
-    engine = TorchTrainEngine(build_tiny_omni(0), TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, micro_batch_size=3))
+    config = TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, micro_batch_size=3, score_dist=True)
+    engine = TorchTrainEngine(build_tiny_omni(0), config)
+    assert engine.compute_scores(batch, with_dist=False).dist is None
     scores = engine.compute_scores(batch)
     assert scores.dist is not None and scores.dist.shape == (*scores.logprobs.shape, 64)
     for i, s in enumerate(batch):  # each position is a distribution, and the token's log-prob is read from it
@@ -322,6 +324,17 @@ def test_scores_carry_the_whole_distribution_and_the_loss_sees_it() -> None:
     assert seen["ref"].shape == seen["dist"].shape == (2, seen["mask"].shape[1], 64)
     valid = seen["mask"].bool()
     torch.testing.assert_close(seen["ref"][valid], seen["dist"].detach()[valid], atol=1e-5, rtol=0)
+
+    # Without score_dist (every loss but the full-vocabulary KL) the step never builds the distributions.
+    plain = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(config, score_dist=False))
+    dists: list[torch.Tensor | None] = []
+
+    def record(inputs: LossInputs) -> torch.Tensor:
+        dists.append(inputs.dist)
+        return -(inputs.logprobs * inputs.mask).sum()
+
+    plain.accumulate_gradients(batch, record)
+    assert dists == [None, None]
 
 
 def _large_image_samples() -> list[TrainSample]:

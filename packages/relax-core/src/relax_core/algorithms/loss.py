@@ -99,7 +99,7 @@ def compute_policy_loss(
         raise ValueError("cfg.decoupled is true: proximal_logprobs (trainer log-probs before the update) are required")
     if not cfg.decoupled and proximal_logprobs is not None:
         raise ValueError("proximal_logprobs given but cfg.decoupled is false; set algorithm.decoupled=true to use them")
-    full_kl = cfg.kl_coef > 0 and cfg.kl_estimator == "full"
+    full_kl = cfg.uses_full_kl
     if full_kl and (logprob_dist is None or ref_dist is None):
         raise ValueError("kl_estimator='full' needs logprob_dist and ref_dist (distributions over the vocabulary)")
     if cfg.kl_coef > 0 and cfg.kl_placement == "loss" and ref_logprobs is None and not full_kl:

@@ -199,6 +199,12 @@ class AlgorithmConfig(ConfigModel):
         """Whether a frozen reference model is needed (kl_coef > 0, or an estimator that ``needs_reference``)."""
         return self.kl_coef > 0.0 or algorithm_spec(self.advantage_estimator).needs_reference
 
+    @property
+    def uses_full_kl(self) -> bool:
+        """Whether the loss holds the exact KL over the vocabulary (kl_coef > 0 with ``kl_estimator='full'``): the
+        only term that reads the policy's whole next-token distribution rather than its sampled tokens'."""
+        return self.kl_coef > 0.0 and self.kl_estimator == "full"
+
 
 def _inconsistent(allowed: str) -> PydanticCustomError:
     """An error for a value inconsistent with an earlier field; ConfigError reports ``allowed``."""

@@ -148,7 +148,7 @@ class LossInputs:
         fields: The samples' extra fields, ``[B, L]`` (zero-padded) or ``[B]``.
         values: ``[B, L]`` critic values (with grad) when the engine trains a value model, else None.
         dist: ``[B, L, V]`` log-probs of the policy's whole next-token distribution (with grad) when the engine
-            has it (the full-vocabulary KL uses it), else None.
+            is configured to score it (``score_dist``: only the full-vocabulary KL reads it), else None.
     """
 
     logprobs: torch.Tensor

@@ -70,9 +70,9 @@ def policy_logprobs(logits: torch.Tensor, temperature: float, suppressed_ids: Se
         suppressed_ids: Ids removed from the support.
 
     Returns:
-        ``[..., V]`` float32 log-probs, ``-inf`` at suppressed ids.
+        ``[..., V]`` float32 log-probs (float64 for float64 logits), ``-inf`` at suppressed ids.
     """
-    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / (temperature if temperature > 0 else 1.0)
     if suppressed_ids:
         scaled = scaled.index_fill(-1, torch.tensor(list(suppressed_ids), device=logits.device), float("-inf"))
     return torch.log_softmax(scaled, dim=-1)

@@ -6,6 +6,10 @@ continue it, and only the response tokens run per row: the same numbers as one p
 ``prompt + response`` row (to float rounding), at a fraction of the cost. Gradients of the rows add up in
 the shared prompt computation, which is the gradient of the row-by-row forward.
 
+The LM head runs over the response states a chunk of tokens at a time (:func:`token_scores`): a real
+vocabulary makes the ``[B, L, V]`` logits of a batch tens of GB, and only the target token's log-prob and the
+entropy leave each chunk. The whole distribution is built only when asked for (``with_dist``).
+
 Used by the training engine (with grad) and by anything that rescores samples (reference model,
 proximal log-probs, critic values) without grad.
 """
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models.deepstack import text_decoder
@@ -25,6 +30,15 @@ from relax_services.models.inputs import OmniPrompt, pad_sequences
 from relax_services.models.positions import position_ids_for, sequence_positions
 from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
+
+SCORING_CHUNK_TOKENS = 1024
+"""Response tokens whose logits :func:`token_scores` holds at once (``chunk_tokens``'s default).
+
+Scoring memory is then ``chunk × V`` floats, not ``tokens × V``: at V = 151,936 one float32 ``[1024, V]`` tensor
+is 0.62 GB and a chunk's forward (or its recomputation in the backward) holds a few of them (logits, log-probs,
+their exp), where 32 × 1,024 tokens at once would take 20 GB per tensor. 1,024 rows keep the LM-head matmul
+``[chunk, H] × [H, V]`` as efficient as a larger one on a GPU; lower it when even a few ``[chunk, V]`` tensors are
+too many (``TorchTrainConfig.scoring_chunk_tokens``)."""
 
 
 @dataclass
@@ -38,7 +52,7 @@ class TokenScores:
         values: ``[B, L]`` critic values at each response position (value models only; their ``logprobs`` and
             ``entropy`` are zero).
         dist: ``[B, L, V]`` log-probs of the whole policy distribution at each response position (``-inf`` at
-            suppressed ids; policy models only).
+            suppressed ids; policy models, when asked for).
     """
 
     logprobs: torch.Tensor
@@ -141,6 +155,9 @@ def score_responses(
     temperature: float = 1.0,
     suppressed_ids: Sequence[int] = (),
     device: torch.device | str = "cpu",
+    *,
+    with_dist: bool = False,
+    chunk_tokens: int = SCORING_CHUNK_TOKENS,
 ) -> TokenScores:
     """Log-probs and entropy of each response given its prompt and media.
 
@@ -155,17 +172,24 @@ def score_responses(
         temperature: Temperature the responses were sampled at (0 means 1).
         suppressed_ids: Ids outside the support: the checkpoint's never-sample ids (media placeholders included).
         device: Device of ``model``.
+        with_dist: Also return the whole ``[B, L, V]`` log-distributions (``dist``); the log-probs and entropy are
+            then read from them. Without it they are computed ``chunk_tokens`` tokens at a time
+            (:func:`token_scores`) and no ``[B, L, V]`` tensor exists.
+        chunk_tokens: Tokens per LM-head chunk without ``with_dist``.
 
     Returns:
         Scores with grad if grad is enabled.
     """
     states = _ResponseStates.compute(model, prompts, responses, suppressed_ids, device)
-    logits = model.lm_head(states.hidden)  # type: ignore[operator]  # [B, L, V]
-    logp_all = policy_logprobs(logits, temperature, suppressed_ids)  # [B, L, V]
-    token_logp = logp_all.gather(-1, states.targets[..., None])[..., 0]  # [B, L]
-    probs = logp_all.exp()
-    entropy = -(probs * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)  # [B, L]
     valid = states.valid
+    lm_head: torch.nn.Module = model.lm_head  # type: ignore[assignment]
+    if not with_dist:
+        token_logp, entropy = token_scores(
+            lm_head, states.hidden, states.targets, valid, temperature, suppressed_ids, chunk_tokens
+        )
+        return TokenScores(logprobs=token_logp, entropy=entropy, mask=valid.float())
+    logp_all = policy_logprobs(lm_head(states.hidden), temperature, suppressed_ids)  # [B, L, V]
+    token_logp, entropy = _pick_and_entropy(logp_all, states.targets)  # [B, L] each
     zero = torch.zeros((), device=device)
     return TokenScores(
         logprobs=torch.where(valid, token_logp, zero),
@@ -173,6 +197,74 @@ def score_responses(
         mask=valid.float(),
         dist=logp_all,
     )
+
+
+def token_scores(
+    lm_head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    valid: torch.Tensor,
+    temperature: float = 1.0,
+    suppressed_ids: Sequence[int] = (),
+    chunk_tokens: int = SCORING_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each target token and entropy of each position under
+    :func:`~relax_services.engines.sampling.policy_logprobs` of ``lm_head(hidden)``, without the
+    ``[B, L, V]`` logits.
+
+    The valid positions are flattened and run through the LM head ``chunk_tokens`` at a time; each chunk keeps
+    only its ``[chunk]`` results. With grad, a chunk's ``[chunk, V]`` activations are not saved for the backward
+    but recomputed there (activation checkpointing per chunk), so the peak is one chunk's whatever the number
+    of tokens. The values are those of the dense formula on each row (the same functions on fewer rows).
+
+    Args:
+        lm_head: Maps ``[..., H]`` states to ``[..., V]`` logits.
+        hidden: ``[B, L, H]`` states; position ``(b, j)`` predicts ``targets[b, j]``.
+        targets: ``[B, L]`` token ids.
+        valid: ``[B, L]`` bool, the positions to score.
+        temperature: Sampling temperature (0 means 1).
+        suppressed_ids: Ids outside the support.
+        chunk_tokens: Positions per LM-head call (>= 1).
+
+    Returns:
+        ``(logprobs [B, L], entropy [B, L])`` in :func:`~relax_services.engines.sampling.policy_logprobs`' dtype
+        (float32, or float64 for a float64 head), 0 where not ``valid``.
+
+    Raises:
+        ValueError: If ``chunk_tokens`` < 1.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    flat_hidden = hidden[valid]  # [N, H], row-major like masked_scatter below
+    flat_targets = targets[valid]  # [N]
+    n = flat_targets.shape[0]
+    # With grad, recompute each chunk in the backward instead of saving its [chunk, V] activations; the chunk
+    # draws no random numbers, so there is no RNG state to replay.
+    recompute = torch.is_grad_enabled()
+
+    def score(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp_all = policy_logprobs(lm_head(x), temperature, suppressed_ids)  # [chunk, V]
+        return _pick_and_entropy(logp_all, t)
+
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for start in range(0, max(n, 1), chunk_tokens):  # one empty chunk when n == 0 keeps the graph connected
+        x, t = flat_hidden[start : start + chunk_tokens], flat_targets[start : start + chunk_tokens]
+        if recompute:
+            out = checkpoint(score, x, t, use_reentrant=False, preserve_rng_state=False)
+            parts.append((out[0], out[1]))
+        else:
+            parts.append(score(x, t))
+    flat_logp, flat_entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N]
+    zeros = flat_logp.new_zeros(valid.shape)  # [B, L]
+    return zeros.masked_scatter(valid, flat_logp), zeros.masked_scatter(valid, flat_entropy)
+
+
+def _pick_and_entropy(logp_all: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log-prob of each target [...], entropy [...])`` from ``[..., V]`` log-probs (``-inf`` off the support,
+    which adds 0 to the entropy rather than 0 · ∞)."""
+    token_logp = logp_all.gather(-1, targets[..., None])[..., 0]
+    entropy = -(logp_all.exp() * logp_all.masked_fill(torch.isinf(logp_all), 0.0)).sum(-1)
+    return token_logp, entropy
 
 
 def score_values(

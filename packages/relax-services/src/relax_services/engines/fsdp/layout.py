@@ -72,15 +72,22 @@ class ScoringRoot(torch.nn.Module):
         self._device = device
 
     def forward(
-        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor]
+        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor], with_dist: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Scores one micro-batch: ``(logprobs, entropy, mask, values, dist)``, each ``[B, L]`` (``dist``
-        ``[B, L, V]`` log-probs; ``values`` only for a critic, ``dist`` only for a policy)."""
+        ``[B, L, V]`` log-probs; ``values`` only for a critic, ``dist`` only for a policy ``with_dist``)."""
         # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
         if isinstance(self.policy, ValueModel):
             s = score_values(self.policy, prompts, responses, self._config.suppressed_ids, self._device)
         else:
             s = score_responses(
-                self.policy, prompts, responses, self._config.temperature, self._config.suppressed_ids, self._device
+                self.policy,
+                prompts,
+                responses,
+                self._config.temperature,
+                self._config.suppressed_ids,
+                self._device,
+                with_dist=with_dist,
+                chunk_tokens=self._config.scoring_chunk_tokens,
             )
         return s.logprobs, s.entropy, s.mask, s.values, s.dist

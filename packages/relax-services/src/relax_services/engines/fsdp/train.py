@@ -289,11 +289,12 @@ class FSDPTrainEngine:
     def _autocast(self) -> AbstractContextManager[object]:
         return autocast_context(self.config, self.device)
 
-    def score(self, batch: Sequence[TrainSample]) -> TokenScores:
-        """Forward over one of this rank's micro-batches (collective: every rank scores one at the same time)."""
+    def score(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+        """Forward over one of this rank's micro-batches (collective: every rank scores one at the same time); the
+        whole ``[B, L, V]`` log-distributions only ``with_dist``."""
         with self._autocast():
             logprobs, entropy, mask, values, dist_ = self.root(
-                [s.prompt for s in batch], [s.response_ids for s in batch]
+                [s.prompt for s in batch], [s.response_ids for s in batch], with_dist
             )
         return TokenScores(logprobs=logprobs, entropy=entropy, mask=mask, values=values, dist=dist_)
 
@@ -337,7 +338,7 @@ class FSDPTrainEngine:
         was_training = self.model.training
         self.root.eval()
         with torch.no_grad():
-            parts = [self.score(micro) for micro in split_micro_batches(share, self.config.micro_batch_size)]
+            parts = [self.score(micro, with_dist) for micro in split_micro_batches(share, self.config.micro_batch_size)]
         self.root.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
         length = int(self._all_reduce(torch.tensor([float(length)]), dist.ReduceOp.MAX)[0])
@@ -347,7 +348,7 @@ class FSDPTrainEngine:
             return self._all_gather(local).cpu()
 
         has_values = parts[0].values is not None
-        dists = [p.dist for p in parts if p.dist is not None] if with_dist else []
+        dists = [p.dist for p in parts if p.dist is not None]
         return TokenScores(
             logprobs=gather([p.logprobs for p in parts]),
             entropy=gather([p.entropy for p in parts]),
@@ -442,7 +443,7 @@ class FSDPTrainEngine:
         for micro in split_micro_batches(share, self.config.micro_batch_size):
             weight = sum(counts[offset : offset + len(micro)]) / total
             offset += len(micro)
-            units.append(backward_micro_batch(loss_fn, micro, self.score(micro), weight, local))
+            units.append(backward_micro_batch(loss_fn, micro, self.score(micro, self.config.score_dist), weight, local))
         local_units = units_of_step(units)
         # Summed with the metrics (every rank joins that collective whatever form its loss returned).
         local["_units"] = local_units or 0.0

@@ -66,5 +66,6 @@ def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
         min_lr_ratio=opt.min_lr_ratio,
         temperature=cfg.rollout.temperature,
         suppressed_ids=checkpoint_of(cfg.model).tokens.never_sample,
+        score_dist=cfg.algorithm.uses_full_kl,  # the loss's full-vocabulary KL reads LossInputs.dist
         seed=cfg.trainer.seed,
     )

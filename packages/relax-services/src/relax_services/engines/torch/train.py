@@ -14,7 +14,7 @@ import torch
 
 from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
 from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
-from relax_services.engines.scoring import TokenScores, score_responses, score_values
+from relax_services.engines.scoring import SCORING_CHUNK_TOKENS, TokenScores, score_responses, score_values
 from relax_services.models.value import ValueModel
 
 LossWeighting = Literal["tokens", "samples"]
@@ -48,6 +48,12 @@ class TorchTrainConfig:
         min_lr_ratio: Floor of the decaying schedules as a fraction of ``lr``.
         temperature: Sampling temperature of the responses; log-probs use ``logits / temperature``.
         suppressed_ids: Ids outside the policy's support (never sampled); masked out of the loss.
+        score_dist: Hand the loss the policy's whole ``[B, L, V]`` log-distributions (``LossInputs.dist``) in
+            training steps. Only the full-vocabulary KL reads them (:func:`train_config` sets this from
+            ``algorithm.uses_full_kl``); without it scoring computes the per-token log-probs and entropy
+            ``scoring_chunk_tokens`` tokens at a time and never holds a ``[B, L, V]`` tensor.
+        scoring_chunk_tokens: Response tokens per LM-head chunk when scoring
+            (:data:`~relax_services.engines.scoring.SCORING_CHUNK_TOKENS`).
         autocast: ``"auto"`` uses bf16 autocast on a CUDA device that supports it, never on CPU;
             ``"bf16"`` forces it; ``"off"`` disables it.
         device: Torch device of the model.
@@ -76,6 +82,8 @@ class TorchTrainConfig:
     min_lr_ratio: float = 0.0
     temperature: float = 1.0
     suppressed_ids: tuple[int, ...] = ()
+    score_dist: bool = False
+    scoring_chunk_tokens: int = SCORING_CHUNK_TOKENS
     autocast: Literal["auto", "bf16", "off"] = "auto"
     device: str = "cpu"
     param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -92,6 +100,8 @@ class TorchTrainConfig:
             raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
             raise ValueError(f"TorchTrainConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.scoring_chunk_tokens < 1:
+            raise ValueError(f"TorchTrainConfig.scoring_chunk_tokens must be >= 1, got {self.scoring_chunk_tokens}")
         if self.minibatches < 1 or self.epochs < 1:
             raise ValueError(
                 f"TorchTrainConfig.minibatches and epochs must be >= 1, got {self.minibatches} and {self.epochs}"
@@ -164,8 +174,9 @@ class TorchTrainEngine:
     def _autocast(self) -> AbstractContextManager[object]:
         return autocast_context(self.config, self.device)
 
-    def score(self, batch: Sequence[TrainSample]) -> TokenScores:
-        """Forward over one micro-batch: response log-probs, entropy and mask (grad follows the caller)."""
+    def score(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+        """Forward over one micro-batch: response log-probs, entropy, mask and (``with_dist``) the whole
+        ``[B, L, V]`` log-distributions (grad follows the caller)."""
         with self._autocast():
             return score_responses(
                 self.model,
@@ -174,6 +185,8 @@ class TorchTrainEngine:
                 temperature=self.config.temperature,
                 suppressed_ids=self.config.suppressed_ids,
                 device=self.device,
+                with_dist=with_dist,
+                chunk_tokens=self.config.scoring_chunk_tokens,
             )
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,12 +201,12 @@ class TorchTrainEngine:
 
     def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
         """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest).
-        The ``[B, L, V]`` distributions are joined only ``with_dist`` (a real vocabulary makes them large)."""
+        The ``[B, L, V]`` distributions are computed only ``with_dist`` (a real vocabulary makes them large)."""
         pin_intra_op_threads(self.config.intra_op_threads)
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            parts = [self.score(micro) for micro in split_micro_batches(batch, self.config.micro_batch_size)]
+            parts = [self.score(micro, with_dist) for micro in split_micro_batches(batch, self.config.micro_batch_size)]
         self.model.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
 
@@ -201,7 +214,7 @@ class TorchTrainEngine:
             return torch.cat([_pad_to(x, length) for x in tensors]).cpu()
 
         values = [p.values for p in parts if p.values is not None]
-        dists = [p.dist for p in parts if p.dist is not None and with_dist]
+        dists = [p.dist for p in parts if p.dist is not None]
         return TokenScores(
             logprobs=join([p.logprobs for p in parts]),
             entropy=join([p.entropy for p in parts]),
@@ -215,7 +228,7 @@ class TorchTrainEngine:
 
         The batch loss is ``Σ_m w_m · loss_fn(micro-batch m)`` with ``w_m`` the micro-batch's share of
         unmasked tokens (or samples, per ``loss_weighting``), or its share of the units the loss reports when
-        ``loss_fn`` returns :class:`LossResult`.
+        ``loss_fn`` returns :class:`LossResult`. ``LossInputs.dist`` is set only with ``config.score_dist``.
         """
         if not batch:
             raise ValueError("cannot train on an empty batch")
@@ -225,7 +238,7 @@ class TorchTrainEngine:
         weights = self._weights(micro_batches)
         totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         units = [
-            backward_micro_batch(loss_fn, micro, self.score(micro), weight, totals)
+            backward_micro_batch(loss_fn, micro, self.score(micro, self.config.score_dist), weight, totals)
             for micro, weight in zip(micro_batches, weights, strict=True)
         ]
         local_units = units_of_step(units)
@@ -324,8 +337,9 @@ class TorchValueEngine(TorchTrainEngine):
 
     model: ValueModel
 
-    def score(self, batch: Sequence[TrainSample]) -> TokenScores:
-        """Per-token values ``[B, L]`` (with grad) in place of the policy's log-probs, for the value loss."""
+    def score(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+        """Per-token values ``[B, L]`` (with grad) in place of the policy's log-probs, for the value loss (a critic
+        has no distribution: ``with_dist`` is ignored)."""
         with self._autocast():
             return score_values(
                 self.model,
