@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 from relax_services.models.checkpoint import Checkpoint, open_checkpoint
 
 if TYPE_CHECKING:
+    import torch
+
     from relax_services.config import ModelConfig
 
 __all__ = ["PolicyFactory", "build_policy", "checkpoint_of", "empty_policy"]
@@ -22,13 +24,14 @@ def build_policy(cfg: ModelConfig) -> Any:
     return checkpoint_of(cfg).load_model()
 
 
-def empty_policy(cfg: ModelConfig) -> Any:
+def empty_policy(cfg: ModelConfig) -> torch.nn.Module:
     """The run's policy built on the meta device from its checkpoint's config: every parameter and buffer of the
     loaded model's shapes in float32, no weights read or allocated (a Trainer rank that receives its weights from
     rank 0, see :class:`~relax_services.engines.fsdp.train.FSDPTrainEngine`)."""
     import torch
 
     checkpoint = checkpoint_of(cfg)
+    model: torch.nn.Module
     with torch.device("meta"):
         # transformers' own constructor from a config (what from_pretrained builds before it reads the weights), so
         # the attention implementation is the loaded model's
@@ -45,9 +48,10 @@ class PolicyFactory:
     def __init__(self, cfg: ModelConfig) -> None:
         self.cfg = cfg
 
-    def __call__(self) -> Any:
-        return build_policy(self.cfg)
+    def __call__(self) -> torch.nn.Module:
+        model: torch.nn.Module = build_policy(self.cfg)
+        return model
 
-    def empty(self) -> Any:
+    def empty(self) -> torch.nn.Module:
         """:func:`empty_policy`."""
         return empty_policy(self.cfg)
