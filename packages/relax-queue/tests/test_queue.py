@@ -178,7 +178,7 @@ def test_capacity_in_bytes_and_backpressure_released_by_ack(make_queue: MakeQueu
     q.put("k0", {"blob": b"x" * 100})
     q.put("k1", {"blob": b"x" * 100})
     assert q.metrics()["depth_bytes"] == 200
-    with pytest.raises(RowTooLargeError, match="251 bytes"):
+    with pytest.raises(RowTooLargeError, match=r"251 bytes, .*its largest field is 'blob' \(251 bytes\)"):
         q.put("big", {"blob": b"x" * 251})
     done = threading.Event()
 
@@ -293,3 +293,20 @@ def test_threads_exact_accounting(make_queue: MakeQueue) -> None:
         assert sorted(seen[task]) == expected  # type: ignore[type-var]
     assert len(q) == 0
     assert q.metrics()["depth_bytes"] == 0
+
+
+def test_a_field_added_past_the_byte_bound_is_refused_naming_it(make_queue: MakeQueue) -> None:
+    q = make_queue(tasks=("a",), max_rows=None, max_bytes=250)
+    q.put("k0", {"blob": b"x" * 100})
+    assert q.add_fields("k0", {"score": 1.0})  # 8 bytes: counted (108)
+    assert q.metrics()["depth_bytes"] == 108
+    with pytest.raises(
+        RowTooLargeError,
+        match=r"row 'k0': adding 150 bytes of fields to its 108 would make it larger than max_bytes=250; its largest "
+        r"field is 'dist' \(142 bytes\)",
+    ):
+        q.add_fields("k0", {"dist": b"x" * 142, "note": 0})
+    assert q.metrics()["depth_bytes"] == 108  # refused whole: neither field was added
+    reader = q.reader("a")
+    [row] = reader.get(1, timeout=0).rows
+    assert set(row.fields) == {"blob", "score"}

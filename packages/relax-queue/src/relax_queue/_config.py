@@ -52,9 +52,11 @@ class Capacity:
         max_rows: most rows held at once; ``None`` for no bound.
         max_bytes: most payload bytes held at once (estimated per field: ``nbytes`` of arrays and
             tensors, ``len`` of bytes/str, a recursive estimate of containers); ``None`` for no bound.
-            Fields added to rows already stored are never blocked (blocking them could deadlock a
-            pipeline whose consumers wait for those fields), so the byte depth can exceed
-            ``max_bytes`` by field additions; new rows then wait until it is back under.
+            Fields added to rows already stored are counted but never blocked (blocking them could
+            deadlock a pipeline whose consumers wait for those fields), so the byte depth can exceed
+            ``max_bytes`` by field additions; new rows then wait until it is back under. A row that would
+            itself exceed ``max_bytes``, put whole or by an addition, is a ``RowTooLargeError`` naming its
+            largest field (the addition is refused whole: the row stays as it was).
     """
 
     max_rows: int | None = 100_000

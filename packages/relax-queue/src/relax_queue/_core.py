@@ -22,7 +22,6 @@ from relax_queue._errors import AdmissionError, FieldTypeError, GroupError, RowT
 from relax_queue._fields import as_version, check_fields, fields_nbytes, parse_versions
 from relax_queue._metrics import Counters
 from relax_queue._rows import NO_TAGS, Block, Lease, RetiredKeys, Segment, StoredRow, TaskState, field_value
-from relax_queue._sizing import estimate_nbytes
 from relax_queue._types import Key, RequeuedRow, RowInput
 
 __all__ = [
@@ -43,6 +42,12 @@ __all__ = [
 FULL = object()  # sentinel: the row did not fit; wait for capacity
 _row_key = attrgetter("key")
 _row_nbytes = attrgetter("nbytes")
+
+
+def _largest(fields: Mapping[str, Any]) -> str:
+    """``"; its largest field is 'name' (N bytes)"`` of a row too large for the byte bound."""
+    name, size = max(((n, fields_nbytes({n: v})) for n, v in fields.items()), key=lambda item: item[1])
+    return f"; its largest field is {name!r} ({size} bytes)"
 
 
 class QueueCore:
@@ -208,7 +213,9 @@ class QueueCore:
         if cap.max_bytes is not None:  # sizing only serves the byte bound; unbounded queues skip it
             nbytes = fields_nbytes(fields)
             if nbytes > cap.max_bytes:
-                raise RowTooLargeError(f"row {key!r} is {nbytes} bytes, larger than max_bytes={cap.max_bytes}")
+                raise RowTooLargeError(
+                    f"row {key!r} is {nbytes} bytes, larger than max_bytes={cap.max_bytes}{_largest(fields)}"
+                )
             if self.nbytes + nbytes > cap.max_bytes:
                 return FULL
         if cap.max_rows is not None and len(self.rows) >= cap.max_rows:
@@ -319,16 +326,19 @@ class QueueCore:
         )
 
     def _add_missing(self, row: StoredRow, fields: dict[str, Any]) -> None:
-        added = False
-        bounded = self.config.capacity.max_bytes is not None
-        for name, value in fields.items():
-            if name not in row.fields:
-                row.fields[name] = value
-                if bounded:
-                    size = estimate_nbytes(value)
-                    row.nbytes += size
-                    self.nbytes += size
-                added = True
+        new = {name: value for name, value in fields.items() if name not in row.fields}
+        limit = self.config.capacity.max_bytes
+        if limit is not None and new:
+            size = fields_nbytes(new)
+            if row.nbytes + size > limit:  # checked before any field is added: the row stays as it was
+                raise RowTooLargeError(
+                    f"row {row.key!r}: adding {size} bytes of fields to its {row.nbytes} would make it larger than "
+                    f"max_bytes={limit}{_largest(new)}"
+                )
+            row.nbytes += size
+            self.nbytes += size
+        row.fields.update(new)
+        added = bool(new)
         if added:
             self.counters.fields_added += 1
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from relax_core import ConfigError
@@ -100,3 +102,16 @@ def test_the_training_step_scores_whole_distributions_only_for_the_full_kl(
     cfg = load_run_config(None, overrides)
     assert cfg.algorithm.uses_full_kl is score_dist
     assert train_config(cfg).score_dist is score_dist
+
+
+def test_a_checkpoint_of_ones_own_defaults_to_the_sampled_token_kl(tmp_path: Path) -> None:
+    """The default run keeps its exact KL over the vocabulary; a user's checkpoint gets k3, whose queue rows carry
+    per-token log-probs, not ``[L, V]`` distributions; an explicit choice or a preset of one's own is kept."""
+    assert load_run_config(None, []).algorithm.kl_estimator == "full"
+    own = load_run_config(None, [f"model.source={tmp_path}"])
+    assert own.algorithm.kl_estimator == "k3" and own.algorithm.kl_coef == 0.1 and not own.algorithm.uses_full_kl
+    kept = load_run_config(None, [f"model.source={tmp_path}", "algorithm.kl_estimator=full"])
+    assert kept.algorithm.kl_estimator == "full"
+    from_file = tmp_path / "run.yaml"
+    from_file.write_text(f"model:\n  source: {tmp_path}\nalgorithm:\n  group_size: 4\n", encoding="utf-8")
+    assert load_run_config(from_file).algorithm.kl_estimator == "k3"

@@ -10,16 +10,20 @@ import pydantic
 
 from relax_core import ConfigModel, DataFileSpec, RowSchema
 
-__all__ = ["DEFAULT_TASKS", "DataConfig", "ModelConfig", "TaskName"]
+__all__ = ["DEFAULT_MODEL_SOURCE", "DEFAULT_TASKS", "DataConfig", "ModelConfig", "TaskName"]
 
 TaskName = Literal["image", "audio", "video", "text", "audio_video"]
 DEFAULT_TASKS: tuple[TaskName, ...] = ("image", "audio", "video", "text")
 
 
+DEFAULT_MODEL_SOURCE = "tiny-omni"
+"""``model.source`` of the default run: the tiny omni thinker's checkpoint, written once into the cache."""
+
+
 class ModelConfig(ConfigModel):
     """Which policy model to train."""
 
-    source: str = "tiny-omni"
+    source: str = DEFAULT_MODEL_SOURCE
     """A local Hugging Face checkpoint folder (config.json, weights, tokenizer with its chat template, optional
     preprocessor_config.json) of a supported family (``relax_services.models.FAMILIES``). 'tiny-omni' is the
     default ≈0.4 M-parameter Qwen2.5-Omni thinker: a folder written once under ``$RELAX_CACHE_DIR`` (default
