@@ -62,6 +62,8 @@ def format_warmup(
                 update={"lr": cfg.trainer.warmup_lr, "warmup_steps": 0, "schedule": "constant"}
             ),
             "trainer": cfg.trainer.model_copy(update={"minibatches": 1, "ppo_epochs": 1}),
+            # The warm-up's loss has no KL term: its engine scores as a run without one (no whole distributions).
+            "algorithm": cfg.algorithm.model_copy(update={"kl_coef": 0.0}),
         }
     )
     engine = build_train_engine(warm_cfg, build_policy(cfg.model))

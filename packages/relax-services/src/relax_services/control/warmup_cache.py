@@ -87,6 +87,10 @@ UNREAD_FIELDS: dict[str, dict[str, str]] = {
         "total_steps": "read by the decaying schedules only",
         "min_lr_ratio": "read by the decaying schedules only",
     },
+    "algorithm": {
+        "kl_coef": "replaced by 0: the warm-up's loss has no KL term",
+        "kl_estimator": "read with a KL term only",
+    },
     "trainer": {
         "engine": "the warm-up always trains with the single-process torch engine",
         "groups_per_step": "batches are trainer.micro_batch_groups groups",
