@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from relax_services.bench.peak_memory import peak_bytes
 from relax_services.engines import score_responses
 from relax_services.engines.scoring import token_scores
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
@@ -218,21 +218,6 @@ def test_score_responses_equals_the_dense_formula_of_plain_forwards() -> None:
         torch.testing.assert_close(got, want)
 
 
-def _peak_bytes(fn: object) -> int:
-    """The most bytes the CPU allocator held at once while ``fn()`` ran, beyond what it held before: the running
-    sum of the profiler's allocation and free records (every allocation torch makes, in order)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()  # type: ignore[operator]
-    records = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    live = peak = 0
-    for _, nbytes in records:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
 def test_chunked_forward_and_backward_hold_one_chunk_of_the_vocabulary_at_a_time() -> None:
     """Exact, not a machine's luck: the profiler records every allocation and free of torch's CPU allocator, so the
     peak is a count of tensor bytes, the same on any machine for the same operations.
@@ -261,5 +246,5 @@ def test_chunked_forward_and_backward_hold_one_chunk_of_the_vocabulary_at_a_time
     one_chunk = chunk * vocab * 4
     bound = 8 * one_chunk + 16 * n_tokens * (width + 1) * 4
     assert bound < n_tokens * vocab * 4 / 4  # a quarter of one [N, V] float32 tensor
-    assert _peak_bytes(chunked) <= bound
-    assert _peak_bytes(dense) >= n_tokens * vocab * 4  # the same measurement sees the whole tensor
+    assert peak_bytes(chunked) <= bound
+    assert peak_bytes(dense) >= n_tokens * vocab * 4  # the same measurement sees the whole tensor

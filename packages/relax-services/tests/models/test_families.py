@@ -222,11 +222,22 @@ def test_a_qwen2_checkpoint_of_another_shape(tmp_path: Path) -> None:
     assert sum(p.numel() for p in model.parameters()) == expected
 
 
+def test_a_qwen2_checkpoint_with_a_padded_vocabulary(tmp_path: Path) -> None:
+    """``shape={"vocab_size": V}`` pads the embedding and LM head to V rows that no token maps to (as Qwen2.5's
+    151,936 rows for 151,665 tokens); the checkpoint validates and its model has V rows."""
+    folder = write_tiny_checkpoint(tmp_path / "q2", "qwen2", shape={"vocab_size": 100})
+    ckpt = open_checkpoint(folder)
+    assert ckpt.tokens.vocab_size == 100 and len(ckpt.tokenizer) == 64
+    model = ckpt.load_model()
+    assert model.get_input_embeddings().weight.shape[0] == model.lm_head.weight.shape[0] == 100
+
+
 @pytest.mark.parametrize(
     ("family", "kwargs", "words"),
     [
         ("qwen3", {"shape": {"hidden_size": 32}}, "for family 'qwen2' only"),
-        ("qwen2", {"shape": {"vocab_size": 100}}, "vocab_size"),
+        ("qwen2", {"shape": {"vocab_size": 63}}, "vocab_size=63 must be an int >= the tiny tokenizer's 64"),
+        ("qwen2", {"shape": {"pad_token_id": 3}}, "pad_token_id"),
         ("qwen2", {"shape": {"hidden_size": 32}, "hidden_size": 32}, "not both"),
     ],
 )

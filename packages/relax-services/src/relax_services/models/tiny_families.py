@@ -35,11 +35,10 @@ _TEXT = {
 def _text_config(cls_name: str, tokenizer: PreTrainedTokenizerBase, **extra: object) -> PretrainedConfig:
     cls = getattr(transformers, cls_name)
     config: PretrainedConfig = cls(
-        vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.pad_token_id,
-        **{**_TEXT, "tie_word_embeddings": False, **extra},
+        **{"vocab_size": len(tokenizer), **_TEXT, "tie_word_embeddings": False, **extra},
     )
     return config
 
@@ -172,8 +171,8 @@ _VIDEO_PREPROCESSORS: dict[str, dict[str, object]] = {
 _EXTRA_CHARACTERS: dict[str, tuple[str, ...]] = {"qwen3-vl": ("<", ">")}  # its video timestamps: "<0.6 seconds>"
 """Family name → characters its tiny tokenizer adds to the default vocabulary."""
 
-_TOKENIZER_FIELDS = frozenset({"vocab_size", "pad_token_id", "eos_token_id", "bos_token_id"})
-"""Config fields a ``shape`` cannot set: the tokenizer's vocabulary and special ids."""
+_TOKENIZER_FIELDS = frozenset({"pad_token_id", "eos_token_id", "bos_token_id"})
+"""Config fields a ``shape`` cannot set: the tokenizer's special ids."""
 
 
 def write_tiny_checkpoint(
@@ -191,11 +190,13 @@ def write_tiny_checkpoint(
             the smallest vLLM's CPU attention takes.
         shape: For ``qwen2`` only: ``Qwen2Config`` fields that replace the tiny sizes, e.g. a published
             checkpoint's (``hidden_size``, ``num_hidden_layers``, ``tie_word_embeddings``, ``rope_parameters``, ...).
-            The vocabulary and its special ids stay the tiny tokenizer's.
+            The tokenizer and its special ids stay the tiny one's; a ``vocab_size`` at least its length pads the
+            embedding and LM head with rows no token maps to, as published checkpoints do (Qwen2.5: 151,936 rows
+            for 151,665 tokens), e.g. to measure what a real vocabulary costs.
 
     Raises:
         ValueError: for another family name, ``hidden_size`` or ``shape`` with another family than ``qwen2``, both
-            of them, or a ``shape`` that sets the vocabulary or a token id.
+            of them, or a ``shape`` that sets a token id or a vocabulary smaller than the tokenizer.
     """
     path = Path(path)
     if hidden_size is not None and shape is not None:
@@ -212,6 +213,11 @@ def write_tiny_checkpoint(
     if family not in TINY_FAMILIES:
         raise ValueError(f"no tiny checkpoint for family {family!r}; known: {[*TINY_FAMILIES, 'qwen2.5-omni-thinker']}")
     tokenizer = build_tiny_tokenizer(_EXTRA_CHARACTERS.get(family, ()))
+    vocab = sizes.get("vocab_size", len(tokenizer))
+    if not isinstance(vocab, int) or vocab < len(tokenizer):
+        raise ValueError(
+            f"write_tiny_checkpoint: shape vocab_size={vocab!r} must be an int >= the tiny tokenizer's {len(tokenizer)}"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model: PreTrainedModel

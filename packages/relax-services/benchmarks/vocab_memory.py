@@ -1,0 +1,38 @@
+"""Peak memory of one training update at V = 4,096 / 32,768 / 151,936 (hidden 64, 2 layers, the same 8 × 256
+response tokens): chunked scoring with the sampled-token KL (k3) beside the dense ``[B, L, V]`` path
+(``algorithm.kl_estimator=full``), and each peak less 4× the embedding and LM head bytes (gradients, Adam's m and
+v, its sqrt(v) temporary). Exact counts of torch's CPU allocations (profiler records), not timings.
+
+    python packages/relax-services/benchmarks/vocab_memory.py [--vocab 4096 32768 151936]
+
+The dense path at V = 151,936 holds about 10 GB; it takes about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from relax_services.bench.vocab_memory import HIDDEN, VocabMemory, Workload, format_table, measure_vocab
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[4096, 32768, 151936])
+    args = parser.parse_args()
+    work = Workload()
+    rows: list[VocabMemory] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for vocab in args.vocab:
+            rows.append(measure_vocab(vocab, Path(workdir), work))
+    batch = work.prompts * work.group_size
+    print(
+        f"hidden {HIDDEN}, 2 layers; {batch} samples × {work.response_tokens} response tokens "
+        f"({work.prompts} prompts of {work.prompt_tokens}), LM-head chunks of {work.chunk_tokens} tokens; MB = 1e6 B"
+    )
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
