@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from relax_services.config import RunConfig
 
 __all__ = [
-    "DEVICES",
-    "DTYPES",
     "GPU_ROLES",
     "Device",
     "DeviceChoice",
@@ -42,8 +40,6 @@ DeviceChoice = Literal["auto", "cpu", "cuda"]
 Device = Literal["cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 
 GPU_ROLES: dict[str, str] = {
     "trainer": "trainer.gpus_per_rank",
@@ -103,7 +99,7 @@ def dtype_of(cfg: RunConfig, role: str) -> Literal["float32", "bfloat16", "float
     chosen: str = getattr(getattr(cfg, role), "dtype", "auto") if role in GPU_ROLES else "auto"
     if chosen == "auto":
         return "bfloat16" if device_of(cfg, role) == "cuda" else "float32"
-    return chosen  # type: ignore[return-value]  # one of DTYPES other than auto (the field's Literal)
+    return chosen  # type: ignore[return-value]  # a Dtype other than auto (the field's Literal)
 
 
 def trainer_autocast(cfg: RunConfig) -> Literal["auto", "bf16", "off"]:

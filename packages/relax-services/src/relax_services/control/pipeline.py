@@ -35,7 +35,7 @@ from relax_services.data.prompts import HeldoutSet, PromptBuilder
 from relax_services.engines.registry import check_engines
 from relax_services.hosting.cohost import SharedHost, actor_options
 from relax_services.hosting.light_host import LightActor, create_light_actor  # light: its actor imports no model stack
-from relax_services.hosting.placement import Placement, host_name, service_roles
+from relax_services.hosting.placement import Placement, host_members, host_name, service_roles
 from relax_services.hosting.service_host import SERVICE_CLASSES, host_class
 from relax_services.rows import HeldoutItem
 from relax_services.weights import RayWeightStore, WeightStore
@@ -371,8 +371,10 @@ def _build(
         cfg, heldout, restore, prompt_queue, sample_queue, weights, critic_weights, to_prompt, placement
     ):
         resource = cfg.run.placement.get(role)
-        services[name] = ServiceSpec(name, role, cls, args, {**kwargs, "health": health}, resource=resource)
-        services[name].placement = {} if placement is None else placement.options(name)
+        options = {} if placement is None else placement.options(name)
+        services[name] = ServiceSpec(
+            name, role, cls, args, {**kwargs, "health": health}, resource=resource, placement=options
+        )
     hosts = shared_hosts(cfg.run.hosts, services)
     for host in hosts:
         host.placement = {} if placement is None else placement.options(host.name)
@@ -382,15 +384,12 @@ def _build(
 
 
 def shared_hosts(hosts: list[list[str]], services: dict[str, ServiceSpec]) -> list[SharedHost]:
-    """The hosts of ``run.hosts`` over a pipeline's services, each member's ``host`` set: a host holds every service
-    of its roles; one that would hold a single service (its other roles are not in this pipeline, e.g. no Reference
-    without a KL term) is none, and that service keeps an actor of its own."""
+    """The hosts of ``run.hosts`` over a pipeline's services (:func:`~relax_services.hosting.placement.host_members`:
+    the rule the placement of a GPU run follows too), each member's ``host`` set."""
     out: list[SharedHost] = []
-    for roles in hosts:
-        members = [spec for spec in services.values() if spec.role in roles]
-        if len(members) < 2:
-            continue
-        name = host_name([spec.name for spec in members])
+    for names in host_members(hosts, [(spec.name, spec.role) for spec in services.values()]):
+        members = [services[name] for name in names]
+        name = host_name(names)
         host = SharedHost(name, members, resource=host_resource([spec.resource for spec in members]))
         for spec in members:
             spec.host = host

@@ -26,6 +26,8 @@ from relax_services.config.hosts import host_resource
 from relax_services.config.trainer_group import GROUP_TRAIN_ENGINES
 
 if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
     from relax_services.config import RunConfig
 
 __all__ = [
@@ -33,7 +35,10 @@ __all__ = [
     "ProcessSlot",
     "RankPlacement",
     "SlotSite",
+    "bundle_options",
     "check_cluster",
+    "host_members",
+    "host_name",
     "probe_placement",
     "run_processes",
     "service_roles",
@@ -61,6 +66,14 @@ def service_roles(cfg: RunConfig) -> list[tuple[str, str]]:
 def host_name(members: Sequence[str]) -> str:
     """The name of the shared host of these services (its actor's name in the run's namespace)."""
     return "host-" + "-".join(members)
+
+
+def host_members(hosts: Sequence[Sequence[str]], services: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """The services each host of ``run.hosts`` holds, given ``(name, role)`` of the run's services: every service of
+    its roles, in build order. A host that would hold a single service (its other roles are not in this run, e.g. no
+    Reference without a KL term) is none: that service keeps a process of its own."""
+    members = [[name for name, role in services if role in roles] for roles in hosts]
+    return [names for names in members if len(names) >= 2]
 
 
 @dataclass(frozen=True)
@@ -91,9 +104,7 @@ def run_processes(cfg: RunConfig) -> list[ProcessSlot]:
     device resolved; on a CPU run every count is 0)."""
     services = service_roles(cfg)
     role_of = dict(services)
-    hosts = [[name for name, role in services if role in roles] for roles in cfg.run.hosts]
-    hosts = [members for members in hosts if len(members) >= 2]  # a host of one service is none (shared_hosts)
-    hosted = {name: members for members in hosts for name in members}
+    hosted = {name: members for members in host_members(cfg.run.hosts, services) for name in members}
     group_trainer = cfg.trainer.engine in GROUP_TRAIN_ENGINES
     slots: list[ProcessSlot] = []
     seen: set[str] = set()
@@ -184,10 +195,15 @@ class RankPlacement:
 
     def options(self, rank: int) -> dict[str, object]:
         """Ray actor options placing rank ``rank`` in its bundle."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        return bundle_options(self.group, rank, self.gpus_per_rank)
 
-        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank)
-        return {"num_gpus": self.gpus_per_rank, "scheduling_strategy": strategy}
+
+def bundle_options(group: PlacementGroup, bundle: int, gpus: float) -> dict[str, object]:
+    """Ray actor options of a process holding ``gpus`` GPUs in bundle ``bundle`` of placement group ``group``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+    return {"num_gpus": gpus, "scheduling_strategy": strategy}
 
 
 @dataclass
@@ -237,10 +253,7 @@ class Placement:
         slot = self.slots.get(process)
         if slot is None or slot.group is None:
             return {}
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        strategy = PlacementGroupSchedulingStrategy(self.groups[slot.group], placement_group_bundle_index=slot.bundle)
-        return {"num_gpus": slot.gpus, "scheduling_strategy": strategy}
+        return bundle_options(self.groups[slot.group], slot.bundle, slot.gpus)
 
     def trainer_ranks(self) -> RankPlacement | None:
         """Where a Trainer group's ranks go (None: the Trainer is one process)."""
