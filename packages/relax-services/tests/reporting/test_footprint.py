@@ -56,6 +56,21 @@ def test_update_split_accounts_for_the_interval_between_updates(tmp_path: Path) 
     assert "queue calls 0.050s; interval 0.650s, of it outside these 0.150s" in text
 
 
+def test_publish_is_printed_against_a_plain_copy_of_its_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    _write(
+        path,
+        [
+            {"kind": "train", "train_s": 0.2, "weight_sync_s": 0.06, "wait_s": 0.0, "weight_sync_memcpy_s": 0.04},
+            {"kind": "train", "train_s": 0.2, "weight_sync_s": 0.08, "wait_s": 0.0, "weight_sync_memcpy_s": 0.04},
+            {"kind": "train", "train_s": 0.2, "weight_sync_s": 0.09, "wait_s": 0.0, "weight_sync_memcpy_s": 0.04},
+        ],
+    )
+    split = update_split(path)
+    assert split is not None and split.publish_memcpy_s == pytest.approx(0.04)
+    assert "publish: 2.0x a plain memory copy of the same bytes (0.040s)" in format_footprint(split, None)
+
+
 def test_update_split_without_updates(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     _write(path, [{"kind": "eval", "version": 0}])

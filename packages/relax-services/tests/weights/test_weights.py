@@ -16,6 +16,7 @@ from relax_services.weights import (
     WeightStore,
     state_dict_bytes,
 )
+from relax_services.weights.packed import pack_state, unpack_state
 
 TOKENS = open_checkpoint(DEFAULT_SOURCE).tokens
 
@@ -134,3 +135,53 @@ def test_ray_store_is_shared_by_name_across_processes(ray_session: Any) -> None:
     assert [h["version"] for h in store.history()] == [1.0, 2.0]
     with pytest.raises(ValueError):
         RayWeightStore.connect("no-such-store")
+
+
+def test_packed_weights_view_the_tensors_and_keep_ties_and_dtypes() -> None:
+    embed = torch.randn(6, 4)
+    state = {
+        "embed.weight": embed,
+        "lm_head.weight": embed,  # tied: one storage
+        "norm.weight": torch.randn(4, dtype=torch.bfloat16),
+        "steps": torch.arange(3, dtype=torch.int64),
+    }
+    packed = pack_state(state)
+    assert packed.aliases == {"lm_head.weight": "embed.weight"}
+    assert packed.num_bytes == 6 * 4 * 4 + 4 * 2 + 3 * 8  # the tied tensor once
+    out = unpack_state(packed)
+    assert out.keys() == state.keys()
+    for name, tensor in state.items():
+        assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor)
+    # No copy on either side: the unpacked tensors view the source's memory, ties stay one tensor.
+    assert out["embed.weight"].data_ptr() == embed.data_ptr()
+    assert out["lm_head.weight"] is out["embed.weight"]
+
+
+def test_ray_store_readers_view_one_copy_and_an_engine_computes_with_it(ray_session: Any) -> None:
+    """A fetched version is a view of the object store's shared memory (read-only, the same pages for every fetch
+    of the node), and a CPU rollout engine in the published dtype computes with those tensors, not a copy."""
+    store = RayWeightStore.create("weights-zero-copy", keep=1)
+    model = build_tiny_omni(1)
+    store.publish(1, model.state_dict())
+    first, second = store.fetch(None), store.fetch(None)
+    assert first is not None and second is not None
+    name = "lm_head.weight"
+    assert first.state_dict[name].data_ptr() == second.state_dict[name].data_ptr()  # one copy, not one per fetch
+    engine = HFRolloutEngine(build_tiny_omni(0))
+    engine.load_weights(first.state_dict, first.version)
+    assert engine.model.lm_head.weight.data_ptr() == first.state_dict[name].data_ptr()
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[key], tensor), key
+    # Generation on the shared weights equals generation on a private copy of the same weights.
+    params = SamplingParams(n=2, max_new_tokens=4, suppressed_ids=TOKENS.never_sample, eos_id=TOKENS.eos_id)
+    copied = HFRolloutEngine(build_tiny_omni(1), HFRolloutConfig(seed=3)).generate([text_prompt([1, 3, 20, 4])], params)
+    engine.seed(3)
+    shared = engine.generate([text_prompt([1, 3, 20, 4])], params)
+    assert [c.token_ids for c in shared[0]] == [c.token_ids for c in copied[0]]
+    # Another dtype cannot be shared: the engine copies into its own parameters.
+    half = HFRolloutEngine(build_tiny_omni(0), HFRolloutConfig(dtype="bfloat16"))
+    half.load_weights(first.state_dict, first.version)
+    assert half.model.lm_head.weight.dtype == torch.bfloat16
+    assert half.model.lm_head.weight.data_ptr() != first.state_dict[name].data_ptr()
+    store.publish(2, build_tiny_omni(2).state_dict())
+    assert store.versions() == [2]  # keep=1: only the newest stays referenced by the store

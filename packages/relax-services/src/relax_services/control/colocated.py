@@ -189,8 +189,8 @@ def build_local_pipeline(
     if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
         prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
         sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
-    weights = InProcessWeightStore(keep=2)
-    critic_weights = InProcessWeightStore(keep=2) if critic else None
+    weights = InProcessWeightStore(keep=1)  # only the newest; readers compute with it in place
+    critic_weights = InProcessWeightStore(keep=1) if critic else None
     health = LocalHealth()
     services = {
         name: LocalService(name, role, cls, args, {**kwargs, "health": health})

@@ -263,7 +263,7 @@ def _light_actor(cfg: RunConfig, namespace: str) -> LightActor:
     actor process (a Ray worker's imports cost more than their state; the death of any of them was a global restart
     already)."""
     prompts, samples = queue_configs(cfg)
-    return create_light_actor(f"{namespace}-light", {"prompts": prompts, "samples": samples}, keep=2)
+    return create_light_actor(f"{namespace}-light", {"prompts": prompts, "samples": samples}, keep=1)
 
 
 def build_grpo(
@@ -356,7 +356,7 @@ def _build(
 
             sync = BroadcastConfig(receivers=cfg.rollout.num_workers)
             weights = BroadcastWeightStore.create(store, sync, bucket_bytes=int(cfg.trainer.sync_bucket_mib * 2**20))
-        critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=2) if critic else None
+        critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=1) if critic else None
         if critic_weights is not None:
             created.append(critic_weights.actor)
     except BaseException:

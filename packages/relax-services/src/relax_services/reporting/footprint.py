@@ -141,6 +141,8 @@ class UpdateSplit:
         interval_s: Median seconds between consecutive updates (None when the records carry no times).
         other_s: Median of each update's interval less its four parts: what the trainer loop spends outside them
             (the metric record, the loop and, in one process, the other roles holding the GIL); None as above.
+        publish_memcpy_s: Median seconds a plain memory copy of the published bytes takes on the trainer's machine
+            (``weight_sync_memcpy_s``), the yardstick of ``publish_s``; None when the records carry none.
     """
 
     updates: int
@@ -150,6 +152,7 @@ class UpdateSplit:
     queue_s: float = 0.0
     interval_s: float | None = None
     other_s: float | None = None
+    publish_memcpy_s: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -161,10 +164,12 @@ def update_split(metrics_path: Path) -> UpdateSplit | None:
     """The per-update split of a run from the ``train`` records of its ``metrics.jsonl`` (None: no update)."""
     from relax_services.reporting.metrics import read_metrics
 
-    compute, publish, wait, queue, times = [], [], [], [], []
+    compute, publish, wait, queue, times, memcpy = [], [], [], [], [], []
     for record in read_metrics(metrics_path, "train"):
         compute.append(float(record["train_s"]))
         publish.append(float(record.get("weight_sync_s", 0.0)))
+        if "weight_sync_memcpy_s" in record:
+            memcpy.append(float(record["weight_sync_memcpy_s"]))
         wait.append(float(record["wait_s"]))
         queue.append(float(record.get("queue_s", 0.0)))
         if "time" in record:
@@ -187,6 +192,7 @@ def update_split(metrics_path: Path) -> UpdateSplit | None:
         statistics.median(queue),
         interval,
         other,
+        statistics.median(memcpy) if memcpy else None,
     )
 
 
@@ -207,6 +213,11 @@ def format_footprint(
         if split.interval_s is not None and split.other_s is not None:
             line += f"; interval {split.interval_s:.3f}s, of it outside these {split.other_s:.3f}s"
         lines = [line + f" (trainer busy {busy:.0%})"]
+        if split.publish_memcpy_s:
+            lines.append(
+                f"publish: {split.publish_s / split.publish_memcpy_s:.1f}x a plain memory copy of the same bytes "
+                f"({split.publish_memcpy_s:.3f}s)"
+            )
     if peak_bytes is not None:
         lines.append(f"peak memory of the process tree (PSS): {peak_bytes / 1e9:.2f} GB")
     if processes:

@@ -42,6 +42,7 @@ from relax_services.services._mismatch import (
 )
 from relax_services.services._prefetch import BatchPrefetch
 from relax_services.weights import WeightStore
+from relax_services.weights.packed import memcpy_seconds
 
 __all__ = [
     "TrainerService",
@@ -278,6 +279,7 @@ class TrainerService(ServiceBase):
         self._prefetch = (
             BatchPrefetch(self.reader, tau, _TRAIN_LEASE_S, _GET_TIMEOUT_S) if remote and tau != 0 else None
         )
+        self._memcpy_s: dict[int, float] = {}  # {bytes: seconds of a plain copy}: what a publish is printed against
         self._publish()
         self._wait_s = 0.0
 
@@ -322,6 +324,8 @@ class TrainerService(ServiceBase):
         self._version_s = time.perf_counter() - start
         self._sync_s = stats.seconds
         self._sync_bytes = stats.num_bytes
+        if stats.num_bytes not in self._memcpy_s:  # the yardstick, once per size
+            self._memcpy_s = {stats.num_bytes: memcpy_seconds(stats.num_bytes)}
 
     def pause(self, timeout: float = 300.0) -> int:
         """Hold the loop between updates (for a consistent checkpoint); returns the version it holds at."""
@@ -419,6 +423,7 @@ class TrainerService(ServiceBase):
             train_s=train_s,
             weight_sync_s=self._sync_s,
             weight_sync_bytes=self._sync_bytes,
+            weight_sync_memcpy_s=self._memcpy_s.get(self._sync_bytes, 0.0),
             queue_s=queue_s,
             keys=[str(k) for k in batch.keys],
             **{k: float(v) for k, v in metrics.items()},

@@ -4,11 +4,12 @@ Two implementations of one :class:`WeightStore` protocol:
 
 - :class:`InProcessWeightStore`: a locked dict, for tests and single-process runs.
 - :class:`RayWeightStore`: a handle on a named Ray actor (``num_cpus=0``) that keeps the object-store
-  references of the newest ``keep`` versions. The publisher ``ray.put``s the CPU state dict once (so the
-  publishing process owns the object); readers ask the actor for the newest reference and fetch the
-  tensors straight from the object store. If the publisher dies, its objects are lost: readers get
-  ``None`` until the restarted trainer publishes again (after :meth:`~RayWeightStore.rollback` to the
-  version of the checkpoint it resumed from).
+  references of the newest ``keep`` versions (1 in a run: only the newest is kept alive, plus the versions
+  readers still compute with). The publisher ``ray.put``s the state dict once as numpy buffers (so the
+  publishing process owns the object); readers ask the actor for the newest reference and get tensors that
+  view the object store's shared memory (:mod:`~relax_services.weights.packed`: one copy per node, not per
+  reader). If the publisher dies, its objects are lost: readers get ``None`` until the restarted trainer
+  publishes again (after :meth:`~RayWeightStore.rollback` to the version of the checkpoint it resumed from).
 
 A GPU backend (NCCL broadcast from trainer to rollout ranks) implements the same protocol later:
 ``publish`` broadcasts, ``fetch`` receives into a preallocated buffer. Every publish and fetch measures
@@ -29,6 +30,8 @@ if TYPE_CHECKING:  # torch is not imported at runtime: the store actor's process
     import torch
     from ray import ObjectRef
     from ray.actor import ActorHandle
+
+    from relax_services.weights.packed import PackedWeights
 
 _Item = TypeVar("_Item")
 
@@ -183,15 +186,17 @@ class WeightStoreActor:
     """
 
     def __init__(self, keep: int = 2) -> None:
-        self._versions: _Versions[list[ObjectRef[StateDict]]] = _Versions(keep)
+        self._versions: _Versions[list[ObjectRef[PackedWeights]]] = _Versions(keep)
         self._history: list[dict[str, float]] = []
 
-    def register(self, version: int, boxed_ref: list[ObjectRef[StateDict]], num_bytes: int, put_seconds: float) -> None:
+    def register(
+        self, version: int, boxed_ref: list[ObjectRef[PackedWeights]], num_bytes: int, put_seconds: float
+    ) -> None:
         """Makes the object ``boxed_ref[0]`` the newest version."""
         self._versions.add(version, boxed_ref)
         self._history.append({"version": float(version), "num_bytes": float(num_bytes), "put_s": put_seconds})
 
-    def newest(self, have_version: int | None) -> tuple[int, list[ObjectRef[StateDict]]] | None:
+    def newest(self, have_version: int | None) -> tuple[int, list[ObjectRef[PackedWeights]]] | None:
         """``(version, [ref])`` of the newest version if newer than ``have_version``."""
         return self._versions.newest(have_version)
 
@@ -268,13 +273,18 @@ class RayWeightStore:
         return self._actor
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
-        """Puts a CPU copy in the object store (owned by this process) and registers it as ``version``."""
+        """Puts ``state_dict`` in the object store once, as numpy buffers readers map without copying
+        (:mod:`~relax_services.weights.packed`; owned by this process), and registers it as ``version``. The put
+        is the snapshot: the tensors may change as soon as this returns."""
         import ray
 
+        from relax_services.weights.packed import pack_state
+
         start = time.perf_counter()
-        copy = cpu_copy(state_dict)
-        num_bytes = state_dict_bytes(copy)
-        ref = ray.put(copy)
+        packed = pack_state(state_dict)
+        num_bytes = packed.num_bytes
+        ref = ray.put(packed)
+        del packed  # views of the caller's tensors
         put_seconds = time.perf_counter() - start
         ray.get(self._actor.register.remote(version, [ref], num_bytes, put_seconds))
         return PublishStats(version, num_bytes, time.perf_counter() - start)
@@ -290,12 +300,16 @@ class RayWeightStore:
         import ray
 
         start = time.perf_counter()
-        newest = cast("tuple[int, list[ObjectRef[StateDict]]] | None", ray.get(self._actor.newest.remote(have_version)))
+        newest = cast(
+            "tuple[int, list[ObjectRef[PackedWeights]]] | None", ray.get(self._actor.newest.remote(have_version))
+        )
         if newest is None:
             return None
         version, (ref,) = newest
+        from relax_services.weights.packed import unpack_state
+
         try:
-            state_dict: StateDict = ray.get(ref)
+            state_dict = unpack_state(ray.get(ref))  # views of the node's one copy; they keep it alive
         except ray.exceptions.ObjectLostError:
             return None  # the publisher died; its successor publishes again
         return WeightUpdate(version, state_dict, time.perf_counter() - start)

@@ -121,11 +121,28 @@ class HFRolloutEngine:
         return self._version
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copies ``state_dict`` into the model (strict) and sets the version."""
+        """Loads ``state_dict`` (strict) and sets the version.
+
+        On the CPU, when every tensor already has the parameter's dtype and shape, the model's parameters become
+        the published tensors themselves instead of copies: a published version is one read-only copy (in the
+        object store's shared memory, or the in-process store's dict) that every rollout worker and evaluator of
+        the node computes with, where each held its own before. Generation never writes a weight. Elsewhere (a
+        GPU, another dtype) the tensors are copied into the model's own.
+        """
         if version < self._version:
             raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
-        self.model.load_state_dict(dict(state_dict), strict=True)
+        weights = dict(state_dict)
+        self.model.load_state_dict(weights, strict=True, assign=self._can_share(weights))
         self._version = version
+
+    def _can_share(self, weights: Mapping[str, torch.Tensor]) -> bool:
+        """Whether the model can compute with ``weights`` as they are (CPU, same names, dtypes and shapes)."""
+        if self.device.type != "cpu":
+            return False
+        own = self.model.state_dict()
+        return own.keys() == weights.keys() and all(
+            t.device.type == "cpu" and t.dtype == own[k].dtype and t.shape == own[k].shape for k, t in weights.items()
+        )
 
     def seed(self, seed: int) -> None:
         """Reseeds the sampling RNG (see :meth:`RolloutEngine.seed`)."""
