@@ -57,7 +57,7 @@ class _Reader:
     def __init__(self, config: Any) -> None:
         from transformers import LlamaForCausalLM
 
-        self.model = LlamaForCausalLM(config).eval()
+        self.model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]
 
     def load(self, boxed: list[Any], packed: bool) -> float:
         """Fetch the version and load it (packed: compute with the fetched tensors; else copy into the model)."""
@@ -90,12 +90,12 @@ def measure_publish(readers: int = 2, repeats: int = 3, layers: int = 30) -> tup
     from transformers import LlamaForCausalLM
 
     config = smollm2_config(layers)
-    state = LlamaForCausalLM(config).state_dict()
+    state = LlamaForCausalLM(config).state_dict()  # type: ignore[no-untyped-call]
     memcpy = memcpy_seconds(pack_state(state).num_bytes)
-    reader_cls = ray.remote(num_cpus=0)(_Reader)
+    reader_cls: Any = ray.remote(num_cpus=0)(_Reader)  # ray's stubs do not type an actor class's methods
     rows = []
     for path, packed in (("torch state dict", False), ("packed (numpy buffers)", True)):
-        procs = [reader_cls.remote(config) for _ in range(readers)]  # type: ignore[attr-defined]
+        procs = [reader_cls.remote(config) for _ in range(readers)]
         puts, fetches, ref = [], [], None
         for _ in range(repeats):
             ref = None  # the previous version goes, as the store's newest-only rule drops it

@@ -97,6 +97,13 @@ class RunSettings(ConfigModel):
     Ray cluster reports GPUs (this machine's torch in ``run.mode=colocated``). Resolved once at launch; asking for
     ``cuda``, or for more GPUs than the cluster has, is an error before anything starts."""
 
+    threads: int | None = pydantic.Field(default=None, ge=1)
+    """Torch intra-op threads of every process that computes (each engine pins it at every call; the colocated mode's
+    one process too). Unset: resolved at launch to the machine's cores divided among the services that compute at
+    once (Trainer ranks, rollout workers, the Evaluator, the Reference and the Critic when the algorithm has them),
+    at least 1. A process's count changes the last bits of CPU reductions, so every process of a run uses one count;
+    an engine built outside a launch computes with 1."""
+
     progress: Literal["auto", "live", "lines", "none"] = "auto"
     """'live' redraws a table (TTY), 'lines' prints one line per report, 'auto' picks by TTY."""
 

@@ -17,7 +17,6 @@ at a time on CPU beyond what torch's threads overlap (the GIL is released inside
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import torch
 
 from relax_queue import TransferQueue
 from relax_services.config import RunConfig
+from relax_services.config.threads import threads_of
 from relax_services.control.checkpoint import PROMPTS_FILE, SAMPLES_FILE
 from relax_services.control.controller import Controller
 from relax_services.control.pipeline import Heldout, pipeline_family, queue_configs, service_plan
@@ -253,9 +253,9 @@ class ColocatedController(Controller):
     ) -> None:
         check_colocated(cfg)
         super().__init__(cfg, run_dir, resume, resume_changes, started_at)
-        # The services share this process's torch threads; one per core keeps the trainer's and the rollout's
-        # kernels from oversubscribing the machine (the distributed mode gives each process one thread).
-        torch.set_num_threads(max(1, min(os.cpu_count() or 1, 4)))
+        # Each service's engine pins run.threads in its own thread at every call (the launch divided the cores
+        # among them); the process starts at the same count.
+        torch.set_num_threads(threads_of(cfg))
 
     def _start_pipeline(self, restore: Path | None) -> None:
         if not isinstance(self.health, LocalHealthManager):  # the base run() builds the Ray-side manager

@@ -117,7 +117,8 @@ def format_dry_run(cfg: RunConfig, rows: list[DryRunRow]) -> str:
     """The dry run's table: per process, its roles, node, GPU ids, dtype and memory estimate against the device's."""
     lines = [
         f"[placement] run.device={cfg.run.device}, run.mode={cfg.run.mode}: "
-        f"{sum(r.slot.gpus for r in rows):g} GPU(s) reserved over {len(rows)} process(es)",
+        f"{sum(r.slot.gpus for r in rows):g} GPU(s) reserved over {len(rows)} process(es), "
+        f"run.threads={cfg.run.threads} torch thread(s) per computing service",
         f"  {'process':<38} {'roles':<30} {'node':<16} {'GPUs':<10} {'dtype':<17} "
         "memory per device (estimate / device)",
     ]
@@ -153,14 +154,17 @@ def dry_run(cfg: RunConfig) -> str:
     Raises:
         LaunchError: as :func:`~relax_services.control.launch.resolve_devices` (and an unreachable cluster).
     """
-    from relax_services.control.launch import LaunchError, resolve_devices
+    from relax_services.config.threads import with_threads
+    from relax_services.control.launch import LaunchError, machine_cores, resolve_devices
 
     if cfg.run.mode == "colocated":
-        resolved = resolve_devices(cfg)
+        resolved = with_threads(resolve_devices(cfg), machine_cores(cfg))
         device = device_of(resolved, "trainer")
         return (
             f"[placement] run.mode=colocated, run.device={resolved.run.device}: every role is a thread of this "
-            f"process, computing on {device}" + (" (its first visible GPU)" if device == "cuda" else "")
+            f"process, computing on {device}"
+            + (" (its first visible GPU)" if device == "cuda" else "")
+            + f", {resolved.run.threads} torch thread(s) each"
         )
     from relax_services.hosting.ray_init import init_ray
 
@@ -169,7 +173,7 @@ def dry_run(cfg: RunConfig) -> str:
     except ConnectionError as exc:
         raise LaunchError(str(exc)) from exc
     try:
-        resolved = resolve_devices(cfg)
+        resolved = with_threads(resolve_devices(cfg), machine_cores(cfg))
         try:
             rows = dry_run_rows(resolved, "relax-dry-run")
         except DeviceError as exc:  # the groups could not be placed

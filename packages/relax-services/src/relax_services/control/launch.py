@@ -10,16 +10,19 @@ colocated driver (the model stack) is imported only for a colocated run.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from relax_services.config.threads import with_threads
 
 if TYPE_CHECKING:
     from relax_services.config import RunConfig
     from relax_services.control.controller import Controller
     from relax_services.control.run_result import RunResult
 
-__all__ = ["LaunchError", "launch", "resolve_devices"]
+__all__ = ["LaunchError", "launch", "machine_cores", "resolve_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,17 @@ def resolve_devices(cfg: RunConfig) -> RunConfig:
         logger.warning("run.device=auto: %s; the run trains on the CPU (set run.device=cuda to insist)", exc)
         resolved = with_device(cfg, "cpu")
     return resolved
+
+
+def machine_cores(cfg: RunConfig) -> int:
+    """The cores of one machine of the run: this process's (its CPU affinity) for a colocated run, the smallest
+    node's CPUs in the Ray cluster (which must be up) for a distributed one."""
+    if cfg.run.mode == "colocated":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    import ray
+
+    cpus = [node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+    return max(1, int(min(cpus, default=1.0)))
 
 
 def launch(
@@ -111,7 +125,7 @@ def launch(
         except ConnectionError as exc:
             raise LaunchError(str(exc)) from exc
     try:
-        cfg = resolve_devices(cfg)
+        cfg = with_threads(resolve_devices(cfg), machine_cores(cfg))
         if on_resolved is not None:
             on_resolved(cfg)
         controller = controller_cls(cfg, run_dir, resume=resume, resume_changes=resume_changes, started_at=started_at)

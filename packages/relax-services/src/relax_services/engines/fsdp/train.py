@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from relax_services.engines._threads import pin_intra_op_threads
 from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, shard_group
 from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state
 from relax_services.engines.fsdp.tensor_parallel import clip_gradients
@@ -334,6 +335,7 @@ class FSDPTrainEngine:
         return self._score_without_grad(batch, with_dist)
 
     def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+        pin_intra_op_threads(self.config.intra_op_threads)
         share = self._share(batch, "score")
         was_training = self.model.training
         self.root.eval()
@@ -371,6 +373,7 @@ class FSDPTrainEngine:
             raise ValueError(
                 f"a batch of {len(batch)} samples does not split into {self.config.minibatches} equal minibatches"
             )
+        pin_intra_op_threads(self.config.intra_op_threads)
         start = time.perf_counter()
         size = len(batch) // self.config.minibatches
         lr = float(self.optimizer.param_groups[0]["lr"])

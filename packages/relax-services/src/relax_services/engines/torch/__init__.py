@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from relax_services.config.devices import device_of, dtype_of, trainer_autocast
+from relax_services.config.threads import threads_of
 from relax_services.engines.torch.train import TorchTrainConfig, TorchTrainEngine, TorchValueEngine
 from relax_services.models import build_value_model
 from relax_services.models.policy import build_policy, checkpoint_of
@@ -68,4 +69,5 @@ def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
         suppressed_ids=checkpoint_of(cfg.model).tokens.never_sample,
         score_dist=cfg.algorithm.uses_full_kl,  # the loss's full-vocabulary KL reads LossInputs.dist
         seed=cfg.trainer.seed,
+        intra_op_threads=threads_of(cfg),
     )
