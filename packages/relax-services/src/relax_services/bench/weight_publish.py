@@ -8,15 +8,20 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from relax_services.weights.packed import memcpy_seconds, pack_state, unpack_state
+from relax_services.weights.packed import PackedWeights, memcpy_seconds, pack_state, unpack_state
 from relax_services.weights.stores import cpu_copy, state_dict_bytes
+
+if TYPE_CHECKING:
+    import torch
+    from ray import ObjectRef
+    from transformers import LlamaConfig
 
 __all__ = ["PublishRow", "format_rows", "measure_publish", "smollm2_config"]
 
 
-def smollm2_config(layers: int = 30) -> Any:
+def smollm2_config(layers: int = 30) -> LlamaConfig:
     """A Llama config with SmolLM2-135M's shapes (hidden 576, MLP 1536, 9 heads of which 3 key/value heads,
     vocabulary 49,152, tied embedding), ``layers`` decoder layers."""
     from transformers import LlamaConfig
@@ -54,18 +59,18 @@ class PublishRow:
 class _Reader:
     """A reader process: a model of the same shapes that loads a version the way a rollout engine does."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         from transformers import LlamaForCausalLM
 
         self.model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]
 
-    def load(self, boxed: list[Any], packed: bool) -> float:
+    def load(self, boxed: list[ObjectRef[object]], packed: bool) -> float:
         """Fetch the version and load it (packed: compute with the fetched tensors; else copy into the model)."""
         import ray
 
         start = time.perf_counter()
         value = ray.get(boxed[0])
-        state = unpack_state(value) if packed else value
+        state = unpack_state(cast(PackedWeights, value)) if packed else cast("dict[str, torch.Tensor]", value)
         seconds = time.perf_counter() - start
         self.model.load_state_dict(state, strict=False, assign=packed)
         return seconds
