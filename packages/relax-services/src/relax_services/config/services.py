@@ -164,6 +164,11 @@ class TrainerConfig(ConfigModel):
     not given: the largest divisor of groups_per_step that is at most 32, so ``trainer.groups_per_step=4`` alone
     is a valid run."""
 
+    scoring_chunk_tokens: int = pydantic.Field(default=1024, ge=1)
+    """Response tokens whose logits the LM head computes at once when the Trainer, the Reference and the Critic score
+    (``engines/scoring.py``): scoring holds a few ``[chunk, V]`` float32 tensors, never ``[tokens, V]``. At
+    V = 151,936 one such tensor is 0.62 GB at 1,024; lower it when memory is short, raise it for a GPU's speed."""
+
     minibatches: int = pydantic.Field(default=1, ge=1)
     """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,
     the proximal log-probs of decoupled PPO are computed once, before the first."""

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from relax_services.engines.progress import tick
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models.deepstack import text_decoder
 from relax_services.models.embeddings import decoder_inputs
@@ -248,6 +249,7 @@ def token_scores(
 
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []
     for start in range(0, max(n, 1), chunk_tokens):  # one empty chunk when n == 0 keeps the graph connected
+        tick()
         x, t = flat_hidden[start : start + chunk_tokens], flat_targets[start : start + chunk_tokens]
         if recompute:
             out = checkpoint(score, x, t, use_reentrant=False, preserve_rng_state=False)

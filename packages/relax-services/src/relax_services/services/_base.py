@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, cast
 if TYPE_CHECKING:
     from relax_queue import Batch, QueueReader
 
+from relax_services.engines.progress import reporting_progress
 from relax_services.faults.monitor import Beat, HealthMonitor  # re-exported: their home before they moved
 
 __all__ = ["Beat", "HealthHandle", "HealthMonitor", "ServiceBase", "ServiceStatus"]
@@ -208,13 +209,17 @@ class ServiceBase:
         try:
             while not self._stop.is_set():
                 self._maybe_fault()
-                self.step()
-                self._progress += 1
-                self._beat()
+                with reporting_progress(self._tick):  # a long engine call ticks inside the step
+                    self.step()
+                self._tick()
         except Exception as exc:  # reported to the health manager, which restarts the service
             self._error = f"{type(exc).__name__}: {exc}"
             self.record("error", error=self._error, traceback=traceback.format_exc())
             self._beat(force=True)
+
+    def _tick(self) -> None:
+        self._progress += 1
+        self._beat()
 
     def _maybe_fault(self) -> None:
         fault, self._fault = self._fault, None

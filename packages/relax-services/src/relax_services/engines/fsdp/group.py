@@ -31,6 +31,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 
 from relax_parallel import ParallelConfig, ParallelPlan
 from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine
+from relax_services.engines.progress import tick
 from relax_services.engines.protocols import LossFn, LossInputs, LossResult, RankOptions, TrainSample
 from relax_services.engines.scoring import TokenScores
 from relax_services.engines.torch.train import TorchTrainConfig
@@ -370,8 +371,13 @@ class TrainerGroup:
         deadline = time.monotonic() + (self.group.step_timeout_s if timeout_s is None else timeout_s)
         label = f"{method} ({what})" if what else method
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            # Polled each second: the service's progress ticks while the ranks work within the group's own deadline.
+            wait_s = min(1.0, max(0.0, deadline - time.monotonic()))
+            ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
             if not ready:
+                if time.monotonic() < deadline:
+                    tick()
+                    continue
                 self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not finish {label} in time")
             try:
                 ray.get(ready[0])

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 import torch
 
 from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
+from relax_services.engines.progress import tick
 from relax_services.engines.protocols import (
     PARTIAL_ROLLOUT_MODES,
     Completion,
@@ -182,6 +183,7 @@ class HFRolloutEngine:
             tokens, logp, samp_logp = sample_tokens(state.logits, params, uniforms[state.slots])
             done = self._record(out, state.slots, tokens, logp, samp_logp, params)
             steps += 1
+            tick()
             if bool(done.all()):
                 break
             keep = (~done).nonzero()[:, 0]

@@ -69,5 +69,6 @@ def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
         suppressed_ids=checkpoint_of(cfg.model).tokens.never_sample,
         score_dist=cfg.algorithm.uses_full_kl,  # the loss's full-vocabulary KL reads LossInputs.dist
         seed=cfg.trainer.seed,
+        scoring_chunk_tokens=cfg.trainer.scoring_chunk_tokens,
         intra_op_threads=threads_of(cfg),
     )
