@@ -134,7 +134,12 @@ class _ResponseStates:
         length = targets.shape[1]
         if length > 1 and packed:
             rest = _packed_response_states(
-                thinker, decoder, prefix.past_key_values, prompt_mask, next_pos.to(device), row_prompt, clean, device
+                thinker,
+                thinker.get_input_embeddings(),
+                decoder,
+                prefix.past_key_values,
+                (prompt_mask, next_pos.to(device), row_prompt),
+                clean,
             )
             hidden = torch.cat([hidden, rest], dim=1)  # [B, L, H]
         elif length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
@@ -176,14 +181,12 @@ def _attention_of(model: torch.nn.Module) -> object:
 
 
 def _packed_response_states(
-    thinker: Any,
+    thinker: torch.nn.Module,
+    embed: torch.nn.Module,
     decoder: torch.nn.Module,
-    prefix_cache: Any,
-    prompt_mask: torch.Tensor,
-    next_pos: torch.Tensor,
-    row_prompt: torch.Tensor,
+    prefix_cache: DynamicCache,
+    prompts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     responses: Sequence[torch.Tensor],
-    device: torch.device | str,
 ) -> torch.Tensor:
     """States of response tokens ``0 .. l_b-2`` of every row (predicting ``1 .. l_b-1``), run as one packed row.
 
@@ -193,9 +196,19 @@ def _packed_response_states(
     has the keys and positions of the padded forward and no other (the others' weights are exactly 0), so the
     states are the padded forward's to float rounding, without running a single padding position.
 
+    Args:
+        thinker: The model (its family's positions and attention).
+        embed: Its input embeddings.
+        decoder: Its text decoder.
+        prefix_cache: The distinct prompts' cache, ``[U, h, P, d]`` per layer.
+        prompts: ``(mask [U, P] of the left-padded prompts, next position [U], prompt of each row [B])``.
+        responses: ``B`` response ids ``[l_b]`` (suppressed ids already replaced by padding).
+
     Returns:
         ``[B, L-1, H]`` states (zero past each row's length), ``L`` the longest response.
     """
+    prompt_mask, next_pos, row_prompt = prompts
+    device = prompt_mask.device
     lengths = torch.tensor([len(r) - 1 for r in responses])  # [B] tokens fed per row
     longest = int(lengths.max())
     row_of = torch.repeat_interleave(torch.arange(len(responses)), lengths).to(device)  # [N]
@@ -207,7 +220,7 @@ def _packed_response_states(
     sees_prompt = (slot_of[:, None] == key_slot[None]) & prompt_mask.reshape(-1).bool()[None]  # [N, U·P]
     sees_own = (row_of[:, None] == row_of[None]) & (step_of[None] <= step_of[:, None])  # [N, N]
     allowed = torch.cat([sees_prompt, sees_own], dim=1)[None, None]  # [1, 1, N, U·P + N]
-    embeds = thinker.get_input_embeddings()(feed)[None]  # [1, N, H]
+    embeds = embed(feed)[None]  # [1, N, H]
     if _attention_of(thinker) == "eager":  # eager adds the mask to its scores
         mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=device)
         mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min)
@@ -225,7 +238,7 @@ def _packed_response_states(
     return states.index_put((row_of, step_of), hidden)
 
 
-def _prompts_end_to_end(cache: Any) -> DynamicCache:
+def _prompts_end_to_end(cache: DynamicCache) -> DynamicCache:
     """The prompt cache of ``U`` rows as one row: every layer's ``[U, h, P, d]`` keys and values as
     ``[1, h, U·P, d]`` (prompt-major, the order of the packed mask's key columns)."""
     layers = []
