@@ -10,6 +10,7 @@ Usage: python _fsdp_worker.py RANK WORLD_SIZE OUT_DIR
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -107,6 +108,17 @@ def units(out: dict[str, Any]) -> None:
     engine = FSDPTrainEngine(build_tiny_omni(0).double(), CONFIG)
     out["units_metrics"] = _train(engine, range(2), pg_kept_mean)
     out["units_weights"] = engine.policy_state()
+
+
+def budget(out: dict[str, Any]) -> None:
+    """Token-budget micro-batches of packed responses, in float64 as :func:`units`. At 20 prompt + response tokens,
+    rank 1's share of the first minibatch (32 and 8 tokens) needs two micro-batches where rank 0's (10 and 7) fits
+    in one: rank 0 cuts its own in two, so that both run as many forwards."""
+    config = dataclasses.replace(CONFIG, max_tokens_per_micro_batch=20, packing=True)
+    engine = FSDPTrainEngine(build_tiny_omni(0).double(), config)
+    out["budget_micro_batches"] = [len(engine._micro_batches(engine._share(batch(0)[:4], "train on")))]
+    out["budget_metrics"] = _train(engine, range(2), pg_kept_mean)
+    out["budget_weights"] = engine.policy_state()
 
 
 def value_mse(inputs: LossInputs) -> torch.Tensor:
@@ -225,6 +237,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
         buckets(out, engine)
         critic(out)
         units(out)
+        budget(out)
         t3 = time.perf_counter()
         checkpoints(out, Path(out_dir))
         step0_checkpoint(out, Path(out_dir))

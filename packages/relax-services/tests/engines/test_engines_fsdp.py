@@ -164,6 +164,21 @@ def test_micro_batches_combine_by_the_units_the_loss_reports(ranks: list[dict[st
         assert ours["kept"] == pytest.approx(same_micro["kept"], rel=1e-5)
 
 
+def test_token_budget_micro_batches_of_packed_responses_train_as_one_padded_micro_batch(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # Reference: one process, each minibatch ONE padded micro-batch, float64 as the worker's group (ATOL_F64).
+    torch.manual_seed(0)
+    engine = TorchTrainEngine(build_tiny_omni(0).double(), dataclasses.replace(worker.CONFIG, micro_batch_size=4))
+    metrics = [engine.step(worker.batch(s), worker.pg_kept_mean) for s in range(2)]
+    assert [r["budget_micro_batches"] for r in ranks] == [[2], [2]]  # rank 0 cut its one micro-batch in two
+    assert _max_diff(ranks[0]["budget_weights"], engine.policy_state()) < ATOL_F64
+    assert _equal(ranks[0]["budget_weights"], ranks[1]["budget_weights"])
+    assert all(m["padding_frac"] == 0.0 for r in ranks for m in r["budget_metrics"])
+    assert all(m["padding_frac"] > 0.0 for m in metrics)
+    assert ranks[0]["budget_metrics"][-1]["loss"] == pytest.approx(metrics[-1]["loss"], abs=ATOL_F64)
+
+
 def test_a_state_dict_before_the_first_update_changes_nothing(ranks: list[dict[str, Any]]) -> None:
     # get_state_dict creates a fresh optimizer's moments with an lr-0 step, which made AdamW count the first
     # real update as its second (other bias correction: the weights moved differently, ~lr/4 after one update).

@@ -169,6 +169,18 @@ class TrainerConfig(ConfigModel):
     (``engines/scoring.py``): scoring holds a few ``[chunk, V]`` float32 tensors, never ``[tokens, V]``. At
     V = 151,936 one such tensor is 0.62 GB at 1,024; lower it when memory is short, raise it for a GPU's speed."""
 
+    max_tokens_per_micro_batch: int | None = pydantic.Field(default=None, ge=1)
+    """Cut micro-batches by tokens instead of groups: consecutive samples up to this many prompt + response tokens
+    each (a sample's prompt counts for each row, since each row holds its own copy of the prompt's keys); a longer
+    sample forms a micro-batch of its own, never dropped (logged once). The loss weighting stays exact. None: by
+    ``micro_batch_groups``."""
+
+    packing: bool = False
+    """Run each micro-batch's responses packed into one row instead of right-padded to the longest: no padding
+    position is computed, each token attends to its own prompt's cached keys and its own response only (the same
+    numbers to float rounding). Needs ``sdpa`` or ``eager`` attention (a dense block mask of ``tokens × (distinct
+    prompts' tokens + tokens)``); the update's ``padding_frac`` metric is then 0."""
+
     minibatches: int = pydantic.Field(default=1, ge=1)
     """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,
     the proximal log-probs of decoupled PPO are computed once, before the first."""

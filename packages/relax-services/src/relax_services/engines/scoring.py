@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 from relax_services.engines.progress import tick
 from relax_services.engines.sampling import policy_logprobs
@@ -103,6 +104,7 @@ class _ResponseStates:
         responses: Sequence[torch.Tensor],
         suppressed_ids: Sequence[int],
         device: torch.device | str,
+        packed: bool = False,
     ) -> _ResponseStates:
         if len(prompts) != len(responses) or not prompts:
             raise ValueError(f"need as many responses as prompts (> 0), got {len(prompts)} and {len(responses)}")
@@ -131,7 +133,17 @@ class _ResponseStates:
         )
         hidden = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
         length = targets.shape[1]
-        if length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
+        if length > 1 and packed:
+            rest = _packed_response_states(
+                thinker,
+                thinker.get_input_embeddings(),
+                decoder,
+                prefix.past_key_values,
+                (prompt_mask, next_pos.to(device), row_prompt),
+                clean,
+            )
+            hidden = torch.cat([hidden, rest], dim=1)  # [B, L, H]
+        elif length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
             cache = prefix.past_key_values
             cache.batch_select_indices(row_prompt)
             steps = torch.arange(length - 1, device=device)
@@ -149,6 +161,101 @@ class _ResponseStates:
         return cls(hidden[:, :length], targets, valid)
 
 
+PACKING_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that take the packed forward's ``[1, 1, N, U·P + N]`` mask (a dense 4-D mask: varlen
+kernels such as flash-attention take ``cu_seqlens`` of one contiguous key run per sequence, which a row continuing a
+prompt cached once for its whole group does not have)."""
+
+
+def check_packing(model: torch.nn.Module) -> None:
+    """Raises ValueError unless ``model``'s text decoder runs an attention in :data:`PACKING_ATTENTION`."""
+    attention = _attention_of(model)
+    if attention not in PACKING_ATTENTION:
+        raise ValueError(
+            f"trainer.packing needs the decoder's attention to be one of {PACKING_ATTENTION}, got {attention!r}"
+        )
+
+
+def _attention_of(model: torch.nn.Module) -> object:
+    """The attention implementation transformers runs in ``model``'s text decoder."""
+    return getattr(text_decoder(model).config, "_attn_implementation", None)
+
+
+def _packed_response_states(
+    thinker: torch.nn.Module,
+    embed: torch.nn.Module,
+    decoder: torch.nn.Module,
+    prefix_cache: DynamicCache,
+    prompts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    responses: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    """States of response tokens ``0 .. l_b-2`` of every row (predicting ``1 .. l_b-1``), run as one packed row.
+
+    The ``N = Σ_b (l_b − 1)`` response tokens of the ``B`` rows form one sequence after the ``U × P`` cached keys of
+    the distinct prompts (laid end to end, each prompt once); a block mask lets a token see its own prompt's real
+    keys and its own row's earlier tokens, at the positions a padded row gives it. Each token's attention then
+    has the keys and positions of the padded forward and no other (the others' weights are exactly 0), so the
+    states are the padded forward's to float rounding, without running a single padding position.
+
+    Args:
+        thinker: The model (its family's positions and attention).
+        embed: Its input embeddings.
+        decoder: Its text decoder.
+        prefix_cache: The distinct prompts' cache, ``[U, h, P, d]`` per layer.
+        prompts: ``(mask [U, P] of the left-padded prompts, next position [U], prompt of each row [B])``.
+        responses: ``B`` response ids ``[l_b]`` (suppressed ids already replaced by padding).
+
+    Returns:
+        ``[B, L-1, H]`` states (zero past each row's length), ``L`` the longest response.
+    """
+    prompt_mask, next_pos, row_prompt = prompts
+    device = prompt_mask.device
+    lengths = torch.tensor([len(r) - 1 for r in responses])  # [B] tokens fed per row
+    longest = int(lengths.max())
+    row_of = torch.repeat_interleave(torch.arange(len(responses)), lengths).to(device)  # [N]
+    step_of = torch.cat([torch.arange(int(n)) for n in lengths]).to(device)  # [N]
+    slot_of = row_prompt[row_of]  # [N] each token's prompt
+    feed = torch.cat([r[:-1] for r in responses]).to(device)  # [N]
+    u, p = prompt_mask.shape
+    key_slot = torch.arange(u, device=device).repeat_interleave(p)  # [U·P] prompt of each cached key
+    sees_prompt = (slot_of[:, None] == key_slot[None]) & prompt_mask.reshape(-1).bool()[None]  # [N, U·P]
+    sees_own = (row_of[:, None] == row_of[None]) & (step_of[None] <= step_of[:, None])  # [N, N]
+    allowed = torch.cat([sees_prompt, sees_own], dim=1)[None, None]  # [1, 1, N, U·P + N]
+    embeds = embed(feed)[None]  # [1, N, H]
+    if _attention_of(thinker) == "eager":  # eager adds the mask to its scores
+        mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=device)
+        mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min)
+    else:
+        mask = allowed
+    out = decoder(
+        inputs_embeds=embeds,
+        attention_mask=mask,
+        position_ids=position_ids_for(thinker, (next_pos[slot_of] + step_of).expand(3, 1, -1)),  # [3, 1, N]
+        past_key_values=_prompts_end_to_end(prefix_cache),
+        use_cache=True,
+    )
+    hidden: torch.Tensor = out.last_hidden_state[0]  # [N, H]
+    states = hidden.new_zeros((len(responses), longest, hidden.shape[-1]))  # [B, L-1, H]
+    return states.index_put((row_of, step_of), hidden)
+
+
+def _prompts_end_to_end(cache: DynamicCache) -> DynamicCache:
+    """The prompt cache of ``U`` rows as one row: every layer's ``[U, h, P, d]`` keys and values as
+    ``[1, h, U·P, d]`` (prompt-major, the order of the packed mask's key columns)."""
+    layers = []
+    for keys, values, sliding in cache:
+        if sliding is not None:
+            raise ValueError("trainer.packing does not support sliding-window attention layers")
+        u, h, p, d = keys.shape
+        layers.append(
+            (
+                keys.transpose(0, 1).reshape(h, u * p, d)[None],  # [1, h, U·P, d]
+                values.transpose(0, 1).reshape(h, u * p, values.shape[-1])[None],
+            )
+        )
+    return DynamicCache(ddp_cache_data=layers)
+
+
 def score_responses(
     model: torch.nn.Module,
     prompts: Sequence[OmniPrompt],
@@ -159,6 +266,7 @@ def score_responses(
     *,
     with_dist: bool = False,
     chunk_tokens: int = SCORING_CHUNK_TOKENS,
+    packed: bool = False,
 ) -> TokenScores:
     """Log-probs and entropy of each response given its prompt and media.
 
@@ -177,11 +285,13 @@ def score_responses(
             then read from them. Without it they are computed ``chunk_tokens`` tokens at a time
             (:func:`token_scores`) and no ``[B, L, V]`` tensor exists.
         chunk_tokens: Tokens per LM-head chunk without ``with_dist``.
+        packed: Run the responses packed into one row instead of right-padded (:func:`check_packing`); the same
+            scores to float rounding.
 
     Returns:
         Scores with grad if grad is enabled.
     """
-    states = _ResponseStates.compute(model, prompts, responses, suppressed_ids, device)
+    states = _ResponseStates.compute(model, prompts, responses, suppressed_ids, device, packed)
     valid = states.valid
     lm_head: torch.nn.Module = model.lm_head  # type: ignore[assignment]
     if not with_dist:
@@ -275,14 +385,16 @@ def score_values(
     responses: Sequence[torch.Tensor],
     suppressed_ids: Sequence[int] = (),
     device: torch.device | str = "cpu",
+    *,
+    packed: bool = False,
 ) -> TokenScores:
     """Critic values at each response position: ``values[b, j]`` is ``V`` of the state before response token
-    ``j`` (the column whose policy logits predict it). Masking is :func:`score_responses`'.
+    ``j`` (the column whose policy logits predict it). Masking and ``packed`` are :func:`score_responses`'.
 
     Returns:
         Scores with ``values`` set (with grad if grad is enabled); ``logprobs`` and ``entropy`` are zero.
     """
-    states = _ResponseStates.compute(model.thinker, prompts, responses, suppressed_ids, device)
+    states = _ResponseStates.compute(model.thinker, prompts, responses, suppressed_ids, device, packed)
     values = model.value_head(states.hidden)[..., 0]  # [B, L]
     valid = states.valid
     zeros = torch.zeros(valid.shape, device=device)

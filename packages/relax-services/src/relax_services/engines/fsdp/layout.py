@@ -78,7 +78,9 @@ class ScoringRoot(torch.nn.Module):
         ``[B, L, V]`` log-probs; ``values`` only for a critic, ``dist`` only for a policy ``with_dist``)."""
         # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
         if isinstance(self.policy, ValueModel):
-            s = score_values(self.policy, prompts, responses, self._config.suppressed_ids, self._device)
+            s = score_values(
+                self.policy, prompts, responses, self._config.suppressed_ids, self._device, packed=self._config.packing
+            )
         else:
             s = score_responses(
                 self.policy,
@@ -89,5 +91,6 @@ class ScoringRoot(torch.nn.Module):
                 self._device,
                 with_dist=with_dist,
                 chunk_tokens=self._config.scoring_chunk_tokens,
+                packed=self._config.packing,
             )
         return s.logprobs, s.entropy, s.mask, s.values, s.dist

@@ -33,8 +33,9 @@ from relax_services.engines._threads import pin_intra_op_threads
 from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, shard_group
 from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state
 from relax_services.engines.fsdp.tensor_parallel import clip_gradients
+from relax_services.engines.micro_batches import padded_response_slots
 from relax_services.engines.protocols import LossFn, TrainSample
-from relax_services.engines.scoring import TokenScores
+from relax_services.engines.scoring import TokenScores, check_packing
 from relax_services.engines.torch.train import (
     TorchTrainConfig,
     _pad_to,
@@ -42,7 +43,6 @@ from relax_services.engines.torch.train import (
     autocast_enabled,
     backward_micro_batch,
     rescale_by_units,
-    split_micro_batches,
     units_of_step,
 )
 from relax_services.models.value import ValueModel
@@ -169,6 +169,8 @@ class FSDPTrainEngine:
             )
         check_fsdp2()
         self.config = config or TorchTrainConfig()
+        if self.config.packing:
+            check_packing(model.thinker if isinstance(model, ValueModel) else model)
         self.fsdp = fsdp or FSDPConfig()
         torch.manual_seed(self.config.seed)
         self.device = torch.device(self.config.device)
@@ -301,6 +303,14 @@ class FSDPTrainEngine:
 
     # -- sharding of a batch over the ranks ----------------------------------------------------------------------
 
+    def _micro_batches(self, share: Sequence[TrainSample]) -> list[Sequence[TrainSample]]:
+        """This rank's micro-batches (collective with a token budget: every rank cuts its share into as many as the
+        rank that needs the most, since each forward gathers the sharded weights)."""
+        if self.config.max_tokens_per_micro_batch is None:
+            return self.config.micro_batches(share)
+        own = len(self.config.micro_batches(share))
+        return self.config.micro_batches(share, int(self._all_reduce(torch.tensor([float(own)]), dist.ReduceOp.MAX)[0]))
+
     def _share(self, batch: Sequence[TrainSample], what: str) -> Sequence[TrainSample]:
         """This rank's contiguous slice of ``batch`` (consecutive samples, so whole groups stay together when the
         group size divides the slice)."""
@@ -340,7 +350,7 @@ class FSDPTrainEngine:
         was_training = self.model.training
         self.root.eval()
         with torch.no_grad():
-            parts = [self.score(micro, with_dist) for micro in split_micro_batches(share, self.config.micro_batch_size)]
+            parts = [self.score(micro, with_dist) for micro in self._micro_batches(share)]
         self.root.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
         length = int(self._all_reduce(torch.tensor([float(length)]), dist.ReduceOp.MAX)[0])
@@ -443,7 +453,8 @@ class FSDPTrainEngine:
         local: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         offset = first
         units: list[float | None] = []
-        for micro in split_micro_batches(share, self.config.micro_batch_size):
+        micro_batches = self._micro_batches(share)
+        for micro in micro_batches:
             weight = sum(counts[offset : offset + len(micro)]) / total
             offset += len(micro)
             units.append(backward_micro_batch(loss_fn, micro, self.score(micro, self.config.score_dist), weight, local))
@@ -451,8 +462,10 @@ class FSDPTrainEngine:
         # Summed with the metrics (every rank joins that collective whatever form its loss returned).
         local["_units"] = local_units or 0.0
         local["_plain_ranks"] = 1.0 if local_units is None else 0.0
+        local["_run"], local["_real"] = map(float, padded_response_slots(micro_batches, self.config.packing))
         totals = self._sum_metrics(local)
         step_units, plain_ranks = totals.pop("_units"), totals.pop("_plain_ranks")
+        run, real = totals.pop("_run"), totals.pop("_real")  # the group's response positions and tokens
         if 0 < plain_ranks < self.world_size:
             raise ValueError("loss_fn returned a LossResult on some ranks and a plain loss on others")
         if plain_ranks == 0:
@@ -460,6 +473,7 @@ class FSDPTrainEngine:
             # whole step gives the single-process engine's gradient.
             rescale_by_units(self.model.parameters(), totals, step_units)
         totals["entropy"] /= max(totals["tokens"], 1.0)
+        totals["padding_frac"] = (run - real) / real
         return totals
 
     def policy_state(self, keep: bool = True) -> dict[str, torch.Tensor]:

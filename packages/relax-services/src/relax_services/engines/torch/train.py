@@ -13,13 +13,24 @@ from typing import Any, Literal
 import torch
 
 from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
+from relax_services.engines.micro_batches import (
+    padded_response_slots,
+    split_micro_batches,
+    token_budget_micro_batches,
+)
 from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
-from relax_services.engines.scoring import SCORING_CHUNK_TOKENS, TokenScores, score_responses, score_values
+from relax_services.engines.scoring import (
+    SCORING_CHUNK_TOKENS,
+    TokenScores,
+    check_packing,
+    score_responses,
+    score_values,
+)
 from relax_services.models.value import ValueModel
 
 LossWeighting = Literal["tokens", "samples"]
 
-ENGINE_METRICS = ("loss", "entropy", "tokens")
+ENGINE_METRICS = ("loss", "entropy", "tokens", "padding_frac")
 """Metrics the engine computes itself; a loss function's own values under these names are not added in (its
 ``entropy`` summed into the engine's token sum logged H · (1 + 1/tokens), above the entropy's maximum)."""
 
@@ -35,6 +46,12 @@ class TorchTrainConfig:
         weight_decay: AdamW decoupled weight decay.
         grad_clip: Clip the global gradient norm to this; ``0`` disables clipping.
         micro_batch_size: Samples per forward/backward; gradients accumulate over the micro-batches of a step.
+        max_tokens_per_micro_batch: Cut micro-batches by prompt + response tokens instead, at most this many each
+            (:func:`~relax_services.engines.micro_batches.token_budget_micro_batches`; a longer sample forms one
+            of its own); None: by ``micro_batch_size`` samples.
+        packing: Run each micro-batch's responses packed into one row, without padding (each token attends to its
+            own prompt's cached keys and its own response only; sdpa and eager attention); False: right-padded
+            to the micro-batch's longest response.
         minibatches: Optimizer steps one :meth:`~TorchTrainEngine.step` (one policy update, one version) takes
             over consecutive equal slices of its batch (PPO minibatches; 1: one step on the whole batch).
         epochs: Passes over the minibatches per update (PPO epochs).
@@ -73,6 +90,8 @@ class TorchTrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 64
+    max_tokens_per_micro_batch: int | None = None
+    packing: bool = False
     minibatches: int = 1
     epochs: int = 1
     loss_weighting: LossWeighting = "tokens"
@@ -100,6 +119,9 @@ class TorchTrainConfig:
             raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
             raise ValueError(f"TorchTrainConfig.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and budget < 1:
+            raise ValueError(f"TorchTrainConfig.max_tokens_per_micro_batch must be >= 1 or None, got {budget}")
         if self.scoring_chunk_tokens < 1:
             raise ValueError(f"TorchTrainConfig.scoring_chunk_tokens must be >= 1, got {self.scoring_chunk_tokens}")
         if self.minibatches < 1 or self.epochs < 1:
@@ -120,6 +142,13 @@ class TorchTrainConfig:
             raise ValueError(f"TorchTrainConfig.autocast must be 'auto', 'bf16' or 'off', got {self.autocast!r}")
         if self.grad_clip < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("TorchTrainConfig.grad_clip, warmup_steps >= 0 and min_lr_ratio in [0, 1] required")
+
+    def micro_batches(self, batch: Sequence[TrainSample], count: int | None = None) -> list[Sequence[TrainSample]]:
+        """``batch`` cut into micro-batches: ``micro_batch_size`` samples each, or ``max_tokens_per_micro_batch``
+        tokens each when set (``count``: cut into that many, for ranks that must run as many forwards)."""
+        if self.max_tokens_per_micro_batch is None:
+            return split_micro_batches(batch, self.micro_batch_size)
+        return token_budget_micro_batches(batch, self.max_tokens_per_micro_batch, count)
 
     @property
     def optimizer_steps_per_update(self) -> int:
@@ -151,6 +180,8 @@ class TorchTrainEngine:
         self.device = torch.device(self.config.device)
         dtype = None if self.config.param_dtype is None else getattr(torch, self.config.param_dtype)
         self.model = model.to(self.device, dtype)
+        if self.config.packing:
+            check_packing(self.model.thinker if isinstance(self.model, ValueModel) else self.model)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=self.config.lr,
@@ -187,6 +218,7 @@ class TorchTrainEngine:
                 device=self.device,
                 with_dist=with_dist,
                 chunk_tokens=self.config.scoring_chunk_tokens,
+                packed=self.config.packing,
             )
 
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +238,7 @@ class TorchTrainEngine:
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            parts = [self.score(micro, with_dist) for micro in split_micro_batches(batch, self.config.micro_batch_size)]
+            parts = [self.score(micro, with_dist) for micro in self.config.micro_batches(batch)]
         self.model.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
 
@@ -234,7 +266,7 @@ class TorchTrainEngine:
             raise ValueError("cannot train on an empty batch")
         pin_intra_op_threads(self.config.intra_op_threads)
         self.model.train()
-        micro_batches = split_micro_batches(batch, self.config.micro_batch_size)
+        micro_batches = self.config.micro_batches(batch)
         weights = self._weights(micro_batches)
         totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         units = [
@@ -245,6 +277,8 @@ class TorchTrainEngine:
         if local_units is not None:
             rescale_by_units(self.model.parameters(), totals, local_units)
         totals["entropy"] /= max(totals["tokens"], 1.0)
+        run, real = padded_response_slots(micro_batches, self.config.packing)
+        totals["padding_frac"] = (run - real) / real
         return totals
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
@@ -255,7 +289,8 @@ class TorchTrainEngine:
         passing a batch whose size is a multiple of ``minibatches × group size``).
 
         Returns:
-            Metrics: ``loss``, ``entropy``, ``tokens``, ``grad_norm`` (before clipping) and ``loss_fn``'s own
+            Metrics: ``loss``, ``entropy``, ``tokens``, ``grad_norm`` (before clipping), ``padding_frac`` (padding
+            positions the response forwards ran per real response token; 0 with ``packing``) and ``loss_fn``'s own
             metrics, averaged over the optimizer steps; ``lr`` (used by this update), ``step_s``, ``version``
             (after the update).
         """
@@ -347,6 +382,7 @@ class TorchValueEngine(TorchTrainEngine):
                 [s.response_ids for s in batch],
                 suppressed_ids=self.config.suppressed_ids,
                 device=self.device,
+                packed=self.config.packing,
             )
 
     def compute_values(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,11 +406,6 @@ def autocast_context(config: TorchTrainConfig, device: torch.device) -> Abstract
     if not autocast_enabled(config, device):
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def split_micro_batches(batch: Sequence[TrainSample], size: int) -> list[Sequence[TrainSample]]:
-    """Consecutive micro-batches of at most ``size`` samples."""
-    return [batch[i : i + size] for i in range(0, len(batch), size)]
 
 
 def backward_micro_batch(
