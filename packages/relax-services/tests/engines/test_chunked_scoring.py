@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from relax_core import kl_full
 from relax_services.bench.peak_memory import peak_bytes
 from relax_services.engines import score_responses
-from relax_core import kl_full
 from relax_services.engines.scoring import token_scores, token_scores_with_kl
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
