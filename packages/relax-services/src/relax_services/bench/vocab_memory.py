@@ -156,9 +156,10 @@ def step_peak(folder: Path, kl_estimator: str, work: Workload) -> StepPeak:
     return StepPeak(peak, _head_bytes(model), reference)
 
 
-def _head_bytes(model: Any) -> int:
+def _head_bytes(model: torch.nn.Module) -> int:
     """Bytes of a causal LM's embedding and LM head (one when tied)."""
-    heads = {model.get_input_embeddings().weight, model.get_output_embeddings().weight}
+    lm: Any = model  # a transformers causal LM
+    heads = {lm.get_input_embeddings().weight, lm.get_output_embeddings().weight}
     return sum(p.numel() * p.element_size() for p in heads)
 
 
