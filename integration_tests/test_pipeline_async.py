@@ -47,7 +47,7 @@ def test_tau1_bound_holds_and_services_are_processes(small_config, run_pipeline,
     pids = result.service_pids
     assert set(pids) >= {"trainer", "rollout-0", "reward", "reference", "eval"}
     kls = [row["kl"] for row in read_metrics(result.run_dir / "metrics.jsonl", "train")]
-    assert len(kls) == 8 and all(math.isfinite(k) and k >= 0 for k in kls), kls  # KL(ref ‖ π) from ref_dist
+    assert len(kls) == 8 and all(math.isfinite(k) and k >= 0 for k in kls), kls  # KL(ref ‖ π), the Trainer engine's own
     assert len(set(pids.values())) == len(pids) and os.getpid() not in pids.values()
     assert not _alive(pids.values(), wait_s=20.0)
 

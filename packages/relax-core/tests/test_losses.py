@@ -271,18 +271,33 @@ def test_full_kl_hand_values_and_it_raises_an_option_the_policy_stopped_sampling
 
 
 def test_full_kl_in_the_loss() -> None:
+    """The loss takes the per-token KL unclamped (a training engine sums it over chunks of the vocabulary) and clamps
+    it with ``kl_clamp`` as :func:`kl_full` does; its gradient reaches the policy's distribution through it."""
     logp, old, adv, mask = _batch(8, b=2, t=3)
     gen = torch.Generator().manual_seed(8)
-    dist = torch.log_softmax(torch.randn(2, 3, 5, generator=gen), -1)
+    logits = torch.randn(2, 3, 5, generator=gen).requires_grad_()
+    dist = torch.log_softmax(logits, -1)
     ref_dist = torch.log_softmax(torch.randn(2, 3, 5, generator=gen), -1)
     cfg = rc.AlgorithmConfig(kl_coef=0.5, kl_estimator="full")
     loss0, _ = rc.compute_policy_loss(rc.AlgorithmConfig(), logp, old, adv, mask)
-    loss1, diag = rc.compute_policy_loss(cfg, logp, old, adv, mask, logprob_dist=dist, ref_dist=ref_dist)
-    per_position = (ref_dist.exp() * (ref_dist - dist)).sum(-1)  # [2, 3]
+    per_position = (ref_dist.exp() * (ref_dist - dist)).sum(-1)  # [2, 3], written out
+    loss1, diag = rc.compute_policy_loss(cfg, logp, old, adv, mask, full_kl=rc.kl_full(dist, ref_dist, clamp=None))
     torch.testing.assert_close(loss1, loss0 + 0.5 * rc.masked_mean(per_position, mask))
     assert diag["kl"] == pytest.approx(rc.masked_mean(per_position, mask).item(), rel=1e-5)
-    with pytest.raises(ValueError, match="logprob_dist and ref_dist"):
+    (loss1 - loss0).backward()
+    assert logits.grad is not None
+    # d/dz of 0.5 · masked mean of KL(ref ‖ softmax z) is 0.5 · (π − π_ref) / n on each kept position.
+    expected = 0.5 * (dist.exp() - ref_dist.exp()) * mask[..., None] / mask.sum()
+    torch.testing.assert_close(logits.grad, expected.detach())
+    # The clamp is kl_full's: a per-token value above kl_clamp counts as kl_clamp.
+    clamped = rc.AlgorithmConfig(kl_coef=0.5, kl_estimator="full", kl_clamp=0.1)
+    _, diag = rc.compute_policy_loss(clamped, logp, old, adv, mask, full_kl=per_position.detach())
+    want = rc.masked_mean(rc.kl_full(dist, ref_dist, clamp=0.1), mask).item()
+    assert diag["kl"] == pytest.approx(want, rel=1e-6) and want < rc.masked_mean(per_position, mask).item()
+    with pytest.raises(ValueError, match="full_kl"):
         rc.compute_policy_loss(cfg, logp, old, adv, mask, ref_logprobs=old)
+    with pytest.raises(ValueError, match="full_kl has shape"):
+        rc.compute_policy_loss(cfg, logp, old, adv, mask, full_kl=per_position[:, :2])
     with pytest.raises(ValueError, match="kl_placement"):
         rc.AlgorithmConfig(kl_coef=0.5, kl_estimator="full", kl_placement="reward")
 

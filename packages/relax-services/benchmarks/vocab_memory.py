@@ -1,11 +1,10 @@
 """Peak memory of one training update at V = 4,096 / 32,768 / 151,936 (hidden 64, 2 layers, the same 8 × 256
-response tokens): chunked scoring with the sampled-token KL (k3) beside the dense ``[B, L, V]`` path
-(``algorithm.kl_estimator=full``), and each peak less 4× the embedding and LM head bytes (gradients, Adam's m and
-v, its sqrt(v) temporary). Exact counts of torch's CPU allocations (profiler records), not timings.
+response tokens): the sampled-token KL (k3) beside the exact full-vocabulary KL (``algorithm.kl_estimator=full``),
+both scored a chunk of tokens at a time, each peak less 4× the embedding and LM head bytes (gradients, Adam's m and
+v, its sqrt(v) temporary), and the full KL engine's frozen reference's embedding and LM head (held before and after
+the step). Exact counts of torch's CPU allocations (profiler records), not timings.
 
     python packages/relax-services/benchmarks/vocab_memory.py [--vocab 4096 32768 151936]
-
-The dense path at V = 151,936 holds about 10 GB; it takes about a minute on 2 cores.
 """
 
 from __future__ import annotations

@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 from relax_core import RewardRequest
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from relax_services.models import OmniPrompt
 
 __all__ = [
@@ -132,10 +130,10 @@ class RewardFields(TypedDict):
 
 
 class ReferenceFields(TypedDict, total=False):
-    """What the Reference service adds (only when a KL term is used)."""
+    """What the Reference service adds (only when a KL term is used): one float per token for every estimator
+    (the exact full-vocabulary KL is computed by the Trainer's engine, which holds the reference itself)."""
 
     ref_logprobs: list[float]  # [L] log-probs under the frozen initial policy
-    ref_dist: np.ndarray[Any, np.dtype[np.float32]]  # [L, V] whole log-distributions (kl_estimator='full')
 
 
 class CriticFields(TypedDict, total=False):

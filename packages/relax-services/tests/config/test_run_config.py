@@ -87,21 +87,21 @@ def test_a_fault_on_a_role_the_run_does_not_have_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "score_dist"),
+    ("overrides", "full_kl"),
     [
         ([], True),  # the default run's KL is the full-vocabulary one
         (["algorithm.kl_estimator=k3"], False),
         (["algorithm.kl_coef=0"], False),  # no KL term: nothing reads the distribution
     ],
 )
-def test_the_training_step_scores_whole_distributions_only_for_the_full_kl(
-    overrides: list[str], score_dist: bool
-) -> None:
+def test_only_the_trainers_engine_of_a_full_kl_run_holds_a_reference(overrides: list[str], full_kl: bool) -> None:
     from relax_services.engines.torch import train_config
 
     cfg = load_run_config(None, overrides)
-    assert cfg.algorithm.uses_full_kl is score_dist
-    assert train_config(cfg).score_dist is score_dist
+    assert cfg.algorithm.uses_full_kl is full_kl
+    assert train_config(cfg).full_kl is full_kl
+    assert train_config(cfg).reference_dtype == "float32"  # the Reference service's dtype on the CPU
+    assert not train_config(cfg, "reference").full_kl  # the Reference service's own engine scores log-probs only
 
 
 def test_a_checkpoint_of_ones_own_defaults_to_the_sampled_token_kl(tmp_path: Path) -> None:

@@ -121,6 +121,28 @@ def budget(out: dict[str, Any]) -> None:
     out["budget_weights"] = engine.policy_state()
 
 
+FULL_KL_CONFIG = dataclasses.replace(CONFIG, full_kl=True)
+FULL_KL_UPDATES = 2
+
+
+def pg_with_full_kl(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy gradient plus 0.5 × the token mean of the engine's exact per-token KL to its reference."""
+    assert inputs.full_kl is not None
+    tokens = inputs.mask.sum()
+    kl = (inputs.full_kl * inputs.mask).sum() / tokens
+    loss = -(inputs.logprobs * inputs.fields["advantages"] * inputs.mask).sum() / tokens + 0.5 * kl
+    return loss, {"kl": float(kl.detach())}
+
+
+def full_kl(out: dict[str, Any]) -> None:
+    """The full KL against each rank's own whole reference (other weights than the policy's: a drifted policy); in
+    float64, as :func:`units`, so the comparison with one process is not AdamW-amplified float32 noise."""
+    engine = FSDPTrainEngine(build_tiny_omni(0).double(), FULL_KL_CONFIG, reference=build_tiny_omni(1).double())
+    out["full_kl_reference_sharded"] = any(isinstance(p, DTensor) for p in engine.root._reference.model.parameters())
+    out["full_kl_metrics"] = _train(engine, range(FULL_KL_UPDATES), pg_with_full_kl)
+    out["full_kl_weights"] = engine.policy_state()
+
+
 def value_mse(inputs: LossInputs) -> torch.Tensor:
     assert inputs.values is not None
     return (((inputs.values - inputs.fields["advantages"]) ** 2) * inputs.mask).sum() / inputs.mask.sum()
@@ -238,6 +260,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
         critic(out)
         units(out)
         budget(out)
+        full_kl(out)
         t3 = time.perf_counter()
         checkpoints(out, Path(out_dir))
         step0_checkpoint(out, Path(out_dir))

@@ -1,5 +1,6 @@
-"""Chunked scoring (:func:`~relax_services.engines.scoring.token_scores`) against the dense ``[B, L, V]`` formula:
-values and gradients, and the memory it holds."""
+"""Chunked scoring (:func:`~relax_services.engines.scoring.token_scores`, and
+:func:`~relax_services.engines.scoring.token_scores_with_kl` for the exact full-vocabulary KL) against the dense
+``[B, L, V]`` formulas: values and gradients, and the memory it holds."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import math
 import pytest
 import torch
 
+from relax_core import kl_full
 from relax_services.bench.peak_memory import peak_bytes
 from relax_services.engines import score_responses
-from relax_services.engines.scoring import token_scores
+from relax_services.engines.scoring import token_scores, token_scores_with_kl
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
 
@@ -149,6 +151,107 @@ def test_no_valid_position_still_gives_a_graph_and_a_bad_chunk_size_is_refused()
         token_scores(head, hidden, p["targets"], p["valid"], 1.0, SUPPRESSED, 0)
 
 
+def _kl_values_and_grads(
+    p: dict[str, torch.Tensor], r: dict[str, torch.Tensor], temperature: float, chunk: int | None
+) -> tuple[torch.Tensor, ...]:
+    """``(logprobs, entropy, full KL, d/d hidden, d/d weight)`` of ``Σ a·logprobs + b·entropy + c·KL`` with the
+    policy ``p`` and the reference ``r`` (its states and head): chunked (``chunk``), or dense (None): the whole
+    ``[B, L, V]`` log-probs of both (:func:`_dense`'s formula) and relax-core's :func:`kl_full` on them."""
+    hidden = p["hidden"].clone().requires_grad_()
+    head = torch.nn.Linear(hidden.shape[-1], p["weight"].shape[0], bias=False, dtype=hidden.dtype)
+    ref_head = torch.nn.Linear(hidden.shape[-1], p["weight"].shape[0], bias=False, dtype=hidden.dtype)
+    with torch.no_grad():
+        head.weight.copy_(p["weight"])
+        ref_head.weight.copy_(r["weight"])
+    ref_head.requires_grad_(False)
+    if chunk is None:
+        logp, entropy = _dense(hidden, head.weight, p["targets"], p["valid"], temperature, SUPPRESSED)
+        dist, ref_dist = (
+            _dense_logprobs(h, w, temperature) for h, w in ((hidden, head.weight), (r["hidden"], r["weight"]))
+        )
+        kl = torch.where(p["valid"], kl_full(dist, ref_dist, clamp=None), 0.0)
+    else:
+        logp, entropy, kl = token_scores_with_kl(
+            head, hidden, ref_head, r["hidden"], p["targets"], p["valid"], temperature, SUPPRESSED, chunk
+        )
+    ((p["a"] * logp).sum() + (p["b"] * entropy).sum() + (r["a"] * kl).sum()).backward()
+    assert hidden.grad is not None and head.weight.grad is not None and ref_head.weight.grad is None
+    return logp.detach(), entropy.detach(), kl.detach(), hidden.grad, head.weight.grad
+
+
+def _dense_logprobs(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[B, L, V]`` log-probs ``z − logsumexp z`` of ``z = h Wᵀ / T`` with the suppressed ids at ``−inf``."""
+    z = hidden @ weight.T / (temperature if temperature > 0 else 1.0)
+    support = torch.ones(weight.shape[0], dtype=torch.bool)
+    support[list(SUPPRESSED)] = False
+    z = z.masked_fill(~support, -math.inf)
+    return z - torch.logsumexp(z, -1, keepdim=True)
+
+
+def _reference_problem(p: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """A reference of the same shapes: its own states and head (the policy has drifted from it), and random
+    weights ``a`` on the per-token KL."""
+    q = _problem(p["hidden"].dtype, seed)
+    return {"hidden": q["hidden"], "weight": q["weight"], "a": q["a"]}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [1, 4, 6, 1000])  # n = 18 valid positions: 6 divides it, 4 does not
+def test_chunked_full_kl_equals_relax_core_kl_full_on_the_dense_distributions(chunk: int, temperature: float) -> None:
+    """The per-token KL(π_ref ‖ π) of the chunks against :func:`kl_full` on both whole ``[B, L, V]`` log-prob
+    tensors (the suppressed ids ``−inf`` in both: off the support), values and gradients w.r.t. the policy's states
+    and LM head, in float64. The KL is ``Σ_v π_ref (log π_ref − log π)``: each log-prob is within the bound of
+    :func:`_float64_tolerances` (of the policy's or the reference's logits, the larger), the sum of V terms of
+    probability-weighted errors stays within it (Σ π_ref = 1), and its gradient w.r.t. the logits is
+    ``c (π − π_ref)``, of total magnitude at most 2|c|: the gradients' bound of the same analysis, for two terms
+    (``a``, ``b``), doubled for three (``c`` among the coefficients)."""
+    p = _problem(torch.float64)
+    r = _reference_problem(p, seed=5)
+    tol_values, tol_grads = (
+        max(a, b)
+        for a, b in zip(
+            _float64_tolerances({**p, "a": r["a"]}, temperature),
+            _float64_tolerances({**r, "valid": p["valid"], "b": p["b"]}, temperature),
+            strict=True,
+        )
+    )
+    tol_grads *= 2
+    assert tol_values < 1e-9 and tol_grads < 1e-6
+    got = _kl_values_and_grads(p, r, temperature, chunk)
+    want = _kl_values_and_grads(p, r, temperature, None)
+    assert float(want[2][p["valid"]].min()) > 0.05  # the policy is away from the reference at every position
+    for name, g, w in zip(("logprobs", "entropy", "full KL"), got[:3], want[:3], strict=True):
+        torch.testing.assert_close(g, w, atol=tol_values, rtol=0, msg=name)
+    for name, g, w in zip(("d hidden", "d weight"), got[3:], want[3:], strict=True):
+        torch.testing.assert_close(g, w, atol=tol_grads, rtol=0, msg=name)
+    assert (got[2][~p["valid"]] == 0).all() and (got[3][~p["valid"]] == 0).all()
+
+
+def test_chunked_full_kl_equals_kl_full_in_float32() -> None:
+    """The training dtype with torch's float32 defaults (rtol 1.3e-6, atol 1e-5), as for the log-probs above: the
+    same float32 operations on each row except the LM heads' summation order."""
+    p = _problem(torch.float32, seed=2)
+    r = _reference_problem(p, seed=3)
+    got = _kl_values_and_grads(p, r, 0.7, 5)
+    want = _kl_values_and_grads(p, r, 0.7, None)
+    for name, g, w in zip(("logprobs", "entropy", "full KL", "d hidden", "d weight"), got, want, strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+def test_chunked_full_kl_is_zero_against_the_policy_itself() -> None:
+    """Hand value: the policy as its own reference has KL 0 at every position, and a zero gradient (π − π_ref = 0);
+    the suppressed ids, ``−inf`` on both sides, add nothing (not NaN)."""
+    p = _problem(torch.float64)
+    head = torch.nn.Linear(16, 50, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(p["weight"])
+    hidden = p["hidden"].clone().requires_grad_()
+    _, _, kl = token_scores_with_kl(head, hidden, head, p["hidden"], p["targets"], p["valid"], 1.0, SUPPRESSED, 4)
+    assert kl.abs().max() < 1e-12
+    kl.sum().backward()
+    assert hidden.grad is not None and hidden.grad.abs().max() < 1e-12
+
+
 def _samples(seed: int = 0) -> tuple[list, list[torch.Tensor]]:
     """Mixed-modality prompts (the first one twice, as in a group) and responses of different lengths; the
     last token of the third is a suppressed id (masked out of the scores)."""
@@ -168,8 +271,7 @@ def _score_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_score_responses_equals_the_dense_formula_of_plain_forwards() -> None:
     """``score_responses`` (chunks of 3 tokens) against the dense formula on one unpadded forward of the tiny
-    thinker per sample (the repository's reference for the shared-prompt scoring), values and gradients; and
-    against its own ``with_dist`` path, which scores the whole ``[B, L, V]`` distribution."""
+    thinker per sample (the repository's reference for the shared-prompt scoring), values and gradients."""
     temperature = 0.7
     prompts, responses = _samples()
     model = build_tiny_omni(0)
@@ -183,14 +285,9 @@ def test_score_responses_equals_the_dense_formula_of_plain_forwards() -> None:
         return (weight_a * logp).sum() + (weight_b * entropy).sum()
 
     chunked = score_responses(model, prompts, responses, temperature, SUPPRESSED_IDS, chunk_tokens=3)
-    assert chunked.dist is None
+    assert chunked.full_kl is None  # no reference: no KL
     objective(chunked.logprobs, chunked.entropy).backward()
     grads_chunked = _score_grads(model)
-
-    with_dist = score_responses(model, prompts, responses, temperature, SUPPRESSED_IDS, with_dist=True)
-    assert with_dist.dist is not None and with_dist.dist.shape == (*with_dist.logprobs.shape, 64)
-    objective(with_dist.logprobs, with_dist.entropy).backward()
-    grads_dense = _score_grads(model)
 
     allowed = torch.tensor([i not in SUPPRESSED_IDS for i in range(64)])
     total = torch.zeros(())
@@ -210,12 +307,9 @@ def test_score_responses_equals_the_dense_formula_of_plain_forwards() -> None:
     total.backward()
     grads_plain = _score_grads(model)
 
-    assert grads_chunked.keys() == grads_dense.keys() == grads_plain.keys()
+    assert grads_chunked.keys() == grads_plain.keys()
     for name, g in grads_chunked.items():
-        torch.testing.assert_close(g, grads_dense[name], msg=name)  # same forward, LM head rows chunked
         torch.testing.assert_close(g, grads_plain[name], atol=1e-5, rtol=1e-4, msg=name)
-    for got, want in ((chunked.logprobs, with_dist.logprobs), (chunked.entropy, with_dist.entropy)):
-        torch.testing.assert_close(got, want)
 
 
 def test_chunked_forward_and_backward_hold_one_chunk_of_the_vocabulary_at_a_time() -> None:
@@ -248,3 +342,36 @@ def test_chunked_forward_and_backward_hold_one_chunk_of_the_vocabulary_at_a_time
     assert bound < n_tokens * vocab * 4 / 4  # a quarter of one [N, V] float32 tensor
     assert peak_bytes(chunked) <= bound
     assert peak_bytes(dense) >= n_tokens * vocab * 4  # the same measurement sees the whole tensor
+
+
+def test_chunked_full_kl_holds_a_few_chunks_of_the_vocabulary_at_a_time() -> None:
+    """As above with the reference (its states and frozen head): N = 512 tokens in chunks of C = 8 at V = 2,048.
+    A recomputed chunk holds k3's tensors and the reference's ``[C, V]`` log-probs, the support mask, the clamped
+    log-probs, the log-ratio, the reference's probabilities and their product, and the gradients through them:
+    fewer than 12 chunks' worth at once (measured with the V-independent tensors: 7.6), within a quarter of one
+    ``[N, V]`` float32 tensor, which the dense formula holds several of."""
+    n_tokens, chunk, vocab, width = 512, 8, 2048, 4
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, n_tokens // 2, width, generator=gen).requires_grad_()
+    ref_hidden = torch.randn(2, n_tokens // 2, width, generator=gen)
+    head = torch.nn.Linear(width, vocab, bias=False)
+    ref_head = torch.nn.Linear(width, vocab, bias=False).requires_grad_(False)
+    targets = torch.randint(8, vocab, (2, n_tokens // 2), generator=gen)
+    valid = torch.ones(2, n_tokens // 2, dtype=torch.bool)
+
+    def chunked() -> None:
+        logp, entropy, kl = token_scores_with_kl(
+            head, hidden, ref_head, ref_hidden, targets, valid, 0.7, SUPPRESSED, chunk
+        )
+        (logp.sum() + entropy.sum() + kl.sum()).backward()
+
+    def dense() -> None:
+        dist = _dense_logprobs(hidden, head.weight, 0.7)
+        with torch.no_grad():
+            ref_dist = _dense_logprobs(ref_hidden, ref_head.weight, 0.7)
+        kl_full(dist, ref_dist, clamp=None).sum().backward()
+
+    bound = 12 * chunk * vocab * 4 + 16 * n_tokens * (width + 1) * 4
+    assert bound < n_tokens * vocab * 4 / 4
+    assert peak_bytes(chunked) <= bound
+    assert peak_bytes(dense) >= 2 * n_tokens * vocab * 4  # both distributions, whole

@@ -112,6 +112,23 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_two_ranks_train_with_the_full_kl_as_one_process_does(ranks: list[dict[str, Any]]) -> None:
+    """Each rank holds a whole copy of the frozen reference (never sharded) and sums the exact KL over its share;
+    the update equals the single-process engine's with the same reference, in float64 (``ATOL_F64``)."""
+    torch.manual_seed(0)
+    config = worker.FULL_KL_CONFIG
+    engine = TorchTrainEngine(build_tiny_omni(0).double(), config, reference=build_tiny_omni(1).double())
+    initial = engine.policy_state()
+    metrics = [engine.step(worker.batch(s), worker.pg_with_full_kl) for s in range(worker.FULL_KL_UPDATES)]
+    assert all(m["kl"] > 1e-3 for m in metrics)  # a KL term of weight
+    assert _max_diff(engine.policy_state(), initial) > 1e-3
+    for r in ranks:
+        assert not r["full_kl_reference_sharded"]
+        assert _max_diff(r["full_kl_weights"], engine.policy_state()) < ATOL_F64
+        for got, want in zip(r["full_kl_metrics"], metrics, strict=True):
+            assert got["kl"] == pytest.approx(want["kl"], rel=1e-9)
+
+
 # -- gradient reduction on gloo ---------------------------------------------------------------------------------
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import itertools
 import math
 
 import pytest
 import torch
 
-from relax_core import value_loss
+from relax_core import AlgorithmConfig, compute_policy_loss, kl_full, masked_mean, value_loss
 from relax_services.engines import (
     HFRolloutEngine,
     LossInputs,
@@ -20,6 +22,7 @@ from relax_services.engines import (
     TrainEngine,
     TrainSample,
 )
+from relax_services.engines.sampling import policy_logprobs
 from relax_services.models import DEFAULT_SOURCE, OmniPrompt, build_tiny_omni, build_value_model, open_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
 
@@ -293,48 +296,119 @@ def test_forced_bf16_autocast_runs_and_stays_close_to_fp32() -> None:
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
 
 
-def test_scores_carry_the_whole_distribution_and_the_loss_sees_it_with_score_dist() -> None:
-    batch = _samples(4)
-    config = TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, micro_batch_size=3, score_dist=True)
-    engine = TorchTrainEngine(build_tiny_omni(0), config)
-    assert engine.compute_scores(batch, with_dist=False).dist is None
-    scores = engine.compute_scores(batch)
-    assert scores.dist is not None and scores.dist.shape == (*scores.logprobs.shape, 64)
-    for i, s in enumerate(batch):  # each position is a distribution, and the token's log-prob is read from it
-        n = len(s.response_ids)
-        torch.testing.assert_close(scores.dist[i, :n].exp().sum(-1), torch.ones(n), atol=1e-5, rtol=0)
-        picked = scores.dist[i, :n].gather(-1, s.response_ids[:, None])[:, 0]
-        torch.testing.assert_close(picked, scores.logprobs[i, :n], atol=1e-6, rtol=0)
-        assert all(torch.isinf(scores.dist[i, :n, j]).all() for j in SUPPRESSED_IDS)
-    # Per-token fields of any trailing shape are padded per sample, e.g. a reference distribution [L_i, V].
+def _text_samples(seed: int) -> list[TrainSample]:
+    """4 text prompts (the first twice, as in a group) with responses of 3–9 tokens, the second one's last token
+    a suppressed id (masked out)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [OmniPrompt(torch.randint(12, 48, (5 + i,), generator=gen)) for i in range(3)]
+    prompts.insert(1, prompts[0])
+    responses = [torch.randint(12, 48, (3 + 2 * i,), generator=gen) for i in range(4)]
+    responses[1][-1] = SUPPRESSED_IDS[-1]
+    return [
+        TrainSample(p, r, {"advantages": torch.randn(r.shape, generator=gen, dtype=torch.float64)})
+        for p, r in zip(prompts, responses, strict=True)
+    ]
+
+
+def _dense_logprobs_and_kl(
+    model: torch.nn.Module, reference: torch.nn.Module, batch: list[TrainSample], t: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dense computation the engine replaced, written out: per sample one plain forward of the policy and of
+    the reference, both whole ``[L_i, V]`` distributions (``policy_logprobs``) and relax-core's ``kl_full`` of
+    them. Returns ``(log-probs, KL, mask)``, each ``[B, L]`` zero-padded (KL 0 where masked)."""
+    allowed = torch.tensor([i not in SUPPRESSED_IDS for i in range(64)])
+    logps, kls, masks = [], [], []
+    for s in batch:
+        ids = torch.cat([s.prompt.input_ids, s.response_ids[:-1]])[None]  # [1, P + L - 1]
+        start = s.prompt.num_tokens - 1  # the column that predicts response token 0
+        logits = model(input_ids=ids).logits[0, start:]  # [L, V]
+        assert logits.dtype == torch.float64 and float(logits.detach().abs().max()) < 100
+        dist = policy_logprobs(logits, t, SUPPRESSED_IDS)  # [L, V]
+        with torch.no_grad():
+            ref_dist = policy_logprobs(reference(input_ids=ids).logits[0, start:], t, SUPPRESSED_IDS)  # [L, V]
+        kept = allowed[s.response_ids]
+        logps.append(dist.gather(-1, s.response_ids[:, None])[:, 0])
+        kls.append(torch.where(kept, kl_full(dist[None], ref_dist[None], clamp=None)[0], 0.0))
+        masks.append(kept.double())
+    pad = functools.partial(torch.nn.utils.rnn.pad_sequence, batch_first=True)
+    return pad(logps), pad(kls), pad(masks)
+
+
+def test_a_full_kl_update_equals_the_dense_kl_full_of_plain_forwards() -> None:
+    """One update's loss and gradients with ``full_kl`` (the engine's frozen reference, the KL summed over chunks
+    of 4 tokens in micro-batches of 3 samples) against :func:`_dense_logprobs_and_kl`: the ``[B, L, V]``
+    computation it replaced, on plain unbatched forwards. The weights are float64, but transformers' RMSNorm
+    computes in float32 whatever the weights' dtype, so values and gradients passing through the model's 5 norms
+    (2 per layer and the final one) carry float32 roundings of relative size u = 2⁻²⁴ ≈ 6·10⁻⁸: the two computations,
+    which differ only in summation order (shared prompt cache, chunks, micro-batches), can round apart by a few
+    such steps at each norm, well within 10⁻⁶ of the largest value (16 u). The KL term is ≈ 0.05 of the loss
+    here and its gradient a like share of the gradients, so a wrong formula, direction or support is far
+    outside that (measured: 3·10⁻⁸ of the largest gradient entry)."""
+    temperature = 0.7
+    cfg = AlgorithmConfig(kl_coef=0.5, kl_estimator="full")
+    policy, reference = build_tiny_omni(0).double(), build_tiny_omni(1).double()  # the policy has drifted from it
+    dense_policy = copy.deepcopy(policy)
+    batch = _text_samples(0)
+    logp, kl, mask = _dense_logprobs_and_kl(dense_policy, reference, batch, temperature)  # [B, L] each
+    gen = torch.Generator().manual_seed(1)
+    old = logp.detach() + 0.05 * torch.randn(logp.shape, generator=gen, dtype=torch.float64)  # ratios near 1
     batch = [
-        TrainSample(s.prompt, s.response_ids, {**s.fields, "ref_dist": scores.dist[i, : len(s.response_ids)]})
+        TrainSample(s.prompt, s.response_ids, {**s.fields, "old_logprobs": old[i, : len(s.response_ids)]})
         for i, s in enumerate(batch)
     ]
-    with pytest.raises(ValueError, match="one entry per response token"):
-        TrainSample(batch[0].prompt, batch[0].response_ids, {"ref_dist": scores.dist[0, :1]})
-    seen: dict[str, torch.Tensor] = {}
+    advantages = torch.nn.utils.rnn.pad_sequence([s.fields["advantages"] for s in batch], batch_first=True)
+    want, _ = compute_policy_loss(cfg, logp, old, advantages, mask, full_kl=kl)
+    want.backward()
 
-    def capture(inputs: LossInputs) -> torch.Tensor:
-        assert inputs.dist is not None
-        seen["ref"], seen["dist"], seen["mask"] = inputs.fields["ref_dist"], inputs.dist, inputs.mask
-        return -(inputs.logprobs * inputs.mask).sum()
+    config = TorchTrainConfig(
+        suppressed_ids=SUPPRESSED_IDS,
+        micro_batch_size=3,
+        full_kl=True,
+        scoring_chunk_tokens=4,
+        autocast="off",
+        temperature=temperature,
+    )
+    engine = TorchTrainEngine(policy, config, reference=copy.deepcopy(reference))
+    assert engine.reference is not None and not engine.reference.model.training
+    assert not any(p.requires_grad for p in engine.reference.model.parameters())
+    kls: list[torch.Tensor] = []
 
-    engine.accumulate_gradients(batch[:2], capture)
-    assert seen["ref"].shape == seen["dist"].shape == (2, seen["mask"].shape[1], 64)
-    valid = seen["mask"].bool()
-    torch.testing.assert_close(seen["ref"][valid], seen["dist"].detach()[valid], atol=1e-5, rtol=0)
+    def loss_fn(inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        assert inputs.full_kl is not None and inputs.full_kl.shape == inputs.logprobs.shape
+        kls.append(inputs.full_kl.detach())
+        return compute_policy_loss(
+            cfg,
+            inputs.logprobs,
+            inputs.fields["old_logprobs"],
+            inputs.fields["advantages"],
+            inputs.mask,
+            full_kl=inputs.full_kl,
+        )
 
-    # Without score_dist (every loss but the full-vocabulary KL) the step never builds the distributions.
-    plain = TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(config, score_dist=False))
-    dists: list[torch.Tensor | None] = []
+    metrics = engine.accumulate_gradients(batch, loss_fn)
+    assert len(kls) == 2 and 0.01 < metrics["kl"] < 10  # a KL term of weight (≈ 0.05), below the clamp
+    assert metrics["loss"] == pytest.approx(want.item(), abs=1e-6 * max(1.0, abs(want.item())))
+    assert metrics["kl"] == pytest.approx(masked_mean(kl.detach(), mask).item(), abs=1e-6)
+    grads = _grads(engine)
+    dense_grads = {n: p.grad for n, p in dense_policy.named_parameters() if p.grad is not None}
+    assert grads.keys() == dense_grads.keys()
+    scale = max(float(g.abs().max()) for g in dense_grads.values())
+    for name, g in grads.items():
+        torch.testing.assert_close(g, dense_grads[name], atol=1e-6 * scale, rtol=0, msg=name)
+
+    # Without full_kl (every loss but the full-vocabulary KL) the engine holds no reference and hands no KL.
+    plain = TorchTrainEngine(build_tiny_omni(0).double(), dataclasses.replace(config, full_kl=False))
+    assert plain.reference is None
+    seen: list[torch.Tensor | None] = []
 
     def record(inputs: LossInputs) -> torch.Tensor:
-        dists.append(inputs.dist)
+        seen.append(inputs.full_kl)
         return -(inputs.logprobs * inputs.mask).sum()
 
     plain.accumulate_gradients(batch, record)
-    assert dists == [None, None]
+    assert seen == [None, None]
+    with pytest.raises(ValueError, match="full_kl"):
+        TorchTrainEngine(build_tiny_omni(0), dataclasses.replace(config, full_kl=False), reference=reference)
 
 
 def _large_image_samples() -> list[TrainSample]:

@@ -77,7 +77,9 @@ def test_queue_actors_move_real_rows_without_the_model_stack(ray_session: Any, t
         for row in batch.rows:  # consumers get the prompt objects back, equal to the feeder's
             prompt_key = row.fields["meta"]["prompt_key"]
             assert row.fields["prompt"].fingerprint() == prompts[prompt_key].fingerprint()
-            assert row.fields["ref_dist"].shape[0] == len(row.fields["response"])
+            # The default run's full KL: one reference log-prob per token, no [L, V] distribution (the Trainer's
+            # engine holds the reference itself).
+            assert len(row.fields["ref_logprobs"]) == len(row.fields["response"]) and "ref_dist" not in row.fields
 
         snapshot = tmp_path / "samples.queue"
         sample_queue.save(str(snapshot))  # the trainer's batch is leased: restored, it is delivered again

@@ -79,6 +79,12 @@ def kl_full(logprob_dist: Tensor, ref_dist: Tensor, clamp: float | None = 10.0) 
     # Clamp log π_θ from below so a token the reference supports but the policy excludes gives a large finite term.
     log_ratio = torch.where(support, ref_dist - logprob_dist.clamp_min(-100.0), zero)  # [B, T, V]
     kl = (torch.where(support, ref_dist.exp(), zero) * log_ratio).sum(-1)  # [B, T]
+    return _clamp_full_kl(kl, clamp)
+
+
+def _clamp_full_kl(kl: Tensor, clamp: float | None) -> Tensor:
+    """:func:`kl_full`'s clamp of per-position values ``[...]`` to at most ``clamp`` (None: unchanged); the loss
+    applies it to a KL summed elsewhere (a training engine's chunks of the vocabulary)."""
     return torch.clamp(kl, max=clamp) if clamp is not None else kl
 
 

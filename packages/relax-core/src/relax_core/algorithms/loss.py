@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relax_core.algorithms.kl import kl_estimate, kl_full
+from relax_core.algorithms.kl import _clamp_full_kl, kl_estimate
 from relax_core.algorithms.masked import aggregate_loss, aggregation_units, masked_mean
 from relax_core.algorithms.policy_losses import (
     LOG_RATIO_BOUND,
@@ -51,8 +51,7 @@ def compute_policy_loss(
     proximal_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
-    logprob_dist: Tensor | None = None,
-    ref_dist: Tensor | None = None,
+    full_kl: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The full policy objective of ``cfg``: surrogate × off-policy weights + β·KL − entropy bonus.
 
@@ -74,9 +73,10 @@ def compute_policy_loss(
         ref_logprobs: Reference log-probs ``[B, T]``; required when ``kl_coef > 0`` and
             ``kl_placement == "loss"``; when given with placement "reward" only the diagnostic is reported.
         entropy: Per-token entropy ``[B, T]`` (with gradient); required when ``entropy_coef > 0``.
-        logprob_dist: log π_θ over the vocabulary ``[B, T, V]`` (with gradient); required with
-            ``kl_estimator='full'`` (then ``ref_logprobs`` is not used).
-        ref_dist: log π_ref over the vocabulary ``[B, T, V]``; required with ``kl_estimator='full'``.
+        full_kl: The exact KL(π_ref ‖ π_θ) over the vocabulary per token ``[B, T]``, unclamped and with gradient
+            (:func:`~relax_core.algorithms.kl.kl_full` with ``clamp=None``, e.g. summed chunk by chunk where the
+            policy's logits are); required with ``kl_estimator='full'`` (then ``ref_logprobs`` is not used).
+            ``cfg.kl_clamp`` is applied here, as :func:`~relax_core.algorithms.kl.kl_full` applies it.
 
     Returns:
         ``(loss, diagnostics)``: the scalar to minimise and floats ``policy_loss``, ``clip_frac``,
@@ -94,15 +94,16 @@ def compute_policy_loss(
         proximal_logprobs=proximal_logprobs,
         ref_logprobs=ref_logprobs,
         entropy=entropy,
+        full_kl=full_kl,
     )
     if cfg.decoupled and proximal_logprobs is None:
         raise ValueError("cfg.decoupled is true: proximal_logprobs (trainer log-probs before the update) are required")
     if not cfg.decoupled and proximal_logprobs is not None:
         raise ValueError("proximal_logprobs given but cfg.decoupled is false; set algorithm.decoupled=true to use them")
-    full_kl = cfg.uses_full_kl
-    if full_kl and (logprob_dist is None or ref_dist is None):
-        raise ValueError("kl_estimator='full' needs logprob_dist and ref_dist (distributions over the vocabulary)")
-    if cfg.kl_coef > 0 and cfg.kl_placement == "loss" and ref_logprobs is None and not full_kl:
+    exact_kl = cfg.uses_full_kl
+    if exact_kl and full_kl is None:
+        raise ValueError("kl_estimator='full' needs full_kl (the per-token KL over the vocabulary)")
+    if cfg.kl_coef > 0 and cfg.kl_placement == "loss" and ref_logprobs is None and not exact_kl:
         raise ValueError("kl_coef > 0 with kl_placement='loss' needs ref_logprobs")
     if cfg.entropy_coef > 0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
@@ -138,9 +139,9 @@ def compute_policy_loss(
 
     policy_loss = aggregate_loss(per_token, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
     loss = policy_loss
-    if full_kl:
-        assert logprob_dist is not None and ref_dist is not None  # checked above
-        kl = torch.where(mask_b, kl_full(logprob_dist, ref_dist, cfg.kl_clamp), zero)  # padding may hold anything
+    if exact_kl:
+        assert full_kl is not None  # checked above
+        kl = torch.where(mask_b, _clamp_full_kl(full_kl, cfg.kl_clamp), zero)  # [B, T]; padding may hold anything
         kl_value = aggregate_loss(kl, loss_mask, cfg.loss_agg_mode, cfg.loss_norm_constant)
         loss = loss + cfg.kl_coef * kl_value
         diagnostics["kl"] = float(kl_value.item())

@@ -1,5 +1,5 @@
-"""Peak memory of one training update against the vocabulary size: chunked scoring (the sampled-token KL, k3)
-beside the dense ``[B, L, V]`` path (``algorithm.kl_estimator=full``).
+"""Peak memory of one training update against the vocabulary size: the sampled-token KL (k3) beside the exact
+full-vocabulary KL (``algorithm.kl_estimator=full``), both scored a chunk of tokens at a time.
 
 Each vocabulary V gets a tiny Qwen2 checkpoint of the same width whose embedding and LM head are padded to V rows
 (:func:`~relax_services.models.tiny_families.write_tiny_checkpoint`'s ``shape``), the run config's training engine
@@ -7,9 +7,13 @@ Each vocabulary V gets a tiny Qwen2 checkpoint of the same width whose embedding
 :func:`~relax_services.bench.peak_memory.peak_bytes` counts what one ``engine.step`` (the first: it allocates the
 gradients and Adam's state) holds at most. What grows with V is the embedding and LM head's parameter bytes P_V,
 held at most four times at once (gradients, Adam's two moments, and the ``sqrt`` of the second one that the
-update builds), plus, in the scoring, a few ``[chunk, V]`` tensors (chunked) or a few ``[B, L, V]`` tensors
-(dense). The peak is the largest of the phases' live bytes ``c + a·P_V + s_V`` with ``a <= 4`` and ``s_V`` the
-scoring's V-dependent share, so the residual ``peak − 4 P_V`` grows with V by at most the growth of ``s_V``.
+update builds), plus, in the scoring, a few ``[chunk, V]`` tensors: the policy's for k3, the policy's and the
+reference's for the full KL (the engine's frozen reference computes its ``[chunk, V]`` log-probs in the same chunk;
+no ``[B, L, V]`` tensor and no ``[L, V]`` field exists). The peak is the largest of the phases' live bytes
+``c + a·P_V + s_V`` with ``a <= 4`` and ``s_V`` the scoring's V-dependent share, so the residual ``peak − 4 P_V``
+grows with V by at most the growth of ``s_V``. The full KL's engine also holds the reference's weights, its own
+embedding and LM head included (``reference_head_bytes``); they exist before the step, so the step's peak does not
+count them.
 
 Run by ``benchmarks/vocab_memory.py`` (the table) and ``tests/engines/test_vocab_memory.py`` (the bound).
 """
@@ -33,7 +37,16 @@ from relax_services.models import OmniPrompt
 from relax_services.models.tiny_families import write_tiny_checkpoint
 from relax_services.services.trainer import make_loss_fn
 
-__all__ = ["HIDDEN", "OPTIMIZER_COPIES", "VocabMemory", "Workload", "format_table", "measure_vocab", "step_peak"]
+__all__ = [
+    "HIDDEN",
+    "OPTIMIZER_COPIES",
+    "StepPeak",
+    "VocabMemory",
+    "Workload",
+    "format_table",
+    "measure_vocab",
+    "step_peak",
+]
 
 OPTIMIZER_COPIES = 4
 """Copies of each parameter the first step allocates: its gradient, Adam's first and second moments, and the
@@ -68,29 +81,38 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class StepPeak:
+    """One update's measurement (bytes)."""
+
+    peak: int  # the most bytes the step held at once beyond what existed before it
+    head_bytes: int  # P_V: the policy's embedding and LM head parameters
+    reference_head_bytes: int  # the frozen reference's embedding and LM head (0 without one)
+
+
+@dataclass(frozen=True)
 class VocabMemory:
     """One vocabulary size's measurement (bytes)."""
 
     vocab: int
     head_bytes: int  # P_V: the embedding's and the LM head's parameters
-    chunked_peak: int  # one step with the sampled-token KL (k3): chunked scoring
-    dense_peak: int  # one step with kl_estimator=full: the [B, L, V] distributions
+    k3_peak: int  # one step with the sampled-token KL (k3)
+    full_peak: int  # one step with kl_estimator=full: the exact KL, chunked against the engine's reference
+    reference_head_bytes: int  # the full KL engine's frozen reference: its embedding and LM head, held throughout
 
     @property
-    def chunked_residual(self) -> int:
-        """``chunked_peak − 4 P_V``: the chunked step's memory beyond the embedding and head's optimizer copies."""
-        return self.chunked_peak - OPTIMIZER_COPIES * self.head_bytes
+    def k3_residual(self) -> int:
+        """``k3_peak − 4 P_V``: the k3 step's memory beyond the embedding and head's optimizer copies."""
+        return self.k3_peak - OPTIMIZER_COPIES * self.head_bytes
 
     @property
-    def dense_residual(self) -> int:
-        """``dense_peak − 4 P_V``: the dense step's memory beyond the embedding and head's optimizer copies."""
-        return self.dense_peak - OPTIMIZER_COPIES * self.head_bytes
+    def full_residual(self) -> int:
+        """``full_peak − 4 P_V``: the full-KL step's memory beyond the embedding and head's optimizer copies."""
+        return self.full_peak - OPTIMIZER_COPIES * self.head_bytes
 
 
-def _samples(work: Workload, vocab: int, suppressed: Sequence[int], full_kl: bool) -> list[TrainSample]:
+def _samples(work: Workload, vocab: int, suppressed: Sequence[int]) -> list[TrainSample]:
     """The same ids at every V (the tiny tokenizer's characters, 12–63), old and reference log-probs of a uniform
-    policy, ±1 advantages; with ``full_kl`` a uniform ``[L, V]`` reference distribution (``-inf`` off the
-    support)."""
+    policy, ±1 advantages (what the queue brings for either KL: nothing of size V)."""
     gen = torch.Generator().manual_seed(0)
     length = work.response_tokens
     support = vocab - len(suppressed)
@@ -104,16 +126,12 @@ def _samples(work: Workload, vocab: int, suppressed: Sequence[int], full_kl: boo
                 "ref_logprobs": uniform,
                 "advantages": torch.full((length,), j % 2 * 2.0 - 1),
             }
-            if full_kl:
-                ref_dist = torch.full((length, vocab), -math.log(support))  # [L, V]
-                ref_dist[:, list(suppressed)] = -math.inf
-                fields["ref_dist"] = ref_dist
             samples.append(TrainSample(prompt, torch.randint(12, 64, (length,), generator=gen), fields))
     return samples
 
 
-def step_peak(folder: Path, kl_estimator: str, work: Workload) -> tuple[int, int]:
-    """``(peak bytes of one engine.step, embedding + LM head parameter bytes)`` for the checkpoint in ``folder``."""
+def step_peak(folder: Path, kl_estimator: str, work: Workload) -> StepPeak:
+    """One ``engine.step``'s peak and the embedding + LM head bytes for the checkpoint in ``folder``."""
     cfg = load_run_config(
         None,
         [
@@ -127,27 +145,33 @@ def step_peak(folder: Path, kl_estimator: str, work: Workload) -> tuple[int, int
     engine = build_train_engine(cfg)
     engine.config = dataclasses.replace(engine.config, scoring_chunk_tokens=work.chunk_tokens)
     model: Any = engine.model  # a transformers causal LM
-    heads = {model.get_input_embeddings().weight, model.get_output_embeddings().weight}  # one when tied
-    head_bytes = sum(p.numel() * p.element_size() for p in heads)
     vocab = model.get_input_embeddings().weight.shape[0]
-    batch = _samples(work, vocab, engine.config.suppressed_ids, cfg.algorithm.uses_full_kl)
+    batch = _samples(work, vocab, engine.config.suppressed_ids)
     loss_fn = make_loss_fn(cfg)
     metrics: dict[str, float] = {}
     peak = peak_bytes(lambda: metrics.update(engine.step(batch, loss_fn)))
     if not math.isfinite(metrics["loss"]):
         raise RuntimeError(f"V={vocab}, kl_estimator={kl_estimator}: the step's loss is {metrics['loss']}")
-    return peak, head_bytes
+    reference = 0 if engine.reference is None else _head_bytes(engine.reference.model)
+    return StepPeak(peak, _head_bytes(model), reference)
+
+
+def _head_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a causal LM's embedding and LM head (one when tied)."""
+    lm: Any = model  # a transformers causal LM
+    heads = {lm.get_input_embeddings().weight, lm.get_output_embeddings().weight}
+    return sum(p.numel() * p.element_size() for p in heads)
 
 
 def measure_vocab(vocab: int, workdir: Path, work: Workload | None = None) -> VocabMemory:
-    """Writes the V-row checkpoint under ``workdir`` and measures one step with k3 (chunked) and full KL (dense)."""
+    """Writes the V-row checkpoint under ``workdir`` and measures one step with k3 and one with the full KL."""
     work = work or Workload()
     folder = write_tiny_checkpoint(
         workdir / f"qwen2-v{vocab}", "qwen2", shape={"vocab_size": vocab, "hidden_size": HIDDEN, "num_hidden_layers": 2}
     )
-    chunked, head_bytes = step_peak(folder, "k3", work)
-    dense, _ = step_peak(folder, "full", work)
-    return VocabMemory(vocab, head_bytes, chunked, dense)
+    k3 = step_peak(folder, "k3", work)
+    full = step_peak(folder, "full", work)
+    return VocabMemory(vocab, k3.head_bytes, k3.peak, full.peak, full.reference_head_bytes)
 
 
 def format_table(rows: Sequence[VocabMemory]) -> str:
@@ -156,15 +180,16 @@ def format_table(rows: Sequence[VocabMemory]) -> str:
     def mb(n: int) -> str:
         return f"{n / 1e6:,.1f}"
 
-    head = ("V", "emb+head params", "peak k3 chunked", "peak full-KL dense", "chunked − 4P", "dense − 4P")
+    head = ("V", "emb+head params", "peak k3", "peak full KL", "k3 − 4P", "full KL − 4P", "reference emb+head")
     lines = [head] + [
         (
             f"{r.vocab:,}",
             mb(r.head_bytes),
-            mb(r.chunked_peak),
-            mb(r.dense_peak),
-            mb(r.chunked_residual),
-            mb(r.dense_residual),
+            mb(r.k3_peak),
+            mb(r.full_peak),
+            mb(r.k3_residual),
+            mb(r.full_residual),
+            mb(r.reference_head_bytes),
         )
         for r in rows
     ]

@@ -114,9 +114,8 @@ class TrainSample:
     Attributes:
         prompt: The prompt the response was generated from (media included).
         response_ids: ``[L]`` response ids.
-        fields: Per-token ``[L, ...]`` (e.g. ``[L]`` advantages, behaviour or reference log-probs; ``[L, V]`` a
-            reference distribution) or per-sample scalar tensors handed to the loss; padded to ``[B, L_max, ...]``
-            / stacked to ``[B]``.
+        fields: Per-token ``[L, ...]`` (e.g. ``[L]`` advantages, behaviour or reference log-probs) or per-sample
+            scalar tensors handed to the loss; padded to ``[B, L_max, ...]`` / stacked to ``[B]``.
     """
 
     prompt: OmniPrompt
@@ -147,8 +146,10 @@ class LossInputs:
         mask: ``[B, L]`` float, 1 on response tokens that count (not padding, not suppressed ids).
         fields: The samples' extra fields, ``[B, L]`` (zero-padded) or ``[B]``.
         values: ``[B, L]`` critic values (with grad) when the engine trains a value model, else None.
-        dist: ``[B, L, V]`` log-probs of the policy's whole next-token distribution (with grad) when the engine
-            is configured to score it (``score_dist``: only the full-vocabulary KL reads it), else None.
+        full_kl: ``[B, L]`` exact KL(π_ref ‖ π) over the vocabulary per position, unclamped (with grad), when the
+            engine holds a frozen reference (``TorchTrainConfig.full_kl``: only the full-vocabulary KL reads it),
+            else None. The engine sums it chunk by chunk where the policy's logits are: no field of size V per
+            token ever reaches the engine or the loss.
     """
 
     logprobs: torch.Tensor
@@ -156,7 +157,7 @@ class LossInputs:
     mask: torch.Tensor
     fields: dict[str, torch.Tensor]
     values: torch.Tensor | None = None
-    dist: torch.Tensor | None = None
+    full_kl: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -203,9 +204,9 @@ class TrainEngine(Protocol):
         """Per-token ``(logprobs [B, L], mask [B, L])`` under the current weights, without grad."""
         ...
 
-    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
-        """Per-token log-probs, mask and (``with_dist``) the whole ``[B, L, V]`` log-distributions under the
-        current weights, without grad, on CPU (what the Reference service writes)."""
+    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """Per-token log-probs, entropy and mask under the current weights, without grad, on CPU (what the
+        Reference service writes)."""
         ...
 
     def policy_state(self) -> dict[str, torch.Tensor]:

@@ -8,7 +8,10 @@ the shared prompt computation, which is the gradient of the row-by-row forward.
 
 The LM head runs over the response states a chunk of tokens at a time (:func:`token_scores`): a real
 vocabulary makes the ``[B, L, V]`` logits of a batch tens of GB, and only the target token's log-prob and the
-entropy leave each chunk. The whole distribution is built only when asked for (``with_dist``).
+entropy leave each chunk. The exact full-vocabulary KL to a frozen reference policy
+(``algorithm.kl_estimator='full'``) is computed the same way (:func:`token_scores_with_kl`): the reference's response
+states are computed once without grad, and each chunk builds both ``[chunk, V]`` distributions and keeps the
+per-token KL; no ``[B, L, V]`` tensor exists on any path.
 
 Used by the training engine (with grad) and by anything that rescores samples (reference model,
 proximal log-probs, critic values) without grad.
@@ -16,7 +19,7 @@ proximal log-probs, critic values) without grad.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
+from relax_core import kl_full
 from relax_services.engines.progress import tick
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models.deepstack import text_decoder
@@ -53,15 +57,15 @@ class TokenScores:
         mask: ``[B, L]`` float, 1 on real response tokens that are not suppressed ids.
         values: ``[B, L]`` critic values at each response position (value models only; their ``logprobs`` and
             ``entropy`` are zero).
-        dist: ``[B, L, V]`` log-probs of the whole policy distribution at each response position (``-inf`` at
-            suppressed ids; policy models, when asked for).
+        full_kl: ``[B, L]`` exact KL(π_ref ‖ π) over the vocabulary at each response position, unclamped (0 where
+            masked; policy models scored against a :class:`FrozenReference`).
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     mask: torch.Tensor
     values: torch.Tensor | None = None
-    dist: torch.Tensor | None = None
+    full_kl: torch.Tensor | None = None
 
 
 def distinct_prompts(prompts: Sequence[OmniPrompt]) -> tuple[list[OmniPrompt], torch.Tensor]:
@@ -256,6 +260,42 @@ def _prompts_end_to_end(cache: DynamicCache) -> DynamicCache:
     return DynamicCache(ddp_cache_data=layers)
 
 
+class FrozenReference:
+    """The frozen reference policy of the exact full-vocabulary KL, held by a training engine beside its policy.
+
+    Not a ``torch.nn.Module`` on purpose: as an attribute of the engine's model (or of an FSDP root) a module
+    would be registered as a submodule, and then trained, sharded and saved with the policy.
+
+    Args:
+        model: The initial checkpoint's policy (the weights the Reference service scores with); moved to
+            ``device`` in ``dtype``, put in eval mode and frozen (no parameter requires grad).
+        device: The engine's device.
+        dtype: The reference's weight dtype (``dtype_of(cfg, "reference")``: the Reference service's); None keeps
+            the model's own.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+        self.model = model.to(device, dtype).eval().requires_grad_(False)
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        """The reference's LM head (``[..., H] → [..., V]`` logits)."""
+        head: torch.nn.Module = self.model.lm_head  # type: ignore[assignment]
+        return head
+
+    def hidden(
+        self,
+        prompts: Sequence[OmniPrompt],
+        responses: Sequence[torch.Tensor],
+        suppressed_ids: Sequence[int],
+        device: torch.device | str,
+    ) -> torch.Tensor:
+        """``[B, L, H]`` final states of the reference at the response positions (:class:`_ResponseStates`), without
+        grad: position ``(b, j)`` predicts response token ``j`` of row ``b``."""
+        with torch.no_grad():
+            return _ResponseStates.compute(self.model, prompts, responses, suppressed_ids, device).hidden
+
+
 def score_responses(
     model: torch.nn.Module,
     prompts: Sequence[OmniPrompt],
@@ -264,7 +304,7 @@ def score_responses(
     suppressed_ids: Sequence[int] = (),
     device: torch.device | str = "cpu",
     *,
-    with_dist: bool = False,
+    reference: FrozenReference | None = None,
     chunk_tokens: int = SCORING_CHUNK_TOKENS,
     packed: bool = False,
 ) -> TokenScores:
@@ -281,10 +321,9 @@ def score_responses(
         temperature: Temperature the responses were sampled at (0 means 1).
         suppressed_ids: Ids outside the support: the checkpoint's never-sample ids (media placeholders included).
         device: Device of ``model``.
-        with_dist: Also return the whole ``[B, L, V]`` log-distributions (``dist``); the log-probs and entropy are
-            then read from them. Without it they are computed ``chunk_tokens`` tokens at a time
-            (:func:`token_scores`) and no ``[B, L, V]`` tensor exists.
-        chunk_tokens: Tokens per LM-head chunk without ``with_dist``.
+        reference: With a frozen reference policy, also the exact per-token KL(π_ref ‖ π) over the vocabulary
+            (``full_kl``, :func:`token_scores_with_kl`); the reference's states are computed without grad.
+        chunk_tokens: Tokens per LM-head chunk (:func:`token_scores`); no ``[B, L, V]`` tensor exists.
         packed: Run the responses packed into one row instead of right-padded (:func:`check_packing`); the same
             scores to float rounding.
 
@@ -294,20 +333,24 @@ def score_responses(
     states = _ResponseStates.compute(model, prompts, responses, suppressed_ids, device, packed)
     valid = states.valid
     lm_head: torch.nn.Module = model.lm_head  # type: ignore[assignment]
-    if not with_dist:
+    if reference is None:
         token_logp, entropy = token_scores(
             lm_head, states.hidden, states.targets, valid, temperature, suppressed_ids, chunk_tokens
         )
         return TokenScores(logprobs=token_logp, entropy=entropy, mask=valid.float())
-    logp_all = policy_logprobs(lm_head(states.hidden), temperature, suppressed_ids)  # [B, L, V]
-    token_logp, entropy = _pick_and_entropy(logp_all, states.targets)  # [B, L] each
-    zero = torch.zeros((), device=device)
-    return TokenScores(
-        logprobs=torch.where(valid, token_logp, zero),
-        entropy=torch.where(valid, entropy, zero),
-        mask=valid.float(),
-        dist=logp_all,
+    ref_hidden = reference.hidden(prompts, responses, suppressed_ids, device)  # [B, L, H], no grad
+    token_logp, entropy, kl = token_scores_with_kl(
+        lm_head,
+        states.hidden,
+        reference.lm_head,
+        ref_hidden,
+        states.targets,
+        valid,
+        temperature,
+        suppressed_ids,
+        chunk_tokens,
     )
+    return TokenScores(logprobs=token_logp, entropy=entropy, mask=valid.float(), full_kl=kl)
 
 
 def token_scores(
@@ -344,31 +387,90 @@ def token_scores(
     Raises:
         ValueError: If ``chunk_tokens`` < 1.
     """
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    flat_hidden = hidden[valid]  # [N, H], row-major like masked_scatter below
-    flat_targets = targets[valid]  # [N]
-    n = flat_targets.shape[0]
-    # With grad, recompute each chunk in the backward instead of saving its [chunk, V] activations; the chunk
-    # draws no random numbers, so there is no RNG state to replay.
-    recompute = torch.is_grad_enabled()
 
-    def score(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def score(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logp_all = policy_logprobs(lm_head(x), temperature, suppressed_ids)  # [chunk, V]
         return _pick_and_entropy(logp_all, t)
 
-    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    token_logp, entropy = _chunked(score, (hidden, targets), valid, chunk_tokens)
+    return token_logp, entropy
+
+
+def token_scores_with_kl(
+    lm_head: torch.nn.Module,
+    hidden: torch.Tensor,
+    ref_head: torch.nn.Module,
+    ref_hidden: torch.Tensor,
+    targets: torch.Tensor,
+    valid: torch.Tensor,
+    temperature: float = 1.0,
+    suppressed_ids: Sequence[int] = (),
+    chunk_tokens: int = SCORING_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`token_scores` and the exact KL(π_ref ‖ π) over the vocabulary at each position, a chunk at a time.
+
+    Each chunk of ``chunk_tokens`` valid positions builds the policy's ``[chunk, V]`` log-probs from ``hidden`` and
+    the reference's from ``ref_hidden`` (both :func:`~relax_services.engines.sampling.policy_logprobs`: the same
+    temperature and support) and keeps relax-core's :func:`~relax_core.kl_full` of them, unclamped (the loss
+    clamps it with ``algorithm.kl_clamp``): the same formula, direction and handling of ids off the reference's
+    support, on fewer rows. With grad the chunk is recomputed in the backward, as in :func:`token_scores`, so
+    memory is a few ``[chunk, V]`` tensors whatever the number of tokens. The reference side carries no gradient.
+
+    Args:
+        lm_head: The policy's LM head.
+        hidden: ``[B, L, H]`` policy states; position ``(b, j)`` predicts ``targets[b, j]``.
+        ref_head: The reference's LM head (frozen).
+        ref_hidden: ``[B, L, H']`` reference states at the same positions (no grad).
+        targets, valid, temperature, suppressed_ids, chunk_tokens: As in :func:`token_scores`.
+
+    Returns:
+        ``(logprobs [B, L], entropy [B, L], full_kl [B, L])``, 0 where not ``valid``; ``full_kl`` is
+        differentiable w.r.t. ``hidden`` and the policy's head.
+
+    Raises:
+        ValueError: If ``chunk_tokens`` < 1.
+    """
+
+    def score(x: torch.Tensor, t: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logp_all = policy_logprobs(lm_head(x), temperature, suppressed_ids)  # [chunk, V]
+        with torch.no_grad():
+            ref_all = policy_logprobs(ref_head(r), temperature, suppressed_ids)  # [chunk, V]
+        kl = kl_full(logp_all[None], ref_all[None].to(logp_all.dtype), clamp=None)[0]  # [chunk]
+        return (*_pick_and_entropy(logp_all, t), kl)
+
+    token_logp, entropy, kl = _chunked(score, (hidden, targets, ref_hidden.detach()), valid, chunk_tokens)
+    return token_logp, entropy, kl
+
+
+def _chunked(
+    score: Callable[..., tuple[torch.Tensor, ...]],
+    per_position: tuple[torch.Tensor, ...],
+    valid: torch.Tensor,
+    chunk_tokens: int,
+) -> list[torch.Tensor]:
+    """``score`` over the valid positions, ``chunk_tokens`` at a time, its ``[chunk]`` outputs scattered back to
+    ``[B, L]`` (0 where not ``valid``).
+
+    ``per_position`` holds ``[B, L, ...]`` tensors; ``score`` takes their ``[chunk, ...]`` rows and returns
+    ``[chunk]`` tensors. With grad, each chunk's activations are not saved for the backward but recomputed there
+    (activation checkpointing per chunk); the chunk draws no random numbers, so there is no RNG state to replay.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    flat = [x[valid] for x in per_position]  # [N, ...] each, row-major like masked_scatter below
+    n = flat[0].shape[0]
+    recompute = torch.is_grad_enabled()
+    parts: list[tuple[torch.Tensor, ...]] = []
     for start in range(0, max(n, 1), chunk_tokens):  # one empty chunk when n == 0 keeps the graph connected
         tick()
-        x, t = flat_hidden[start : start + chunk_tokens], flat_targets[start : start + chunk_tokens]
+        args = [x[start : start + chunk_tokens] for x in flat]
         if recompute:
-            out = checkpoint(score, x, t, use_reentrant=False, preserve_rng_state=False)
-            parts.append((out[0], out[1]))
+            parts.append(tuple(checkpoint(score, *args, use_reentrant=False, preserve_rng_state=False)))
         else:
-            parts.append(score(x, t))
-    flat_logp, flat_entropy = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N]
-    zeros = flat_logp.new_zeros(valid.shape)  # [B, L]
-    return zeros.masked_scatter(valid, flat_logp), zeros.masked_scatter(valid, flat_entropy)
+            parts.append(score(*args))
+    outputs = [torch.cat(column) for column in zip(*parts, strict=True)]  # [N] each
+    zeros = outputs[0].new_zeros(valid.shape)  # [B, L]
+    return [zeros.masked_scatter(valid, out) for out in outputs]
 
 
 def _pick_and_entropy(logp_all: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

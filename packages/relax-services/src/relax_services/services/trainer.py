@@ -14,7 +14,6 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from relax_core import (
@@ -70,8 +69,6 @@ def trainer_fields(cfg: RunConfig) -> list[str]:
     fields = ["prompt", "meta", "response", "logprobs", "token_versions", "reward", "reward_error"]
     if cfg.algorithm.uses_reference:
         fields.append("ref_logprobs")
-        if cfg.algorithm.kl_estimator == "full":
-            fields.append("ref_dist")
     if cfg.algorithm.uses_critic:
         fields.append("values")
     return fields
@@ -137,9 +134,6 @@ def build_train_samples(
         fields = {"old_logprobs": old_logprobs[i, :n], "advantages": adv[i, :n]}
         if ref is not None:
             fields["ref_logprobs"] = ref[i, :n]
-        if "ref_dist" in row:
-            # [n, V]; a numpy array from the queue (maybe read-only): copied into a tensor of its own
-            fields["ref_dist"] = torch.from_numpy(np.array(row["ref_dist"], dtype=np.float32))
         if proximal_logprobs is not None:
             fields["proximal_logprobs"] = proximal_logprobs[i, :n]
         if version is not None:
@@ -213,8 +207,7 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
             proximal_logprobs=proximal,
             ref_logprobs=inputs.fields.get("ref_logprobs"),
             entropy=inputs.entropy,
-            logprob_dist=inputs.dist,
-            ref_dist=inputs.fields.get("ref_dist"),
+            full_kl=inputs.full_kl,  # the engine's, summed over the vocabulary where the logits are
         )
         current = inputs.fields.get(CURRENT_VERSION_FIELD)
         before = inputs.fields.get("proximal_logprobs", inputs.logprobs.detach() if one_step else None)

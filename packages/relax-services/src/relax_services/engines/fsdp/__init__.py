@@ -64,4 +64,6 @@ def build_trainer_group(
     )
     factory = PolicyFactory(cfg.model) if model is None else _GivenModel(model)
     shard = FSDPConfig(**cfg.trainer.fsdp.model_dump())
-    return TrainerGroup(factory, train, shard, group=group, placement=placement)
+    # The full KL's reference: the initial checkpoint on every rank (not the given weights), as the Reference loads it.
+    reference = PolicyFactory(cfg.model) if train.full_kl else None
+    return TrainerGroup(factory, train, shard, group=group, placement=placement, reference_factory=reference)

@@ -128,9 +128,17 @@ class _TrainerRank:
         )
         return f"{host}:{self._store.port}"
 
-    def join(self, address: str, model_factory: ModelFactory, config: TorchTrainConfig, fsdp: FSDPConfig) -> str:
-        """Join the process group through rank 0's store at ``address`` and build this rank's engine; returns the
-        plan text read back from the mesh it built (:func:`~relax_services.engines.trainer_plan.realised_plan_text`)."""
+    def join(
+        self,
+        address: str,
+        model_factory: ModelFactory,
+        config: TorchTrainConfig,
+        fsdp: FSDPConfig,
+        reference_factory: ModelFactory | None = None,
+    ) -> str:
+        """Join the process group through rank 0's store at ``address`` and build this rank's engine (with its own
+        copy of the full KL's reference, built by ``reference_factory``); returns the plan text read back from the
+        mesh it built (:func:`~relax_services.engines.trainer_plan.realised_plan_text`)."""
         from relax_services.engines.trainer_plan import realised_plan_text
 
         if self.group.backend == "nccl":  # Ray made this rank's GPUs its visible devices: the first is its own
@@ -151,7 +159,8 @@ class _TrainerRank:
         # Rank 0 alone loads the checkpoint when the factory can build an empty model: the others receive its weights.
         empty = getattr(model_factory, "empty", None)
         model = empty() if self.rank != 0 and callable(empty) else model_factory()
-        self.engine = FSDPTrainEngine(model, config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh)
+        reference = reference_factory() if reference_factory is not None and config.full_kl else None
+        self.engine = FSDPTrainEngine(model, config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh, reference=reference)
         return realised_plan_text(self.group.layout, self.group.backend, mesh)
 
     @property
@@ -174,8 +183,8 @@ class _TrainerRank:
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.engine.compute_logprobs(batch)
 
-    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
-        return self.engine.compute_scores(batch, with_dist)
+    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
+        return self.engine.compute_scores(batch)
 
     def policy_state(self) -> dict[str, torch.Tensor] | None:
         state = self.engine.policy_state(keep=self.rank == 0)  # every rank gathers; rank 0 alone keeps a copy
@@ -235,6 +244,8 @@ class TrainerGroup:
         group: World size, backend, timeout and resources.
         placement: Where each rank goes (its GPUs and placement-group bundle, which override
             ``group.num_gpus_per_rank``); None: Ray places the ranks by ``group``'s resources.
+        reference_factory: With ``config.full_kl``, builds each rank's frozen reference (the initial checkpoint,
+            picklable); None: each rank copies the model it builds (which rank 0's meta-device peers cannot).
     """
 
     def __init__(
@@ -244,6 +255,7 @@ class TrainerGroup:
         fsdp: FSDPConfig | None = None,
         group: TrainerGroupConfig | None = None,
         placement: RankOptions | None = None,
+        reference_factory: ModelFactory | None = None,
     ) -> None:
         import ray
 
@@ -264,7 +276,8 @@ class TrainerGroup:
         start = self.group.start_timeout_s
         address = str(self._call("open_store", timeout_s=start, ranks=1)[0])
         train, shard = config or TorchTrainConfig(), fsdp or FSDPConfig()
-        self.plan_text: str = str(self._call("join", address, model_factory, train, shard, timeout_s=start)[0])
+        joined = self._call("join", address, model_factory, train, shard, reference_factory, timeout_s=start)
+        self.plan_text: str = str(joined[0])
         """The layout this group realised, as rank 0 read it back from its ``DeviceMesh`` and process groups (the
         text ``relax plan`` prints for the run config that built the group)."""
         logger.info("trainer group started:\n%s", self.plan_text)
@@ -299,12 +312,12 @@ class TrainerGroup:
         result: tuple[torch.Tensor, torch.Tensor] = self._call("compute_logprobs", ray.put(list(batch)))[0]
         return result
 
-    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
-        """Per-token log-probs, mask and (``with_dist``) the whole distributions of the batch, every rank scoring
-        its share (rank 0's gathered answer)."""
+    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """Per-token log-probs, entropy and mask of the batch, every rank scoring its share (rank 0's gathered
+        answer)."""
         import ray
 
-        scores: TokenScores = self._call("compute_scores", ray.put(list(batch)), with_dist)[0]
+        scores: TokenScores = self._call("compute_scores", ray.put(list(batch)))[0]
         return scores
 
     def policy_state(self) -> dict[str, torch.Tensor]:

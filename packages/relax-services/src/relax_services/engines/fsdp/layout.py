@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from relax_services.engines.scoring import score_responses, score_values
+from relax_services.engines.scoring import FrozenReference, score_responses, score_values
 from relax_services.engines.torch.train import TorchTrainConfig
 from relax_services.models.inputs import OmniPrompt
 from relax_services.models.value import ValueModel
@@ -63,19 +63,29 @@ def shard_group(mesh: DeviceMesh, tp_mesh: DeviceMesh | None) -> dist.ProcessGro
 
 class ScoringRoot(torch.nn.Module):
     """FSDP root: its forward is the scoring of a micro-batch, so the root group's parameters (embeddings,
-    encoders, LM head) are gathered for exactly that computation."""
+    encoders, LM head) are gathered for exactly that computation.
 
-    def __init__(self, policy: torch.nn.Module, config: TorchTrainConfig, device: torch.device) -> None:
+    The full KL's frozen reference is a plain attribute (:class:`FrozenReference` is not a module), so
+    ``fully_shard`` of the root neither shards nor gathers it: each rank scores with its own whole copy."""
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        config: TorchTrainConfig,
+        device: torch.device,
+        reference: FrozenReference | None = None,
+    ) -> None:
         super().__init__()
         self.policy = policy
         self._config = config
         self._device = device
+        self._reference = reference
 
     def forward(
-        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor], with_dist: bool = False
+        self, prompts: Sequence[OmniPrompt], responses: Sequence[torch.Tensor], full_kl: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Scores one micro-batch: ``(logprobs, entropy, mask, values, dist)``, each ``[B, L]`` (``dist``
-        ``[B, L, V]`` log-probs; ``values`` only for a critic, ``dist`` only for a policy ``with_dist``)."""
+        """Scores one micro-batch: ``(logprobs, entropy, mask, values, full_kl)``, each ``[B, L]`` (``values`` only
+        for a critic, ``full_kl`` only for a policy asked for it, with the reference)."""
         # A tuple of tensors, not a dataclass, so that FSDP's hooks see the outputs.
         if isinstance(self.policy, ValueModel):
             s = score_values(
@@ -89,8 +99,8 @@ class ScoringRoot(torch.nn.Module):
                 self._config.temperature,
                 self._config.suppressed_ids,
                 self._device,
-                with_dist=with_dist,
+                reference=self._reference if full_kl else None,
                 chunk_tokens=self._config.scoring_chunk_tokens,
                 packed=self._config.packing,
             )
-        return s.logprobs, s.entropy, s.mask, s.values, s.dist
+        return s.logprobs, s.entropy, s.mask, s.values, s.full_kl

@@ -42,6 +42,7 @@ from relax_services.engines.torch.train import (
     autocast_context,
     autocast_enabled,
     backward_micro_batch,
+    frozen_reference,
     rescale_by_units,
     units_of_step,
 )
@@ -143,6 +144,13 @@ class FSDPTrainEngine:
         tp_mesh: A 1-D tensor-parallel mesh (the same parent mesh as ``mesh``): the decoder blocks are split over
             it (:mod:`~relax_services.engines.fsdp.tensor_parallel`) before FSDP shards over ``mesh``; its ranks
             train on the same data. None: no tensor parallelism.
+        reference: With ``config.full_kl``, the frozen reference policy (the initial checkpoint) this rank holds;
+            None takes a copy of ``model`` (which must then hold its weights, not the meta device's). Every rank
+            keeps its own whole copy in ``config.reference_dtype``, not a shard: the reference only runs forwards
+            without grad (no gradients, no optimizer state: 2 bytes a parameter in bfloat16, an eighth of what one
+            trained parameter costs unsharded), and a whole copy needs no collective at all, where a sharded one
+            would all-gather every block's weights again in each micro-batch's reference forward. A model too
+            large for one rank's copy is a case for sharding it the same way as the policy.
 
     Attributes:
         group, rank, world_size: The data-parallel group (``mesh``'s), this rank in it and its size: batch
@@ -162,6 +170,7 @@ class FSDPTrainEngine:
         fsdp: FSDPConfig | None = None,
         mesh: DeviceMesh | None = None,
         tp_mesh: DeviceMesh | None = None,
+        reference: torch.nn.Module | None = None,
     ) -> None:
         if mesh is None and not dist.is_initialized():
             raise RuntimeError(
@@ -186,6 +195,9 @@ class FSDPTrainEngine:
         self.shard_group = shard_group(mesh, self.tp_mesh)
         self.shard_rank = dist.get_rank(self.shard_group)
         empty = any(p.is_meta for p in model.parameters())
+        if self.config.full_kl and reference is None and empty:
+            raise ValueError("FSDPTrainEngine: a rank built on the meta device needs the full KL's reference model")
+        reference_copy = frozen_reference(self.config, self.device, model, reference)
         from_rank0 = self._any_rank(empty)
         if from_rank0 and self.shard_rank == 0 and empty:
             raise ValueError("FSDPTrainEngine: rank 0 of the group must hold the weights the other ranks receive")
@@ -201,7 +213,7 @@ class FSDPTrainEngine:
                 buffers = {name: value.detach() for name, value in model.named_buffers()}
             model = _to_meta(model)
         self.model = model if from_rank0 else model.to(self.device)
-        self.root = ScoringRoot(self.model, self.config, self.device)
+        self.root = ScoringRoot(self.model, self.config, self.device, reference_copy)
         if self.tp_mesh is not None:
             from relax_services.engines.fsdp.tensor_parallel import parallelize_decoder
 
@@ -292,14 +304,14 @@ class FSDPTrainEngine:
     def _autocast(self) -> AbstractContextManager[object]:
         return autocast_context(self.config, self.device)
 
-    def score(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+    def score(self, batch: Sequence[TrainSample], full_kl: bool = False) -> TokenScores:
         """Forward over one of this rank's micro-batches (collective: every rank scores one at the same time); the
-        whole ``[B, L, V]`` log-distributions only ``with_dist``."""
+        per-token full KL only ``full_kl`` (with the frozen reference)."""
         with self._autocast():
-            logprobs, entropy, mask, values, dist_ = self.root(
-                [s.prompt for s in batch], [s.response_ids for s in batch], with_dist
+            logprobs, entropy, mask, values, kl = self.root(
+                [s.prompt for s in batch], [s.response_ids for s in batch], full_kl
             )
-        return TokenScores(logprobs=logprobs, entropy=entropy, mask=mask, values=values, dist=dist_)
+        return TokenScores(logprobs=logprobs, entropy=entropy, mask=mask, values=values, full_kl=kl)
 
     # -- sharding of a batch over the ranks ----------------------------------------------------------------------
 
@@ -339,18 +351,17 @@ class FSDPTrainEngine:
         scores = self._score_without_grad(batch)
         return scores.logprobs, scores.mask
 
-    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
-        """:class:`TokenScores` of the whole batch on CPU, without grad; ``[B, L, V]`` distributions only
-        ``with_dist``."""
-        return self._score_without_grad(batch, with_dist)
+    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """:class:`TokenScores` (log-probs, entropy, mask) of the whole batch on CPU, without grad."""
+        return self._score_without_grad(batch)
 
-    def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+    def _score_without_grad(self, batch: Sequence[TrainSample]) -> TokenScores:
         pin_intra_op_threads(self.config.intra_op_threads)
         share = self._share(batch, "score")
         was_training = self.model.training
         self.root.eval()
         with torch.no_grad():
-            parts = [self.score(micro, with_dist) for micro in self._micro_batches(share)]
+            parts = [self.score(micro) for micro in self._micro_batches(share)]
         self.root.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
         length = int(self._all_reduce(torch.tensor([float(length)]), dist.ReduceOp.MAX)[0])
@@ -360,13 +371,11 @@ class FSDPTrainEngine:
             return self._all_gather(local).cpu()
 
         has_values = parts[0].values is not None
-        dists = [p.dist for p in parts if p.dist is not None]
         return TokenScores(
             logprobs=gather([p.logprobs for p in parts]),
             entropy=gather([p.entropy for p in parts]),
             mask=gather([p.mask for p in parts]),
             values=gather([p.values for p in parts if p.values is not None]) if has_values else None,
-            dist=gather(dists) if dists else None,
         )
 
     def step(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
@@ -457,7 +466,7 @@ class FSDPTrainEngine:
         for micro in micro_batches:
             weight = sum(counts[offset : offset + len(micro)]) / total
             offset += len(micro)
-            units.append(backward_micro_batch(loss_fn, micro, self.score(micro, self.config.score_dist), weight, local))
+            units.append(backward_micro_batch(loss_fn, micro, self.score(micro, self.config.full_kl), weight, local))
         local_units = units_of_step(units)
         # Summed with the metrics (every rank joins that collective whatever form its loss returned).
         local["_units"] = local_units or 0.0

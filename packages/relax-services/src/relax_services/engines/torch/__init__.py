@@ -3,6 +3,7 @@ optimizer settings."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from relax_services.config.devices import device_of, dtype_of, trainer_autocast
@@ -34,18 +35,23 @@ def build_train_engine(
     and dtype (the Reference builds one to score with). ``placement`` is the group engines'; one process has its
     own already."""
     del placement
-    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_config(cfg, role))
+    config = train_config(cfg, role)
+    # The full KL's frozen reference: the initial checkpoint, loaded as the Reference service's engine loads it.
+    reference = build_policy(cfg.model) if config.full_kl else None
+    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), config, reference)
 
 
 def build_value_engine(cfg: RunConfig, role: str = "trainer") -> TorchValueEngine:
     """The critic's engine: the policy's initial weights plus a zero value head, the run's optimizer settings, on
     ``role``'s device (the Trainer trains one, the Critic scores with one)."""
-    return TorchValueEngine(build_value_model(build_policy(cfg.model)), train_config(cfg, role))
+    config = dataclasses.replace(train_config(cfg, role), full_kl=False)  # a critic has no KL term
+    return TorchValueEngine(build_value_model(build_policy(cfg.model)), config)
 
 
 def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
     """The engine settings a run config gives every training engine (the FSDP2 group's ranks included), on the
-    device and in the weight dtype of ``role`` (the Trainer's, or a scoring role's: the Reference, the Critic)."""
+    device and in the weight dtype of ``role`` (the Trainer's, or a scoring role's: the Reference, the Critic).
+    Only the Trainer's policy engine holds the full KL's frozen reference (in the Reference service's dtype)."""
     opt = cfg.optimizer
     weighting: Literal["tokens", "samples"] = "tokens" if cfg.algorithm.loss_agg_mode == "token-mean" else "samples"
     return TorchTrainConfig(
@@ -69,7 +75,8 @@ def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
         min_lr_ratio=opt.min_lr_ratio,
         temperature=cfg.rollout.temperature,
         suppressed_ids=checkpoint_of(cfg.model).tokens.never_sample,
-        score_dist=cfg.algorithm.uses_full_kl,  # the loss's full-vocabulary KL reads LossInputs.dist
+        full_kl=cfg.algorithm.uses_full_kl and role == "trainer",  # the loss's exact KL reads LossInputs.full_kl
+        reference_dtype=dtype_of(cfg, "reference"),
         seed=cfg.trainer.seed,
         scoring_chunk_tokens=cfg.trainer.scoring_chunk_tokens,
         intra_op_threads=threads_of(cfg),

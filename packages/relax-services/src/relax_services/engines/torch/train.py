@@ -21,6 +21,7 @@ from relax_services.engines.micro_batches import (
 from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
 from relax_services.engines.scoring import (
     SCORING_CHUNK_TOKENS,
+    FrozenReference,
     TokenScores,
     check_packing,
     score_responses,
@@ -65,10 +66,13 @@ class TorchTrainConfig:
         min_lr_ratio: Floor of the decaying schedules as a fraction of ``lr``.
         temperature: Sampling temperature of the responses; log-probs use ``logits / temperature``.
         suppressed_ids: Ids outside the policy's support (never sampled); masked out of the loss.
-        score_dist: Hand the loss the policy's whole ``[B, L, V]`` log-distributions (``LossInputs.dist``) in
-            training steps. Only the full-vocabulary KL reads them (:func:`train_config` sets this from
-            ``algorithm.uses_full_kl``); without it scoring computes the per-token log-probs and entropy
-            ``scoring_chunk_tokens`` tokens at a time and never holds a ``[B, L, V]`` tensor.
+        full_kl: Hold a frozen reference policy (:class:`~relax_services.engines.scoring.FrozenReference`) and
+            hand the loss the exact per-token KL(π_ref ‖ π) over the vocabulary (``LossInputs.full_kl``) in
+            training steps, summed ``scoring_chunk_tokens`` tokens at a time where the policy's logits are
+            (:func:`~relax_services.engines.scoring.token_scores_with_kl`); :func:`train_config` sets it from
+            ``algorithm.uses_full_kl``. Scoring never holds a ``[B, L, V]`` tensor either way.
+        reference_dtype: Weight dtype of the frozen reference with ``full_kl`` (the Reference service's,
+            ``dtype_of(cfg, "reference")``: bfloat16 on CUDA by default); None keeps the model's own.
         scoring_chunk_tokens: Response tokens per LM-head chunk when scoring
             (:data:`~relax_services.engines.scoring.SCORING_CHUNK_TOKENS`).
         autocast: ``"auto"`` uses bf16 autocast on a CUDA device that supports it, never on CPU;
@@ -101,7 +105,8 @@ class TorchTrainConfig:
     min_lr_ratio: float = 0.0
     temperature: float = 1.0
     suppressed_ids: tuple[int, ...] = ()
-    score_dist: bool = False
+    full_kl: bool = False
+    reference_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     scoring_chunk_tokens: int = SCORING_CHUNK_TOKENS
     autocast: Literal["auto", "bf16", "off"] = "auto"
     device: str = "cpu"
@@ -111,10 +116,11 @@ class TorchTrainConfig:
 
     def __post_init__(self) -> None:
         check_threads("TorchTrainConfig", self.intra_op_threads)
-        if self.param_dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"TorchTrainConfig.param_dtype must be 'float32', 'bfloat16' or 'float16', got {self.param_dtype!r}"
-            )
+        for name in ("param_dtype", "reference_dtype"):
+            if getattr(self, name) not in (None, "float32", "bfloat16", "float16"):
+                raise ValueError(
+                    f"TorchTrainConfig.{name} must be 'float32', 'bfloat16' or 'float16', got {getattr(self, name)!r}"
+                )
         if self.lr <= 0:
             raise ValueError(f"TorchTrainConfig.lr must be > 0, got {self.lr}")
         if self.micro_batch_size < 1:
@@ -172,12 +178,22 @@ class TorchTrainEngine:
     Args:
         model: The policy to train (moved to ``config.device`` in ``config.param_dtype``).
         config: Optimizer and loss settings.
+        reference: With ``config.full_kl``, the frozen reference policy: the initial checkpoint, loaded as the
+            Reference service loads it (:func:`~relax_services.engines.torch.build_train_engine` passes it); None
+            takes a copy of ``model`` as handed in (its initial weights). Held in ``config.reference_dtype`` on the
+            engine's device, in eval mode, without grad.
+
+    Raises:
+        ValueError: If ``reference`` is given without ``config.full_kl``.
     """
 
-    def __init__(self, model: torch.nn.Module, config: TorchTrainConfig | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, config: TorchTrainConfig | None = None, reference: torch.nn.Module | None = None
+    ) -> None:
         self.config = config or TorchTrainConfig()
         torch.manual_seed(self.config.seed)
         self.device = torch.device(self.config.device)
+        self.reference = frozen_reference(self.config, self.device, model, reference)
         dtype = None if self.config.param_dtype is None else getattr(torch, self.config.param_dtype)
         self.model = model.to(self.device, dtype)
         if self.config.packing:
@@ -205,9 +221,9 @@ class TorchTrainEngine:
     def _autocast(self) -> AbstractContextManager[object]:
         return autocast_context(self.config, self.device)
 
-    def score(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
-        """Forward over one micro-batch: response log-probs, entropy, mask and (``with_dist``) the whole
-        ``[B, L, V]`` log-distributions (grad follows the caller)."""
+    def score(self, batch: Sequence[TrainSample], full_kl: bool = False) -> TokenScores:
+        """Forward over one micro-batch: response log-probs, entropy, mask and (``full_kl``, with the frozen
+        reference) the per-token full KL (grad follows the caller)."""
         with self._autocast():
             return score_responses(
                 self.model,
@@ -216,7 +232,7 @@ class TorchTrainEngine:
                 temperature=self.config.temperature,
                 suppressed_ids=self.config.suppressed_ids,
                 device=self.device,
-                with_dist=with_dist,
+                reference=self.reference if full_kl else None,
                 chunk_tokens=self.config.scoring_chunk_tokens,
                 packed=self.config.packing,
             )
@@ -226,19 +242,17 @@ class TorchTrainEngine:
         scores = self._score_without_grad(batch)
         return scores.logprobs, scores.mask
 
-    def compute_scores(self, batch: Sequence[TrainSample], with_dist: bool = True) -> TokenScores:
-        """:class:`TokenScores` on CPU under the current weights, without grad; the whole ``[B, L, V]``
-        distributions only ``with_dist``."""
-        return self._score_without_grad(batch, with_dist)
+    def compute_scores(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """:class:`TokenScores` (log-probs, entropy, mask) on CPU under the current weights, without grad."""
+        return self._score_without_grad(batch)
 
-    def _score_without_grad(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
-        """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest).
-        The ``[B, L, V]`` distributions are computed only ``with_dist`` (a real vocabulary makes them large)."""
+    def _score_without_grad(self, batch: Sequence[TrainSample]) -> TokenScores:
+        """:meth:`score` over every micro-batch in eval mode without grad, joined on CPU (padded to the longest)."""
         pin_intra_op_threads(self.config.intra_op_threads)
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            parts = [self.score(micro, with_dist) for micro in self.config.micro_batches(batch)]
+            parts = [self.score(micro) for micro in self.config.micro_batches(batch)]
         self.model.train(was_training)
         length = max(p.mask.shape[1] for p in parts)
 
@@ -246,13 +260,11 @@ class TorchTrainEngine:
             return torch.cat([_pad_to(x, length) for x in tensors]).cpu()
 
         values = [p.values for p in parts if p.values is not None]
-        dists = [p.dist for p in parts if p.dist is not None]
         return TokenScores(
             logprobs=join([p.logprobs for p in parts]),
             entropy=join([p.entropy for p in parts]),
             mask=join([p.mask for p in parts]),
             values=join(values).float() if values else None,
-            dist=join(dists).float() if dists else None,
         )
 
     def accumulate_gradients(self, batch: Sequence[TrainSample], loss_fn: LossFn) -> dict[str, float]:
@@ -260,7 +272,7 @@ class TorchTrainEngine:
 
         The batch loss is ``Σ_m w_m · loss_fn(micro-batch m)`` with ``w_m`` the micro-batch's share of
         unmasked tokens (or samples, per ``loss_weighting``), or its share of the units the loss reports when
-        ``loss_fn`` returns :class:`LossResult`. ``LossInputs.dist`` is set only with ``config.score_dist``.
+        ``loss_fn`` returns :class:`LossResult`. ``LossInputs.full_kl`` is set only with ``config.full_kl``.
         """
         if not batch:
             raise ValueError("cannot train on an empty batch")
@@ -270,7 +282,7 @@ class TorchTrainEngine:
         weights = self._weights(micro_batches)
         totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "tokens": 0.0}
         units = [
-            backward_micro_batch(loss_fn, micro, self.score(micro, self.config.score_dist), weight, totals)
+            backward_micro_batch(loss_fn, micro, self.score(micro, self.config.full_kl), weight, totals)
             for micro, weight in zip(micro_batches, weights, strict=True)
         ]
         local_units = units_of_step(units)
@@ -372,9 +384,9 @@ class TorchValueEngine(TorchTrainEngine):
 
     model: ValueModel
 
-    def score(self, batch: Sequence[TrainSample], with_dist: bool = False) -> TokenScores:
+    def score(self, batch: Sequence[TrainSample], full_kl: bool = False) -> TokenScores:
         """Per-token values ``[B, L]`` (with grad) in place of the policy's log-probs, for the value loss (a critic
-        has no distribution: ``with_dist`` is ignored)."""
+        has no distribution: ``full_kl`` is ignored)."""
         with self._autocast():
             return score_values(
                 self.model,
@@ -390,6 +402,23 @@ class TorchValueEngine(TorchTrainEngine):
         scores = self._score_without_grad(batch)
         assert scores.values is not None, "score_values sets values"
         return scores.values, scores.mask
+
+
+def frozen_reference(
+    config: TorchTrainConfig, device: torch.device, model: torch.nn.Module, reference: torch.nn.Module | None
+) -> FrozenReference | None:
+    """The frozen reference an engine with ``config`` holds: ``reference`` (or a copy of ``model``, the policy's
+    initial weights, when None) in ``config.reference_dtype`` on ``device`` with ``config.full_kl``, else None.
+
+    Raises:
+        ValueError: If ``reference`` is given without ``config.full_kl``.
+    """
+    if not config.full_kl:
+        if reference is not None:
+            raise ValueError("a reference model is only held for the full-vocabulary KL (TorchTrainConfig.full_kl)")
+        return None
+    dtype = None if config.reference_dtype is None else getattr(torch, config.reference_dtype)
+    return FrozenReference(reference if reference is not None else copy.deepcopy(model), device, dtype)
 
 
 def autocast_enabled(config: TorchTrainConfig, device: torch.device) -> bool:
@@ -425,7 +454,7 @@ def backward_micro_batch(
         ValueError: If ``loss_fn`` does not return a scalar, or reports negative units.
     """
     fields = _stack_fields(micro, scores.mask)
-    inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.dist)
+    inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.full_kl)
     result = loss_fn(inputs)
     loss: torch.Tensor
     extra: Mapping[str, float]
