@@ -3,6 +3,7 @@ optimizer settings."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from relax_services.config.devices import device_of, dtype_of, trainer_autocast
@@ -30,10 +31,13 @@ def build_train_engine(
 ) -> TorchTrainEngine:
     """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
     weighting that keeps gradient accumulation exact for the algorithm's loss aggregation, on ``role``'s device
-    and dtype (the Reference builds one to score with). ``placement`` is the group engines'; one process has its
-    own already."""
+    and dtype (the Reference builds one to score with). The Trainer's trains ``model.lora``'s adapters when set.
+    ``placement`` is the group engines'; one process has its own already."""
     del placement
-    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), train_config(cfg, role))
+    config = train_config(cfg, role)
+    if role == "trainer" and cfg.model.lora is not None:  # a scoring role (the Reference) keeps the plain model
+        config = dataclasses.replace(config, lora=cfg.model.lora)
+    return TorchTrainEngine(model if model is not None else build_policy(cfg.model), config)
 
 
 def build_value_engine(cfg: RunConfig, role: str = "trainer") -> TorchValueEngine:
