@@ -20,7 +20,7 @@ from relax_services.models.export import export_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
 
 SUPPRESSED_IDS = open_checkpoint(DEFAULT_SOURCE).tokens.never_sample
-LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
+LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 TARGETS = (".q_proj", ".v_proj", ".down_proj")
 
 

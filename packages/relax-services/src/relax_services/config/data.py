@@ -28,8 +28,8 @@ class LoraConfig(ConfigModel):
     rank: int = pydantic.Field(default=8, ge=1)
     """Inner dimension ``r`` of ``B A``."""
 
-    alpha: float = pydantic.Field(default=16.0, gt=0.0)
-    """Scale numerator: the update is ``(alpha / rank) · B A``."""
+    alpha: int = pydantic.Field(default=16, ge=1)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (an integer, as peft's ``lora_alpha``)."""
 
     dropout: float = pydantic.Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the adapters' input while training (none while scoring). Drawn from the trainer's seeded RNG,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from peft import LoraConfig as PeftLoraConfig
+    from peft.tuners.lora import Linear as LoraLinear
 
     from relax_services.config import LoraConfig
 
@@ -79,7 +80,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
             f"model.lora.target_modules: {unknown} name no linear layer of the model "
             f"({type(model).__name__}); its linear layers are named {names}"
         )
-    head = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
+    head = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None  # type: ignore[no-untyped-call]
     if cfg.dropout > 0 and any(m is head for m in _targets(model, cfg)):
         raise ValueError(
             f"model.lora.dropout={cfg.dropout} with the LM head among model.lora.target_modules: the chunked "
@@ -96,11 +97,14 @@ def _targets(model: torch.nn.Module, cfg: LoraConfig) -> list[torch.nn.Module]:
     return [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in wanted]
 
 
-def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Dotted name → peft LoRA layer of ``model``."""
+def _lora_layers(model: torch.nn.Module) -> dict[str, LoraLinear]:
+    """Dotted name → peft LoRA layer of ``model`` (linear ones: :func:`apply_lora` targets linear layers only)."""
+    from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.lora import LoraLayer
 
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    assert all(isinstance(m, LoraLinear) for m in layers.values()), "adapters on linear layers only"
+    return {name: m for name, m in layers.items() if isinstance(m, LoraLinear)}
 
 
 def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -127,7 +131,7 @@ def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _owning_layer(owner: str, layers: Mapping[str, torch.nn.Module]) -> str | None:
+def _owning_layer(owner: str, layers: Mapping[str, object]) -> str | None:
     """The name of the LoRA layer whose subtree holds module ``owner`` (a tensor's owner), or None."""
     parts = owner.split(".")
     for end in range(len(parts), 0, -1):
