@@ -16,6 +16,7 @@ import torch
 
 from relax_services.control.checkpoint import CheckpointManager
 from relax_services.control.colocated import ColocatedController, check_colocated
+from relax_services.engines.torch import build_train_engine
 from relax_services.models.policy import build_policy
 from relax_services.reporting.footprint import update_split
 from relax_services.reporting.metrics import read_metrics
@@ -59,6 +60,39 @@ def test_colocated_tau0_equals_sequential_trainer(small_config, sequential_weigh
 
     split = update_split(run_dir / "metrics.jsonl")
     assert split is not None and split.updates == STEPS
+
+
+@pytest.mark.integration
+def test_colocated_tau0_with_lora_equals_sequential_trainer(small_config, sequential_weights, tmp_path: Path) -> None:
+    """``model.lora``: the checkpoint holds the adapters alone, and merged into the frozen weights they are the
+    synchronous trainer's weights bit for bit."""
+    cfg = small_config(
+        "run.mode=colocated",
+        "staleness.tau=0",
+        f"trainer.total_steps={STEPS}",
+        "data.adaptive_weights=false",
+        "data.tasks=[image, text]",
+        "algorithm.kl_coef=0.0",
+        "model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj, o_proj]}",
+    )
+    result, run_dir = _run(cfg, tmp_path)
+    assert result.steps == STEPS
+    assert result.staleness_hist == {0: STEPS * cfg.samples_per_step}
+    latest = CheckpointManager(run_dir / "checkpoints").latest()
+    assert latest is not None
+    state = CheckpointManager.load_engine(latest)
+    assert state["version"] == STEPS
+    assert state["model"] and all(".lora_A." in k or ".lora_B." in k for k in state["model"])
+    resumed = build_train_engine(cfg)
+    resumed.load_state_dict(state)
+    merged = resumed.policy_state()
+
+    expected = sequential_weights(cfg, tmp_path / "sequential", STEPS)
+    initial = build_policy(cfg.model).state_dict()
+    trained = [k for k in expected if not torch.equal(initial[k], expected[k])]
+    assert trained and all(k.endswith(("q_proj.weight", "v_proj.weight", "o_proj.weight")) for k in trained)
+    mismatched = [k for k in expected if not torch.equal(merged[k], expected[k])]
+    assert not mismatched, f"{len(mismatched)} tensors differ, e.g. {mismatched[:3]}"
 
 
 @pytest.mark.integration

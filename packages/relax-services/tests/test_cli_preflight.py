@@ -194,3 +194,13 @@ def test_dry_run_places_without_loading_a_model_or_writing_a_run_folder(tmp_path
     cuda, err = _cli("train", "--dry-run", f"run.output_dir={out}", "run.device=cuda")
     assert cuda["rc"] == 2
     assert "relax train: run.device='cuda', but Ray reports no GPU; use run.device=cpu or auto" in err
+
+
+def test_lora_target_the_model_lacks_fails_before_heavy_imports_naming_its_layers(tmp_path: Path) -> None:
+    """The names are read from the model built on the meta device in a child process (the driver stays light)."""
+    out = tmp_path / "runs"
+    probe, err = _cli("train", f"run.output_dir={out}", "model.lora.target_modules=[q_proj,qkv]")
+    assert probe == {"rc": 2, "heavy": []}, err[-2000:]
+    assert "relax train: model.lora.target_modules: ['qkv'] name no linear layer of the model" in err
+    assert "'down_proj'" in err and "'q_proj'" in err and "Traceback" not in err
+    assert not out.exists()

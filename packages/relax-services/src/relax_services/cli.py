@@ -80,17 +80,28 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
     from relax_services.models._light import CheckpointError
-    from relax_services.models.source_check import check_source
+    from relax_services.models.source_check import check_source, linear_layer_names
 
     if cfg.run.mode == "colocated":  # this process imports the model stack next: as every Ray worker does first
         from relax_services.hosting.worker_setup import keep_triton_out
 
         keep_triton_out()
 
+    in_process = cfg.run.mode == "colocated"
     try:  # the model folder's contents (architecture, sizes, tokenizer) before a run folder, Ray or any service
         # Distributed: in a child process, as this one never imports the model stack; colocated: here, where the
-        # services import it anyway.
-        check_source(cfg.model.source, cfg.model.seed, in_process=cfg.run.mode == "colocated")
+        # services import it anyway. With model.lora the same check also reads the model's linear layer names.
+        if cfg.model.lora is None:
+            check_source(cfg.model.source, cfg.model.seed, in_process=in_process)
+        else:
+            names = linear_layer_names(cfg.model.source, cfg.model.seed, in_process=in_process)
+            if unknown := [t for t in cfg.model.lora.target_modules if t not in names]:
+                print(
+                    f"relax train: model.lora.target_modules: {unknown} name no linear layer of the model; its "
+                    f"linear layers are named {names}",
+                    file=sys.stderr,
+                )
+                return 2
     except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import pydantic
 
 from relax_core import ConfigModel, DataFileSpec, RowSchema
 
-__all__ = ["DEFAULT_MODEL_SOURCE", "DEFAULT_TASKS", "DataConfig", "ModelConfig", "TaskName"]
+__all__ = ["DEFAULT_MODEL_SOURCE", "DEFAULT_TASKS", "DataConfig", "LoraConfig", "ModelConfig", "TaskName"]
 
 TaskName = Literal["image", "audio", "video", "text", "audio_video"]
 DEFAULT_TASKS: tuple[TaskName, ...] = ("image", "audio", "video", "text")
@@ -18,6 +18,30 @@ DEFAULT_TASKS: tuple[TaskName, ...] = ("image", "audio", "video", "text")
 
 DEFAULT_MODEL_SOURCE = "tiny-omni"
 """``model.source`` of the default run: the tiny omni thinker's checkpoint, written once into the cache."""
+
+
+class LoraConfig(ConfigModel):
+    """Low-rank adapters (LoRA, Hu et al. 2021) on the policy, through peft: each target linear layer ``W`` of shape
+    ``[out, in]`` trains as ``W + (alpha / rank) · B A`` with ``A`` ``[rank, in]`` and ``B`` ``[out, rank]``
+    (``B`` starts at zero, so the run starts from the checkpoint's weights); ``W`` stays frozen."""
+
+    rank: int = pydantic.Field(default=8, ge=1)
+    """Inner dimension ``r`` of ``B A``."""
+
+    alpha: int = pydantic.Field(default=16, ge=1)
+    """Scale numerator: the update is ``(alpha / rank) · B A`` (an integer, as peft's ``lora_alpha``)."""
+
+    dropout: float = pydantic.Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training (none while scoring). Drawn from the trainer's seeded RNG,
+    which checkpoints hold, so a resumed run draws the same masks."""
+
+    target_modules: list[str] = pydantic.Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    """Names of the linear layers that get adapters: every ``nn.Linear`` whose own name (the last part of its
+    dotted path) is listed, in the text decoder and, where they share a name, in the media encoders (the default
+    also reaches the audio encoder's ``q_proj``/``k_proj``/``v_proj``). A name the model has no linear layer of is
+    refused when the trainer builds its engine, with the names the model has."""
 
 
 class ModelConfig(ConfigModel):
@@ -35,6 +59,14 @@ class ModelConfig(ConfigModel):
     export_hf: bool = True
     """Also write each checkpoint's policy (and critic) in Hugging Face format, in its ``hf`` folder (weights as
     safetensors, plus the model folder's tokenizer and processor files); ``relax export`` does it afterwards."""
+
+    lora: LoraConfig | None = None
+    """Train low-rank adapters instead of every weight (``model.lora.rank=16``, or ``model.lora={}`` for the
+    defaults); None: full fine-tuning. The Trainer optimises the adapters only; rollout engines and the Reference
+    receive merged weights under the model's own names; checkpoints hold the adapters; the Hugging Face export
+    writes the merged model and the adapter in peft's format (``hf/adapter``). The single-process trainer only
+    (``trainer.world_size=1``); the critic and the format warm-up train every weight.
+    """
 
 
 class DataConfig(ConfigModel):

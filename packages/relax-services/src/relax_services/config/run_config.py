@@ -27,7 +27,7 @@ from relax_core import (
     off_policy_alternatives,
     read_yaml_mapping,
 )
-from relax_services.config.data import DEFAULT_MODEL_SOURCE, DataConfig, ModelConfig
+from relax_services.config.data import DEFAULT_MODEL_SOURCE, DataConfig, LoraConfig, ModelConfig
 from relax_services.config.data import DEFAULT_TASKS as DEFAULT_TASKS
 from relax_services.config.data import TaskName as TaskName
 from relax_services.config.reward import RunRewardConfig
@@ -53,6 +53,7 @@ __all__ = [
     "EvalConfig",
     "FaultSpec",
     "HealthConfig",
+    "LoraConfig",
     "ModelConfig",
     "QueueSettings",
     "ReferenceConfig",

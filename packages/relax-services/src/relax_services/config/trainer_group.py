@@ -75,6 +75,12 @@ def check_trainer_group(cfg: RunConfig) -> None:
                 f"faults: kind 'kill_rank' hits a rank of the Trainer group (service: trainer, trainer.engine in "
                 f"{sorted(GROUP_TRAIN_ENGINES)}); got service {fault.service!r}, trainer.engine={trainer.engine!r}"
             )
+    if cfg.model.lora is not None and trainer.engine in GROUP_TRAIN_ENGINES:
+        raise ValueError(
+            f"model.lora trains adapters in the single-process trainer only; trainer.world_size={world} "
+            f"(trainer.engine={trainer.engine!r}) shards the policy over a group of ranks: use trainer.world_size=1 "
+            "or full fine-tuning (model.lora=null)"
+        )
     tp = trainer.tensor_parallel
     if tp > 1 and trainer.engine not in GROUP_TRAIN_ENGINES:
         raise ValueError(

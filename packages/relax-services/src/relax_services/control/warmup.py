@@ -64,6 +64,8 @@ def format_warmup(
             "trainer": cfg.trainer.model_copy(update={"minibatches": 1, "ppo_epochs": 1}),
             # The warm-up's loss has no KL term: its engine scores as a run without one (no whole distributions).
             "algorithm": cfg.algorithm.model_copy(update={"kl_coef": 0.0}),
+            # Every weight: the folder it writes is a plain model, the RL run's base (its adapters start there).
+            "model": cfg.model.model_copy(update={"lora": None}),
         }
     )
     engine = build_train_engine(warm_cfg, build_policy(cfg.model))

@@ -79,6 +79,7 @@ UNREAD_FIELDS: dict[str, dict[str, str]] = {
     "model": {
         "source": "the checkpoint folder enters as its files' digest, not its path",
         "export_hf": "read by the trainer's checkpoints only",
+        "lora": "replaced by None: the warm-up trains every weight",
     },
     "optimizer": {
         "lr": "replaced by trainer.warmup_lr",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from relax_services._files import ENGINE_FILE
 from relax_services.models.checkpoint import copy_side_files, open_checkpoint
+from relax_services.models.lora import ADAPTER_FOLDER, apply_lora, load_adapter_state, merged_state, save_adapter
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -37,7 +38,9 @@ def export_checkpoint(checkpoint_dir: str | Path, model: ModelConfig, out_dir: s
     ``out_dir`` gets the policy's ``config.json``, ``generation_config.json``, ``model.safetensors`` and the model
     folder's tokenizer / chat template / processor files; with a critic, ``out_dir/critic`` gets the critic's
     backbone the same way plus ``value_head.safetensors``. Written beside and renamed into place, so ``out_dir``
-    is complete or absent.
+    is complete or absent. With ``model.lora`` the checkpoint holds adapters: ``out_dir`` gets the merged model
+    (``W + (alpha / rank) · B A``, a plain checkpoint folder) and ``out_dir/adapter`` the adapters in peft's format
+    (``peft.PeftModel.from_pretrained(base, out_dir / "adapter")``).
 
     Args:
         checkpoint_dir: A run checkpoint folder (``checkpoints/step_N``): its trainer engine state is read.
@@ -55,7 +58,13 @@ def export_checkpoint(checkpoint_dir: str | Path, model: ModelConfig, out_dir: s
     ckpt = open_checkpoint(model.source, model.seed)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    _save(ckpt.load_model(), state["model"], ckpt.path, tmp)
+    if model.lora is None:
+        _save(ckpt.load_model(), state["model"], ckpt.path, tmp)
+    else:  # the checkpoint holds adapters: the merged model, and the adapters in peft's format beside it
+        adapted = apply_lora(ckpt.load_model(), model.lora)
+        load_adapter_state(adapted, state["model"])
+        _save(ckpt.load_model(), merged_state(adapted), ckpt.path, tmp)
+        save_adapter(adapted, model.lora, tmp / ADAPTER_FOLDER, ckpt.path)
     critic = state.get("critic")
     if critic is not None:
         weights = critic["model"]

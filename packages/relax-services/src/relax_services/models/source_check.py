@@ -17,7 +17,7 @@ from pathlib import Path
 
 from relax_services.models._light import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["check_source"]
+__all__ = ["check_source", "linear_layer_names"]
 
 _ERRORS: dict[str, type[CheckpointError]] = {"not_found": CheckpointNotFoundError, "invalid": CheckpointError}
 """The child's error kind → the error raised here (an unsupported architecture is an invalid checkpoint)."""
@@ -46,8 +46,28 @@ def check_source(source: str | Path, seed: int = 0, *, in_process: bool = False)
 def _check(source: str, seed: int, in_process: bool) -> Path:
     if in_process or "transformers" in sys.modules:  # the model stack is (or will be) here: no child to pay for
         return _answer(_main(source, seed))
+    return _answer(_in_child(source, seed))
+
+
+def linear_layer_names(source: str | Path, seed: int = 0, *, in_process: bool = False) -> list[str]:
+    """:func:`check_source`, and the own names of the linear layers of ``model.source``'s model (what
+    ``model.lora.target_modules`` may name), read from a model built on the meta device (no weights), in one child
+    process unless ``in_process``.
+
+    Raises:
+        CheckpointError: As :func:`check_source`.
+    """
+    if in_process or "transformers" in sys.modules:
+        verdict = _linear_names(str(source), int(seed))
+    else:
+        verdict = _in_child(str(source), int(seed), "--linear-names")
+    _answer(verdict)
+    return json.loads(verdict["linear_names"])  # type: ignore[no-any-return]
+
+
+def _in_child(source: str, seed: int, *flags: str) -> dict[str, str]:
     out = subprocess.run(
-        [sys.executable, "-m", "relax_services.models.source_check", source, str(seed)],
+        [sys.executable, "-m", "relax_services.models.source_check", *flags, source, str(seed)],
         capture_output=True,
         text=True,
         check=False,
@@ -56,7 +76,7 @@ def _check(source: str, seed: int, in_process: bool) -> Path:
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"checking model.source={source!r} failed in its child process:\n{out.stderr[-3000:]}")
     verdict: dict[str, str] = json.loads(lines[-1])
-    return _answer(verdict)
+    return verdict
 
 
 def _answer(verdict: dict[str, str]) -> Path:
@@ -76,5 +96,20 @@ def _main(source: str, seed: int) -> dict[str, str]:
         return {"error": "invalid", "message": str(exc)}
 
 
+def _linear_names(source: str, seed: int) -> dict[str, str]:
+    verdict = _main(source, seed)
+    if "path" not in verdict:
+        return verdict
+    from relax_services.config import ModelConfig
+    from relax_services.models.lora import linear_names
+    from relax_services.models.policy import empty_policy
+
+    names = linear_names(empty_policy(ModelConfig(source=source, seed=seed)))
+    return {**verdict, "linear_names": json.dumps(names)}
+
+
 if __name__ == "__main__":
-    print(json.dumps(_main(sys.argv[1], int(sys.argv[2]))), flush=True)
+    if sys.argv[1] == "--linear-names":
+        print(json.dumps(_linear_names(sys.argv[2], int(sys.argv[3]))), flush=True)
+    else:
+        print(json.dumps(_main(sys.argv[1], int(sys.argv[2]))), flush=True)

@@ -32,12 +32,14 @@ def build_train_engine(
 ) -> TorchTrainEngine:
     """``trainer.engine=torch``: the run's optimizer settings, micro-batches of whole groups, and a loss
     weighting that keeps gradient accumulation exact for the algorithm's loss aggregation, on ``role``'s device
-    and dtype (the Reference builds one to score with). ``placement`` is the group engines'; one process has its
-    own already."""
+    and dtype (the Reference builds one to score with). The Trainer's trains ``model.lora``'s adapters when set.
+    ``placement`` is the group engines'; one process has its own already."""
     del placement
     config = train_config(cfg, role)
     # The full KL's frozen reference: the initial checkpoint, loaded as the Reference service's engine loads it.
     reference = build_policy(cfg.model) if config.full_kl else None
+    if role == "trainer" and cfg.model.lora is not None:  # a scoring role (the Reference) keeps the plain model
+        config = dataclasses.replace(config, lora=cfg.model.lora)
     return TorchTrainEngine(model if model is not None else build_policy(cfg.model), config, reference)
 
 

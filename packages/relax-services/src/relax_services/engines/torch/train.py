@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -27,7 +27,11 @@ from relax_services.engines.scoring import (
     score_responses,
     score_values,
 )
+from relax_services.models.lora import adapter_state, apply_lora, load_adapter_state, merged_state
 from relax_services.models.value import ValueModel
+
+if TYPE_CHECKING:
+    from relax_services.config import LoraConfig
 
 LossWeighting = Literal["tokens", "samples"]
 
@@ -86,6 +90,10 @@ class TorchTrainConfig:
             update and scoring call (None: the process's own setting). CPU reductions are split per thread, so
             the same update gives other bits at another count: a fixed count is what makes two processes (the
             Trainer service, a synchronous reference loop) compute identical weights.
+        lora: Train low-rank adapters injected into the model (:func:`~relax_services.models.lora.apply_lora`,
+            drawn after seeding) instead of every weight: the optimizer holds the adapters only,
+            :meth:`~TorchTrainEngine.policy_state` gives the merged weights under the plain model's names and the
+            checkpoint state holds the adapters. None: full fine-tuning.
     """
 
     lr: float = 3e-4
@@ -113,6 +121,7 @@ class TorchTrainConfig:
     param_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     seed: int = 0
     intra_op_threads: int | None = DEFAULT_INTRA_OP_THREADS
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         check_threads("TorchTrainConfig", self.intra_op_threads)
@@ -195,6 +204,8 @@ class TorchTrainEngine:
         self.device = torch.device(self.config.device)
         self.reference = frozen_reference(self.config, self.device, model, reference)
         dtype = None if self.config.param_dtype is None else getattr(torch, self.config.param_dtype)
+        if self.config.lora is not None:
+            model = apply_lora(model, self.config.lora)
         self.model = model.to(self.device, dtype)
         if self.config.packing:
             check_packing(self.model.thinker if isinstance(self.model, ValueModel) else self.model)
@@ -334,16 +345,20 @@ class TorchTrainEngine:
         return metrics
 
     def policy_state(self) -> dict[str, torch.Tensor]:
-        """Detached CPU copies of the weights (safe to publish while training continues)."""
+        """Detached CPU copies of the weights (safe to publish while training continues); with ``config.lora`` the
+        adapters merged in, under the plain model's names (:func:`~relax_services.models.lora.merged_state`)."""
+        if self.config.lora is not None:
+            return merged_state(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, scheduler, torch RNG states and version (copies, not views of live state)."""
+        """Model, optimizer, scheduler, torch RNG states and version (copies, not views of live state). With
+        ``config.lora`` the model entry is the adapters alone (the frozen weights are the checkpoint folder's)."""
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
-            "model": self.policy_state(),
+            "model": self.policy_state() if self.config.lora is None else adapter_state(self.model),
             # The optimizer's state dict holds its live moment tensors, which later steps update in place.
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
@@ -353,7 +368,10 @@ class TorchTrainEngine:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`."""
-        self.model.load_state_dict(state["model"], strict=True)
+        if self.config.lora is None:
+            self.model.load_state_dict(state["model"], strict=True)
+        else:
+            load_adapter_state(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])

@@ -1,0 +1,184 @@
+"""LoRA (``model.lora``) in the torch training engine: only the adapters train, the published weights are the
+frozen ones plus ``(alpha / rank) · B A`` computed here by hand, the export is that merged model plus a peft adapter
+folder, and a resumed engine continues bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from relax_services.config import LoraConfig, ModelConfig, load_run_config
+from relax_services.control.checkpoint import ENGINE_FILE
+from relax_services.engines import LossInputs, TorchTrainConfig, TorchTrainEngine, TrainSample
+from relax_services.engines.torch import build_train_engine
+from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
+from relax_services.models.export import export_checkpoint
+from relax_services.models.synthetic import synthetic_prompt
+
+SUPPRESSED_IDS = open_checkpoint(DEFAULT_SOURCE).tokens.never_sample
+LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+TARGETS = (".q_proj", ".v_proj", ".down_proj")
+
+
+def _samples(n: int = 4, seed: int = 0) -> list[TrainSample]:
+    """Every modality, so the adapters of the audio and vision encoders get gradients too."""
+    gen = torch.Generator().manual_seed(seed)
+    kinds = ["image", "audio", "text", "video"]
+    out = []
+    for i in range(n):
+        prompt = synthetic_prompt(kinds[i % 4], [12 + i, 48], gen)
+        response = torch.randint(12, 48, (3 + 2 * i,), generator=gen)
+        response[-1] = 2  # eos
+        out.append(TrainSample(prompt, response, {"advantages": torch.randn(response.shape, generator=gen)}))
+    return out
+
+
+def _pg(inputs: LossInputs) -> torch.Tensor:
+    return -(inputs.logprobs * inputs.fields["advantages"] * inputs.mask).sum() / inputs.mask.sum()
+
+
+def _engine(lora: LoraConfig = LORA, seed: int = 0) -> TorchTrainEngine:
+    cfg = TorchTrainConfig(suppressed_ids=SUPPRESSED_IDS, lr=1e-2, grad_clip=0.0, seed=seed, lora=lora)
+    return TorchTrainEngine(build_tiny_omni(0), cfg)
+
+
+def _base_name(adapted_name: str) -> str:
+    return adapted_name.replace(".base_layer.", ".")
+
+
+def _adapted_layers(engine: TorchTrainEngine) -> list[str]:
+    """Dotted names (plain model's) of the layers that carry adapters."""
+    return sorted(n.removesuffix(".lora_A.default.weight") for n, _ in engine.model.named_parameters() if "lora_A" in n)
+
+
+def test_only_adapter_parameters_train_and_the_base_weights_keep_their_bits() -> None:
+    engine = _engine()
+    base = build_tiny_omni(0).state_dict()
+    trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+    optimised = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    assert optimised == {id(p) for n, p in engine.model.named_parameters() if n in trainable}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    layers = _adapted_layers(engine)
+    assert layers and all(name.endswith(TARGETS) for name in layers)
+    # Every linear layer of these names got one, in the decoder and the encoders alike.
+    expected = sorted(n for n, m in build_tiny_omni(0).named_modules() if n.endswith(TARGETS))
+    assert layers == expected
+    before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    for _ in range(3):
+        engine.step(_samples(), _pg)
+    after = dict(engine.model.named_parameters())
+    for name, value in before.items():
+        if name in trainable:
+            continue
+        assert torch.equal(after[name], value), name
+        assert torch.equal(after[name], base[_base_name(name)]), name  # and those are the checkpoint's
+    changed = [n for n in trainable if not torch.equal(after[n], before[n])]
+    assert sorted(changed) == sorted(trainable)  # every adapter saw a gradient (all four modalities)
+
+
+def test_published_weights_are_base_plus_scaled_BA_under_the_plain_names() -> None:
+    engine = _engine()
+    for _ in range(2):
+        engine.step(_samples(), _pg)
+    base = build_tiny_omni(0).state_dict()
+    published = engine.policy_state()
+    assert list(published) == list(base)  # the plain model's names, in its order: rollout engines load it as is
+    params = dict(engine.model.named_parameters())
+    scale = LORA.alpha / LORA.rank  # 2.0, a power of two: the scaling itself is exact in float32
+    u = 2.0**-24  # float32 unit roundoff
+    adapted = {f"{name}.weight" for name in _adapted_layers(engine)}
+    for key, value in published.items():
+        if key not in adapted:
+            assert torch.equal(value, base[key]), key  # not adapted: the frozen bits
+            continue
+        layer = key.removesuffix(".weight")
+        a = params[f"{layer}.lora_A.default.weight"].detach().double()  # [r, in]
+        b = params[f"{layer}.lora_B.default.weight"].detach().double()  # [out, r]
+        w = base[key].double()  # [out, in]
+        exact = w + scale * (b @ a)  # [out, in], float64: exact to ~1e-16 relative
+        # float32 B @ A of inner length r errs by at most γ_r Σ_k |B_ik||A_kj| (γ_r = r·u / (1 − r·u)); adding
+        # W rounds once more, by at most u·|result|.
+        gamma = LORA.rank * u / (1 - LORA.rank * u)
+        bound = scale * gamma * (b.abs() @ a.abs()) + u * exact.abs() * (1 + 2 * gamma)
+        assert (b != 0).any(), key  # B trained away from zero: the check has something to find
+        err = (value.double() - exact).abs()
+        assert (err <= bound).all(), (key, float((err - bound).max()))
+        assert not torch.equal(value, base[key]), key
+
+
+def test_checkpoint_holds_adapters_and_a_resumed_engine_continues_bit_for_bit() -> None:
+    lora = LORA.model_copy(update={"dropout": 0.25})  # dropout draws from the RNG the checkpoint restores
+    batches = [_samples(seed=s) for s in range(4)]
+    a = _engine(lora)
+    for batch in batches[:2]:
+        a.step(batch, _pg)
+    saved = a.state_dict()
+    assert set(saved["model"]) == {n for n, p in a.model.named_parameters() if p.requires_grad}
+    for batch in batches[2:]:
+        a.step(batch, _pg)
+    # Another seed draws other initial adapters and dropout masks: everything must come from the checkpoint.
+    b = _engine(lora, seed=7)
+    b.load_state_dict(saved)
+    assert b.version == 2
+    for batch in batches[2:]:
+        b.step(batch, _pg)
+    for (name, wa), wb in zip(a.policy_state().items(), b.policy_state().values(), strict=True):
+        assert torch.equal(wa, wb), name
+    with pytest.raises(ValueError, match=r"model\.lora changed"):
+        _engine(LORA.model_copy(update={"target_modules": ["q_proj"]})).load_state_dict(saved)
+
+
+def test_export_writes_the_merged_model_and_a_peft_adapter(tmp_path: Path) -> None:
+    from peft import PeftModel
+
+    engine = _engine()
+    for _ in range(2):
+        engine.step(_samples(), _pg)
+    folder = tmp_path / "checkpoints" / "step_00000002"
+    folder.mkdir(parents=True)
+    torch.save(engine.state_dict(), folder / ENGINE_FILE)
+    out = export_checkpoint(folder, ModelConfig(lora=LORA), tmp_path / "hf")
+    merged = engine.policy_state()
+    plain = AutoModelForImageTextToText.from_pretrained(out, local_files_only=True)
+    loaded = plain.state_dict()
+    assert set(loaded) == set(merged)
+    for key, value in merged.items():
+        assert torch.equal(loaded[key], value), key
+    peft_model = PeftModel.from_pretrained(build_tiny_omni(0), out / "adapter")
+    adapters = {n.removeprefix("base_model.model."): p for n, p in peft_model.named_parameters() if "lora_" in n}
+    trained = {n: p for n, p in engine.model.named_parameters() if p.requires_grad}
+    assert set(adapters) == set(trained)
+    for name, p in trained.items():
+        assert torch.equal(adapters[name], p), name
+    assert peft_model.peft_config["default"].r == LORA.rank
+    assert peft_model.peft_config["default"].lora_alpha == LORA.alpha
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(pydantic.ValidationError, match="rank"):
+        ModelConfig.model_validate({"lora": {"rank": 0}})
+    with pytest.raises(pydantic.ValidationError, match="target_modules"):
+        ModelConfig.model_validate({"lora": {"target_modules": []}})
+    with pytest.raises(ValueError, match=r"\['qkv'\] name no linear layer.*'down_proj'.*'q_proj'"):
+        _engine(LoraConfig(target_modules=["q_proj", "qkv"]))
+    with pytest.raises(ValueError, match="LM head"):
+        _engine(LoraConfig(target_modules=["lm_head"], dropout=0.1))
+    with pytest.raises(ValueError, match=r"model\.lora.*trainer\.world_size=2"):
+        load_run_config(None, ["model.lora={}", "trainer.world_size=2"])
+
+
+def test_run_config_gives_the_trainer_adapters_and_the_reference_the_plain_model() -> None:
+    cfg = load_run_config(None, ["model.lora.rank=2", "model.lora.target_modules=[o_proj]"])
+    assert cfg.model.lora == LoraConfig(rank=2, target_modules=["o_proj"])
+    trainer = build_train_engine(cfg)
+    assert trainer.config.lora == cfg.model.lora
+    assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == {
+        f"model.layers.{i}.self_attn.o_proj.lora_{ab}.default.weight" for i in range(2) for ab in "AB"
+    }
+    reference = build_train_engine(cfg, role="reference")
+    assert reference.config.lora is None
+    assert not any("lora_" in n for n, _ in reference.model.named_parameters())
