@@ -47,8 +47,10 @@ def test_generation_ticks_per_decode_step_and_scoring_per_lm_head_chunk() -> Non
     valid = torch.ones(3, 5, dtype=torch.bool)
     valid[2, 3:] = False  # 13 positions to score
     with reporting_progress(count):
-        token_scores(head, torch.randn(3, 5, 4), torch.zeros(3, 5, dtype=torch.long), valid, chunk_tokens=4)
-    assert ticks[0] == 4  # ceil(13 / 4) chunks
+        logp, _ = token_scores(head, torch.randn(3, 5, 4), torch.zeros(3, 5, dtype=torch.long), valid, chunk_tokens=4)
+        assert ticks[0] == 4  # ceil(13 / 4) chunks
+        logp.sum().backward()
+    assert ticks[0] == 8  # and each chunk again when the backward recomputes it
 
 
 class _LongStep(ServiceBase):

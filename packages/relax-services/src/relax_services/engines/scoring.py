@@ -460,14 +460,18 @@ def _chunked(
     flat = [x[valid] for x in per_position]  # [N, ...] each, row-major like masked_scatter below
     n = flat[0].shape[0]
     recompute = torch.is_grad_enabled()
+
+    def ticking(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tick()  # in the forward and again in the backward's recomputation (CPU autograd runs on this thread)
+        return score(*args)
+
     parts: list[tuple[torch.Tensor, ...]] = []
     for start in range(0, max(n, 1), chunk_tokens):  # one empty chunk when n == 0 keeps the graph connected
-        tick()
         args = [x[start : start + chunk_tokens] for x in flat]
         if recompute:
-            parts.append(tuple(checkpoint(score, *args, use_reentrant=False, preserve_rng_state=False)))
+            parts.append(tuple(checkpoint(ticking, *args, use_reentrant=False, preserve_rng_state=False)))
         else:
-            parts.append(score(*args))
+            parts.append(ticking(*args))
     outputs = [torch.cat(column) for column in zip(*parts, strict=True)]  # [N] each
     zeros = outputs[0].new_zeros(valid.shape)  # [B, L]
     return [zeros.masked_scatter(valid, out) for out in outputs]

@@ -18,6 +18,7 @@ from relax_services.engines.micro_batches import (
     split_micro_batches,
     token_budget_micro_batches,
 )
+from relax_services.engines.progress import tick
 from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
 from relax_services.engines.scoring import (
     SCORING_CHUNK_TOKENS,
@@ -487,6 +488,7 @@ def backward_micro_batch(
     if loss.ndim != 0:
         raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
     torch.autograd.backward(loss * weight)
+    tick()  # a micro-batch done: progress for the service that runs this update
     totals["loss"] += weight * float(loss.detach())
     totals["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
     totals["tokens"] += float(scores.mask.sum())
