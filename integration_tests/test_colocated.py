@@ -24,6 +24,17 @@ from relax_services.reporting.metrics import read_metrics
 STEPS = 3
 
 
+TAU0 = (
+    "run.mode=colocated",
+    "staleness.tau=0",
+    f"trainer.total_steps={STEPS}",
+    "data.adaptive_weights=false",
+    "data.tasks=[image, text]",
+    "algorithm.kl_coef=0.0",
+)
+"""The colocated τ = 0 run both equivalence tests compare with the sequential trainer."""
+
+
 def _run(cfg: object, tmp_path: Path) -> tuple[object, Path]:
     run_dir = tmp_path / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -33,12 +44,7 @@ def _run(cfg: object, tmp_path: Path) -> tuple[object, Path]:
 @pytest.mark.integration
 def test_colocated_tau0_equals_sequential_trainer(small_config, sequential_weights, tmp_path: Path) -> None:
     cfg = small_config(
-        "run.mode=colocated",
-        "staleness.tau=0",
-        f"trainer.total_steps={STEPS}",
-        "data.adaptive_weights=false",
-        "data.tasks=[image, text]",
-        "algorithm.kl_coef=0.0",
+        *TAU0,
     )
     ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # another test's session, if any
     result, run_dir = _run(cfg, tmp_path)
@@ -67,12 +73,7 @@ def test_colocated_tau0_with_lora_equals_sequential_trainer(small_config, sequen
     """``model.lora``: the checkpoint holds the adapters alone, and merged into the frozen weights they are the
     synchronous trainer's weights bit for bit."""
     cfg = small_config(
-        "run.mode=colocated",
-        "staleness.tau=0",
-        f"trainer.total_steps={STEPS}",
-        "data.adaptive_weights=false",
-        "data.tasks=[image, text]",
-        "algorithm.kl_coef=0.0",
+        *TAU0,
         "model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj, o_proj]}",
     )
     result, run_dir = _run(cfg, tmp_path)
