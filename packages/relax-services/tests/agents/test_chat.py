@@ -98,7 +98,7 @@ def test_turns_extend_each_other_exactly_with_qwen_tool_calls(qwen_tokenizer: ob
     # the delta of two tool results is Qwen's grouped <tool_response> user turn, after the eos's newline
     history: list[Message] = [{"role": "user", "content": "q"}]
     assistant: Message = {"role": "assistant", "content": '<tool_call>\n{"name": "add", "arguments": {"a": 1}}'}
-    new: list[Message] = [{"role": "tool", "name": "add", "content": "2"}, {"role": "tool", "name": "add", "content": "3"}]
+    new: list[Message] = [{"role": "tool", "name": "add", "content": c} for c in ("2", "3")]
     expected = (
         "\n<|im_start|>user\n<tool_response>\n2\n</tool_response>\n<tool_response>\n3\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"

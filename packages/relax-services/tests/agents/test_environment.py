@@ -111,9 +111,7 @@ def test_a_module_class_loads_like_a_file(tmp_path: Path, monkeypatch: pytest.Mo
         ("class Other:\n    pass\n", ["has no class 'Env'"]),
     ],
 )
-def test_a_bad_environment_is_refused_naming_file_and_method(
-    tmp_path: Path, source: str, named: list[str]
-) -> None:
+def test_a_bad_environment_is_refused_naming_file_and_method(tmp_path: Path, source: str, named: list[str]) -> None:
     path = tmp_path / "bad_env.py"
     path.write_text(source)
     with pytest.raises(EnvironmentSpecError) as info:
@@ -129,7 +127,7 @@ def test_a_missing_file_or_module_is_named(tmp_path: Path) -> None:
         load_environment(f"{tmp_path / 'absent.py'}:Env")
     with pytest.raises(EnvironmentSpecError, match="importing module 'no_such_module_xyz' failed"):
         load_environment("no_such_module_xyz:Env")
-    with pytest.raises(EnvironmentSpecError, match="expected 'path/to/file.py:Class'"):
+    with pytest.raises(EnvironmentSpecError, match=r"expected 'path/to/file\.py:Class'"):
         load_environment("just_a_name")
 
 
