@@ -112,7 +112,8 @@ def check_tokens(tokenizer: Any, env: EnvironmentSpec, ep: Episode, version: int
         start += length
     assert ep.counters.env_tokens == ep.mask.count(0)
     assert ep.counters.turns == sum(m for m, _ in runs)  # one run of policy tokens per assistant turn
-    whole = tokenizer.encode(tokenizer.apply_chat_template(ep.messages, tools=env.schemas(), tokenize=False), add_special_tokens=False)
+    text = tokenizer.apply_chat_template(ep.messages, tools=env.schemas(), tokenize=False)
+    whole = tokenizer.encode(text, add_special_tokens=False)
     ours = ep.prompt_ids + ep.token_ids
     if ep.finish_reason in ("stop", "max_turns"):
         assert whole == [*ours, *tokenizer.encode("\n", add_special_tokens=False)]  # the template's newline after eos
@@ -149,7 +150,7 @@ def test_tool_calls_and_their_failures_are_answered_and_counted(qwen_tokenizer: 
 
 def test_a_group_has_one_environment_per_episode(qwen_tokenizer: Any, scripted_engine: Any, write_env) -> None:
     source = TOOL_ENV.replace("return 0.5", "return float(len(self.seen))").replace(
-        "return \"got \" + text", "self.seen = [*getattr(self, 'seen', []), text]\n        return \"got \" + text"
+        'return "got " + text', "self.seen = [*getattr(self, 'seen', []), text]\n        return \"got \" + text"
     )
     env = write_env(source)
     engine = scripted_engine(qwen_tokenizer, script_of({"c": [call("echo", text="x"), "ok"]}))
@@ -209,19 +210,18 @@ def test_the_bounds(qwen_tokenizer: Any, scripted_engine: Any, write_env) -> Non
     scripts = {"turns": [call("echo", text="a")] * 5, "big": [call("big"), "ok"], "long": ["abcdefghij" * 30]}
     engine = scripted_engine(qwen_tokenizer, script_of(scripts))
     rows = [{"q": q} for q in scripts]
-    (turns,), (big,), (long,) = run(
-        qwen_tokenizer, engine, env, rows, max_turns=2, max_tool_output_tokens=20
-    )
+    (turns,), (big,), (long,) = run(qwen_tokenizer, engine, env, rows, max_turns=2, max_tool_output_tokens=20)
     assert (turns.finish_reason, turns.counters.turns, turns.counters.tool_calls) == ("max_turns", 2, 2)
     assert turns.mask[-1] == 1  # nothing follows the last turn
     cut = next(m["content"] for m in big.messages if m["role"] == "tool")
     assert cut == "a" * 10 + "\n... 180 tokens cut ...\n" + "z" * 10
-    assert (long.finish_reason, len(long.token_ids), long.mask) == ("length", 200, [1] * 200)  # no eos: the turn ends it
+    # a turn without its eos ends the episode
+    assert (long.finish_reason, len(long.token_ids), long.mask) == ("length", 200, [1] * 200)
 
     # the episode budget: the second turn gets what is left of it, and ends without its eos
     budget = len(engine.prompts[1][0]) - len(engine.prompts[0][0]) + 5
     engine = scripted_engine(qwen_tokenizer, script_of({"turns": [call("echo", text="a")] * 5}))
-    (ep,), = run(qwen_tokenizer, engine, env, [{"q": "turns"}], max_turns=4, max_episode_tokens=budget)
+    ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "turns"}], max_turns=4, max_episode_tokens=budget)
     assert (ep.finish_reason, len(ep.token_ids), ep.counters.turns) == ("length", budget, 2)
     assert engine.calls[1][1].max_new_tokens == 5
 
@@ -234,7 +234,7 @@ def test_a_template_break_at_a_turn_ends_the_episode(qwen_tokenizer: Any, script
     )
     env = write_env(TOOL_ENV)
     engine = scripted_engine(tokenizer, script_of({"t": [call("echo", text="a"), "<think>r</think>" + call("boom")]}))
-    (ep,), = run(tokenizer, engine, env, [{"q": "t"}])
+    ((ep,),) = run(tokenizer, engine, env, [{"q": "t"}])
     assert (ep.finish_reason, ep.counters.turns) == ("template", 2)
     assert "family qwen2" in str(ep.error)
     assert ep.mask[-1] == 1  # the tool's answer to the second turn is not appended
@@ -243,14 +243,15 @@ def test_a_template_break_at_a_turn_ends_the_episode(qwen_tokenizer: Any, script
 def test_to_completion_carries_the_mask(qwen_tokenizer: Any, scripted_engine: Any, write_env) -> None:
     env = write_env(TOOL_ENV)
     engine = scripted_engine(qwen_tokenizer, script_of({"m": [call("echo", text="a"), "ok"]}))
-    (ep,), = run(qwen_tokenizer, engine, env, [{"q": "m"}])
+    ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "m"}])
     if "mask" in {f.name for f in dataclasses.fields(Completion)}:
         completion = ep.to_completion()
         assert completion.mask == ep.mask  # type: ignore[attr-defined]
-        assert (completion.token_ids, completion.logprobs, completion.versions) == (ep.token_ids, ep.logprobs, ep.versions)
+        assert (completion.token_ids, completion.logprobs) == (ep.token_ids, ep.logprobs)
+        assert completion.versions == ep.versions
     else:
         with pytest.raises(NotImplementedError, match="no per-token mask"):
             ep.to_completion()
-    single = Episode(token_ids=[5, 2], logprobs=[-1.0, -2.0], sampling_logprobs=[-1.0, -2.0], versions=[0, 0], mask=[1, 1])
-    single.finish_reason = "stop"
+    single = Episode(token_ids=[5, 2], logprobs=[-1.0, -2.0], sampling_logprobs=[-1.0, -2.0], versions=[0, 0])
+    single.mask, single.finish_reason = [1, 1], "stop"
     assert single.to_completion().token_ids == [5, 2]
