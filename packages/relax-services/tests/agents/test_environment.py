@@ -139,3 +139,16 @@ def test_rollout_env_is_a_config_field_made_absolute(tmp_path: Path, monkeypatch
     assert RunConfig.model_validate({"rollout": {"env": "pkg.envs:Env"}}).rollout.env == "pkg.envs:Env"
     with pytest.raises(ValueError, match="env_failure"):
         RunConfig.model_validate({"rollout": {"env_failure": "drop"}})
+
+
+def test_the_readme_example_loads(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Multi-turn environments and tools", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "calculator.py").write_text(code)
+    spec = load_environment(f"{tmp_path / 'calculator.py'}:Calculator")
+    assert list(spec.tools) == ["add"] and spec.has_reward and spec.has_close and not spec.has_step
+    env = spec.new()
+    env.reset({"question": "1+2?", "reward_model": {"ground_truth": "3"}})  # type: ignore[attr-defined]
+    env.add(1, 2)  # type: ignore[attr-defined]
+    assert env.reward() == 1.0  # type: ignore[attr-defined]
