@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_services.agents import EnvironmentSpec, EnvironmentSpecError, load_environment
+from relax_services.agents import AgentConfig, EnvironmentSpec, EnvironmentSpecError, load_environment
 from relax_services.config import RunConfig
 
 WriteEnv = Callable[..., EnvironmentSpec]
@@ -136,6 +136,8 @@ def test_rollout_env_is_a_config_field_made_absolute(tmp_path: Path, monkeypatch
     cfg = RunConfig.model_validate({"rollout": {"env": "envs/tools.py:Env", "max_turns": 3, "env_failure": "requeue"}})
     assert cfg.rollout.env == f"{tmp_path / 'envs' / 'tools.py'}:Env"
     assert (cfg.rollout.max_turns, cfg.rollout.env_failure) == (3, "requeue")
+    agent = AgentConfig.from_rollout(cfg.rollout)
+    assert (agent.max_turns, agent.env_failure, agent.max_new_tokens) == (3, "requeue", cfg.rollout.max_new_tokens)
     assert RunConfig.model_validate({"rollout": {"env": "pkg.envs:Env"}}).rollout.env == "pkg.envs:Env"
     with pytest.raises(ValueError, match="env_failure"):
         RunConfig.model_validate({"rollout": {"env_failure": "drop"}})

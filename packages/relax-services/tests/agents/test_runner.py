@@ -255,3 +255,36 @@ def test_to_completion_carries_the_mask(qwen_tokenizer: Any, scripted_engine: An
     single = Episode(token_ids=[5, 2], logprobs=[-1.0, -2.0], sampling_logprobs=[-1.0, -2.0], versions=[0, 0])
     single.mask, single.finish_reason = [1, 1], "stop"
     assert single.to_completion().token_ids == [5, 2]
+
+
+def test_text_the_tokenizer_cannot_hold_is_an_environment_failure(scripted_engine: Any, write_env) -> None:
+    """The default tokenizer has no ``{``: a message with one fails the episode (counted), not the run."""
+    from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    env = write_env(STEP_ENV.replace('"again"', '"{x}"'))
+    engine = scripted_engine(tokenizer, script_of({"fine": ["x", "y"]}))
+    ((ep,),) = run(tokenizer, engine, env, [{"q": "fine"}])
+    assert (ep.finish_reason, ep.counters.env_failures, ep.reward, ep.counters.turns) == ("env_error", 1, 0.0, 1)
+    assert "cannot be tokenised" in str(ep.error)
+
+
+def test_an_episode_past_its_timeout_fails(qwen_tokenizer: Any, scripted_engine: Any, write_env) -> None:
+    """Each step takes 0.3 s, within ``env_timeout_s``; the episode's 0.5 s are spent by the second step at the
+    latest (elapsed time only grows), so the episode fails there or before, counted, and keeps its tokens."""
+    source = """
+import time
+
+class Env:
+    def reset(self, row):
+        return [{"role": "user", "content": row["q"]}]
+
+    def step(self, assistant_message):
+        time.sleep(0.3)
+        return [{"role": "user", "content": "again"}], None, False
+"""
+    env = write_env(source)
+    engine = scripted_engine(qwen_tokenizer, script_of({"slow": ["x"] * 5}))
+    ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "slow"}], max_turns=5, episode_timeout_s=0.5, env_timeout_s=10)
+    assert (ep.finish_reason, ep.counters.env_failures, ep.reward) == ("env_error", 1, 0.0)
+    assert "episode_timeout_s=0.5" in str(ep.error) and 1 <= ep.counters.turns <= 2

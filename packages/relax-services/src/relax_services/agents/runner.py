@@ -204,6 +204,10 @@ class EpisodeRunner:
 
     # -- environment calls -------------------------------------------------------------------------------------
 
+    @property
+    def _episode_limit(self) -> str:
+        return f"episode_timeout_s={self.config.episode_timeout_s:g}"
+
     def _remaining(self, lv: _Live) -> float:
         return self.config.episode_timeout_s - (time.monotonic() - lv.started)
 
@@ -217,12 +221,13 @@ class EpisodeRunner:
     async def _env_call(self, lv: _Live, name: str, *args: object) -> object:
         remaining = self._remaining(lv)
         if remaining <= 0:
-            raise _EnvFailed(f"episode ran past episode_timeout_s={self.config.episode_timeout_s}")
+            raise _EnvFailed(f"episode ran past {self._episode_limit}")
         timeout = min(self.config.env_timeout_s, remaining)
         try:
             return await self._call(getattr(lv.env, name), timeout, *args)
         except TimeoutError:
-            raise _EnvFailed(f"{type(lv.env).__name__}.{name} timed out after {timeout:.3g}s") from None
+            bound = "" if timeout == self.config.env_timeout_s else f" (the rest of {self._episode_limit})"
+            raise _EnvFailed(f"{type(lv.env).__name__}.{name} timed out after {timeout:.3g}s{bound}") from None
         except Exception as exc:
             raise _EnvFailed(f"{type(lv.env).__name__}.{name} raised {type(exc).__name__}: {exc}") from exc
 
@@ -247,8 +252,8 @@ class EpisodeRunner:
             messages = _messages(await self._env_call(lv, "reset", lv.row), "reset")
             lv.history = messages
             lv.episode.prompt_ids = self.chat.prompt_ids(lv.history)
-        except (_EnvFailed, ValueError, TypeError) as exc:
-            self._fail(lv, str(exc))
+        except Exception as exc:  # the env failed, or its messages cannot be rendered or tokenised (tokenizers
+            self._fail(lv, str(exc))  # raise plain Exception for text outside their vocabulary)
         lv.episode.messages = lv.history
 
     async def _finish(self, lv: _Live) -> None:
@@ -293,19 +298,19 @@ class EpisodeRunner:
             return self._end(lv, "stop")
         if ep.counters.turns >= self.config.max_turns:
             return self._end(lv, "max_turns")
-        new = [self._capped(m) for m in new]
         try:
+            new = [self._capped(m) for m in new]
             delta = self.chat.delta_ids(lv.history[:-1], assistant, new)
         except PrefixBreakError as exc:
             return self._end(lv, "template", str(exc))
-        except (ValueError, TypeError) as exc:  # the template or tokenizer cannot take the environment's text
+        except Exception as exc:  # the template or tokenizer cannot take the environment's text
             return self._fail(lv, f"the environment's messages cannot be tokenised: {type(exc).__name__}: {exc}")
         if len(ep.token_ids) + len(delta) >= self.config.max_episode_tokens:  # no room for another assistant token
             return self._end(lv, "length")
         ep.add_env(delta)
         lv.history += new
         if self._remaining(lv) <= 0:
-            self._fail(lv, f"episode ran past episode_timeout_s={self.config.episode_timeout_s}")
+            self._fail(lv, f"episode ran past {self._episode_limit}")
 
     async def _respond(self, lv: _Live, assistant: Message) -> list[Message] | None:
         """The environment's messages after an assistant turn; None when the episode is over."""
