@@ -288,3 +288,15 @@ class Env:
     ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "slow"}], max_turns=5, episode_timeout_s=0.5, env_timeout_s=10)
     assert (ep.finish_reason, ep.counters.env_failures, ep.reward) == ("env_error", 1, 0.0)
     assert "episode_timeout_s=0.5" in str(ep.error) and 1 <= ep.counters.turns <= 2
+
+
+def test_media_parts_are_refused_until_supported(qwen_tokenizer: Any, scripted_engine: Any, write_env) -> None:
+    source = STEP_ENV.replace(
+        '[{"role": "user", "content": "again"}]',
+        '[{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "see"}]}]',
+    )
+    env = write_env(source)
+    engine = scripted_engine(qwen_tokenizer, script_of({"fine": ["x", "y"]}))
+    ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "fine"}], env_failure="requeue")
+    assert (ep.finish_reason, ep.requeue, ep.counters.env_failures) == ("env_error", True, 1)
+    assert "image, audio and video parts are not supported in episodes yet" in str(ep.error)

@@ -375,9 +375,18 @@ class EpisodeRunner:
 
 
 def _messages(value: object, method: str) -> list[Message]:
-    """An environment method's messages, checked."""
+    """An environment method's messages, checked: text content only until media parts reach the engines' inputs."""
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m for m in value):
         raise _EnvFailed(f"{method} must return chat messages (dicts with 'role' and 'content'), got {value!r:.200}")
+    for message in value:
+        content = message.get("content")
+        parts = content if isinstance(content, list) else []
+        media = any(not isinstance(p, dict) or p.get("type") != "text" for p in parts)
+        if not isinstance(content, str | list) or media:
+            raise _EnvFailed(
+                f"{method} returned a message whose content is neither a string nor text parts "
+                f"({content!r:.200}); image, audio and video parts are not supported in episodes yet"
+            )
     return [dict(m) for m in value]
