@@ -44,6 +44,8 @@ def _cli(*args: str) -> tuple[dict[str, object], str]:
         ("data.train_files={missing}.parquet", "data.train_files", "no such file or folder"),
         ("reward.fn={missing}.py:score", "reward.fn", "no such file"),
         ("reward.fn=no_such_pkg.rewards:score", "reward.fn", "cannot find module"),
+        ("rollout.env={missing}.py:Env", "rollout.env", "no such file"),
+        ("rollout.env=no_such_pkg.envs:Env", "rollout.env", "cannot find module"),
         ("staleness.tau=-1", "staleness.tau", ">= 0"),
         ("trainer.micro_batch_groups=64", "trainer.micro_batch_groups=64", "trainer.groups_per_step=32"),
     ],

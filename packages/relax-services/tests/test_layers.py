@@ -33,7 +33,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engines": frozenset({"config", "models", "weights"}),
     "faults": frozenset({"config", "reporting"}),
     "hosting": frozenset({"config", "weights", "faults"}),
-    "services": frozenset({"config", "models", "weights", "data", "engines", "faults", "rows"}),
+    "agents": frozenset({"config", "models", "data", "engines"}),
+    "services": frozenset({"config", "models", "weights", "data", "engines", "faults", "rows", "agents"}),
 }
 ALLOWED["control"] = frozenset({*ALLOWED, "reporting", "hosting", "services"})
 ALLOWED["bench"] = frozenset({*ALLOWED["control"], "control"})

@@ -11,10 +11,10 @@ import pydantic
 
 from relax_core import ConfigModel, RewardKind, RewardRunnerConfig, RewardSpec
 
-__all__ = ["RunRewardConfig"]
+__all__ = ["RunRewardConfig", "absolute_file_spec"]
 
 
-def _absolute_file_spec(spec: str) -> str:
+def absolute_file_spec(spec: str) -> str:
     """``path/file.py:fn`` with the path made absolute (the services run in other processes, whose working
     directory need not be this one); any other spec unchanged."""
     file_part, sep, attr = spec.rpartition(":")
@@ -58,9 +58,9 @@ class RunRewardConfig(ConfigModel):
 
     @pydantic.model_validator(mode="after")
     def _absolute_files(self) -> RunRewardConfig:
-        fn = None if self.fn is None else _absolute_file_spec(self.fn)
+        fn = None if self.fn is None else absolute_file_spec(self.fn)
         routes = {
-            source: spec.model_copy(update={"fn": _absolute_file_spec(spec.fn)}) for source, spec in self.routes.items()
+            source: spec.model_copy(update={"fn": absolute_file_spec(spec.fn)}) for source, spec in self.routes.items()
         }
         if fn != self.fn or any(routes[s].fn != self.routes[s].fn for s in routes):
             # Assigning re-runs this validator; the second pass finds every path absolute and stops.

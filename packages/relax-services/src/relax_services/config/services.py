@@ -9,6 +9,7 @@ import pydantic
 
 from relax_core import ConfigModel
 from relax_services.config.devices import Dtype, GpuCount
+from relax_services.config.reward import absolute_file_spec
 from relax_services.config.trainer_group import default_train_engine
 
 __all__ = [
@@ -108,6 +109,40 @@ class RolloutConfig(ConfigModel):
     partial_rollout: Literal["finish_old", "switch", "abort_resume"] = "switch"
     """What generation in flight does when new weights arrive: finish on the old weights, switch weights
     between decode steps (per-token versions recorded), or abort and restart on the new weights."""
+
+    env: str | None = None
+    """A multi-turn environment: ``path/to/file.py:Class`` (relative to the working directory of ``relax train``)
+    or ``module:Class``; one instance per episode, its typed, documented public methods the model's tools (see
+    "Multi-turn environments and tools" in the README). None: single-turn completions."""
+
+    max_turns: int = pydantic.Field(default=4, ge=1)
+    """Assistant turns of one episode at most (with ``env``); ``max_new_tokens`` bounds each of them."""
+
+    max_episode_tokens: int = pydantic.Field(default=1024, ge=1)
+    """Response tokens of one episode at most, assistant and environment tokens together (with ``env``)."""
+
+    max_tool_output_tokens: int = pydantic.Field(default=256, ge=8)
+    """Tokens of one tool result or environment message at most; a longer one is cut in the middle, the cut
+    marked with its size (with ``env``)."""
+
+    tool_timeout_s: float = pydantic.Field(default=30.0, gt=0.0)
+    """Seconds one tool call may take; past it the model sees an error message and the call is counted."""
+
+    env_timeout_s: float = pydantic.Field(default=60.0, gt=0.0)
+    """Seconds one call of the environment's ``reset``, ``step``, ``reward`` or ``close`` may take; past it the
+    episode has failed (``env_failure``)."""
+
+    episode_timeout_s: float = pydantic.Field(default=600.0, gt=0.0)
+    """Seconds of one episode at most, generation included; past it the episode has failed (``env_failure``)."""
+
+    env_failure: Literal["zero", "requeue"] = "zero"
+    """What an episode whose environment raised or hung becomes: scored 0 (``zero``) or generated again
+    (``requeue``); either way it is counted."""
+
+    @pydantic.field_validator("env")
+    @classmethod
+    def _absolute_env(cls, spec: str | None) -> str | None:
+        return None if spec is None else absolute_file_spec(spec)
 
 
 class FSDPSettings(ConfigModel):

@@ -1,8 +1,8 @@
 """Checks of a run config against the machine, before any heavy import and before Ray starts.
 
 `load_run_config` checks a config's values; these check what the values point at: the model and data folders
-exist, the reward function is known, the package a chosen engine needs (vLLM) is installed, the output folder can
-be written, and a run to resume exists. Every
+exist, the reward function is known, the environment's file or module exists, the package a chosen engine needs
+(vLLM) is installed, the output folder can be written, and a run to resume exists. Every
 problem becomes a :class:`~relax_core.ConfigIssue` naming its field, so ``relax train`` reports a bad path
 in about a second instead of as a traceback from a service minutes later. Nothing here imports torch,
 transformers or ray.
@@ -106,6 +106,24 @@ def _check_reward_fn(fn: str) -> list[ConfigIssue]:
     return []
 
 
+def _check_env(cfg: RunConfig) -> list[ConfigIssue]:
+    """``rollout.env``'s file exists or its module is found (the class and its tools are read where the rollout
+    loads it: a user's module may import the model stack)."""
+    spec = cfg.rollout.env
+    if spec is None:
+        return []
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        return [ConfigIssue("rollout.env", spec, "expected a class", "path/to/file.py:Class or module:Class")]
+    if where.endswith(".py"):
+        return [] if Path(where).is_file() else [ConfigIssue("rollout.env", spec, f"no such file {where!r}")]
+    try:
+        found = importlib.util.find_spec(where) is not None
+    except (ImportError, ValueError):  # a parent package that does not exist
+        found = False
+    return [] if found else [ConfigIssue("rollout.env", spec, f"cannot find module {where!r}")]
+
+
 def _check_reward(cfg: RunConfig) -> list[ConfigIssue]:
     if cfg.reward.fn is not None:
         return _check_reward_fn(cfg.reward.fn)
@@ -192,7 +210,7 @@ def check_run(cfg: RunConfig, *, resume: bool = False) -> Path:
         ConfigError: listing each problem with its field.
     """
     run_dir = run_dir_of(cfg)
-    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_engines(cfg)]
+    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_env(cfg), *_check_engines(cfg)]
     issues += _check_output(cfg, run_dir)
     if resume:
         issues += _check_resume(cfg, run_dir)

@@ -62,6 +62,9 @@ class ModelFamily:
             ``"clip"``, one placeholder block per clip (Qwen2.5-VL, the omni thinker), or ``"timestamped_frames"``,
             one block per temporal grid step after its ``<t seconds>`` text, with the processor's own frame
             sampling and whole-clip pixel budget (Qwen3-VL, whose rope takes one grid row per block).
+        tool_parser: How an assistant turn's tool calls are read in multi-turn episodes: a key of
+            ``relax_services.agents.TOOL_PARSERS`` (``"qwen"``: ``<tool_call>{"name": ..., "arguments": ...}
+            </tool_call>``, the form the Qwen2.5/3 chat templates and SmolLM2's tool prompts use).
     """
 
     name: str
@@ -73,6 +76,7 @@ class ModelFamily:
     chat_template_required: bool = False
     deepstack: bool = False
     video_layout: VideoLayout = "clip"
+    tool_parser: str = "qwen"
 
     def load_class(self) -> type[PreTrainedModel]:
         """The transformers class (an ``ImportError`` names the version when this transformers lacks it)."""

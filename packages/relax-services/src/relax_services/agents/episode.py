@@ -1,0 +1,135 @@
+"""One multi-turn episode's result: its tokens with their mask, behaviour log-probs and versions, how it ended,
+its reward and counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from relax_services.agents.environment import Message
+from relax_services.engines.protocols import Completion
+
+__all__ = ["EPISODE_FINISHES", "Episode", "EpisodeCounters", "EpisodeFinish"]
+
+EpisodeFinish = Literal["stop", "length", "max_turns", "env_error", "template"]
+EPISODE_FINISHES: tuple[str, ...] = ("stop", "length", "max_turns", "env_error", "template")
+
+
+@dataclass
+class EpisodeCounters:
+    """What happened in one episode.
+
+    Attributes:
+        turns: Assistant turns generated.
+        tool_calls: Tool calls the model made (read or not).
+        tool_errors: Calls answered with an error: bad JSON, an unknown tool, wrong arguments, a raising tool or a
+            result that is not JSON-able.
+        tool_timeouts: Calls that ran past ``rollout.tool_timeout_s`` (answered with an error too).
+        env_tokens: Environment and tool tokens in the response (mask 0).
+        env_failures: Environment methods (``reset``, ``step``, ``reward``, ``close``) that raised or hung, and
+            episodes over ``rollout.episode_timeout_s``.
+    """
+
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    env_tokens: int = 0
+    env_failures: int = 0
+
+
+@dataclass
+class Episode:
+    """One episode of one environment instance: the first prompt and every later token as one response.
+
+    Attributes:
+        prompt_ids: ``[P]`` the first turn's prompt (``reset``'s messages rendered with the tools); empty when
+            ``reset`` failed.
+        token_ids: ``[L]`` every token after the prompt: the assistant's sampled tokens verbatim and the
+            environment's messages rendered by the chat template.
+        logprobs: ``[L]`` behaviour log-prob of each assistant token; 0 on environment tokens.
+        sampling_logprobs: ``[L]`` log-prob under the distribution each assistant token was drawn from; 0 on
+            environment tokens.
+        versions: ``[L]`` policy version of each assistant token; an environment token has the version of the
+            token before it.
+        mask: ``[L]`` 1 on the policy's tokens, 0 on the environment's.
+        finish_reason: ``stop`` (a final answer, or ``step`` said done), ``length`` (an assistant turn reached
+            ``rollout.max_new_tokens`` without its eos, or the episode ``rollout.max_episode_tokens``),
+            ``max_turns``, ``env_error`` (the environment raised or hung), ``template`` (the chat template rewrote
+            earlier turns at this turn's content; the tokens so far are exact).
+        reward: ``env.reward()`` when the environment defines it, else the last reward ``step`` gave, else None
+            (the run's ``reward.fn`` scores :attr:`messages`); 0 for a failed episode under
+            ``env_failure=zero``.
+        requeue: The episode failed under ``env_failure=requeue`` (or failed in ``reset``, when it has no tokens
+            to score): generate its row again instead of training on it.
+        error: What failed (``env_error``, ``template``), else None.
+        messages: The conversation: ``reset``'s messages, each assistant turn's text and the environment's
+            messages, for ``reward.fn``.
+        counters: What happened.
+    """
+
+    prompt_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    finish_reason: EpisodeFinish = "length"
+    reward: float | None = None
+    requeue: bool = False
+    error: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    counters: EpisodeCounters = field(default_factory=EpisodeCounters)
+
+    def add_policy(
+        self, token_ids: list[int], logprobs: list[float], sampling: list[float], versions: list[int]
+    ) -> None:
+        """Appends an assistant turn's sampled tokens (mask 1)."""
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+        self.sampling_logprobs += sampling
+        self.versions += versions
+        self.mask += [1] * len(token_ids)
+
+    def add_env(self, token_ids: list[int]) -> None:
+        """Appends environment tokens (mask 0, log-prob 0, the version of the token before them)."""
+        version = self.versions[-1] if self.versions else 0
+        n = len(token_ids)
+        self.token_ids += token_ids
+        self.logprobs += [0.0] * n
+        self.sampling_logprobs += [0.0] * n
+        self.versions += [version] * n
+        self.mask += [0] * n
+        self.counters.env_tokens += n
+
+    def to_completion(self) -> Completion:
+        """The episode as a rollout :class:`~relax_services.engines.Completion` with its per-token mask.
+
+        Raises:
+            NotImplementedError: the installed ``Completion`` has no ``mask`` field and the episode has environment
+                tokens (a sample without its mask would train on them).
+        """
+        finish = "stop" if self.finish_reason == "stop" else "length"
+        kwargs: dict[str, Any] = {
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "sampling_logprobs": list(self.sampling_logprobs),
+            "versions": list(self.versions),
+            "finish_reason": finish,
+        }
+        return _completion_with_mask(kwargs, self.mask)
+
+
+def _completion_with_mask(kwargs: dict[str, object], mask: list[int]) -> Completion:
+    """The one place where an episode's mask enters :class:`Completion` (its ``mask`` field, 1 = policy token)."""
+    fields: dict[str, Any] = dict(kwargs)
+    if "mask" in {f.name for f in dataclasses.fields(Completion)}:
+        fields["mask"] = list(mask)
+        return Completion(**fields)
+    if all(mask):
+        return Completion(**fields)
+    raise NotImplementedError(
+        "Completion has no per-token mask field in this version: an episode with environment tokens cannot become a "
+        "rollout sample without training on those tokens"
+    )
