@@ -43,9 +43,7 @@ def _run(cfg: object, tmp_path: Path) -> tuple[object, Path]:
 
 @pytest.mark.integration
 def test_colocated_tau0_equals_sequential_trainer(small_config, sequential_weights, tmp_path: Path) -> None:
-    cfg = small_config(
-        *TAU0,
-    )
+    cfg = small_config(*TAU0)
     ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # another test's session, if any
     result, run_dir = _run(cfg, tmp_path)
     if not ray_before:  # no Ray was started
