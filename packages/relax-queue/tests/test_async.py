@@ -22,14 +22,17 @@ def test_async_get_wakes_on_thread_put_while_loop_stays_responsive(make_queue: M
         ticks = 0
 
         async def ticker() -> None:
+            # Only a loop that keeps running while get waits reaches the fifth tick, and only then do the rows
+            # arrive (from another thread): a get that blocked the loop would never see them and time out.
             nonlocal ticks
             while True:
                 ticks += 1
+                if ticks == 5:
+                    threading.Thread(target=q.put_many, args=([RowInput(i, {"x": i}) for i in range(3)],)).start()
                 await asyncio.sleep(0.005)
 
         tick_task = asyncio.create_task(ticker())
-        threading.Timer(0.1, q.put_many, args=([RowInput(i, {"x": i}) for i in range(3)],)).start()
-        batch = await aq.reader("a", ["x"]).get(3, timeout=5)
+        batch = await aq.reader("a", ["x"]).get(3, timeout=60)
         aq.ack(batch)
         tick_task.cancel()
         return batch.keys, ticks
