@@ -103,7 +103,7 @@ def _cfg(folder: Path, *overrides: str) -> RunConfig:
     )
 
 
-def _policy_cfg(folder: Path, agg: str) -> RunConfig:
+def _policy_cfg(folder: Path, agg: str, kl: str = "k3") -> RunConfig:
     """The policy loss with every term on: KL in the loss, an entropy bonus, decoupled PPO with token-level masked
     IS (a behaviour log-prob of 0 on an environment token would be rejected, or weigh e^|log π|, if it counted)."""
     return _cfg(
@@ -111,6 +111,7 @@ def _policy_cfg(folder: Path, agg: str) -> RunConfig:
         f"algorithm.loss_agg_mode={agg}",
         "algorithm.kl_coef=0.1",
         "algorithm.kl_placement=loss",
+        f"algorithm.kl_estimator={kl}",
         "algorithm.entropy_coef=0.01",
         "algorithm.decoupled=true",
         "algorithm.mis_level=token",
@@ -164,28 +165,30 @@ def _env(inputs_mask_shape: torch.Size, offset: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_env_tokens_get_exactly_zero_policy_gradient(tmp_path: Path, agg: str) -> None:
-    cfg = _policy_cfg(write_tiny_checkpoint(tmp_path / "q2", "qwen2"), agg)
+@pytest.mark.parametrize(("agg", "kl"), [("token-mean", "k3"), ("seq-mean-token-mean", "k3"), ("token-mean", "full")])
+def test_env_tokens_get_exactly_zero_policy_gradient(tmp_path: Path, agg: str, kl: str) -> None:
+    """With ``kl='full'`` the KL term is the engine's exact full-vocabulary KL against its own frozen reference."""
+    cfg = _policy_cfg(write_tiny_checkpoint(tmp_path / "q2", "qwen2"), agg, kl)
     engine = build_train_engine(cfg)
     rows = _rows()
     _score(engine, rows)
     samples = build_train_samples(cfg, rows, None, version=VERSION)
-    probe, seen = _probing(make_loss_fn(cfg), lambda x: [x.logprobs, x.entropy])
+    # Per position: log-prob, entropy and (full KL) the engine's exact KL, each with its own gradient path.
+    probe, seen = _probing(make_loss_fn(cfg), lambda x: [x.logprobs, x.entropy, *([x.full_kl] * (kl == "full"))])
     grads = _gradients(engine, samples, probe)
 
-    # The gradient of each micro-batch's loss w.r.t. each position's log-prob and entropy: 0 on env tokens,
-    # not 0 on the policy's (so the check can fail).
+    # The gradient of each micro-batch's loss w.r.t. each of them: 0 on env tokens, not 0 on the policy's (so the
+    # check can fail).
     offset = 0
-    for inputs, _, (g_logp, g_entropy) in seen:
+    for inputs, _, per_position in seen:
+        assert (inputs.full_kl is not None) == (kl == "full") and len(per_position) == 2 + (kl == "full")
         env = _env(inputs.mask.shape, offset)
         offset += inputs.mask.shape[0]
-        assert torch.equal(g_logp[env], torch.zeros(int(env.sum())))
-        assert torch.equal(g_entropy[env], torch.zeros(int(env.sum())))
         policy = inputs.mask.bool()
         assert torch.equal(policy, ~env & (torch.arange(inputs.mask.shape[1]) < LENGTH))
-        if policy.any():
-            assert bool((g_logp[policy] != 0).all()) and bool((g_entropy[policy] != 0).all())
+        for grad in per_position:
+            assert torch.equal(grad[env], torch.zeros(int(env.sum())))
+            assert bool((grad[policy] != 0).all())
 
     # The parameter gradient: env tokens' advantages, behaviour and reference log-probs do not enter it ...
     names = ("advantages", "old_logprobs", "ref_logprobs")
