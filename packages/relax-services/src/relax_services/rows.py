@@ -122,10 +122,10 @@ class RolloutFields(TypedDict):
     logprobs: list[float]  # [L] behaviour log-probs (the policy distribution at the sampling temperature)
     token_versions: list[int]  # [L] policy version of the weights that produced each token
     # [L] 1 on a token the policy sampled, 0 on an environment/tool token of a multi-turn episode (context only:
-    # out of every loss, estimator and ratio; its logprobs entry is 0). The Rollout always writes it; a row
-    # without it, or with an empty list (a snapshot of an older run's queue), is all policy tokens: read it
-    # through loss_mask_of.
-    loss_mask: NotRequired[list[int]]
+    # out of every loss, estimator and ratio; its logprobs entry is 0). Every producer writes it (the Trainer's
+    # reader asks for it); an empty list means all policy tokens (what a restored snapshot of an older run's queue
+    # gives its rows). Read it through loss_mask_of, which also takes a row without it as all policy tokens.
+    loss_mask: list[int]
 
 
 class RewardFields(TypedDict):
