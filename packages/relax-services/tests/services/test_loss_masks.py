@@ -390,3 +390,42 @@ def test_completion_mask_defaults_to_every_token_and_is_checked() -> None:
     assert loss_mask_of({"response": [4, 5]}) == [1, 1]  # type: ignore[typeddict-item]
     with pytest.raises(ValueError, match="3 entries for a response of 2 tokens"):
         loss_mask_of({"response": [4, 5], "loss_mask": [0, 1, 1]})  # type: ignore[typeddict-item]
+
+
+def test_vtrace_runs_over_the_policy_tokens_alone(tmp_path: Path) -> None:
+    """V-trace over rows with environment tokens equals V-trace over the same rows with those tokens cut out
+    (behaviour log-probs 0 there, and target log-probs far from them: a ratio that counted would be e^±5)."""
+    cfg = _cfg(
+        write_tiny_checkpoint(tmp_path / "q2", "qwen2"),
+        "algorithm.advantage_estimator=vtrace",
+        "algorithm.gamma=0.9",
+        "algorithm.lam=0.8",
+    )
+    rows = _rows()
+    gen = torch.Generator().manual_seed(4)
+    for i, r in enumerate(rows):
+        behaviour = -torch.rand(LENGTH, generator=gen)
+        r["logprobs"] = torch.where(torch.tensor(_mask(i), dtype=torch.bool), behaviour, 0.0).tolist()
+        r["values"] = torch.randn(LENGTH, generator=gen).tolist()
+    target = torch.tensor([r["logprobs"] for r in rows]) + 0.3 * torch.randn(len(rows), LENGTH, generator=gen)
+    target = torch.where(torch.tensor([_mask(i) for i in range(len(rows))], dtype=torch.bool), target, -5.0)
+    samples = build_train_samples(cfg, rows, target, version=VERSION)
+
+    for i, (row, sample) in enumerate(zip(rows, samples, strict=True)):
+        policy = [t for t in range(LENGTH) if t not in ENV_POSITIONS[i]]
+        cut = {
+            **row,
+            "response": [row["response"][t] for t in policy],
+            "logprobs": [row["logprobs"][t] for t in policy],
+            "token_versions": [VERSION] * len(policy),
+            "values": [row["values"][t] for t in policy],
+            "loss_mask": [1] * len(policy),
+        }
+        if not policy:
+            assert torch.equal(sample.fields["advantages"], torch.zeros(LENGTH))
+            continue
+        (alone,) = build_train_samples(cfg, [cut], target[i, policy].unsqueeze(0), version=VERSION)
+        for name in ("advantages", "returns"):
+            want = torch.zeros(LENGTH)
+            want[policy] = alone.fields[name]
+            assert torch.equal(sample.fields[name], want), name
