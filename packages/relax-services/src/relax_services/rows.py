@@ -48,6 +48,7 @@ __all__ = [
     "as_record_row",
     "as_sample_row",
     "item_extras",
+    "loss_mask_of",
     "prompt_key_of",
     "reward_request",
     "sample_key",
@@ -120,6 +121,11 @@ class RolloutFields(TypedDict):
     response: list[int]  # [L] sampled token ids
     logprobs: list[float]  # [L] behaviour log-probs (the policy distribution at the sampling temperature)
     token_versions: list[int]  # [L] policy version of the weights that produced each token
+    # [L] 1 on a token the policy sampled, 0 on an environment/tool token of a multi-turn episode (context only:
+    # out of every loss, estimator and ratio; its logprobs entry is 0). Every producer writes it (the Trainer's
+    # reader asks for it); an empty list means all policy tokens (what a restored snapshot of an older run's queue
+    # gives its rows). Read it through loss_mask_of, which also takes a row without it as all policy tokens.
+    loss_mask: list[int]
 
 
 class RewardFields(TypedDict):
@@ -168,6 +174,19 @@ def reward_request(response: str, info: Mapping[str, object]) -> RewardRequest:
         str(info.get("data_source", info["task"])),
         dict(cast("Mapping[str, object]", info.get("extra_info", {}))),
     )
+
+
+def loss_mask_of(row: RolloutFields) -> list[int]:
+    """``[L]`` the loss mask of a sample row: its ``loss_mask``, or all ones (every token the policy's) when the
+    row has none or an empty one.
+
+    Raises:
+        ValueError: If the row's mask does not have one entry per response token.
+    """
+    mask = row.get("loss_mask") or [1] * len(row["response"])
+    if len(mask) != len(row["response"]):
+        raise ValueError(f"loss_mask has {len(mask)} entries for a response of {len(row['response'])} tokens")
+    return mask
 
 
 def sample_key(prompt_key: Hashable, index: int) -> str:

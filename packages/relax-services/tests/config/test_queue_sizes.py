@@ -11,11 +11,11 @@ from relax_services.config.sizes import sample_row_min_bytes
 from relax_services.rows import RolloutFields, SampleMeta, sample_key
 
 # Hand-derived from the queue's size estimate (relax-queue's estimate_nbytes) of a one-token Rollout row of the
-# default task mix: response, logprobs and token_versions one item each at 16 bytes (8 the slot, 8 the scalar)
-# = 48; meta keys "task" + "answer" + "prompt_key" = 20 characters, the shortest task name ("text") 4 and a
-# prompt key of 8 ("p0000000") = 32; the prompt as one opaque object, 16. Total 96 a row; an update of the default
-# 32 groups × 8 samples = 256 rows needs at least 256 × 96 = 24576 bytes.
-DEFAULT_ROW_MIN = 96
+# default task mix: response, logprobs, token_versions and loss_mask one item each at 16 bytes (8 the slot, 8 the
+# scalar) = 64; meta keys "task" + "answer" + "prompt_key" = 20 characters, the shortest task name ("text") 4 and a
+# prompt key of 8 ("p0000000") = 32; the prompt as one opaque object, 16. Total 112 a row; an update of the default
+# 32 groups × 8 samples = 256 rows needs at least 256 × 112 = 28672 bytes.
+DEFAULT_ROW_MIN = 112
 DEFAULT_UPDATE_MIN = 256 * DEFAULT_ROW_MIN
 
 
@@ -53,6 +53,7 @@ def _one_token_rows(cfg: RunConfig, task: str, n: int) -> list[RowInput]:
             "response": [5],
             "logprobs": [-0.5],
             "token_versions": [0],
+            "loss_mask": [1],
         }
         rows.append(RowInput(sample_key(key, 0), dict(fields), versions=0))
     return rows

@@ -22,7 +22,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from relax_services.config import ModelConfig
-from relax_services.engines import LossFn, LossInputs, LossResult, TorchTrainConfig, TrainEngine, TrainSample
+from relax_services.engines import (
+    LOSS_MASK_FIELD,
+    LossFn,
+    LossInputs,
+    LossResult,
+    TorchTrainConfig,
+    TrainEngine,
+    TrainSample,
+)
 from relax_services.engines.fsdp.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine, FSDPValueEngine
 from relax_services.models import build_tiny_omni, build_value_model
@@ -108,6 +116,26 @@ def units(out: dict[str, Any]) -> None:
     engine = FSDPTrainEngine(build_tiny_omni(0).double(), CONFIG)
     out["units_metrics"] = _train(engine, range(2), pg_kept_mean)
     out["units_weights"] = engine.policy_state()
+
+
+def masked_batch(seed: int) -> list[TrainSample]:
+    """:func:`batch` with environment tokens: each sample's second token (of those with three or more) carries
+    ``loss_mask`` 0, as a tool output spliced between two turns would."""
+    out = []
+    for sample in batch(seed):
+        mask = torch.ones(sample.response_ids.shape)  # [L]
+        if mask.numel() >= 3:
+            mask[1] = 0.0
+        out.append(TrainSample(sample.prompt, sample.response_ids, {**sample.fields, LOSS_MASK_FIELD: mask}))
+    return out
+
+
+def masked(out: dict[str, Any]) -> None:
+    """Environment tokens on two ranks, with a plain token-mean loss: the micro-batch weights (each micro-batch's
+    share of trained tokens) must count policy tokens only; in float64, as :func:`units`."""
+    engine = FSDPTrainEngine(build_tiny_omni(0).double(), CONFIG)
+    out["masked_metrics"] = [engine.step(masked_batch(s), pg_token_mean) for s in range(2)]
+    out["masked_weights"] = engine.policy_state()
 
 
 def budget(out: dict[str, Any]) -> None:
@@ -259,6 +287,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
         buckets(out, engine)
         critic(out)
         units(out)
+        masked(out)
         budget(out)
         full_kl(out)
         t3 = time.perf_counter()

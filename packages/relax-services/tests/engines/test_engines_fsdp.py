@@ -181,6 +181,23 @@ def test_micro_batches_combine_by_the_units_the_loss_reports(ranks: list[dict[st
         assert ours["kept"] == pytest.approx(same_micro["kept"], rel=1e-5)
 
 
+def test_env_tokens_weigh_nothing_on_two_ranks(ranks: list[dict[str, Any]]) -> None:
+    """A plain token-mean loss over samples with environment tokens: the ranks' micro-batches of one, weighted by
+    their policy tokens, train as one process with each minibatch as ONE micro-batch (no weights at all); float64
+    (``ATOL_F64``). Weights that counted environment tokens move the result by the update's own size."""
+    torch.manual_seed(0)
+    engine = TorchTrainEngine(build_tiny_omni(0).double(), dataclasses.replace(worker.CONFIG, micro_batch_size=4))
+    metrics = [engine.step(worker.masked_batch(s), worker.pg_token_mean) for s in range(2)]
+    assert _max_diff(ranks[0]["masked_weights"], engine.policy_state()) < ATOL_F64
+    assert _equal(ranks[0]["masked_weights"], ranks[1]["masked_weights"])
+    policy_tokens = sum(int(s.fields[worker.LOSS_MASK_FIELD].sum()) for s in worker.masked_batch(1))
+    assert policy_tokens < sum(len(s.response_ids) for s in worker.masked_batch(1))
+    assert (
+        ranks[0]["masked_metrics"][-1]["tokens"] == metrics[-1]["tokens"] == policy_tokens / worker.CONFIG.minibatches
+    )
+    assert ranks[0]["masked_metrics"][-1]["loss"] == pytest.approx(metrics[-1]["loss"], abs=ATOL_F64)
+
+
 def test_token_budget_micro_batches_of_packed_responses_train_as_one_padded_micro_batch(
     ranks: list[dict[str, Any]],
 ) -> None:

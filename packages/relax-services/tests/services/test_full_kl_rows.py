@@ -37,6 +37,7 @@ def _rows(suppressed: tuple[int, ...]) -> list[RowInput]:
                 "response": response,
                 "logprobs": [uniform] * len(response),
                 "token_versions": [0] * len(response),
+                "loss_mask": [1] * len(response),
                 "reward": float(i % 2),
                 "reward_error": None,
             }

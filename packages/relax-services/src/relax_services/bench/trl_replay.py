@@ -116,6 +116,7 @@ def _rows(capture: Capture, tokenizer: Decoder) -> list[tuple[int, SampleRow]]:
             "response": response,
             "logprobs": [],
             "token_versions": [int(capture["step"])] * len(response),
+            "loss_mask": [1] * len(response),
             "reward": exact_match_reward(decode_response(response, tokenizer), answer),
             "reward_error": None,
         }

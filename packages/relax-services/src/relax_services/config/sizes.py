@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PER_TOKEN_FIELDS", "queue_bytes_problem", "sample_row_min_bytes"]
 
-PER_TOKEN_FIELDS = ("response", "logprobs", "token_versions")
+PER_TOKEN_FIELDS = ("response", "logprobs", "token_versions", "loss_mask")
 """The Rollout's per-token fields of a new sample row (``RolloutFields``), each a Python list of ``[L]`` scalars."""
 
 _LIST_ITEM_BYTES = 16

@@ -20,7 +20,7 @@ import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_services._files import ENGINE_FILE, fsync_path
 
@@ -31,9 +31,13 @@ __all__ = [
     "SAMPLES_FILE",
     "CheckpointManager",
     "fsync_path",
+    "load_queue_snapshots",
     "queued_prompt_keys",
     "write_controller_state",
 ]
+
+if TYPE_CHECKING:
+    from relax_queue import QueueClient
 
 CONTROLLER_FILE = "controller.pt"
 PROMPTS_FILE = "prompts.queue"
@@ -155,3 +159,19 @@ def queued_prompt_keys(path: Path) -> set[str]:
     from relax_services.rows import prompt_key_of
 
     return {prompt_key_of(key) for name in (PROMPTS_FILE, SAMPLES_FILE) for key in snapshot_keys(path / name)}
+
+
+def load_queue_snapshots(prompt_queue: QueueClient, sample_queue: QueueClient, path: Path) -> None:
+    """Restore both queues from checkpoint ``path`` (leased-but-unacked rows of the snapshots are delivered again).
+
+    The Trainer reads every sample row's ``loss_mask`` (``rows.RolloutFields``); a snapshot written before the
+    Rollout wrote that field holds rows without it, which the Trainer's reader would never deliver. They get an
+    empty mask, which means every response token is the policy's, as it was then; a row that has one keeps it.
+    """
+    from relax_queue import snapshot_keys
+
+    prompt_queue.load(str(path / PROMPTS_FILE), reset_running=False)
+    sample_queue.load(str(path / SAMPLES_FILE), reset_running=False)
+    keys = snapshot_keys(path / SAMPLES_FILE)
+    if keys:  # a field a row has is left as it is
+        sample_queue.add_fields_many({key: {"loss_mask": []} for key in keys})

@@ -29,7 +29,7 @@ import torch
 from relax_queue import TransferQueue
 from relax_services.config import RunConfig
 from relax_services.config.threads import threads_of
-from relax_services.control.checkpoint import PROMPTS_FILE, SAMPLES_FILE
+from relax_services.control.checkpoint import load_queue_snapshots
 from relax_services.control.controller import Controller
 from relax_services.control.pipeline import Heldout, pipeline_family, queue_configs, service_plan
 from relax_services.data.prompts import PromptBuilder
@@ -187,8 +187,7 @@ def build_local_pipeline(
     prompts_cfg, samples_cfg = queue_configs(cfg)
     prompt_queue, sample_queue = TransferQueue(prompts_cfg), TransferQueue(samples_cfg)
     if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
-        prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
-        sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
+        load_queue_snapshots(prompt_queue, sample_queue, restore)
     weights = InProcessWeightStore(keep=1)  # only the newest; readers compute with it in place
     critic_weights = InProcessWeightStore(keep=1) if critic else None
     health = LocalHealth()

@@ -30,7 +30,7 @@ from relax_queue import (
 )
 from relax_services.config import RunConfig
 from relax_services.config.hosts import host_resource
-from relax_services.control.checkpoint import ENGINE_FILE, PROMPTS_FILE, SAMPLES_FILE
+from relax_services.control.checkpoint import ENGINE_FILE, load_queue_snapshots
 from relax_services.data.prompts import HeldoutSet, PromptBuilder
 from relax_services.engines.registry import check_engines
 from relax_services.hosting.cohost import SharedHost, actor_options
@@ -348,8 +348,7 @@ def _build(
         prompt_queue, sample_queue = light.queues["prompts"], light.queues["samples"]
         store, health = light.weights, light.health
         if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
-            prompt_queue.load(str(restore / PROMPTS_FILE), reset_running=False)
-            sample_queue.load(str(restore / SAMPLES_FILE), reset_running=False)
+            load_queue_snapshots(prompt_queue, sample_queue, restore)
         weights: RayWeightStore | BroadcastWeightStore = store
         if cfg.trainer.weight_sync == "broadcast":
             from relax_services.weights.broadcast import BroadcastConfig

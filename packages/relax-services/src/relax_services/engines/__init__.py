@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         HFRolloutEngine,
     )
     from relax_services.engines.protocols import (
+        LOSS_MASK_FIELD,
         PARTIAL_ROLLOUT_MODES,
         Completion,
         FinishReason,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS: dict[str, str] = {
+    "LOSS_MASK_FIELD": "relax_services.engines.protocols",
     "PARTIAL_ROLLOUT_MODES": "relax_services.engines.protocols",
     "Completion": "relax_services.engines.protocols",
     "FinishReason": "relax_services.engines.protocols",
@@ -101,6 +103,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 # protocols and records
 __all__ = [
+    "LOSS_MASK_FIELD",
     "PARTIAL_ROLLOUT_MODES",
     "Completion",
     "FinishReason",

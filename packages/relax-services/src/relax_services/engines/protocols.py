@@ -22,6 +22,12 @@ FinishReason = Literal["stop", "length"]
 PartialRolloutMode = Literal["finish_old", "switch", "abort_resume"]
 PARTIAL_ROLLOUT_MODES: tuple[str, ...] = ("finish_old", "switch", "abort_resume")
 
+LOSS_MASK_FIELD = "loss_mask"
+"""The :class:`TrainSample` field that marks the tokens a loss trains on: ``[L]``, 1 on the policy's own tokens, 0 on
+environment and tool tokens a multi-turn rollout spliced into the response (context only). Engines multiply their
+scoring mask by it, so :attr:`LossInputs.mask`, the micro-batch weights and the engine's token metrics count policy
+tokens only; a sample without it trains on every response token."""
+
 WeightPoll = Callable[[], "tuple[int, Mapping[str, torch.Tensor]] | None"]
 """Returns ``(version, state_dict)`` when weights newer than the engine's are available, else ``None``."""
 
@@ -40,6 +46,9 @@ class Completion:
         versions: Policy version of the weights that produced each token.
         finish_reason: ``"stop"`` (eos sampled) or ``"length"`` (``max_new_tokens`` reached).
         num_restarts: Times the completion was aborted and restarted from the prompt (``abort_resume``).
+        mask: Per-token loss mask: 1 on a token the policy sampled, 0 on an environment or tool token spliced in
+            between turns (its ``logprobs`` entry is 0 and it is context only: no loss, estimator or ratio reads
+            it). Empty means every token is the policy's (:attr:`loss_mask` gives the mask in full).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -48,6 +57,23 @@ class Completion:
     versions: list[int] = field(default_factory=list)
     finish_reason: FinishReason = "length"
     num_restarts: int = 0
+    mask: list[int] = field(default_factory=list)
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """``[L]`` the effective mask: :attr:`mask`, or all ones when it is empty.
+
+        Raises:
+            ValueError: If :attr:`mask` is set with a length other than the response's, or holds values other
+                than 0 and 1.
+        """
+        if not self.mask:
+            return [1] * len(self.token_ids)
+        if len(self.mask) != len(self.token_ids):
+            raise ValueError(f"Completion.mask has {len(self.mask)} entries for {len(self.token_ids)} tokens")
+        if any(m not in (0, 1) for m in self.mask):
+            raise ValueError("Completion.mask holds 1 (policy token) or 0 (environment token) per token")
+        return list(self.mask)
 
     @property
     def version_range(self) -> tuple[int, int]:
@@ -115,7 +141,8 @@ class TrainSample:
         prompt: The prompt the response was generated from (media included).
         response_ids: ``[L]`` response ids.
         fields: Per-token ``[L, ...]`` (e.g. ``[L]`` advantages, behaviour or reference log-probs) or per-sample
-            scalar tensors handed to the loss; padded to ``[B, L_max, ...]`` / stacked to ``[B]``.
+            scalar tensors handed to the loss; padded to ``[B, L_max, ...]`` / stacked to ``[B]``. The
+            :data:`LOSS_MASK_FIELD` field, when present, restricts every loss to the policy's own tokens.
     """
 
     prompt: OmniPrompt
@@ -143,7 +170,8 @@ class LossInputs:
     Attributes:
         logprobs: ``[B, L]`` log-probs of the response tokens under the current policy (with grad).
         entropy: ``[B, L]`` entropy of the policy distribution at each response position (with grad).
-        mask: ``[B, L]`` float, 1 on response tokens that count (not padding, not suppressed ids).
+        mask: ``[B, L]`` float, 1 on response tokens that count: not padding, not suppressed ids, and not
+            environment tokens (the samples' :data:`LOSS_MASK_FIELD` is already multiplied in).
         fields: The samples' extra fields, ``[B, L]`` (zero-padded) or ``[B]``.
         values: ``[B, L]`` critic values (with grad) when the engine trains a value model, else None.
         full_kl: ``[B, L]`` exact KL(π_ref ‖ π) over the vocabulary per position, unclamped (with grad), when the

@@ -143,6 +143,7 @@ class RolloutService(ServiceBase):
                     "response": completion.token_ids,
                     "logprobs": completion.logprobs,
                     "token_versions": completion.versions,
+                    "loss_mask": completion.loss_mask,  # env/tool tokens of a multi-turn episode are 0
                 }
                 rows.append(
                     RowInput(

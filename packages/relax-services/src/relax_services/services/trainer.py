@@ -26,11 +26,11 @@ from relax_core import (
 )
 from relax_queue import Batch, GroupBatcher, QueueClient, QueueTimeoutError, TransferQueue
 from relax_services.config import RunConfig
-from relax_services.engines import LossFn, LossInputs, LossResult, TrainEngine, TrainSample
+from relax_services.engines import LOSS_MASK_FIELD, LossFn, LossInputs, LossResult, TrainEngine, TrainSample
 from relax_services.engines.protocols import RankOptions
 from relax_services.engines.registry import make_train_engine
 from relax_services.engines.torch import build_value_engine
-from relax_services.rows import SampleRow, as_sample_row, split_sample_key
+from relax_services.rows import SampleRow, as_sample_row, loss_mask_of, split_sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.services._hold import StepHold
 from relax_services.services._mismatch import (
@@ -46,6 +46,7 @@ from relax_services.weights.packed import memcpy_seconds
 __all__ = [
     "TrainerService",
     "build_train_samples",
+    "env_token_frac",
     "informative_rows",
     "make_loss_fn",
     "make_value_loss_fn",
@@ -65,8 +66,10 @@ def sample_order(key: str) -> tuple[str, int]:
 
 
 def trainer_fields(cfg: RunConfig) -> list[str]:
-    """The sample fields one update needs; a row reaches the trainer only when all of them exist."""
-    fields = ["prompt", "meta", "response", "logprobs", "token_versions", "reward", "reward_error"]
+    """The sample fields one update needs; a row reaches the trainer only when all of them exist (``loss_mask``
+    included: the Rollout always writes it, and a restored snapshot of an older run gets it,
+    :func:`~relax_services.control.checkpoint.load_queue_snapshots`)."""
+    fields = ["prompt", "meta", "response", "logprobs", "token_versions", "loss_mask", "reward", "reward_error"]
     if cfg.algorithm.uses_reference:
         fields.append("ref_logprobs")
     if cfg.algorithm.uses_critic:
@@ -79,6 +82,13 @@ def _pad(rows: list[list[float]], length: int) -> torch.Tensor:
     for i, values in enumerate(rows):
         out[i, : len(values)] = torch.as_tensor(values, dtype=torch.float32)
     return out
+
+
+def env_token_frac(batch_rows: Sequence[SampleRow]) -> float:
+    """Environment tokens (``loss_mask`` 0) over all response tokens of ``batch_rows``."""
+    total = sum(len(r["response"]) for r in batch_rows)
+    policy = sum(sum(loss_mask_of(r)) for r in batch_rows)
+    return (total - policy) / max(total, 1)
 
 
 def informative_rows(batch_rows: Sequence[SampleRow]) -> list[SampleRow]:
@@ -102,6 +112,11 @@ def build_train_samples(
     Shared by the Trainer service and by the synchronous reference loops in the tests, so they compute the
     same update from the same rows.
 
+    Environment tokens (a row's ``loss_mask`` 0) are context only: they leave the mask every estimator sees (its
+    recursions carry credit across them, relax-core's convention; their advantages and returns are 0) and each
+    sample carries its mask as the :data:`~relax_services.engines.LOSS_MASK_FIELD` field, which the engines
+    multiply into every loss's mask (policy loss, KL, entropy, value loss, their units and the mismatch metrics).
+
     Args:
         proximal_logprobs: ``[B, T]`` the trainer's log-probs before this update (:func:`proximal_logprobs`):
             V-trace's target policy and decoupled PPO's proximal policy.
@@ -110,9 +125,10 @@ def build_train_samples(
     """
     lengths = [len(r["response"]) for r in batch_rows]
     t_max = max(lengths)
-    mask = torch.zeros(len(batch_rows), t_max)  # [B, T]
+    loss_masks = [torch.tensor(loss_mask_of(r), dtype=torch.float32) for r in batch_rows]  # [L_i] each
+    mask = torch.zeros(len(batch_rows), t_max)  # [B, T]: the policy's tokens (padding and env tokens 0)
     for i, n in enumerate(lengths):
-        mask[i, :n] = 1.0
+        mask[i, :n] = loss_masks[i]
     scores = torch.tensor([float(r["reward"]) for r in batch_rows])  # [B]
     old_logprobs = _pad([r["logprobs"] for r in batch_rows], t_max)  # [B, T]
     ref = _pad([r["ref_logprobs"] for r in batch_rows], t_max) if "ref_logprobs" in batch_rows[0] else None
@@ -131,7 +147,7 @@ def build_train_samples(
     samples = []
     for i, row in enumerate(batch_rows):
         n = lengths[i]
-        fields = {"old_logprobs": old_logprobs[i, :n], "advantages": adv[i, :n]}
+        fields = {"old_logprobs": old_logprobs[i, :n], "advantages": adv[i, :n], LOSS_MASK_FIELD: loss_masks[i]}
         if ref is not None:
             fields["ref_logprobs"] = ref[i, :n]
         if proximal_logprobs is not None:
@@ -161,7 +177,8 @@ def proximal_logprobs(cfg: RunConfig, engine: TrainEngine, batch_rows: Sequence[
 
 def make_value_loss_fn(cfg: RunConfig) -> LossFn:
     """The critic's loss per micro-batch: relax-core's clipped value loss against the rows' targets, with the
-    units it averages over (the engine combines micro-batches by them)."""
+    units it averages over (the engine combines micro-batches by them). ``inputs.mask`` leaves environment tokens
+    out (the engine multiplies the samples' loss masks in), so the critic regresses on policy tokens only."""
     algo = cfg.algorithm
 
     def loss_fn(inputs: LossInputs) -> LossResult:
@@ -188,6 +205,10 @@ def make_loss_fn(cfg: RunConfig) -> LossFn:
 
     Samples with the ``current_version`` field also report the rollout/trainer mismatch
     (``services/_mismatch.py``).
+
+    ``inputs.mask`` already excludes environment tokens (the engine multiplies the samples'
+    :data:`~relax_services.engines.LOSS_MASK_FIELD` in), so every term, ratio, unit and mismatch count below is over
+    the policy's own tokens.
 
     The result carries the units the loss averages over (kept tokens or sequences after masked IS), so the engine
     combines micro-batches into exactly the loss of the whole batch however masked IS splits them.
@@ -412,6 +433,7 @@ class TrainerService(ServiceBase):
             stale_flagged=sum(row.stale for row in batch.rows),
             reward_failures=sum(r["reward_error"] is not None for r in rows),
             filtered_rows=len(rows) - len(trained),
+            env_token_frac=env_token_frac(trained),
             wait_s=self._wait_s,
             train_s=train_s,
             weight_sync_s=self._sync_s,

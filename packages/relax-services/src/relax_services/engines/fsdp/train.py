@@ -44,6 +44,7 @@ from relax_services.engines.torch.train import (
     backward_micro_batch,
     frozen_reference,
     rescale_by_units,
+    trained_tokens,
     units_of_step,
 )
 from relax_services.models.value import ValueModel
@@ -337,11 +338,11 @@ class FSDPTrainEngine:
         return batch[self.rank * size : (self.rank + 1) * size]
 
     def _counts(self, batch: Sequence[TrainSample]) -> list[float]:
-        """Per-sample weights before normalisation: unmasked response tokens, or 1 per sample."""
+        """Per-sample weights before normalisation: trained response tokens, or 1 per sample."""
         if self.config.loss_weighting == "samples":
             return [1.0] * len(batch)
         banned = torch.tensor(sorted(self.config.suppressed_ids), dtype=torch.long)
-        return [float((~torch.isin(s.response_ids, banned)).sum()) for s in batch]
+        return [trained_tokens(s, banned) for s in batch]
 
     # -- TrainEngine ---------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from relax_services.engines.micro_batches import (
     token_budget_micro_batches,
 )
 from relax_services.engines.progress import tick
-from relax_services.engines.protocols import LossFn, LossInputs, LossResult, TrainSample
+from relax_services.engines.protocols import LOSS_MASK_FIELD, LossFn, LossInputs, LossResult, TrainSample
 from relax_services.engines.scoring import (
     SCORING_CHUNK_TOKENS,
     FrozenReference,
@@ -388,7 +388,7 @@ class TorchTrainEngine:
             counts = [float(len(m)) for m in micro_batches]
         else:
             banned = torch.tensor(sorted(self.config.suppressed_ids), dtype=torch.long)
-            counts = [float(sum(int((~torch.isin(s.response_ids, banned)).sum()) for s in m)) for m in micro_batches]
+            counts = [sum(trained_tokens(s, banned) for s in m) for m in micro_batches]
         total = sum(counts)
         if total == 0:
             raise ValueError("batch has no unmasked response tokens to train on")
@@ -473,7 +473,10 @@ def backward_micro_batch(
         ValueError: If ``loss_fn`` does not return a scalar, or reports negative units.
     """
     fields = _stack_fields(micro, scores.mask)
-    inputs = LossInputs(scores.logprobs, scores.entropy, scores.mask, fields, scores.values, scores.full_kl)
+    mask = scores.mask  # [B, L]
+    if LOSS_MASK_FIELD in fields:  # environment tokens are context only: out of the loss and the token metrics
+        mask = mask * fields[LOSS_MASK_FIELD].to(mask.dtype)
+    inputs = LossInputs(scores.logprobs, scores.entropy, mask, fields, scores.values, scores.full_kl)
     result = loss_fn(inputs)
     loss: torch.Tensor
     extra: Mapping[str, float]
@@ -490,12 +493,21 @@ def backward_micro_batch(
     torch.autograd.backward(loss * weight)
     tick()  # a micro-batch done: progress for the service that runs this update
     totals["loss"] += weight * float(loss.detach())
-    totals["entropy"] += float((scores.entropy.detach() * scores.mask).sum())
-    totals["tokens"] += float(scores.mask.sum())
+    totals["entropy"] += float((scores.entropy.detach() * mask).sum())
+    totals["tokens"] += float(mask.sum())
     for key, value in extra.items():
         if key not in ENGINE_METRICS:  # the engine measures these itself
             totals[key] = totals.get(key, 0.0) + weight * float(value)
     return units
+
+
+def trained_tokens(sample: TrainSample, banned: torch.Tensor) -> float:
+    """How many of ``sample``'s response tokens a loss trains on: not a ``banned`` (suppressed) id, and a policy
+    token by its :data:`~relax_services.engines.protocols.LOSS_MASK_FIELD` when it has one."""
+    kept = ~torch.isin(sample.response_ids, banned)  # [L]
+    if LOSS_MASK_FIELD in sample.fields:
+        kept = kept & sample.fields[LOSS_MASK_FIELD].bool()
+    return float(kept.sum())
 
 
 def units_of_step(units: Sequence[float | None]) -> float | None:
