@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from relax_services.agents import AgentConfig, EnvironmentSpec, Episode, EpisodeRunner
-from relax_services.engines import Completion, SamplingParams
+from relax_services.engines import SamplingParams
 from relax_services.models import FAMILIES
 
 FAMILY = FAMILIES["Qwen2ForCausalLM"]
@@ -244,14 +244,11 @@ def test_to_completion_carries_the_mask(qwen_tokenizer: Any, scripted_engine: An
     env = write_env(TOOL_ENV)
     engine = scripted_engine(qwen_tokenizer, script_of({"m": [call("echo", text="a"), "ok"]}))
     ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "m"}])
-    if "mask" in {f.name for f in dataclasses.fields(Completion)}:
-        completion = ep.to_completion()
-        assert completion.mask == ep.mask  # type: ignore[attr-defined]
-        assert (completion.token_ids, completion.logprobs) == (ep.token_ids, ep.logprobs)
-        assert completion.versions == ep.versions
-    else:
-        with pytest.raises(NotImplementedError, match="no per-token mask"):
-            ep.to_completion()
+    completion = ep.to_completion()
+    assert 0 in ep.mask and completion.mask == ep.mask
+    assert completion.loss_mask == ep.mask
+    assert (completion.token_ids, completion.logprobs) == (ep.token_ids, ep.logprobs)
+    assert completion.versions == ep.versions
     single = Episode(token_ids=[5, 2], logprobs=[-1.0, -2.0], sampling_logprobs=[-1.0, -2.0], versions=[0, 0])
     single.mask, single.finish_reason = [1, 1], "stop"
     assert single.to_completion().token_ids == [5, 2]

@@ -3,9 +3,8 @@ its reward and counters."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from relax_services.agents.environment import Message
 from relax_services.engines.protocols import Completion
@@ -104,32 +103,13 @@ class Episode:
         self.counters.env_tokens += n
 
     def to_completion(self) -> Completion:
-        """The episode as a rollout :class:`~relax_services.engines.Completion` with its per-token mask.
-
-        Raises:
-            NotImplementedError: the installed ``Completion`` has no ``mask`` field and the episode has environment
-                tokens (a sample without its mask would train on them).
-        """
-        finish = "stop" if self.finish_reason == "stop" else "length"
-        kwargs: dict[str, Any] = {
-            "token_ids": list(self.token_ids),
-            "logprobs": list(self.logprobs),
-            "sampling_logprobs": list(self.sampling_logprobs),
-            "versions": list(self.versions),
-            "finish_reason": finish,
-        }
-        return _completion_with_mask(kwargs, self.mask)
-
-
-def _completion_with_mask(kwargs: dict[str, object], mask: list[int]) -> Completion:
-    """The one place where an episode's mask enters :class:`Completion` (its ``mask`` field, 1 = policy token)."""
-    fields: dict[str, Any] = dict(kwargs)
-    if "mask" in {f.name for f in dataclasses.fields(Completion)}:
-        fields["mask"] = list(mask)
-        return Completion(**fields)
-    if all(mask):
-        return Completion(**fields)
-    raise NotImplementedError(
-        "Completion has no per-token mask field in this version: an episode with environment tokens cannot become a "
-        "rollout sample without training on those tokens"
-    )
+        """The episode as a rollout :class:`~relax_services.engines.Completion` with its per-token mask (1 on the
+        policy's tokens, 0 on the environment's: the Trainer trains on the first only)."""
+        return Completion(
+            token_ids=list(self.token_ids),
+            logprobs=list(self.logprobs),
+            sampling_logprobs=list(self.sampling_logprobs),
+            versions=list(self.versions),
+            finish_reason="stop" if self.finish_reason == "stop" else "length",
+            mask=list(self.mask),
+        )
