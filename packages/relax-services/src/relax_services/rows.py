@@ -66,6 +66,8 @@ class ItemInfo(TypedDict):
         data_source: The row's ``data_source`` (dataset files only; routes the reward).
         ground_truth: The row's ground truth as the file holds it (dataset files only; any JSON value).
         extra_info: The row's ``extra_info`` (dataset files only), the reward's metadata.
+        messages: The row's chat prompt as ``{"role", "content"}`` text messages, media as ``<kind>`` markers
+            (dataset files only): what a ``rollout.env`` environment's ``reset`` reads.
     """
 
     id: str
@@ -74,6 +76,7 @@ class ItemInfo(TypedDict):
     data_source: NotRequired[str]
     ground_truth: NotRequired[Any]
     extra_info: NotRequired[dict[str, Any]]
+    messages: NotRequired[list[dict[str, str]]]
 
 
 class DataItem(ItemInfo):
@@ -111,6 +114,7 @@ class SampleMeta(TypedDict):
     data_source: NotRequired[str]  # the item's, when it came from a dataset file (ItemInfo)
     ground_truth: NotRequired[Any]
     extra_info: NotRequired[dict[str, Any]]
+    env_reward: NotRequired[float]  # a multi-turn episode's reward from its environment (rollout.env)
 
 
 class RolloutFields(TypedDict):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from relax_modalities import MediaError
+from relax_modalities import DataRecord, MediaError
 from relax_queue import QueueClient, QueueClosedError, QueueFullError, RowInput
 from relax_services.config import DataConfig
 from relax_services.rows import DataItem, ItemInfo, PromptRow, RecordRow, item_extras
@@ -371,6 +371,8 @@ def _prompt_row(item: DataItem, prompt: OmniPrompt) -> PromptRow:
     and extra_info (not the loader's record), and the prompt."""
     info: ItemInfo = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
     info.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
+    if isinstance(item.get("item"), DataRecord):  # a dataset row: its chat prompt as text, for an env's reset
+        info["messages"] = [{"role": m.role, "content": m.text} for m in item["item"].messages]
     return {"item": info, "prompt": prompt}
 
 
@@ -379,4 +381,6 @@ def _record_row(item: DataItem, cache_key: str | None) -> RecordRow:
     prompt, and the key the worker may cache the built prompt under."""
     info: ItemInfo = {"id": item["id"], "task": item["task"], "answer": item["answer"]}
     info.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
+    if isinstance(item.get("item"), DataRecord):  # a dataset row: its chat prompt as text, for an env's reset
+        info["messages"] = [{"role": m.role, "content": m.text} for m in item["item"].messages]
     return {"item": info, "record": item, "cache_key": cache_key}

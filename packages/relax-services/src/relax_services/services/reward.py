@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from relax_core import build_reward_runner
-from relax_queue import FixedSizeBatcher, QueueClient, QueueTimeoutError
+from relax_queue import FixedSizeBatcher, Key, QueueClient, QueueTimeoutError
 from relax_services.config import RunConfig
 from relax_services.models.decoder import Decoder, ResponseDecoder, checkpoint_folder
-from relax_services.rows import reward_request
+from relax_services.rows import RewardFields, reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
 
 __all__ = ["RewardService", "decode_response"]
@@ -58,18 +58,30 @@ class RewardService(ServiceBase):
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
             return
-        responses = [decode_response(ids, self.tokenizer) for ids in batch.column("response")]
-        requests = [reward_request(r, meta) for r, meta in zip(responses, batch.column("meta"), strict=True)]
+        metas, responses = batch.column("meta"), batch.column("response")
+        # A multi-turn episode its environment scored (``env_reward``) keeps that reward; the rest go to reward.fn.
+        scored_here = [i for i, meta in enumerate(metas) if "env_reward" not in meta]
+        requests = [reward_request(decode_response(responses[i], self.tokenizer), metas[i]) for i in scored_here]
         results = self.runner.score(requests)
-        self.queue.add_fields_many(
-            {key: {"reward": r.score, "reward_error": r.error} for key, r in zip(batch.keys, results, strict=True)}
+        fields: dict[Key, RewardFields] = {
+            key: {"reward": float(meta["env_reward"]), "reward_error": None}
+            for key, meta in zip(batch.keys, metas, strict=True)
+            if "env_reward" in meta
+        }
+        fields.update(
+            {
+                batch.keys[i]: {"reward": r.score, "reward_error": r.error}
+                for i, r in zip(scored_here, results, strict=True)
+            }
         )
+        self.queue.add_fields_many(fields)
         self.ack(self.reader, batch)
         failed = sum(not r.ok for r in results)
         timeouts = sum(r.error is not None and r.error.startswith("TimeoutError") for r in results)
         self.record(
             "reward",
-            scored=len(results),
+            scored=len(fields),
+            env_scored=len(fields) - len(results),
             failed=failed,
             timeouts=timeouts,
             last_error=next((r.error for r in reversed(results) if r.error is not None), None),

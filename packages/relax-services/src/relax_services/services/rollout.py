@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import TYPE_CHECKING
 
 from relax_queue import Batch, FixedSizeBatcher, QueueClient, QueueTimeoutError, Row, RowInput
 from relax_services.config import RunConfig
 from relax_services.data.prompts import PromptBuilder
-from relax_services.engines import RolloutEngine
+from relax_services.engines import Completion, RolloutEngine, SamplingParams
 from relax_services.engines.registry import make_rollout_engine
 from relax_services.engines.sampling import sampling_params
-from relax_services.models import OmniPrompt
+from relax_services.models import OmniPrompt, text_prompt
 from relax_services.rows import RolloutFields, SampleMeta, as_prompt_row, as_record_row, item_extras, sample_key
 from relax_services.services._base import HealthHandle, ServiceBase
 from relax_services.weights import WeightPoller, WeightStore
 from relax_services.weights.broadcast_store import BroadcastWeightStore
 
-__all__ = ["RolloutService", "sampling_seed"]
+if TYPE_CHECKING:
+    from relax_services.agents import Episode, EpisodeRunner
+
+__all__ = ["ENV_RETRIES", "RolloutService", "episode_metrics", "sampling_seed"]
 
 
 def sampling_seed(run_seed: int, prompt_keys: list[str]) -> int:
@@ -66,6 +70,8 @@ class RolloutService(ServiceBase):
         self._no_paths: dict[int, str] = {}
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
         self._load_s: dict[int, float] = {}  # version -> seconds engine.load_weights took (loads made here)
+        # rollout.env: each prompt row's group is G multi-turn episodes, one environment instance each
+        self.episodes = _episode_runner(cfg, self.engine, self.params) if cfg.rollout.env is not None else None
         self._sync_weights()  # a (re)started worker begins from the newest published weights
 
     def _paths(self) -> dict[int, str]:
@@ -73,8 +79,10 @@ class RolloutService(ServiceBase):
         return self.weights.paths if isinstance(self.weights, BroadcastWeightStore) else self._no_paths
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Stop the loop, then the broadcast receiver's thread when there is one."""
+        """Stop the loop, then the broadcast receiver's thread and the environments' thread pool when there are."""
         stopped = super().stop(timeout)
+        if stopped and self.episodes is not None:
+            self.episodes.close()
         if isinstance(self.weights, BroadcastWeightStore):
             self.weights.close()
         return stopped
@@ -117,6 +125,52 @@ class RolloutService(ServiceBase):
             ready.append((row, prompt))
         return ready
 
+    def _run_episodes(
+        self, ready: list[tuple[Row, OmniPrompt]]
+    ) -> tuple[
+        list[tuple[Row, OmniPrompt]],
+        list[list[OmniPrompt]],
+        list[list[Completion]],
+        list[list[float | None]],
+        dict[str, float],
+    ]:
+        """``rollout.env``: each prompt row's group as G episodes (its item handed to each environment's ``reset``).
+
+        A group with an episode marked for requeue (``rollout.env_failure=requeue``, or a ``reset`` that failed) is
+        run again, up to :data:`ENV_RETRIES` times, with fresh environments; a group that still fails is skipped:
+        its admission is given back and a ``skipped`` record names the environment's error (counted in the ledger
+        as the feeder counts bad rows, never lost).
+
+        Returns:
+            The rows kept, each sample's prompt (the first turn's rendered ids), completions (their masks mark the
+            environment's tokens), the environments' rewards (None: ``reward.fn`` scores the response) and the
+            metrics of the call (``turns_mean``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``,
+            ``env_failures``, ``env_token_frac``).
+        """
+        assert self.episodes is not None
+        items = [as_prompt_row(row.fields)["item"] for row, _ in ready]
+        size = self.params.n
+        groups = self.episodes.run_sync(items, size, self._poll) if ready else []
+        for _ in range(ENV_RETRIES):
+            redo = [i for i, group in enumerate(groups) if any(ep.requeue for ep in group)]
+            if not redo:
+                break
+            again = self.episodes.run_sync([items[i] for i in redo], size, self._poll)
+            for i, group in zip(redo, again, strict=True):
+                groups[i] = group
+        kept, prompts, completions, rewards = [], [], [], []
+        for (row, prompt), group in zip(ready, groups, strict=True):
+            failed = next((ep for ep in group if ep.requeue), None)
+            if failed is not None:
+                self.sample_queue.release_admission(len(group))
+                self.record("skipped", prompt_key=str(row.key), reason=f"environment: {failed.error}")
+                continue
+            kept.append((row, prompt))
+            prompts.append([text_prompt(ep.prompt_ids) for ep in group])
+            completions.append([ep.to_completion() for ep in group])
+            rewards.append([ep.reward for ep in group])
+        return kept, prompts, completions, rewards, episode_metrics([ep for group in groups for ep in group])
+
     def step(self) -> None:
         """Generate one batch of prompt groups with the newest weights, put their sample rows, ack the prompts."""
         try:
@@ -129,21 +183,31 @@ class RolloutService(ServiceBase):
         keys = [str(row.key) for row, _ in ready]
         self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))
         start = time.perf_counter()
-        groups = self.engine.generate([p for _, p in ready], self.params, poll_weights=self._poll) if ready else []
+        counters: dict[str, float] = {}
+        if self.episodes is None:
+            groups = self.engine.generate([p for _, p in ready], self.params, poll_weights=self._poll) if ready else []
+            prompts = [[p] * len(g) for (_, p), g in zip(ready, groups, strict=True)]
+            rewards: list[list[float | None]] = [[None] * len(g) for g in groups]
+        else:
+            ready, prompts, groups, rewards, counters = self._run_episodes(ready)
         elapsed = time.perf_counter() - start
         rows = []
-        for (row, prompt), completions in zip(ready, groups, strict=True):
+        for (row, _), group_prompts, completions, group_rewards in zip(ready, prompts, groups, rewards, strict=True):
             item = as_prompt_row(row.fields)["item"]
-            meta: SampleMeta = {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)}
-            meta.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
-            for j, completion in enumerate(completions):
+            for j, (prompt, completion, env_reward) in enumerate(
+                zip(group_prompts, completions, group_rewards, strict=True)
+            ):
+                meta: SampleMeta = {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)}
+                meta.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
+                if env_reward is not None:  # the environment scored its episode: the Reward service keeps it
+                    meta["env_reward"] = env_reward
                 fields: RolloutFields = {
                     "prompt": prompt,
                     "meta": meta,
                     "response": completion.token_ids,
                     "logprobs": completion.logprobs,
                     "token_versions": completion.versions,
-                    "loss_mask": completion.loss_mask,  # env/tool tokens of a multi-turn episode are 0
+                    "loss_mask": completion.loss_mask,
                 }
                 rows.append(
                     RowInput(
@@ -168,7 +232,40 @@ class RolloutService(ServiceBase):
             weight_sync_s=dict(self._poll.sync_seconds),
             weight_load_s=dict(self._load_s),
             weight_paths=dict(self._paths()),
+            **counters,
         )
         self._poll.sync_seconds.clear()
         self._load_s.clear()
         self._paths().clear()
+
+
+ENV_RETRIES = 2
+"""Times a group whose episode is marked for requeue runs again with fresh environments before it is skipped."""
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """A rollout call's multi-turn metrics: mean assistant turns per episode, the calls' tool calls, tool errors,
+    tool timeouts and environment failures, and the share of response tokens that are the environment's."""
+    if not episodes:
+        return {}
+    tokens = sum(len(ep.token_ids) for ep in episodes)
+    return {
+        "turns_mean": sum(ep.counters.turns for ep in episodes) / len(episodes),
+        "tool_calls": float(sum(ep.counters.tool_calls for ep in episodes)),
+        "tool_errors": float(sum(ep.counters.tool_errors for ep in episodes)),
+        "tool_timeouts": float(sum(ep.counters.tool_timeouts for ep in episodes)),
+        "env_failures": float(sum(ep.counters.env_failures for ep in episodes)),
+        "env_token_frac": sum(ep.counters.env_tokens for ep in episodes) / max(tokens, 1),
+    }
+
+
+def _episode_runner(cfg: RunConfig, engine: RolloutEngine, params: SamplingParams) -> EpisodeRunner:
+    """The runner of ``rollout.env``'s episodes on this worker's engine, with the checkpoint's tokenizer and chat
+    template and its family's tool parser."""
+    from relax_services.agents import AgentConfig, EpisodeRunner, load_environment
+    from relax_services.models.policy import checkpoint_of
+
+    assert cfg.rollout.env is not None
+    ckpt = checkpoint_of(cfg.model)
+    config = AgentConfig.from_rollout(cfg.rollout)
+    return EpisodeRunner(engine, load_environment(cfg.rollout.env), ckpt.tokenizer, ckpt.family, params, config)
