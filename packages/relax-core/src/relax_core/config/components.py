@@ -96,10 +96,13 @@ class AlgorithmConfig(ConfigModel):
     """Weight β of the KL(π_θ ‖ π_ref) term; 0 disables the reference model."""
 
     kl_estimator: KLEstimator = "k3"
-    """KL estimator (Schulman 2020): k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low variance), all from
-    the sampled tokens; ``full`` = the exact KL(π_ref ‖ π_θ) over the vocabulary (the reference then supplies
-    its whole next-token distribution, and the term keeps options alive that the policy stopped sampling).
-    ``full`` needs ``kl_placement='loss'``."""
+    """KL estimator (Schulman 2020), with r = π_θ/π_ref: k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low
+    variance), abs = |log r|, all from the sampled tokens; ``k1+`` / ``k3+``: the value of k1 / k3 with the
+    gradient of k2 (straight-through, verl's ``+`` forms); ``kl``, ``mse``, ``low_var_kl``: verl's names of k1, k2,
+    k3. ``full`` = the exact KL(π_ref ‖ π_θ) over the vocabulary: the reference then ships its whole next-token
+    distribution, V floats per response token (``[B, T, V]`` float32 through the queue unless the trainer holds
+    the reference itself), and the term keeps options alive that the policy stopped sampling. ``full`` needs
+    ``kl_placement='loss'``."""
 
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: added to the loss, or subtracted from the token rewards before advantages."""
