@@ -85,12 +85,14 @@ class AlgorithmConfig(ConfigModel):
     """SAPO gate temperature for negative advantages."""
 
     loss_agg_mode: LossAggMode = "token-mean"
-    """How per-token losses become a scalar: token-mean, seq-mean-token-mean, seq-mean-token-sum,
-    seq-mean-token-sum-norm (sum over tokens divided by a constant; Dr.GRPO)."""
+    """How per-token losses become a scalar: token-mean, token-sum (no normaliser; a step split into micro-batches
+    averages their sums), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (sum over tokens divided
+    by B · loss_norm_constant; Dr.GRPO)."""
 
     loss_norm_constant: int | None = pydantic.Field(default=None, gt=0)
-    """Constant normaliser for seq-mean-token-sum-norm (e.g. the max response length); None uses the
-    padded response width T of each batch."""
+    """Constant normaliser C for seq-mean-token-sum-norm. A run config (``relax train``) fills it with its
+    generation budget ``rollout.max_new_tokens`` when unset; an AlgorithmConfig used alone falls back to the padded
+    response width T of each batch (which moves with the batch's longest answer)."""
 
     kl_coef: float = pydantic.Field(default=0.0, ge=0.0)
     """Weight β of the KL(π_θ ‖ π_ref) term; 0 disables the reference model."""
