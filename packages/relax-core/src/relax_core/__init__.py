@@ -93,7 +93,13 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         token_logprobs,
         value_loss,
     )
-    from relax_core.algorithms.loss import compute_policy_loss, policy_loss_units
+    from relax_core.algorithms.loss import (
+        POLICY_LOSSES,
+        Surrogate,
+        SurrogateInputs,
+        compute_policy_loss,
+        policy_loss_units,
+    )
     from relax_core.algorithms.masked import (
         aggregate_loss,
         aggregation_units,
@@ -105,8 +111,14 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
     from relax_core.algorithms.policy_losses import (
         ImportanceWeights,
         cispo_loss,
+        clip_cov_loss,
+        dppo_loss,
+        dro_loss,
+        geo_mean_loss,
         gspo_log_ratio,
         importance_weights,
+        kl_cov_loss,
+        pg_loss,
         ppo_clip_loss,
         sapo_loss,
     )
@@ -132,6 +144,9 @@ _LAZY: dict[str, str] = {
     "kl_penalised_rewards": "relax_core.algorithms.kl",
     "token_logprobs": "relax_core.algorithms.kl",
     "value_loss": "relax_core.algorithms.kl",
+    "POLICY_LOSSES": "relax_core.algorithms.loss",
+    "Surrogate": "relax_core.algorithms.loss",
+    "SurrogateInputs": "relax_core.algorithms.loss",
     "compute_policy_loss": "relax_core.algorithms.loss",
     "policy_loss_units": "relax_core.algorithms.loss",
     "aggregate_loss": "relax_core.algorithms.masked",
@@ -142,6 +157,12 @@ _LAZY: dict[str, str] = {
     "masked_whiten": "relax_core.algorithms.masked",
     "ImportanceWeights": "relax_core.algorithms.policy_losses",
     "cispo_loss": "relax_core.algorithms.policy_losses",
+    "pg_loss": "relax_core.algorithms.policy_losses",
+    "kl_cov_loss": "relax_core.algorithms.policy_losses",
+    "geo_mean_loss": "relax_core.algorithms.policy_losses",
+    "dro_loss": "relax_core.algorithms.policy_losses",
+    "dppo_loss": "relax_core.algorithms.policy_losses",
+    "clip_cov_loss": "relax_core.algorithms.policy_losses",
     "gspo_log_ratio": "relax_core.algorithms.policy_losses",
     "importance_weights": "relax_core.algorithms.policy_losses",
     "ppo_clip_loss": "relax_core.algorithms.policy_losses",
@@ -232,11 +253,20 @@ __all__ += [
 ]
 # policy losses and corrections
 __all__ += [
+    "POLICY_LOSSES",
     "ImportanceWeights",
+    "Surrogate",
+    "SurrogateInputs",
     "cispo_loss",
+    "clip_cov_loss",
     "compute_policy_loss",
+    "dppo_loss",
+    "dro_loss",
+    "geo_mean_loss",
     "gspo_log_ratio",
     "importance_weights",
+    "kl_cov_loss",
+    "pg_loss",
     "policy_loss_units",
     "ppo_clip_loss",
     "sapo_loss",

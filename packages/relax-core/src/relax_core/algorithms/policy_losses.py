@@ -25,8 +25,14 @@ __all__ = [
     "LOG_RATIO_BOUND",
     "ImportanceWeights",
     "cispo_loss",
+    "clip_cov_loss",
+    "dppo_loss",
+    "dro_loss",
+    "geo_mean_loss",
     "gspo_log_ratio",
     "importance_weights",
+    "kl_cov_loss",
+    "pg_loss",
     "ppo_clip_loss",
     "sapo_loss",
 ]
@@ -132,6 +138,193 @@ def sapo_loss(log_ratio: Tensor, advantages: Tensor, tau_pos: float, tau_neg: fl
     with torch.no_grad():
         gated = 4.0 * gate * (1.0 - gate) < 0.5
     return loss, gated
+
+
+def pg_loss(logprobs: Tensor, advantages: Tensor) -> Tensor:
+    """Plain policy gradient, REINFORCE (Williams 1992) and GPG (Chu et al. 2025, "GPG: a simple and strong
+    reinforcement learning baseline for model reasoning"): ℓ_t = −A_t · log π_θ(y_t), its value as well as its gradient.
+
+    No ratio and no clip: the gradient is −A_t ∇log π_θ, on-policy by construction (off-policy data is
+    corrected by the importance weights that :func:`~relax_core.compute_policy_loss` multiplies in).
+
+    Args:
+        logprobs: log π_θ ``[B, T]``, with gradient.
+        advantages: ``[B, T]``.
+
+    Returns:
+        Per-token loss ``[B, T]``.
+    """
+    return -advantages * logprobs
+
+
+def dro_loss(logprobs: Tensor, log_ratio: Tensor, advantages: Tensor, beta: float) -> Tensor:
+    """DRO, direct reward optimisation with a quadratic regulariser (Richemond et al. 2024, "Offline regularised
+    reinforcement learning for large language models alignment", as verl's ``dro``):
+    ℓ_t = −(A_t · log π_θ(y_t) − β/2 · (log π_θ(y_t) − log π_anchor(y_t))²).
+
+    Args:
+        logprobs: log π_θ ``[B, T]``, with gradient.
+        log_ratio: log π_θ − log π_anchor ``[B, T]``, with gradient.
+        advantages: ``[B, T]``.
+        beta: β > 0, the weight of the squared log-ratio.
+
+    Returns:
+        Per-token loss ``[B, T]``.
+    """
+    return -(advantages * logprobs - 0.5 * beta * log_ratio**2)
+
+
+def geo_mean_loss(
+    log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, arXiv 2507.20673).
+
+    L_i = −Ā_i · exp(mean_t sgn(Ā)·min(sgn(Ā)·log r_t, sgn(Ā)·clip(log r_t, −ε_low, ε_high))): the sequence ratio
+    is the geometric mean of its token ratios, each clipped in log space on the side the advantage pushes, and
+    Ā_i is the sequence's token-mean advantage. Every token of sequence i carries the value L_i, so
+    ``seq-mean-token-mean`` aggregation gives the mean over sequences that verl's ``geo_mean`` takes whatever its
+    ``loss_agg_mode`` (verl ignores the mode; relax applies it, and its GMPO choice is ``seq-mean-token-mean``).
+
+    Args:
+        log_ratio: log π_θ − log π_anchor ``[B, T]``, with gradient.
+        advantages: ``[B, T]`` (sequence-constant for the paper's objective).
+        mask: Valid tokens ``[B, T]``.
+        clip_eps_low, clip_eps_high: ε_low, ε_high, bounds on the log-ratio.
+
+    Returns:
+        ``(loss, clipped)``: per-token loss ``[B, T]``; bool ``[B, T]`` where the token's log-ratio is clipped.
+    """
+    log_ratio = torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    seq_adv = masked_mean(advantages, mask, dim=-1)  # [B]
+    sign = torch.sign(seq_adv).unsqueeze(-1)  # [B, 1]
+    clamped = torch.clamp(log_ratio, -clip_eps_low, clip_eps_high)  # [B, T]
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)  # [B, T]
+    seq_ratio = torch.exp(masked_mean(pessimistic, mask, dim=-1))  # [B]
+    loss = (-seq_adv * seq_ratio).unsqueeze(-1).expand_as(log_ratio)  # [B, T]
+    return loss, log_ratio.detach() != clamped.detach()
+
+
+def _covariance(advantages: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token centred product (A_t − mean A)(log π_t − mean log π) over the valid tokens ``[B, T]`` (detached)."""
+    with torch.no_grad():
+        return (advantages - masked_mean(advantages, mask)) * (logprobs - masked_mean(logprobs, mask))
+
+
+def clip_cov_loss(
+    log_ratio: Tensor,
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    ratio: float,
+    cov_low: float,
+    cov_high: float,
+) -> tuple[Tensor, Tensor]:
+    """Clip-Cov (Cui et al. 2025, "The entropy mechanism of reinforcement learning for reasoning language models",
+    §4): the PPO clipped surrogate with the gradient of a few high-covariance tokens cut.
+
+    Cov_t = (A_t − mean A)(log π_t − mean log π) over the batch's valid tokens. Among the valid tokens PPO's clip
+    has not already stopped whose Cov_t lies in (cov_low, cov_high), max(⌊ratio · N⌋, 1) are drawn uniformly
+    (torch's global generator, so a seeded run repeats) and their loss is multiplied by 0, as verl's
+    ``clip_cov`` does.
+
+    Args:
+        log_ratio: log π_θ − log π_anchor ``[B, T]``, with gradient.
+        logprobs: log π_θ ``[B, T]`` (only its detached value enters the covariance).
+        advantages, mask: ``[B, T]``.
+        clip_eps_low, clip_eps_high: PPO's ε_low, ε_high.
+        ratio: Share of the N valid tokens to cut.
+        cov_low, cov_high: The covariance window of the candidates.
+
+    Returns:
+        ``(loss, cut)``: per-token loss ``[B, T]``; bool ``[B, T]`` where PPO clipped or Clip-Cov cut the token.
+    """
+    mask_b = mask.bool()
+    loss, clipped, _ = ppo_clip_loss(log_ratio, advantages, clip_eps_low, clip_eps_high)
+    cov = _covariance(advantages, logprobs, mask_b)  # [B, T]
+    candidates = (mask_b & ~clipped & (cov > cov_low) & (cov < cov_high)).flatten().nonzero().squeeze(-1)  # [K]
+    count = min(max(int(ratio * int(mask_b.sum())), 1), candidates.numel())
+    cut = torch.zeros(mask_b.numel(), dtype=torch.bool, device=mask_b.device)
+    if count > 0:
+        cut[candidates[torch.randperm(candidates.numel(), device="cpu")[:count].to(candidates.device)]] = True
+    cut = cut.view_as(mask_b)
+    return torch.where(cut, torch.zeros_like(loss), loss), clipped | cut
+
+
+def kl_cov_loss(
+    log_ratio: Tensor, logprobs: Tensor, advantages: Tensor, mask: Tensor, ratio: float, coef: float
+) -> tuple[Tensor, Tensor]:
+    """KL-Cov (Cui et al. 2025, "The entropy mechanism of reinforcement learning for reasoning language models",
+    §4): the unclipped surrogate −A_t r_t, plus coef · |log r_t| on the top max(⌊ratio · N⌋, 1) valid
+    tokens by covariance Cov_t = (A_t − mean A)(log π_t − mean log π), as verl's ``kl_cov``.
+
+    Args:
+        log_ratio: log π_θ − log π_anchor ``[B, T]``, with gradient.
+        logprobs: log π_θ ``[B, T]`` (only its detached value enters the covariance).
+        advantages, mask: ``[B, T]``.
+        ratio: Share of the N valid tokens that get the penalty.
+        coef: Weight of |log r| on those tokens (verl's ``ppo_kl_coef``).
+
+    Returns:
+        ``(loss, penalised)``: per-token loss ``[B, T]``; bool ``[B, T]`` marking the penalised tokens.
+    """
+    mask_b = mask.bool()
+    loss = -advantages * clamped_ratio(log_ratio)  # [B, T]
+    valid = int(mask_b.sum())
+    penalised = torch.zeros(mask_b.numel(), dtype=torch.bool, device=mask_b.device)
+    if valid > 0:
+        cov = torch.where(mask_b, _covariance(advantages, logprobs, mask_b), -torch.inf).flatten()  # [B·T]
+        penalised[torch.topk(cov, max(int(valid * ratio), 1)).indices] = True
+    penalised = penalised.view_as(mask_b)
+    return torch.where(penalised, loss + coef * log_ratio.abs(), loss), penalised
+
+
+def dppo_loss(
+    logprobs: Tensor,
+    anchor_logprobs: Tensor,
+    advantages: Tensor,
+    delta_low: float,
+    delta_high: float,
+    ratio_cap: float,
+    divergence: Literal["tv", "kl"],
+) -> tuple[Tensor, Tensor]:
+    """DPPO-Binary-TV / -KL (Qi et al. 2026, "Rethinking the trust region in LLM reinforcement learning", arXiv
+    2602.04879): a token's gradient is kept unless the policy has left a trust region around the anchor, measured
+    on the sampled token's probability, in the direction its advantage pushes.
+
+    ℓ_t = −A_t · sg(min(r_t, ratio_cap)) · log π_θ(y_t) · m_t (the value as verl writes it; its gradient is
+    −A_t min(r_t, c) ∇log π_θ, PPO's unclipped gradient up to the cap). With p = π_θ(y_t), q = π_anchor(y_t):
+    ``tv``: m_t = [p − q ≤ δ_high] for A_t > 0, [p − q ≥ −δ_low] otherwise;
+    ``kl``: with the Bernoulli KL D = q log(q/p) + (1 − q) log((1 − q)/(1 − p)), m_t = [D ≤ δ_high or p ≤ q] for
+    A_t > 0, [D ≤ δ_low or p ≥ q] otherwise.
+
+    Args:
+        logprobs: log π_θ ``[B, T]``, with gradient.
+        anchor_logprobs: log π_anchor ``[B, T]``.
+        advantages: ``[B, T]``.
+        delta_low, delta_high: The trust region's bounds (``clip_eps_low``, ``clip_eps_high``).
+        ratio_cap: c, the truncation of the (detached) ratio.
+        divergence: ``tv`` or ``kl``.
+
+    Returns:
+        ``(loss, outside)``: per-token loss ``[B, T]``; bool ``[B, T]`` where the token left the trust region.
+    """
+    with torch.no_grad():
+        lp, anchor = logprobs.detach(), anchor_logprobs.detach()
+        weight = torch.clamp(clamped_ratio(lp - anchor), max=ratio_cap)  # [B, T]
+        p, q = torch.exp(lp), torch.exp(anchor)
+        if divergence == "tv":
+            keep_pos, keep_neg = p - q <= delta_high, p - q >= -delta_low
+        elif divergence == "kl":
+            tiny = 1e-8  # keeps log((1 − q)/(1 − p)) finite at p or q = 1, as verl does
+            binary_kl = q * (anchor - lp) + (1.0 - q) * torch.log((1.0 - q + tiny) / (1.0 - p + tiny))
+            keep_pos, keep_neg = (binary_kl <= delta_high) | (p <= q), (binary_kl <= delta_low) | (p >= q)
+        else:
+            raise ValueError(f"unknown DPPO divergence {divergence!r}; allowed: tv, kl")
+        keep = torch.where(advantages > 0, keep_pos, keep_neg)  # [B, T]
+    loss = -advantages * weight * logprobs
+    return torch.where(keep, loss, torch.zeros_like(loss)), ~keep
 
 
 @dataclass(frozen=True)

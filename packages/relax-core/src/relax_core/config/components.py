@@ -32,7 +32,9 @@ __all__ = [
 
 AdvantageEstimator = str
 """An advantage estimator id: a key of :data:`~relax_core.ALGORITHMS` (checked when a config is loaded)."""
-PolicyLossName = Literal["ppo", "gspo", "cispo", "sapo"]
+PolicyLossName = Literal[
+    "ppo", "gspo", "cispo", "sapo", "gpg", "reinforce", "dro", "geo_mean", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"
+]
 
 
 class AlgorithmConfig(ConfigModel):
@@ -65,15 +67,21 @@ class AlgorithmConfig(ConfigModel):
     reinforce_pp_baseline) need >= 2."""
 
     policy_loss: PolicyLossName = "ppo"
-    """Surrogate: ppo (clip; Schulman et al. 2017), gspo (sequence ratios), cispo (clipped IS weight),
-    sapo (soft gate)."""
+    """Surrogate (verl's names; relax's ``ppo`` is verl's ``vanilla``): ppo (clip; Schulman et al. 2017), gspo
+    (sequence ratios; Zheng et al. 2025), cispo (clipped IS weight; MiniMax-M1), sapo (soft gate; Gao et al. 2025),
+    gpg and reinforce (−A·log π; Chu et al. 2025, Williams 1992), dro (−A·log π + β/2·(log r)²; Richemond et al.
+    2024), geo_mean (GMPO: geometric-mean sequence ratio clipped in log space; Zhao et al. 2025), clip_cov and
+    kl_cov (covariance-selected tokens cut or KL-penalised; Cui et al. 2025), dppo_tv and dppo_kl (binary TV / KL
+    trust-region masks; Qi et al. 2026). Each function's docstring in ``relax_core/algorithms/policy_losses.py``
+    gives its formula."""
 
     clip_eps_low: float = pydantic.Field(default=0.2, gt=0.0, le=1.0)
     """Lower clip range ε_low: ratios below 1 − ε_low are clipped (CISPO: the lower IS-weight clip; 1.0
     disables it)."""
 
     clip_eps_high: float = pydantic.Field(default=0.2, gt=0.0)
-    """Upper clip range ε_high: ratios above 1 + ε_high are clipped (DAPO clip-higher uses 0.28)."""
+    """Upper clip range ε_high: ratios above 1 + ε_high are clipped (DAPO clip-higher uses 0.28). geo_mean reads
+    ε_low / ε_high as bounds on the log-ratio, dppo_tv / dppo_kl as the trust region's δ_low / δ_high."""
 
     dual_clip_c: float | None = pydantic.Field(default=None, gt=1.0)
     """Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); None disables it."""
@@ -83,6 +91,28 @@ class AlgorithmConfig(ConfigModel):
 
     sapo_tau_neg: float = pydantic.Field(default=1.05, gt=0.0)
     """SAPO gate temperature for negative advantages."""
+
+    dro_beta: float = pydantic.Field(default=0.1, gt=0.0)
+    """DRO (``policy_loss='dro'``): weight β of the squared log-ratio ½β·(log π_θ − log π_old)²."""
+
+    clip_cov_ratio: float = pydantic.Field(default=0.0002, gt=0.0, le=1.0)
+    """Clip-Cov: share of the valid tokens whose gradient is cut (at least one)."""
+
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower bound of the covariance window the cut tokens are drawn from."""
+
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper bound of that window."""
+
+    kl_cov_ratio: float = pydantic.Field(default=0.0002, gt=0.0, le=1.0)
+    """KL-Cov: share of the valid tokens (the highest covariance, at least one) that get the |log r| penalty."""
+
+    ppo_kl_coef: float = pydantic.Field(default=1.0, ge=0.0)
+    """KL-Cov: weight of the |log r| penalty on the selected tokens."""
+
+    dppo_ratio_cap: float = pydantic.Field(default=20.0, gt=0.0)
+    """DPPO (dppo_tv, dppo_kl): cap c of the detached ratio that weighs each token's −A·log π (verl's
+    ``clip_ratio_c``); the trust region's bounds are ``clip_eps_low`` / ``clip_eps_high``."""
 
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token losses become a scalar: token-mean, token-sum (no normaliser; a step split into micro-batches
