@@ -128,3 +128,8 @@ def test_dr_grpo_normaliser_is_the_generation_budget() -> None:
         load_run_config(overrides=["algorithm.loss_agg_mode=seq-mean-token-sum-norm"]).algorithm.loss_norm_constant == 4
     )
     assert load_run_config().algorithm.loss_norm_constant is None  # other modes have no constant
+
+
+def test_remax_is_refused_until_the_rollout_makes_greedy_baselines() -> None:
+    with pytest.raises(ConfigError, match="greedy response"):
+        load_run_config(overrides=["algorithm.advantage_estimator=remax", "algorithm.group_size=1"])
