@@ -121,6 +121,7 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         kl_cov_loss,
         pg_loss,
         ppo_clip_loss,
+        rejection_keep,
         sapo_loss,
     )
 
@@ -171,6 +172,7 @@ _LAZY: dict[str, str] = {
     "gspo_log_ratio": "relax_core.algorithms.policy_losses",
     "importance_weights": "relax_core.algorithms.policy_losses",
     "ppo_clip_loss": "relax_core.algorithms.policy_losses",
+    "rejection_keep": "relax_core.algorithms.policy_losses",
     "sapo_loss": "relax_core.algorithms.policy_losses",
 }
 """Name → module of the torch math, imported when a name is first used."""
@@ -275,6 +277,7 @@ __all__ += [
     "pg_loss",
     "policy_loss_units",
     "ppo_clip_loss",
+    "rejection_keep",
     "sapo_loss",
 ]
 # value loss, KL, entropy, log-probs

@@ -13,6 +13,7 @@ from relax_core.algorithms.kl import _clamp_full_kl, kl_estimate
 from relax_core.algorithms.masked import aggregate_loss, aggregation_units, masked_mean
 from relax_core.algorithms.policy_losses import (
     LOG_RATIO_BOUND,
+    ImportanceWeights,
     cispo_loss,
     clip_cov_loss,
     dppo_loss,
@@ -139,6 +140,23 @@ POLICY_LOSSES: dict[str, Surrogate] = {
 names are verl's, ``ppo`` being verl's ``vanilla``."""
 
 
+def _corrections(cfg: AlgorithmConfig, proximal: Tensor, behaviour: Tensor, mask: Tensor) -> ImportanceWeights:
+    """The off-policy weights and masks ``cfg`` asks for (truncated IS, masked IS, batch normalisation, rejection)."""
+    return importance_weights(
+        proximal,
+        behaviour,
+        mask,
+        cfg.tis_cap,
+        cfg.mis_level,
+        cfg.mis_low,
+        cfg.mis_high,
+        tis_level=cfg.tis_level,
+        tis_cap_low=cfg.tis_cap_low,
+        batch_normalize=cfg.tis_batch_normalize,
+        rejection=cfg.rollout_rs_rules,
+    )
+
+
 def compute_policy_loss(
     cfg: AlgorithmConfig,
     logprobs: Tensor,
@@ -179,7 +197,9 @@ def compute_policy_loss(
     Returns:
         ``(loss, diagnostics)``: the scalar to minimise and floats ``policy_loss``, ``clip_frac``,
         ``dual_clip_frac``, ``approx_kl``, ``ratio_mean``, and when present ``is_weight_mean/min/max``,
-        ``is_truncated_frac``, ``is_masked_frac``, ``mismatch_kl``, ``kl``, ``entropy``, ``loss``.
+        ``is_truncated_frac``, ``is_masked_frac``, ``rs_masked_frac`` (valid tokens the ``rollout_rs`` rules
+        rejected), ``rs_seq_masked_frac`` (sequences with a rejected token), ``mismatch_kl``, ``kl``,
+        ``entropy``, ``loss``.
 
     Raises:
         ValueError: On shape mismatches or a missing input the config needs.
@@ -219,9 +239,7 @@ def compute_policy_loss(
     diagnostics: dict[str, float] = {}
     loss_mask = mask_b
     if proximal_logprobs is not None:
-        iw = importance_weights(
-            proximal_logprobs, old_logprobs, mask_b, cfg.tis_cap, cfg.mis_level, cfg.mis_low, cfg.mis_high
-        )
+        iw = _corrections(cfg, proximal_logprobs, old_logprobs, mask_b)
         per_token = per_token * iw.weights
         loss_mask = iw.keep
         with torch.no_grad():
@@ -232,6 +250,8 @@ def compute_policy_loss(
                 is_weight_max=float(torch.where(mask_b, iw.raw, -torch.inf).max().item()) if mask_b.any() else 1.0,
                 is_truncated_frac=float(masked_mean(iw.truncated.float(), mask_b).item()),
                 is_masked_frac=float(masked_mean((~iw.keep).float(), mask_b).item()),
+                rs_masked_frac=float(masked_mean(iw.rejected.float(), mask_b).item()),
+                rs_seq_masked_frac=float(masked_mean(iw.rejected.any(-1).float(), mask_b.any(-1)).item()),
                 # KL(μ ‖ π_prox) by k3 on samples of μ: the rollout/trainer mismatch.
                 mismatch_kl=float(masked_mean(torch.exp(log_w) - 1.0 - log_w, mask_b).item()),
             )
@@ -291,7 +311,5 @@ def policy_loss_units(
     """
     keep = mask.bool()
     if proximal_logprobs is not None:
-        keep = importance_weights(
-            proximal_logprobs, old_logprobs, keep, cfg.tis_cap, cfg.mis_level, cfg.mis_low, cfg.mis_high
-        ).keep
+        keep = _corrections(cfg, proximal_logprobs, old_logprobs, keep).keep
     return aggregation_units(keep, cfg.loss_agg_mode)

@@ -13,13 +13,15 @@ which is NaN for the whole step even though the loss value can stay finite.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from relax_core.algorithms.masked import masked_mean
+from relax_core.algorithms.masked import masked_mean, masked_sum
 
 __all__ = [
     "LOG_RATIO_BOUND",
@@ -34,6 +36,7 @@ __all__ = [
     "kl_cov_loss",
     "pg_loss",
     "ppo_clip_loss",
+    "rejection_keep",
     "sapo_loss",
 ]
 
@@ -332,16 +335,19 @@ class ImportanceWeights:
     """Behaviour → proximal correction for decoupled PPO and rollout/trainer mismatch.
 
     Attributes:
-        weights: Per-token weight π_prox/π_behaviour after truncation ``[B, T]`` (no gradient).
-        keep: Bool ``[B, T]``: false where masked IS rejected the token (or its whole sequence).
-        raw: The untruncated ratio ``[B, T]``.
-        truncated: Bool ``[B, T]``: where the TIS cap was applied.
+        weights: Per-token weight π_prox/π_behaviour after truncation (and batch normalisation) ``[B, T]``, no
+            gradient; at sequence level every token of a sequence holds the sequence's weight.
+        keep: Bool ``[B, T]``: false where masked IS or a rejection rule dropped the token (or its whole sequence).
+        raw: The untruncated weight ``[B, T]`` (per token, or the sequence's product at sequence level).
+        truncated: Bool ``[B, T]``: where a TIS cap was applied.
+        rejected: Bool ``[B, T]``: valid tokens the ``rollout_rs`` rules dropped.
     """
 
     weights: Tensor
     keep: Tensor
     raw: Tensor
     truncated: Tensor
+    rejected: Tensor
 
 
 def importance_weights(
@@ -352,32 +358,56 @@ def importance_weights(
     mis_level: Literal["none", "token", "sequence"] = "none",
     mis_low: float = 0.5,
     mis_high: float = 2.0,
+    *,
+    tis_level: Literal["token", "sequence"] = "token",
+    tis_cap_low: float | None = None,
+    batch_normalize: bool = False,
+    rejection: Sequence[tuple[str, float | None, float]] = (),
 ) -> ImportanceWeights:
     """Off-policy correction weights w = π_prox / π_behaviour.
 
     Decoupled PPO (Hilton et al. 2022, eq. 6) multiplies each token's clipped surrogate by w.
     Truncated IS (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
-    training") caps w at ``tis_cap``. Masked IS rejects instead of truncating: token level (IcePop,
-    Ling team 2025) drops tokens with w ∉ [mis_low, mis_high]; sequence level (Liu et al. 2025,
-    "When speed kills stability") drops whole sequences whose geometric-mean ratio
-    exp(mean_t log w_t) falls outside that range.
+    training") caps w at ``tis_cap`` (and from below at ``tis_cap_low``); at sequence level (verl's
+    ``rollout_is: sequence``) the capped weight is the sequence's product exp(Σ_t log w_t), the unbiased
+    sequence-level correction. Batch normalisation divides the capped weights by their mean over the valid
+    tokens (sequence level: over the sequences), so they average 1.
+    Masked IS rejects instead of truncating: token level (IcePop, Ling team 2025) drops tokens with
+    w ∉ [mis_low, mis_high]; sequence level (Liu et al. 2025, "When speed kills stability") drops whole
+    sequences whose geometric-mean ratio exp(mean_t log w_t) falls outside that range. ``rejection`` adds
+    verl's divergence rules (:func:`rejection_keep`).
 
     Args:
         proximal_logprobs: log π_prox ``[B, T]`` (trainer, before the update).
         behaviour_logprobs: log μ ``[B, T]`` (rollout engine, possibly stale).
         mask: Valid tokens ``[B, T]``.
-        tis_cap: Truncation level, or None.
+        tis_cap: Upper truncation, or None.
         mis_level: ``none``, ``token`` or ``sequence``.
         mis_low, mis_high: Acceptance range for masked IS.
+        tis_level: ``token`` or ``sequence``: the level the weight is formed and capped at.
+        tis_cap_low: Lower truncation, or None.
+        batch_normalize: Normalise the capped weights to mean 1 over the batch.
+        rejection: ``(option, lower, upper)`` rules (:attr:`~relax_core.AlgorithmConfig.rollout_rs_rules`).
     """
     with torch.no_grad():
         mask_b = mask.bool()
         log_w = torch.where(mask_b, proximal_logprobs - behaviour_logprobs, torch.zeros_like(proximal_logprobs))
-        raw = clamped_ratio(log_w)  # [B, T]
-        weights = raw if tis_cap is None else torch.clamp(raw, max=tis_cap)
-        truncated = mask_b & (raw > tis_cap) if tis_cap is not None else torch.zeros_like(mask_b)
+        if tis_level == "token":
+            raw = clamped_ratio(log_w)  # [B, T]
+        elif tis_level == "sequence":
+            raw = clamped_ratio(log_w.sum(-1, keepdim=True)).expand_as(log_w)  # [B, T], constant along T
+        else:
+            raise ValueError(f"unknown tis_level {tis_level!r}; allowed: token, sequence")
+        weights = torch.clamp(raw, min=tis_cap_low, max=tis_cap) if tis_cap or tis_cap_low else raw
+        truncated = mask_b & (weights != raw)
+        if batch_normalize:
+            units = mask_b if tis_level == "token" else mask_b.any(-1)  # tokens [B, T], or sequences [B]
+            values = weights if tis_level == "token" else weights[:, 0]
+            mean = masked_mean(values, units)
+            weights = weights / mean if float(mean) > 1e-8 else weights
         if mis_level == "token":
-            keep = (raw >= mis_low) & (raw <= mis_high)
+            token_ratio = clamped_ratio(log_w)
+            keep = (token_ratio >= mis_low) & (token_ratio <= mis_high)
         elif mis_level == "sequence":
             seq_ratio = torch.exp(masked_mean(log_w, mask_b, dim=-1))  # [B]
             keep = ((seq_ratio >= mis_low) & (seq_ratio <= mis_high)).unsqueeze(-1).expand_as(mask_b)
@@ -385,4 +415,50 @@ def importance_weights(
             keep = torch.ones_like(mask_b)
         else:
             raise ValueError(f"unknown mis_level {mis_level!r}; allowed: none, token, sequence")
-    return ImportanceWeights(weights=weights, keep=keep & mask_b, raw=raw, truncated=truncated)
+        passed = rejection_keep(log_w, mask_b, rejection) if rejection else torch.ones_like(mask_b)
+    return ImportanceWeights(
+        weights=weights, keep=keep & passed & mask_b, raw=raw, truncated=truncated, rejected=mask_b & ~passed
+    )
+
+
+def rejection_keep(log_w: Tensor, mask: Tensor, rules: Sequence[tuple[str, float | None, float]]) -> Tensor:
+    """Tokens that pass every rejection rule (verl's ``rollout_rs``, "rollout correction"; every rule must pass).
+
+    With log w = log π_prox − log π_behaviour per token, k1 = −log w, k2 = ½ (log w)², k3 = e^{log w} − 1 − log w
+    (the KL estimators of Schulman 2020, with log w clamped to ±`LOG_RATIO_BOUND`):
+    ``token_k1`` keeps log lower ≤ k1 ≤ log upper; ``token_k2``/``token_k3`` keep k ≤ upper; ``seq_sum_k*`` /
+    ``seq_mean_k*`` / ``seq_max_k*`` apply the same bound to the sum / mean / max of k over the sequence's valid
+    tokens and keep or drop the whole sequence.
+
+    Args:
+        log_w: log π_prox − log π_behaviour ``[B, T]``.
+        mask: Valid tokens ``[B, T]``.
+        rules: ``(option, lower, upper)`` triples.
+
+    Returns:
+        Bool ``[B, T]``: true where every rule passes (padding included; combine with the mask).
+    """
+    mask_b = mask.bool()
+    log_w = torch.clamp(log_w, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    divergence = {"k1": -log_w, "k2": 0.5 * log_w**2, "k3": torch.exp(log_w) - 1.0 - log_w}  # [B, T] each
+    keep = torch.ones_like(mask_b)
+    for option, lower, upper in rules:
+        level, _, estimator = option.rpartition("_")
+        values = divergence[estimator]
+        if level == "token":
+            stat = values
+        elif level == "seq_sum":
+            stat = masked_sum(values, mask_b, dim=-1).unsqueeze(-1)  # [B, 1]
+        elif level == "seq_mean":
+            stat = masked_mean(values, mask_b, dim=-1).unsqueeze(-1)
+        elif level == "seq_max":
+            stat = torch.where(mask_b, values, -torch.inf).amax(-1, keepdim=True).clamp(min=0.0)
+        else:
+            raise ValueError(f"unknown rollout_rs option {option!r}")
+        if estimator == "k1":
+            assert lower is not None  # k1 rules carry both bounds
+            passed = (stat >= math.log(lower)) & (stat <= math.log(upper))
+        else:
+            passed = stat <= upper
+        keep = keep & passed.expand_as(mask_b)
+    return keep

@@ -159,6 +159,30 @@ class AlgorithmConfig(ConfigModel):
     tis_cap: float | None = pydantic.Field(default=None, gt=0.0)
     """Token-level truncated IS: the π_prox/π_behaviour weight is capped at this value. Needs decoupled."""
 
+    tis_level: Literal["token", "sequence"] = "token"
+    """Level of the truncated IS weight: ``token`` caps each π_prox/π_behaviour; ``sequence`` gives every token of a
+    sequence the product exp(Σ_t log w_t), capped (verl's ``rollout_is: sequence``)."""
+
+    tis_cap_low: float | None = pydantic.Field(default=None, gt=0.0)
+    """Lower truncation of the IS weight (at the level ``tis_level``); None: no lower cap. Needs decoupled."""
+
+    tis_batch_normalize: bool = False
+    """Divide the truncated IS weights by their mean over the batch's valid tokens (token level) or sequences
+    (sequence level), so they average 1 (verl's ``rollout_is_batch_normalize``). In the trainer the batch is one
+    micro-batch. Needs decoupled."""
+
+    rollout_rs: str | None = None
+    """Rejection by rollout/trainer divergence (verl's ``rollout_rs``): comma-separated options, every one must pass.
+    With log w = log π_prox − log π_behaviour per token and k1 = −log w, k2 = ½(log w)², k3 = e^{log w} − 1 − log w:
+    ``token_k1``/``token_k2``/``token_k3`` reject tokens; ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k2``,
+    ``seq_max_k3`` reject whole sequences by the sum, mean or max of the tokens' divergence. Rejected tokens leave
+    the loss; their share is the metric ``rs_masked_frac`` (``rs_seq_masked_frac`` for sequences). Needs decoupled."""
+
+    rollout_rs_threshold: str | float | None = None
+    """Thresholds for ``rollout_rs``: one shared by every option or one per option, comma-separated. A k1 option
+    takes ``lower_upper`` ratio bounds (keep log lower ≤ k1 ≤ log upper; a single value u means 1/u_u); the others
+    one upper bound on the divergence."""
+
     mis_level: Literal["none", "token", "sequence"] = "none"
     """Masked IS (MIS / IcePop): zero the loss of tokens (or whole sequences, by geometric-mean ratio)
     whose π_prox/π_behaviour ratio falls outside [mis_low, mis_high]. Needs decoupled."""
@@ -217,12 +241,25 @@ class AlgorithmConfig(ConfigModel):
             )
         return value
 
-    @pydantic.field_validator("tis_cap", "mis_level")
+    @pydantic.field_validator("rollout_rs_threshold")
+    @classmethod
+    def _check_rollout_rs(cls, value: str | float | None, info: pydantic.ValidationInfo) -> str | float | None:
+        options = info.data.get("rollout_rs")
+        if options is not None:
+            parse_rollout_rs(options, value)  # raises ValueError naming what is wrong
+        return value
+
+    @pydantic.field_validator("tis_cap", "mis_level", "tis_cap_low", "tis_batch_normalize", "rollout_rs")
     @classmethod
     def _check_needs_decoupled(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        if value not in (None, "none") and not info.data.get("decoupled", False):
-            raise _inconsistent("null/'none' unless decoupled=true")
+        if value not in (None, "none", False) and not info.data.get("decoupled", False):
+            raise _inconsistent("null/'none'/false unless decoupled=true")
         return value
+
+    @property
+    def rollout_rs_rules(self) -> tuple[RejectionRule, ...]:
+        """``rollout_rs`` and its thresholds parsed: one ``(option, lower, upper)`` per option (empty when unset)."""
+        return parse_rollout_rs(self.rollout_rs, self.rollout_rs_threshold) if self.rollout_rs else ()
 
     @property
     def uses_critic(self) -> bool:
@@ -239,6 +276,62 @@ class AlgorithmConfig(ConfigModel):
         """Whether the loss holds the exact KL over the vocabulary (kl_coef > 0 with ``kl_estimator='full'``): the
         only term that reads the policy's whole next-token distribution rather than its sampled tokens'."""
         return self.kl_coef > 0.0 and self.kl_estimator == "full"
+
+
+ROLLOUT_RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+"""The rejection options ``algorithm.rollout_rs`` accepts (verl's names)."""
+
+RejectionRule = tuple[str, float | None, float]
+"""``(option, lower, upper)``: k1 options bound the log-ratio k1 in [log lower, log upper]; the others bound the
+divergence by ``upper`` (``lower`` None)."""
+
+
+def parse_rollout_rs(options: str, thresholds: str | float | None) -> tuple[RejectionRule, ...]:
+    """Parse ``rollout_rs`` and ``rollout_rs_threshold`` as verl does (one threshold shared, or one per option).
+
+    Raises:
+        ValueError: On an unknown option, a missing or malformed threshold, or a count that matches neither.
+    """
+    names = list(dict.fromkeys(part.strip() for part in options.split(",") if part.strip()))
+    unknown = [n for n in names if n not in ROLLOUT_RS_OPTIONS]
+    if not names or unknown:
+        raise ValueError(f"rollout_rs options {unknown or options!r} are not among {', '.join(ROLLOUT_RS_OPTIONS)}")
+    if thresholds is None:
+        raise ValueError("rollout_rs needs rollout_rs_threshold")
+    specs = [p.strip() for p in str(thresholds).split(",") if p.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"rollout_rs_threshold has {len(specs)} values; give 1 or {len(names)} (one per option)")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    rules: list[RejectionRule] = []
+    for name, spec in zip(names, specs, strict=True):
+        try:
+            if name.endswith("k1"):
+                low_text, _, high_text = spec.partition("_") if "_" in spec else (str(1.0 / float(spec)), "", spec)
+                low, high = float(low_text), float(high_text)
+                if low <= 0 or high <= 0:
+                    raise ValueError
+                rules.append((name, low, high))
+            else:
+                rules.append((name, None, float(spec)))
+                if rules[-1][2] <= 0:
+                    raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"rollout_rs_threshold {spec!r} for {name} must be positive ('lower_upper' for k1)"
+            ) from None
+    return tuple(rules)
 
 
 def _inconsistent(allowed: str) -> PydanticCustomError:
