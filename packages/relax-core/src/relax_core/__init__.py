@@ -33,6 +33,7 @@ from relax_core.config.base import (
 from relax_core.config.components import (
     AdvantageEstimator,
     AlgorithmConfig,
+    KLControlConfig,
     OptimizerConfig,
     PolicyLossName,
     StalenessConfig,
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         token_logprobs,
         value_loss,
     )
+    from relax_core.algorithms.kl_control import KLController
     from relax_core.algorithms.loss import (
         POLICY_LOSSES,
         Surrogate,
@@ -153,6 +155,7 @@ _LAZY: dict[str, str] = {
     "POLICY_LOSSES": "relax_core.algorithms.loss",
     "Surrogate": "relax_core.algorithms.loss",
     "SurrogateInputs": "relax_core.algorithms.loss",
+    "KLController": "relax_core.algorithms.kl_control",
     "compute_policy_loss": "relax_core.algorithms.loss",
     "policy_loss_units": "relax_core.algorithms.loss",
     "aggregate_loss": "relax_core.algorithms.masked",
@@ -211,6 +214,7 @@ __all__ += [
     "AdvantageEstimator",
     "AlgorithmConfig",
     "DataFileSpec",
+    "KLControlConfig",
     "KLEstimator",
     "LossAggMode",
     "OptimizerConfig",
@@ -282,6 +286,7 @@ __all__ += [
 ]
 # value loss, KL, entropy, log-probs
 __all__ += [
+    "KLController",
     "entropy_from_logits",
     "kl_estimate",
     "kl_full",

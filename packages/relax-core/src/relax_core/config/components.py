@@ -21,6 +21,7 @@ from relax_core.config.presets import PresetName, preset_data
 __all__ = [
     "AdvantageEstimator",
     "AlgorithmConfig",
+    "KLControlConfig",
     "KLEstimator",
     "LossAggMode",
     "OptimizerConfig",
@@ -35,6 +36,21 @@ AdvantageEstimator = str
 PolicyLossName = Literal[
     "ppo", "gspo", "cispo", "sapo", "gpg", "reinforce", "dro", "geo_mean", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"
 ]
+
+
+class KLControlConfig(ConfigModel):
+    """How the KL coefficient moves during a run (verl's ``algorithm.kl_ctrl``)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed``: β stays ``kl_coef``; ``adaptive``: β starts at ``kl_coef`` and after each update is multiplied by
+    1 + clip(KL / target_kl − 1, ±0.2) · samples / horizon (Ziegler et al. 2019), logged as ``kl_coef`` and kept in
+    checkpoints."""
+
+    target_kl: float = pydantic.Field(default=0.1, gt=0.0)
+    """The KL (as the loss measures it, metric ``kl``) the adaptive controller steers toward."""
+
+    horizon: int = pydantic.Field(default=10000, gt=0)
+    """Samples over which the adaptive controller corrects a KL error (larger: slower)."""
 
 
 class AlgorithmConfig(ConfigModel):
@@ -136,6 +152,9 @@ class AlgorithmConfig(ConfigModel):
     the reference itself), and the term keeps options alive that the policy stopped sampling. ``full`` needs
     ``kl_placement='loss'``."""
 
+    kl_ctrl: KLControlConfig = pydantic.Field(default_factory=KLControlConfig)
+    """Fixed or adaptive KL coefficient (``type``, ``target_kl``, ``horizon``); adaptive needs kl_coef > 0."""
+
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: added to the loss, or subtracted from the token rewards before advantages."""
 
@@ -229,6 +248,13 @@ class AlgorithmConfig(ConfigModel):
         estimator = info.data.get("advantage_estimator")
         if estimator in ALGORITHMS and ALGORITHMS[estimator].needs_groups and value < 2:
             raise _inconsistent(f">= 2 for advantage_estimator={estimator}")
+        return value
+
+    @pydantic.field_validator("kl_ctrl")
+    @classmethod
+    def _check_kl_ctrl(cls, value: KLControlConfig, info: pydantic.ValidationInfo) -> KLControlConfig:
+        if value.type == "adaptive" and not info.data.get("kl_coef", 0.0) > 0.0:
+            raise _inconsistent("type 'fixed' unless kl_coef > 0 (the adaptive controller starts from kl_coef)")
         return value
 
     @pydantic.field_validator("kl_placement")
