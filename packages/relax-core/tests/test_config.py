@@ -96,10 +96,10 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
     [
         (["algorithm.clip_eps_high=-0.1"], "algorithm.clip_eps_high", -0.1, "> 0"),
         (["algorithm.clip_eps_low=1.5"], "algorithm.clip_eps_low", 1.5, "<= 1"),
-        (["algorithm.policy_loss=trpo"], "algorithm.policy_loss", "trpo", "'ppo', 'gspo', 'cispo' or 'sapo'"),
+        (["algorithm.policy_loss=trpo"], "algorithm.policy_loss", "trpo", "'ppo', 'gspo', 'cispo', 'sapo', 'gpg'"),
         (["algorithm.advantage_estimator=a2c"], "algorithm.advantage_estimator", "a2c", "'gae'"),
         (["algorithm.loss_agg_mode=sum"], "algorithm.loss_agg_mode", "sum", "'token-mean'"),
-        (["algorithm.kl_estimator=k4"], "algorithm.kl_estimator", "k4", "'k1', 'k2', 'k3' or 'full'"),
+        (["algorithm.kl_estimator=k4"], "algorithm.kl_estimator", "k4", "'k1', 'k2', 'k3', 'abs', 'k1+', 'k3+'"),
         (["algorithm.kl_placement=both"], "algorithm.kl_placement", "both", "'loss' or 'reward'"),
         (["algorithm.gamma=1.5"], "algorithm.gamma", 1.5, "<= 1"),
         (["algorithm.dual_clip_c=0.5"], "algorithm.dual_clip_c", 0.5, "> 1"),

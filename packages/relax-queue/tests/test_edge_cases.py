@@ -242,8 +242,8 @@ def test_loading_a_snapshot_larger_than_the_queue_is_refused_and_changes_nothing
     small.put("mine", {"x": 1})
     with pytest.raises(ConfigError, match=r"5 rows, more than this queue's capacity\.max_rows=4"):
         small.load_state_dict(big.state_dict())
-    by_bytes = make_queue(tasks=("a",), max_rows=None, max_bytes=39)  # the snapshot holds 5 x 8 = 40 bytes
-    with pytest.raises(ConfigError, match=r"40 bytes of fields, more than this queue's capacity\.max_bytes=39"):
+    by_bytes = make_queue(tasks=("a",), max_rows=None, max_bytes=7)  # each of the snapshot's rows holds 8 bytes
+    with pytest.raises(ConfigError, match=r"row 0 is 8 bytes, more than this queue's capacity\.max_bytes=7"):
         by_bytes.load_state_dict(big.state_dict())
     assert small.reader("a").get(1, timeout=0).keys == ["mine"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_queue import ConfigError, LeaseError, RowInput, TaskSpec, TransferQueue, snapshot_keys
+from relax_queue import ConfigError, LeaseError, QueueFullError, RowInput, TaskSpec, TransferQueue, snapshot_keys
 
 MakeQueue = Callable[..., TransferQueue]
 
@@ -111,3 +111,28 @@ def test_snapshot_keys_lists_unconsumed_rows_without_building_a_queue(make_queue
     (tmp_path / "other").write_bytes(pickle.dumps({"format": "something else", "rows": []}))
     with pytest.raises(ConfigError, match="not a relax_queue snapshot"):
         snapshot_keys(tmp_path / "other")
+
+
+def test_a_snapshot_over_the_byte_bound_by_added_fields_restores_with_the_same_config(
+    make_queue: MakeQueue, tmp_path: Path
+) -> None:
+    """Rows admitted near ``max_bytes``, then widened by a stage's field (additions are never blocked): the
+    snapshot holds more bytes than the bound, and the same run with the same config must resume from it."""
+    q = make_queue(tasks=("a",), max_rows=None, max_bytes=100)
+    q.put_many([RowInput(i, {"tokens": b"t" * 30}) for i in range(3)])  # 90 of 100 bytes: admitted
+    for i in range(3):
+        q.add_fields(i, {"logprobs": b"l" * 20})  # a later stage's field: 150 bytes held
+    assert q.metrics()["depth_bytes"] == 150
+    q.save(tmp_path / "q.snap")
+
+    restored = make_queue(tasks=("a",), max_rows=None, max_bytes=100)
+    restored.load(tmp_path / "q.snap")
+    assert restored.metrics()["depth_bytes"] == 150 and len(restored) == 3
+    with pytest.raises(QueueFullError):  # new rows wait until the depth is back under the bound, as before the save
+        restored.put(3, {"tokens": b"t" * 30}, timeout=0)
+    reader = restored.reader("a")
+    batch = reader.get(3, timeout=0)
+    assert sorted(batch.keys) == [0, 1, 2]  # type: ignore[type-var]
+    assert batch.rows[0].fields["logprobs"] == b"l" * 20
+    reader.ack(batch)
+    restored.put(3, {"tokens": b"t" * 30}, timeout=0)  # room again

@@ -33,6 +33,7 @@ from relax_core.config.base import (
 from relax_core.config.components import (
     AdvantageEstimator,
     AlgorithmConfig,
+    KLControlConfig,
     OptimizerConfig,
     PolicyLossName,
     StalenessConfig,
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         discounted_returns,
         dynamic_sampling_keep,
         gae_advantages,
+        gpg_advantages,
         group_index,
         grpo_advantages,
         reinforce_pp_advantages,
@@ -93,7 +95,14 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
         token_logprobs,
         value_loss,
     )
-    from relax_core.algorithms.loss import compute_policy_loss, policy_loss_units
+    from relax_core.algorithms.kl_control import KLController
+    from relax_core.algorithms.loss import (
+        POLICY_LOSSES,
+        Surrogate,
+        SurrogateInputs,
+        compute_policy_loss,
+        policy_loss_units,
+    )
     from relax_core.algorithms.masked import (
         aggregate_loss,
         aggregation_units,
@@ -105,9 +114,16 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers
     from relax_core.algorithms.policy_losses import (
         ImportanceWeights,
         cispo_loss,
+        clip_cov_loss,
+        dppo_loss,
+        dro_loss,
+        geo_mean_loss,
         gspo_log_ratio,
         importance_weights,
+        kl_cov_loss,
+        pg_loss,
         ppo_clip_loss,
+        rejection_keep,
         sapo_loss,
     )
 
@@ -117,6 +133,10 @@ _LAZY: dict[str, str] = {
     "discounted_returns": "relax_core.algorithms.advantages",
     "dynamic_sampling_keep": "relax_core.algorithms.advantages",
     "gae_advantages": "relax_core.algorithms.advantages",
+    "remax_advantages": "relax_core.algorithms.advantages",
+    "opo_advantages": "relax_core.algorithms.advantages",
+    "grpo_passk_advantages": "relax_core.algorithms.advantages",
+    "gpg_advantages": "relax_core.algorithms.advantages",
     "group_index": "relax_core.algorithms.advantages",
     "grpo_advantages": "relax_core.algorithms.advantages",
     "reinforce_pp_advantages": "relax_core.algorithms.advantages",
@@ -132,6 +152,10 @@ _LAZY: dict[str, str] = {
     "kl_penalised_rewards": "relax_core.algorithms.kl",
     "token_logprobs": "relax_core.algorithms.kl",
     "value_loss": "relax_core.algorithms.kl",
+    "POLICY_LOSSES": "relax_core.algorithms.loss",
+    "Surrogate": "relax_core.algorithms.loss",
+    "SurrogateInputs": "relax_core.algorithms.loss",
+    "KLController": "relax_core.algorithms.kl_control",
     "compute_policy_loss": "relax_core.algorithms.loss",
     "policy_loss_units": "relax_core.algorithms.loss",
     "aggregate_loss": "relax_core.algorithms.masked",
@@ -142,9 +166,16 @@ _LAZY: dict[str, str] = {
     "masked_whiten": "relax_core.algorithms.masked",
     "ImportanceWeights": "relax_core.algorithms.policy_losses",
     "cispo_loss": "relax_core.algorithms.policy_losses",
+    "pg_loss": "relax_core.algorithms.policy_losses",
+    "kl_cov_loss": "relax_core.algorithms.policy_losses",
+    "geo_mean_loss": "relax_core.algorithms.policy_losses",
+    "dro_loss": "relax_core.algorithms.policy_losses",
+    "dppo_loss": "relax_core.algorithms.policy_losses",
+    "clip_cov_loss": "relax_core.algorithms.policy_losses",
     "gspo_log_ratio": "relax_core.algorithms.policy_losses",
     "importance_weights": "relax_core.algorithms.policy_losses",
     "ppo_clip_loss": "relax_core.algorithms.policy_losses",
+    "rejection_keep": "relax_core.algorithms.policy_losses",
     "sapo_loss": "relax_core.algorithms.policy_losses",
 }
 """Name → module of the torch math, imported when a name is first used."""
@@ -183,6 +214,7 @@ __all__ += [
     "AdvantageEstimator",
     "AlgorithmConfig",
     "DataFileSpec",
+    "KLControlConfig",
     "KLEstimator",
     "LossAggMode",
     "OptimizerConfig",
@@ -222,6 +254,7 @@ __all__ += [
     "discounted_returns",
     "dynamic_sampling_keep",
     "gae_advantages",
+    "gpg_advantages",
     "group_index",
     "grpo_advantages",
     "outcome_token_rewards",
@@ -232,17 +265,28 @@ __all__ += [
 ]
 # policy losses and corrections
 __all__ += [
+    "POLICY_LOSSES",
     "ImportanceWeights",
+    "Surrogate",
+    "SurrogateInputs",
     "cispo_loss",
+    "clip_cov_loss",
     "compute_policy_loss",
+    "dppo_loss",
+    "dro_loss",
+    "geo_mean_loss",
     "gspo_log_ratio",
     "importance_weights",
+    "kl_cov_loss",
+    "pg_loss",
     "policy_loss_units",
     "ppo_clip_loss",
+    "rejection_keep",
     "sapo_loss",
 ]
 # value loss, KL, entropy, log-probs
 __all__ += [
+    "KLController",
     "entropy_from_logits",
     "kl_estimate",
     "kl_full",

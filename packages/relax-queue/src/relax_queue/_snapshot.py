@@ -145,16 +145,25 @@ def load_core_state(core: QueueCore, state: dict[str, Any], reset_running: bool)
 
 
 def _check_fits(core: QueueCore, rows: list[dict[str, Any]]) -> None:
-    """Refuse a snapshot that holds more than this queue's capacity (before anything is replaced)."""
+    """Refuse a snapshot this queue could never hold (before anything is replaced): more rows than ``max_rows``, or
+    a row larger than ``max_bytes``.
+
+    The total byte depth is not judged against ``max_bytes``: the rows were admitted once, and fields that stages
+    added afterwards may take a live queue past its byte bound (``Capacity.max_bytes``), so a run's own snapshot can
+    hold more bytes than the bound and must still restore under the same config. New rows then wait until the depth
+    is back under, as they would have in the queue that was saved.
+    """
     cap = core.config.capacity
     if cap.max_rows is not None and len(rows) > cap.max_rows:
         raise ConfigError(f"snapshot holds {len(rows)} rows, more than this queue's capacity.max_rows={cap.max_rows}")
     if cap.max_bytes is not None:
-        total = sum(fields_nbytes(item["fields"]) for item in rows)
-        if total > cap.max_bytes:
-            raise ConfigError(
-                f"snapshot holds {total} bytes of fields, more than this queue's capacity.max_bytes={cap.max_bytes}"
-            )
+        for item in rows:
+            nbytes = fields_nbytes(item["fields"])
+            if nbytes > cap.max_bytes:
+                raise ConfigError(
+                    f"snapshot row {item['key']!r} is {nbytes} bytes, more than this queue's "
+                    f"capacity.max_bytes={cap.max_bytes}"
+                )
 
 
 def atomic_write(path: str | os.PathLike[str], state: dict[str, Any]) -> None:

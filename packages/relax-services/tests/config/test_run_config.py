@@ -115,3 +115,21 @@ def test_a_checkpoint_of_ones_own_defaults_to_the_sampled_token_kl(tmp_path: Pat
     from_file = tmp_path / "run.yaml"
     from_file.write_text(f"model:\n  source: {tmp_path}\nalgorithm:\n  group_size: 4\n", encoding="utf-8")
     assert load_run_config(from_file).algorithm.kl_estimator == "k3"
+
+
+def test_dr_grpo_normaliser_is_the_generation_budget() -> None:
+    """Dr.GRPO divides token sums by ``rollout.max_new_tokens`` (one source of truth), not the padded width."""
+    cfg = load_run_config({"algorithm": {"preset": "dr_grpo"}, "rollout": {"max_new_tokens": 12}})
+    assert cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.algorithm.loss_norm_constant == 12
+    assert load_run_config({"algorithm": {"preset": "dr_grpo"}}).algorithm.loss_norm_constant == 4
+    given = load_run_config({"algorithm": {"preset": "dr_grpo", "loss_norm_constant": 7}}, ["rollout.max_new_tokens=9"])
+    assert given.algorithm.loss_norm_constant == 7
+    assert (
+        load_run_config(overrides=["algorithm.loss_agg_mode=seq-mean-token-sum-norm"]).algorithm.loss_norm_constant == 4
+    )
+    assert load_run_config().algorithm.loss_norm_constant is None  # other modes have no constant
+
+
+def test_remax_is_refused_until_the_rollout_makes_greedy_baselines() -> None:
+    with pytest.raises(ConfigError, match="greedy response"):
+        load_run_config(overrides=["algorithm.advantage_estimator=remax", "algorithm.group_size=1"])

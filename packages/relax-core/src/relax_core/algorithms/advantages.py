@@ -23,10 +23,14 @@ __all__ = [
     "discounted_returns",
     "dynamic_sampling_keep",
     "gae_advantages",
+    "gpg_advantages",
     "group_index",
     "grpo_advantages",
+    "grpo_passk_advantages",
+    "opo_advantages",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
+    "remax_advantages",
     "rloo_advantages",
     "vtrace",
 ]
@@ -85,6 +89,97 @@ def rloo_advantages(scores: Tensor, group_ids: Sequence[Any] | Tensor) -> Tensor
     count, mean, _ = _group_stats(scores, group_index(group_ids))
     loo_mean = (mean * count - scores) / (count - 1).clamp(min=1)
     return torch.where(count > 1, scores - loo_mean, torch.zeros_like(scores))
+
+
+def opo_advantages(scores: Tensor, group_ids: Sequence[Any] | Tensor, lengths: Tensor) -> Tensor:
+    """OPO (Hao et al. 2025, "On-policy RL with optimal reward baseline", arXiv 2505.23585): the group baseline
+    weighs each reward by its response length, b_g = Σ_j L_j r_j / Σ_j L_j, and Â_i = r_i − b_g.
+
+    Args:
+        scores: Sequence rewards ``[B]``.
+        group_ids: Group of each sample.
+        lengths: Response lengths L_i ``[B]`` (valid tokens).
+
+    Returns:
+        Advantages ``[B]``; a group of one sample gets 0 (verl gives it its raw reward: a baseline of 0).
+    """
+    index = group_index(group_ids).to(scores.device)
+    count, _, _ = _group_stats(scores, index)
+    lengths = lengths.to(scores.dtype)
+    n_groups = int(index.max().item()) + 1 if index.numel() else 0
+    weighted = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, index, lengths * scores)
+    total = torch.zeros_like(weighted).index_add_(0, index, lengths)
+    baseline = (weighted / total.clamp(min=1))[index]  # [B]
+    return torch.where(count > 1, scores - baseline, torch.zeros_like(scores))
+
+
+def grpo_passk_advantages(
+    scores: Tensor, group_ids: Sequence[Any] | Tensor, norm_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Pass@k advantages, as verl's ``grpo_passk`` (which cites arXiv 2503.19595): only the best sample of each
+    group is credited, with the margin r_max − r_second over the group's runner-up; every other sample gets 0.
+
+    Args:
+        scores: Sequence rewards ``[B]``.
+        group_ids: Group of each sample.
+        norm_by_std: Divide the margin by the group's unbiased std (+ ``eps``), as GRPO does.
+        eps: Added to the std.
+
+    Returns:
+        Advantages ``[B]``; the first sample holding a group's maximum is its best; a group of one gets 0 (verl
+        raises).
+    """
+    index = group_index(group_ids).to(scores.device)
+    count, _, std = _group_stats(scores, index)
+    adv = torch.zeros_like(scores)
+    for g in range(int(index.max().item()) + 1 if index.numel() else 0):
+        members = (index == g).nonzero().squeeze(-1)  # [n_g]
+        if members.numel() < 2:
+            continue
+        values = scores[members]
+        ranked = torch.sort(values, descending=True, stable=True)
+        best = members[ranked.indices[0]]
+        margin = ranked.values[0] - ranked.values[1]
+        adv[best] = margin / (std[best] + eps) if norm_by_std else margin
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+def gpg_advantages(scores: Tensor, group_ids: Sequence[Any] | Tensor, f_norm: float = 1.0) -> Tensor:
+    """GPG group advantages (Chu et al. 2025, "GPG: a simple and strong reinforcement learning baseline for model
+    reasoning"): Â_i = α (r_i − mean_g) / F_norm with α = B / M, M the number of samples of the batch with a
+    non-zero reward (as verl counts it), which scales the batch's gradient back up for the samples that carry none.
+
+    Args:
+        scores: Sequence rewards ``[B]``.
+        group_ids: Group of each sample.
+        f_norm: F_norm (1 in the paper's default).
+
+    Returns:
+        Advantages ``[B]``; a group of one sample gets 0 (verl gives it α r_i / F_norm: a baseline of 0).
+    """
+    count, mean, _ = _group_stats(scores, group_index(group_ids))
+    alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
+    adv = alpha * (scores - mean) / f_norm
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+def remax_advantages(token_rewards: Tensor, baseline_scores: Tensor, mask: Tensor) -> Tensor:
+    """ReMax (Li et al. 2024, "ReMax: a simple, effective, and efficient reinforcement learning method for aligning
+    large language models", Algorithm 1): the baseline is the reward of a greedy response to the same prompt,
+    Â_t = Σ_{k≥t} r_k − b with b = r(greedy) (undiscounted reward-to-go, as verl).
+
+    Args:
+        token_rewards: Token rewards ``[B, T]`` (the score on the last valid token, plus any reward-placed penalty).
+        baseline_scores: The greedy response's reward for each sample's prompt ``[B]``.
+        mask: Valid tokens ``[B, T]``.
+
+    Returns:
+        Advantages ``[B, T]``, 0 on masked tokens.
+    """
+    returns = discounted_returns(token_rewards, mask, 1.0)  # [B, T]
+    return torch.where(
+        mask.bool(), returns - baseline_scores.to(returns.dtype).unsqueeze(-1), torch.zeros_like(returns)
+    )
 
 
 def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:

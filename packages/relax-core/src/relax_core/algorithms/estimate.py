@@ -54,6 +54,7 @@ def compute_advantages(
     old_logprobs: Tensor | None = None,
     proximal_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
 ) -> AdvantageOutput:
     """Advantages (and critic targets) for a batch, per ``cfg.advantage_estimator``.
 
@@ -75,6 +76,8 @@ def compute_advantages(
         proximal_logprobs: Trainer log-probs ``[B, T]``: the V-trace target policy (on-policy if None),
             and preferred over ``old_logprobs`` for the KL penalty.
         ref_logprobs: Reference log-probs ``[B, T]``; required by the reward KL penalty.
+        reward_baselines: The reward of a greedy response to each sample's prompt ``[B]``; required by estimators
+            that ``needs_greedy_baseline`` (remax).
 
     Raises:
         ValueError: If an input the estimator needs is missing.
@@ -98,6 +101,8 @@ def compute_advantages(
         raise ValueError(f"advantage_estimator={estimator!r} needs critic values")
     if spec.needs_behaviour_logprobs and old_logprobs is None:
         raise ValueError(f"advantage_estimator={estimator!r} needs old_logprobs (behaviour)")
+    if spec.needs_greedy_baseline and reward_baselines is None:
+        raise ValueError(f"advantage_estimator={estimator!r} needs reward_baselines (a greedy response's reward)")
     inputs = EstimatorInputs(
         scores=scores,
         mask=mask,
@@ -107,6 +112,7 @@ def compute_advantages(
         values=values,
         old_logprobs=old_logprobs,
         proximal_logprobs=proximal_logprobs,
+        reward_baselines=reward_baselines,
     )
     advantages, returns = spec.advantage(cfg, inputs)
     if cfg.whiten_advantages:

@@ -19,6 +19,10 @@ __all__ = [
 ]
 
 
+_ALIASES: dict[str, str] = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+"""verl's names for the same estimators (``low_var_kl`` is k3 with the ±10 clamp, this module's default)."""
+
+
 def kl_estimate(
     logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator = "k3", clamp: float | None = 10.0
 ) -> Tensor:
@@ -26,31 +30,44 @@ def kl_estimate(
 
     With log r = log π_ref − log π_θ:
     k1 = −log r (unbiased, high variance), k2 = ½ (log r)² (biased, low variance),
-    k3 = r − 1 − log r (unbiased, non-negative, low variance).
+    k3 = r − 1 − log r (unbiased, non-negative, low variance), abs = |log r|.
+    ``k1+`` and ``k3+`` are straight-through estimators: the value of k1 (k3) and the gradient of k2,
+    −log r · ∇log π_θ, whose expectation under π_θ is the gradient of KL(π_θ ‖ π_ref) (k1's and k3's own
+    gradients in the loss are not: E[∇k1] = 0). verl's names ``kl``, ``mse`` and ``low_var_kl`` are k1, k2, k3.
 
     Args:
         logprobs: log π_θ of the sampled tokens ``[B, T]``.
         ref_logprobs: log π_ref of the same tokens ``[B, T]``.
-        estimator: ``k1``, ``k2`` or ``k3``.
+        estimator: ``k1``, ``k2``, ``k3``, ``abs``, ``k1+``, ``k3+`` or an alias (``kl``, ``mse``, ``low_var_kl``).
         clamp: The estimate is clamped to [−clamp, clamp] (and k3's log r to ±20 before ``exp``), the
-            low-variance clamp that keeps one outlier token from dominating; None disables it.
+            low-variance clamp that keeps one outlier token from dominating; None disables it. A straight-through
+            estimator clamps its value only; its gradient is k2's, unclamped.
 
     Returns:
         KL estimate ``[B, T]``; differentiable w.r.t. ``logprobs``.
     """
     if estimator == "full":
         raise ValueError("the 'full' KL needs both distributions over the vocabulary: use kl_full")
+    name = _ALIASES.get(estimator, estimator)
+    straight_through = name in ("k1+", "k3+")
+    base = name.rstrip("+")
     log_r = ref_logprobs - logprobs  # [B, T]
-    if estimator == "k1":
+    if base == "k1":
         kl = -log_r
-    elif estimator == "k2":
+    elif base == "k2":
         kl = 0.5 * log_r**2
-    elif estimator == "k3":
-        log_r = torch.clamp(log_r, -20.0, 20.0)
-        kl = torch.exp(log_r) - 1.0 - log_r
+    elif base == "k3":
+        clamped = torch.clamp(log_r, -20.0, 20.0)
+        kl = torch.exp(clamped) - 1.0 - clamped
+    elif base == "abs":
+        kl = log_r.abs()
     else:
-        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: k1, k2, k3")
-    return torch.clamp(kl, -clamp, clamp) if clamp is not None else kl
+        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: k1, k2, k3, abs, k1+, k3+, kl, mse, low_var_kl")
+    kl = torch.clamp(kl, -clamp, clamp) if clamp is not None else kl
+    if straight_through:
+        k2 = 0.5 * log_r**2  # [B, T]; carries the gradient
+        kl = kl.detach() + k2 - k2.detach()
+    return kl
 
 
 def kl_full(logprob_dist: Tensor, ref_dist: Tensor, clamp: float | None = 10.0) -> Tensor:

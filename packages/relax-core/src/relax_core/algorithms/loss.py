@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -9,15 +13,22 @@ from relax_core.algorithms.kl import _clamp_full_kl, kl_estimate
 from relax_core.algorithms.masked import aggregate_loss, aggregation_units, masked_mean
 from relax_core.algorithms.policy_losses import (
     LOG_RATIO_BOUND,
+    ImportanceWeights,
     cispo_loss,
+    clip_cov_loss,
+    dppo_loss,
+    dro_loss,
+    geo_mean_loss,
     gspo_log_ratio,
     importance_weights,
+    kl_cov_loss,
+    pg_loss,
     ppo_clip_loss,
     sapo_loss,
 )
 from relax_core.config.components import AlgorithmConfig
 
-__all__ = ["compute_policy_loss", "policy_loss_units"]
+__all__ = ["POLICY_LOSSES", "Surrogate", "SurrogateInputs", "compute_policy_loss", "policy_loss_units"]
 
 
 def _check_shapes(shape: torch.Size, **tensors: Tensor | None) -> None:
@@ -26,19 +37,124 @@ def _check_shapes(shape: torch.Size, **tensors: Tensor | None) -> None:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}; expected {tuple(shape)} like logprobs")
 
 
-def _surrogate(
-    cfg: AlgorithmConfig, log_ratio: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Per-token loss ``[B, T]``, clip indicator ``[B, T]`` and (PPO/GSPO) dual-clip indicator."""
-    if cfg.policy_loss in ("ppo", "gspo"):
-        if cfg.policy_loss == "gspo":
-            log_ratio = gspo_log_ratio(log_ratio, mask)
-        return ppo_clip_loss(log_ratio, advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c)
-    if cfg.policy_loss == "cispo":
-        loss, clipped = cispo_loss(log_ratio, advantages, cfg.clip_eps_low, cfg.clip_eps_high)
-        return loss, clipped, None
-    loss, gated = sapo_loss(log_ratio, advantages, cfg.sapo_tau_pos, cfg.sapo_tau_neg)
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """What a policy surrogate of :data:`POLICY_LOSSES` reads; every tensor ``[B, T]``, zero on padding.
+
+    Attributes:
+        logprobs: log π_θ, with gradient.
+        anchor: log π_anchor (proximal when decoupled, else behaviour), detached.
+        log_ratio: ``logprobs − anchor``, with gradient.
+        advantages: Detached advantages.
+        mask: Bool valid tokens.
+    """
+
+    logprobs: Tensor
+    anchor: Tensor
+    log_ratio: Tensor
+    advantages: Tensor
+    mask: Tensor
+
+
+Surrogate = Callable[[AlgorithmConfig, SurrogateInputs], "tuple[Tensor, Tensor, Tensor | None]"]
+"""``(cfg, inputs) -> (loss [B, T], clip-or-gate indicator [B, T], dual-clip indicator [B, T] or None)``."""
+
+
+def _ppo(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    return ppo_clip_loss(x.log_ratio, x.advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c)
+
+
+def _gspo(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    log_ratio = gspo_log_ratio(x.log_ratio, x.mask)
+    return ppo_clip_loss(log_ratio, x.advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c)
+
+
+def _cispo(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    loss, clipped = cispo_loss(x.log_ratio, x.advantages, cfg.clip_eps_low, cfg.clip_eps_high)
+    return loss, clipped, None
+
+
+def _sapo(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    loss, gated = sapo_loss(x.log_ratio, x.advantages, cfg.sapo_tau_pos, cfg.sapo_tau_neg)
     return loss, gated, None
+
+
+def _pg(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    return pg_loss(x.logprobs, x.advantages), torch.zeros_like(x.mask), None
+
+
+def _dro(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    return dro_loss(x.logprobs, x.log_ratio, x.advantages, cfg.dro_beta), torch.zeros_like(x.mask), None
+
+
+def _geo_mean(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    loss, clipped = geo_mean_loss(x.log_ratio, x.advantages, x.mask, cfg.clip_eps_low, cfg.clip_eps_high)
+    return loss, clipped, None
+
+
+def _clip_cov(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    loss, cut = clip_cov_loss(
+        x.log_ratio,
+        x.logprobs,
+        x.advantages,
+        x.mask,
+        cfg.clip_eps_low,
+        cfg.clip_eps_high,
+        cfg.clip_cov_ratio,
+        cfg.clip_cov_lb,
+        cfg.clip_cov_ub,
+    )
+    return loss, cut, None
+
+
+def _kl_cov(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+    loss, penalised = kl_cov_loss(x.log_ratio, x.logprobs, x.advantages, x.mask, cfg.kl_cov_ratio, cfg.ppo_kl_coef)
+    return loss, penalised, None
+
+
+def _dppo(divergence: Literal["tv", "kl"]) -> Surrogate:
+    def surrogate(cfg: AlgorithmConfig, x: SurrogateInputs) -> tuple[Tensor, Tensor, Tensor | None]:
+        loss, outside = dppo_loss(
+            x.logprobs, x.anchor, x.advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dppo_ratio_cap, divergence
+        )
+        return loss, outside, None
+
+    return surrogate
+
+
+POLICY_LOSSES: dict[str, Surrogate] = {
+    "ppo": _ppo,
+    "gspo": _gspo,
+    "cispo": _cispo,
+    "sapo": _sapo,
+    "gpg": _pg,
+    "reinforce": _pg,
+    "dro": _dro,
+    "geo_mean": _geo_mean,
+    "clip_cov": _clip_cov,
+    "kl_cov": _kl_cov,
+    "dppo_tv": _dppo("tv"),
+    "dppo_kl": _dppo("kl"),
+}
+"""``algorithm.policy_loss`` → its per-token surrogate (the pure functions are in ``policy_losses.py``); the
+names are verl's, ``ppo`` being verl's ``vanilla``."""
+
+
+def _corrections(cfg: AlgorithmConfig, proximal: Tensor, behaviour: Tensor, mask: Tensor) -> ImportanceWeights:
+    """The off-policy weights and masks ``cfg`` asks for (truncated IS, masked IS, batch normalisation, rejection)."""
+    return importance_weights(
+        proximal,
+        behaviour,
+        mask,
+        cfg.tis_cap,
+        cfg.mis_level,
+        cfg.mis_low,
+        cfg.mis_high,
+        tis_level=cfg.tis_level,
+        tis_cap_low=cfg.tis_cap_low,
+        batch_normalize=cfg.tis_batch_normalize,
+        rejection=cfg.rollout_rs_rules,
+    )
 
 
 def compute_policy_loss(
@@ -81,7 +197,9 @@ def compute_policy_loss(
     Returns:
         ``(loss, diagnostics)``: the scalar to minimise and floats ``policy_loss``, ``clip_frac``,
         ``dual_clip_frac``, ``approx_kl``, ``ratio_mean``, and when present ``is_weight_mean/min/max``,
-        ``is_truncated_frac``, ``is_masked_frac``, ``mismatch_kl``, ``kl``, ``entropy``, ``loss``.
+        ``is_truncated_frac``, ``is_masked_frac``, ``rs_masked_frac`` (valid tokens the ``rollout_rs`` rules
+        rejected), ``rs_seq_masked_frac`` (sequences with a rejected token), ``mismatch_kl``, ``kl``,
+        ``entropy``, ``loss``.
 
     Raises:
         ValueError: On shape mismatches or a missing input the config needs.
@@ -114,15 +232,14 @@ def compute_policy_loss(
     logprobs = torch.where(mask_b, logprobs, zero)
     advantages = torch.where(mask_b, advantages, zero)
     anchor = proximal_logprobs if proximal_logprobs is not None else old_logprobs
-    log_ratio = logprobs - torch.where(mask_b, anchor, zero).detach()  # [B, T]
-    per_token, clipped, dual = _surrogate(cfg, log_ratio, advantages.detach(), mask_b)  # [B, T]
+    anchor_lp = torch.where(mask_b, anchor, zero).detach()  # [B, T]
+    inputs = SurrogateInputs(logprobs, anchor_lp, logprobs - anchor_lp, advantages.detach(), mask_b)
+    per_token, clipped, dual = POLICY_LOSSES[cfg.policy_loss](cfg, inputs)  # [B, T] each
 
     diagnostics: dict[str, float] = {}
     loss_mask = mask_b
     if proximal_logprobs is not None:
-        iw = importance_weights(
-            proximal_logprobs, old_logprobs, mask_b, cfg.tis_cap, cfg.mis_level, cfg.mis_low, cfg.mis_high
-        )
+        iw = _corrections(cfg, proximal_logprobs, old_logprobs, mask_b)
         per_token = per_token * iw.weights
         loss_mask = iw.keep
         with torch.no_grad():
@@ -133,6 +250,8 @@ def compute_policy_loss(
                 is_weight_max=float(torch.where(mask_b, iw.raw, -torch.inf).max().item()) if mask_b.any() else 1.0,
                 is_truncated_frac=float(masked_mean(iw.truncated.float(), mask_b).item()),
                 is_masked_frac=float(masked_mean((~iw.keep).float(), mask_b).item()),
+                rs_masked_frac=float(masked_mean(iw.rejected.float(), mask_b).item()),
+                rs_seq_masked_frac=float(masked_mean(iw.rejected.any(-1).float(), mask_b.any(-1)).item()),
                 # KL(μ ‖ π_prox) by k3 on samples of μ: the rollout/trainer mismatch.
                 mismatch_kl=float(masked_mean(torch.exp(log_w) - 1.0 - log_w, mask_b).item()),
             )
@@ -161,7 +280,7 @@ def compute_policy_loss(
 
     with torch.no_grad():
         # The clamped log-ratio the surrogates used, so one far-off token cannot make these inf.
-        lr_det = log_ratio.detach().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        lr_det = inputs.log_ratio.detach().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         diagnostics.update(
             policy_loss=float(policy_loss.item()),
             clip_frac=float(masked_mean(clipped.float(), mask_b).item()),
@@ -192,7 +311,5 @@ def policy_loss_units(
     """
     keep = mask.bool()
     if proximal_logprobs is not None:
-        keep = importance_weights(
-            proximal_logprobs, old_logprobs, keep, cfg.tis_cap, cfg.mis_level, cfg.mis_low, cfg.mis_high
-        ).keep
+        keep = _corrections(cfg, proximal_logprobs, old_logprobs, keep).keep
     return aggregation_units(keep, cfg.loss_agg_mode)

@@ -63,16 +63,20 @@ def aggregate_loss(
 
     Modes:
         ``token-mean``: Σ_{b,t} m·ℓ / Σ m — every token weighs the same (DAPO, Yu et al. 2025, eq. 8).
+        ``token-sum``: Σ_{b,t} m·ℓ — no normaliser at all (the loss and its gradient grow with the batch).
         ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (GRPO, Shao et al.
         2024, eq. 3). Sequences with no valid token are left out.
         ``seq-mean-token-sum``: mean over sequences of each sequence's token sum. Sequences with no valid
         token are left out (as in ``seq-mean-token-mean``), so a sequence rejected by masked IS does not
         shrink the loss and its gradient by kept / B.
         ``seq-mean-token-sum-norm``: Σ_{b,t} m·ℓ / (B · C) with a constant C (Dr.GRPO, Liu et al. 2025),
-        C = ``norm_constant`` or the padded width T.
+        C = ``norm_constant`` or the padded width T. A run config sets C to its generation budget
+        ``rollout.max_new_tokens`` unless given, so C never moves with a batch's longest answer.
     """
     if mode == "token-mean":
         return masked_mean(loss, mask)
+    if mode == "token-sum":
+        return masked_sum(loss, mask)
     if mode == "seq-mean-token-mean":
         per_seq = masked_mean(loss, mask, dim=-1)  # [B]
         has_tokens = mask.bool().any(dim=-1)  # [B]
@@ -91,15 +95,19 @@ def aggregation_units(mask: Tensor, mode: LossAggMode = "token-mean") -> float:
     ``seq-mean-token-sum-norm``.
 
     Splitting a batch into parts ``p`` gives ``aggregate_loss(batch) = Σ_p n_p · aggregate_loss(p) / Σ_p n_p``
-    with ``n_p = aggregation_units(p)``, exactly, for every mode: kept tokens for ``token-mean``, sequences with a
-    kept token for ``seq-mean-token-mean`` / ``seq-mean-token-sum``, all sequences for
+    with ``n_p = aggregation_units(p)``, exactly, for every mean mode: kept tokens for ``token-mean``, sequences
+    with a kept token for ``seq-mean-token-mean`` / ``seq-mean-token-sum``, all sequences for
     ``seq-mean-token-sum-norm`` (whose constant ``C`` is the same in every part when ``norm_constant`` is given).
+    ``token-sum`` has no unit to average over: each part counts 1, so parts combine as the mean of their sums (the
+    batch's sum divided by the number of parts; exact when a step is one micro-batch).
     This is what lets a training engine combine micro-batches exactly when masked importance sampling removes a
     different number of tokens or sequences from each.
     """
     mask_b = mask.bool()
     if mode == "token-mean":
         return float(mask_b.sum())
+    if mode == "token-sum":
+        return 1.0
     if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return float(mask_b.any(dim=-1).sum())
     if mode == "seq-mean-token-sum-norm":
@@ -107,4 +115,4 @@ def aggregation_units(mask: Tensor, mode: LossAggMode = "token-mean") -> float:
     raise ValueError(f"unknown loss_agg_mode {mode!r}; allowed: {', '.join(_MODES)}")
 
 
-_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

@@ -48,6 +48,8 @@ class EstimatorInputs:
         values: Critic values ``[B, T]`` (present when the spec ``needs_critic``).
         old_logprobs: Behaviour log-probs ``[B, T]`` (present when the spec ``needs_behaviour_logprobs``).
         proximal_logprobs: The trainer's log-probs before the update ``[B, T]``, when given.
+        reward_baselines: The reward of a greedy response to each sample's prompt ``[B]`` (present when the spec
+            ``needs_greedy_baseline``).
     """
 
     scores: Tensor
@@ -58,6 +60,7 @@ class EstimatorInputs:
     values: Tensor | None = None
     old_logprobs: Tensor | None = None
     proximal_logprobs: Tensor | None = None
+    reward_baselines: Tensor | None = None
 
 
 AdvantageFn = Callable[["AlgorithmConfig", EstimatorInputs], "tuple[Tensor, Tensor | None]"]
@@ -78,6 +81,8 @@ class AlgorithmSpec:
         on_policy_only: The estimate assumes on-policy data: ``staleness.tau`` must be 0.
         needs_proximal_logprobs: The trainer must compute its own log-probs before the update (the estimate's
             target policy), not only during it.
+        needs_greedy_baseline: Each prompt also needs a greedy response, scored by the reward but not trained on,
+            whose reward is the baseline (ReMax).
         presets: Named hyper-parameter sets for this estimator (``algorithm.preset``); the policy loss and its
             clip ranges, aggregation and KL settings are among them. Each preset name is unique in the table.
     """
@@ -90,6 +95,7 @@ class AlgorithmSpec:
     needs_behaviour_logprobs: bool = False
     on_policy_only: bool = False
     needs_proximal_logprobs: bool = False
+    needs_greedy_baseline: bool = False
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
@@ -123,6 +129,35 @@ def _rloo(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor
 
     seq_adv = rloo_advantages(_seq_scores(inputs), _groups(inputs))  # [B]
     return broadcast_to_tokens(seq_adv, inputs.mask), None
+
+
+def _opo(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core.algorithms.advantages import broadcast_to_tokens, opo_advantages
+
+    lengths = inputs.mask.bool().sum(-1)  # [B]
+    seq_adv = opo_advantages(_seq_scores(inputs), _groups(inputs), lengths)  # [B]
+    return broadcast_to_tokens(seq_adv, inputs.mask), None
+
+
+def _grpo_passk(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core.algorithms.advantages import broadcast_to_tokens, grpo_passk_advantages
+
+    seq_adv = grpo_passk_advantages(_seq_scores(inputs), _groups(inputs), cfg.norm_adv_by_std)  # [B]
+    return broadcast_to_tokens(seq_adv, inputs.mask), None
+
+
+def _gpg(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core.algorithms.advantages import broadcast_to_tokens, gpg_advantages
+
+    seq_adv = gpg_advantages(_seq_scores(inputs), _groups(inputs))  # [B]
+    return broadcast_to_tokens(seq_adv, inputs.mask), None
+
+
+def _remax(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
+    from relax_core.algorithms.advantages import remax_advantages
+
+    assert inputs.reward_baselines is not None  # compute_advantages checks the spec's needs first
+    return remax_advantages(inputs.token_rewards, inputs.reward_baselines, inputs.mask), None
 
 
 def _reinforce_pp(cfg: AlgorithmConfig, inputs: EstimatorInputs) -> tuple[Tensor, Tensor | None]:
@@ -250,6 +285,30 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         advantage=_reinforce_pp_baseline,
         summary="REINFORCE++ with the group-mean baseline (Hu 2025)",
         needs_groups=True,
+    ),
+    "opo": AlgorithmSpec(
+        advantage=_opo,
+        summary="length-weighted group baseline (Hao et al. 2025, OPO)",
+        needs_groups=True,
+    ),
+    "grpo_passk": AlgorithmSpec(
+        advantage=_grpo_passk,
+        summary="Pass@k: the best of each group gets its margin over the runner-up (verl's grpo_passk)",
+        needs_groups=True,
+    ),
+    "gpg": AlgorithmSpec(
+        advantage=_gpg,
+        summary="group-centred rewards scaled by B / non-zero rewards (Chu et al. 2025, GPG)",
+        needs_groups=True,
+        presets={
+            # GPG: its advantages with the plain −A·log π loss, no clip, no KL.
+            "gpg": {"group_size": 8, "policy_loss": "gpg", "loss_agg_mode": "token-mean", "kl_coef": 0.0},
+        },
+    ),
+    "remax": AlgorithmSpec(
+        advantage=_remax,
+        summary="reward-to-go minus a greedy response's reward (Li et al. 2024, ReMax)",
+        needs_greedy_baseline=True,
     ),
     "gae": AlgorithmSpec(
         advantage=_gae,

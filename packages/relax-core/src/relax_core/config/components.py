@@ -21,6 +21,7 @@ from relax_core.config.presets import PresetName, preset_data
 __all__ = [
     "AdvantageEstimator",
     "AlgorithmConfig",
+    "KLControlConfig",
     "KLEstimator",
     "LossAggMode",
     "OptimizerConfig",
@@ -32,7 +33,24 @@ __all__ = [
 
 AdvantageEstimator = str
 """An advantage estimator id: a key of :data:`~relax_core.ALGORITHMS` (checked when a config is loaded)."""
-PolicyLossName = Literal["ppo", "gspo", "cispo", "sapo"]
+PolicyLossName = Literal[
+    "ppo", "gspo", "cispo", "sapo", "gpg", "reinforce", "dro", "geo_mean", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"
+]
+
+
+class KLControlConfig(ConfigModel):
+    """How the KL coefficient moves during a run (verl's ``algorithm.kl_ctrl``)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed``: β stays ``kl_coef``; ``adaptive``: β starts at ``kl_coef`` and after each update is multiplied by
+    1 + clip(KL / target_kl − 1, ±0.2) · samples / horizon (Ziegler et al. 2019), logged as ``kl_coef`` and kept in
+    checkpoints."""
+
+    target_kl: float = pydantic.Field(default=0.1, gt=0.0)
+    """The KL (as the loss measures it, metric ``kl``) the adaptive controller steers toward."""
+
+    horizon: int = pydantic.Field(default=10000, gt=0)
+    """Samples over which the adaptive controller corrects a KL error (larger: slower)."""
 
 
 class AlgorithmConfig(ConfigModel):
@@ -65,15 +83,21 @@ class AlgorithmConfig(ConfigModel):
     reinforce_pp_baseline) need >= 2."""
 
     policy_loss: PolicyLossName = "ppo"
-    """Surrogate: ppo (clip; Schulman et al. 2017), gspo (sequence ratios), cispo (clipped IS weight),
-    sapo (soft gate)."""
+    """Surrogate (verl's names; relax's ``ppo`` is verl's ``vanilla``): ppo (clip; Schulman et al. 2017), gspo
+    (sequence ratios; Zheng et al. 2025), cispo (clipped IS weight; MiniMax-M1), sapo (soft gate; Gao et al. 2025),
+    gpg and reinforce (−A·log π; Chu et al. 2025, Williams 1992), dro (−A·log π + β/2·(log r)²; Richemond et al.
+    2024), geo_mean (GMPO: geometric-mean sequence ratio clipped in log space; Zhao et al. 2025), clip_cov and
+    kl_cov (covariance-selected tokens cut or KL-penalised; Cui et al. 2025), dppo_tv and dppo_kl (binary TV / KL
+    trust-region masks; Qi et al. 2026). Each function's docstring in ``relax_core/algorithms/policy_losses.py``
+    gives its formula."""
 
     clip_eps_low: float = pydantic.Field(default=0.2, gt=0.0, le=1.0)
     """Lower clip range ε_low: ratios below 1 − ε_low are clipped (CISPO: the lower IS-weight clip; 1.0
     disables it)."""
 
     clip_eps_high: float = pydantic.Field(default=0.2, gt=0.0)
-    """Upper clip range ε_high: ratios above 1 + ε_high are clipped (DAPO clip-higher uses 0.28)."""
+    """Upper clip range ε_high: ratios above 1 + ε_high are clipped (DAPO clip-higher uses 0.28). geo_mean reads
+    ε_low / ε_high as bounds on the log-ratio, dppo_tv / dppo_kl as the trust region's δ_low / δ_high."""
 
     dual_clip_c: float | None = pydantic.Field(default=None, gt=1.0)
     """Dual-clip bound c > 1 for negative advantages (Ye et al. 2020); None disables it."""
@@ -84,22 +108,52 @@ class AlgorithmConfig(ConfigModel):
     sapo_tau_neg: float = pydantic.Field(default=1.05, gt=0.0)
     """SAPO gate temperature for negative advantages."""
 
+    dro_beta: float = pydantic.Field(default=0.1, gt=0.0)
+    """DRO (``policy_loss='dro'``): weight β of the squared log-ratio ½β·(log π_θ − log π_old)²."""
+
+    clip_cov_ratio: float = pydantic.Field(default=0.0002, gt=0.0, le=1.0)
+    """Clip-Cov: share of the valid tokens whose gradient is cut (at least one)."""
+
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower bound of the covariance window the cut tokens are drawn from."""
+
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper bound of that window."""
+
+    kl_cov_ratio: float = pydantic.Field(default=0.0002, gt=0.0, le=1.0)
+    """KL-Cov: share of the valid tokens (the highest covariance, at least one) that get the |log r| penalty."""
+
+    ppo_kl_coef: float = pydantic.Field(default=1.0, ge=0.0)
+    """KL-Cov: weight of the |log r| penalty on the selected tokens."""
+
+    dppo_ratio_cap: float = pydantic.Field(default=20.0, gt=0.0)
+    """DPPO (dppo_tv, dppo_kl): cap c of the detached ratio that weighs each token's −A·log π (verl's
+    ``clip_ratio_c``); the trust region's bounds are ``clip_eps_low`` / ``clip_eps_high``."""
+
     loss_agg_mode: LossAggMode = "token-mean"
-    """How per-token losses become a scalar: token-mean, seq-mean-token-mean, seq-mean-token-sum,
-    seq-mean-token-sum-norm (sum over tokens divided by a constant; Dr.GRPO)."""
+    """How per-token losses become a scalar: token-mean, token-sum (no normaliser; a step split into micro-batches
+    averages their sums), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (sum over tokens divided
+    by B · loss_norm_constant; Dr.GRPO)."""
 
     loss_norm_constant: int | None = pydantic.Field(default=None, gt=0)
-    """Constant normaliser for seq-mean-token-sum-norm (e.g. the max response length); None uses the
-    padded response width T of each batch."""
+    """Constant normaliser C for seq-mean-token-sum-norm. A run config (``relax train``) fills it with its
+    generation budget ``rollout.max_new_tokens`` when unset; an AlgorithmConfig used alone falls back to the padded
+    response width T of each batch (which moves with the batch's longest answer)."""
 
     kl_coef: float = pydantic.Field(default=0.0, ge=0.0)
     """Weight β of the KL(π_θ ‖ π_ref) term; 0 disables the reference model."""
 
     kl_estimator: KLEstimator = "k3"
-    """KL estimator (Schulman 2020): k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low variance), all from
-    the sampled tokens; ``full`` = the exact KL(π_ref ‖ π_θ) over the vocabulary (the reference then supplies
-    its whole next-token distribution, and the term keeps options alive that the policy stopped sampling).
-    ``full`` needs ``kl_placement='loss'``."""
+    """KL estimator (Schulman 2020), with r = π_θ/π_ref: k1 = log r, k2 = ½ (log r)², k3 = r⁻¹ − 1 + log r (low
+    variance), abs = |log r|, all from the sampled tokens; ``k1+`` / ``k3+``: the value of k1 / k3 with the
+    gradient of k2 (straight-through, verl's ``+`` forms); ``kl``, ``mse``, ``low_var_kl``: verl's names of k1, k2,
+    k3. ``full`` = the exact KL(π_ref ‖ π_θ) over the vocabulary: the reference then ships its whole next-token
+    distribution, V floats per response token (``[B, T, V]`` float32 through the queue unless the trainer holds
+    the reference itself), and the term keeps options alive that the policy stopped sampling. ``full`` needs
+    ``kl_placement='loss'``."""
+
+    kl_ctrl: KLControlConfig = pydantic.Field(default_factory=KLControlConfig)
+    """Fixed or adaptive KL coefficient (``type``, ``target_kl``, ``horizon``); adaptive needs kl_coef > 0."""
 
     kl_placement: Literal["loss", "reward"] = "loss"
     """Where β·KL goes: added to the loss, or subtracted from the token rewards before advantages."""
@@ -123,6 +177,30 @@ class AlgorithmConfig(ConfigModel):
 
     tis_cap: float | None = pydantic.Field(default=None, gt=0.0)
     """Token-level truncated IS: the π_prox/π_behaviour weight is capped at this value. Needs decoupled."""
+
+    tis_level: Literal["token", "sequence"] = "token"
+    """Level of the truncated IS weight: ``token`` caps each π_prox/π_behaviour; ``sequence`` gives every token of a
+    sequence the product exp(Σ_t log w_t), capped (verl's ``rollout_is: sequence``)."""
+
+    tis_cap_low: float | None = pydantic.Field(default=None, gt=0.0)
+    """Lower truncation of the IS weight (at the level ``tis_level``); None: no lower cap. Needs decoupled."""
+
+    tis_batch_normalize: bool = False
+    """Divide the truncated IS weights by their mean over the batch's valid tokens (token level) or sequences
+    (sequence level), so they average 1 (verl's ``rollout_is_batch_normalize``). In the trainer the batch is one
+    micro-batch. Needs decoupled."""
+
+    rollout_rs: str | None = None
+    """Rejection by rollout/trainer divergence (verl's ``rollout_rs``): comma-separated options, every one must pass.
+    With log w = log π_prox − log π_behaviour per token and k1 = −log w, k2 = ½(log w)², k3 = e^{log w} − 1 − log w:
+    ``token_k1``/``token_k2``/``token_k3`` reject tokens; ``seq_sum_k*``, ``seq_mean_k*``, ``seq_max_k2``,
+    ``seq_max_k3`` reject whole sequences by the sum, mean or max of the tokens' divergence. Rejected tokens leave
+    the loss; their share is the metric ``rs_masked_frac`` (``rs_seq_masked_frac`` for sequences). Needs decoupled."""
+
+    rollout_rs_threshold: str | float | None = None
+    """Thresholds for ``rollout_rs``: one shared by every option or one per option, comma-separated. A k1 option
+    takes ``lower_upper`` ratio bounds (keep log lower ≤ k1 ≤ log upper; a single value u means 1/u_u); the others
+    one upper bound on the divergence."""
 
     mis_level: Literal["none", "token", "sequence"] = "none"
     """Masked IS (MIS / IcePop): zero the loss of tokens (or whole sequences, by geometric-mean ratio)
@@ -172,6 +250,13 @@ class AlgorithmConfig(ConfigModel):
             raise _inconsistent(f">= 2 for advantage_estimator={estimator}")
         return value
 
+    @pydantic.field_validator("kl_ctrl")
+    @classmethod
+    def _check_kl_ctrl(cls, value: KLControlConfig, info: pydantic.ValidationInfo) -> KLControlConfig:
+        if value.type == "adaptive" and not info.data.get("kl_coef", 0.0) > 0.0:
+            raise _inconsistent("type 'fixed' unless kl_coef > 0 (the adaptive controller starts from kl_coef)")
+        return value
+
     @pydantic.field_validator("kl_placement")
     @classmethod
     def _check_full_kl_in_loss(cls, value: str, info: pydantic.ValidationInfo) -> str:
@@ -182,12 +267,25 @@ class AlgorithmConfig(ConfigModel):
             )
         return value
 
-    @pydantic.field_validator("tis_cap", "mis_level")
+    @pydantic.field_validator("rollout_rs_threshold")
+    @classmethod
+    def _check_rollout_rs(cls, value: str | float | None, info: pydantic.ValidationInfo) -> str | float | None:
+        options = info.data.get("rollout_rs")
+        if options is not None:
+            parse_rollout_rs(options, value)  # raises ValueError naming what is wrong
+        return value
+
+    @pydantic.field_validator("tis_cap", "mis_level", "tis_cap_low", "tis_batch_normalize", "rollout_rs")
     @classmethod
     def _check_needs_decoupled(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
-        if value not in (None, "none") and not info.data.get("decoupled", False):
-            raise _inconsistent("null/'none' unless decoupled=true")
+        if value not in (None, "none", False) and not info.data.get("decoupled", False):
+            raise _inconsistent("null/'none'/false unless decoupled=true")
         return value
+
+    @property
+    def rollout_rs_rules(self) -> tuple[RejectionRule, ...]:
+        """``rollout_rs`` and its thresholds parsed: one ``(option, lower, upper)`` per option (empty when unset)."""
+        return parse_rollout_rs(self.rollout_rs, self.rollout_rs_threshold) if self.rollout_rs else ()
 
     @property
     def uses_critic(self) -> bool:
@@ -204,6 +302,62 @@ class AlgorithmConfig(ConfigModel):
         """Whether the loss holds the exact KL over the vocabulary (kl_coef > 0 with ``kl_estimator='full'``): the
         only term that reads the policy's whole next-token distribution rather than its sampled tokens'."""
         return self.kl_coef > 0.0 and self.kl_estimator == "full"
+
+
+ROLLOUT_RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+"""The rejection options ``algorithm.rollout_rs`` accepts (verl's names)."""
+
+RejectionRule = tuple[str, float | None, float]
+"""``(option, lower, upper)``: k1 options bound the log-ratio k1 in [log lower, log upper]; the others bound the
+divergence by ``upper`` (``lower`` None)."""
+
+
+def parse_rollout_rs(options: str, thresholds: str | float | None) -> tuple[RejectionRule, ...]:
+    """Parse ``rollout_rs`` and ``rollout_rs_threshold`` as verl does (one threshold shared, or one per option).
+
+    Raises:
+        ValueError: On an unknown option, a missing or malformed threshold, or a count that matches neither.
+    """
+    names = list(dict.fromkeys(part.strip() for part in options.split(",") if part.strip()))
+    unknown = [n for n in names if n not in ROLLOUT_RS_OPTIONS]
+    if not names or unknown:
+        raise ValueError(f"rollout_rs options {unknown or options!r} are not among {', '.join(ROLLOUT_RS_OPTIONS)}")
+    if thresholds is None:
+        raise ValueError("rollout_rs needs rollout_rs_threshold")
+    specs = [p.strip() for p in str(thresholds).split(",") if p.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"rollout_rs_threshold has {len(specs)} values; give 1 or {len(names)} (one per option)")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    rules: list[RejectionRule] = []
+    for name, spec in zip(names, specs, strict=True):
+        try:
+            if name.endswith("k1"):
+                low_text, _, high_text = spec.partition("_") if "_" in spec else (str(1.0 / float(spec)), "", spec)
+                low, high = float(low_text), float(high_text)
+                if low <= 0 or high <= 0:
+                    raise ValueError
+                rules.append((name, low, high))
+            else:
+                rules.append((name, None, float(spec)))
+                if rules[-1][2] <= 0:
+                    raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"rollout_rs_threshold {spec!r} for {name} must be positive ('lower_upper' for k1)"
+            ) from None
+    return tuple(rules)
 
 
 def _inconsistent(allowed: str) -> PydanticCustomError:

@@ -25,8 +25,10 @@ from relax_core import (
     apply_overrides,
     load_config,
     off_policy_alternatives,
+    preset_names,
     read_yaml_mapping,
 )
+from relax_core.config.presets import preset_data
 from relax_services.config.data import DEFAULT_MODEL_SOURCE, DataConfig, LoraConfig, ModelConfig
 from relax_services.config.data import DEFAULT_TASKS as DEFAULT_TASKS
 from relax_services.config.data import TaskName as TaskName
@@ -142,7 +144,7 @@ class RunConfig(ConfigModel):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _schedule_length(cls, data: object) -> object:
-        return _derive_schedule_length(data) if isinstance(data, dict) else data
+        return _derive_norm_constant(_derive_schedule_length(data)) if isinstance(data, dict) else data
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> RunConfig:
@@ -152,6 +154,11 @@ class RunConfig(ConfigModel):
                 f"algorithm.advantage_estimator={estimator!r} assumes on-policy data but staleness.tau="
                 f"{self.staleness.tau}; use algorithm.advantage_estimator={off_policy_alternatives(estimator)} "
                 "(off-policy corrected) or staleness.tau=0"
+            )
+        if algorithm_spec(estimator).needs_greedy_baseline:
+            raise ValueError(
+                f"algorithm.advantage_estimator={estimator!r} needs each prompt's greedy response scored by the reward "
+                "(its baseline); the Rollout service does not produce one yet: use grpo, rloo, opo or gpg"
             )
         if self.trainer.groups_per_step % self.trainer.minibatches:
             raise ValueError(
@@ -234,6 +241,31 @@ def _derive_schedule_length(data: dict[str, object]) -> dict[str, object]:
         data["optimizer"] = {**RUN_DEFAULTS["optimizer"], "total_steps": steps}
     elif isinstance(optimizer, dict):
         data["optimizer"] = {**optimizer, "total_steps": steps}
+    return data
+
+
+def _derive_norm_constant(data: dict[str, object]) -> dict[str, object]:
+    """One source of truth for Dr.GRPO's constant: ``seq-mean-token-sum-norm`` divides token sums by
+    ``algorithm.loss_norm_constant``, which is the generation budget ``rollout.max_new_tokens`` unless the config
+    sets it, never the padded width of the batch at hand (that moves with each batch's longest answer)."""
+    algo, rollout = data.get("algorithm"), data.get("rollout")
+    budget = rollout.get("max_new_tokens") if isinstance(rollout, dict) else getattr(rollout, "max_new_tokens", None)
+    if rollout is None:
+        budget = RolloutConfig.model_fields["max_new_tokens"].default
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        return data  # an invalid value is reported under rollout.
+    if isinstance(algo, AlgorithmConfig):
+        if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_norm_constant is None:
+            data = {**data, "algorithm": algo.model_copy(update={"loss_norm_constant": budget})}
+        return data
+    given = algo if isinstance(algo, dict) else {} if algo is None else None
+    if given is None or given.get("loss_norm_constant") is not None:
+        return data
+    preset = given.get("preset")
+    preset_values = preset_data(preset) if isinstance(preset, str) and preset in preset_names() else {}
+    mode = given.get("loss_agg_mode", preset_values.get("loss_agg_mode"))
+    if mode == "seq-mean-token-sum-norm":
+        data = {**data, "algorithm": {**given, "loss_norm_constant": budget}}
     return data
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from relax_core import (
+    KLController,
     aggregation_units,
     algorithm_spec,
     compute_advantages,
@@ -276,9 +277,12 @@ class TrainerService(ServiceBase):
         self.critic_weights = critic_weights
         if self.critic is not None and critic_weights is None:
             raise ValueError(f"advantage_estimator={cfg.algorithm.advantage_estimator!r} needs a critic weight store")
+        self.kl_ctrl = KLController.from_config(cfg.algorithm)  # β of the KL term, moved by an adaptive controller
         if restore_from is not None:  # a resumed run or a global restart: continue exactly where it stopped
             state = torch.load(restore_from, map_location="cpu", weights_only=False)
             self.engine.load_state_dict(state)
+            if "kl_ctrl" in state:
+                self.kl_ctrl.load_state_dict(state["kl_ctrl"])
             if self.critic is not None:
                 self.critic.load_state_dict(state["critic"])
         self._hold = StepHold()
@@ -351,8 +355,9 @@ class TrainerService(ServiceBase):
         self._hold.release()
 
     def save_engine(self, path: str) -> int:
-        """Write model, optimizer, scheduler, RNG and version to ``path`` (call while paused)."""
+        """Write model, optimizer, scheduler, RNG, version and the KL coefficient to ``path`` (call while paused)."""
         state = self.engine.state_dict()
+        state["kl_ctrl"] = self.kl_ctrl.state_dict()
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         torch.save(state, path)
@@ -392,6 +397,13 @@ class TrainerService(ServiceBase):
             return
         self._train_on(batch)
 
+    def _with_kl_coef(self) -> tuple[RunConfig, float]:
+        """The run config with the KL controller's current β (the run's own when it is unchanged), and β."""
+        beta = self.kl_ctrl.value
+        if beta == self.cfg.algorithm.kl_coef:
+            return self.cfg, beta
+        return self.cfg.model_copy(update={"algorithm": self.cfg.algorithm.model_copy(update={"kl_coef": beta})}), beta
+
     def _train_on(self, batch: Batch) -> None:
         start = time.perf_counter()
         if self._prefetch is not None:
@@ -406,8 +418,11 @@ class TrainerService(ServiceBase):
             self.record("filtered", rows=len(rows), keys=[str(k) for k in batch.keys])
             return
         proximal = proximal_logprobs(self.cfg, self.engine, trained)
-        samples = build_train_samples(self.cfg, trained, proximal, version=version_before)
-        metrics = self.engine.step(samples, self.loss_fn)
+        cfg, kl_coef = self._with_kl_coef()
+        samples = build_train_samples(cfg, trained, proximal, version=version_before)
+        metrics = self.engine.step(samples, self.loss_fn if cfg is self.cfg else make_loss_fn(cfg))
+        if "kl" in metrics:
+            self.kl_ctrl.update(float(metrics["kl"]), len(trained))
         pop_rollout_mismatch(metrics)
         if self.critic is not None:
             critic_metrics = self.critic.step(samples, self.value_loss_fn)
@@ -434,6 +449,7 @@ class TrainerService(ServiceBase):
             reward_failures=sum(r["reward_error"] is not None for r in rows),
             filtered_rows=len(rows) - len(trained),
             env_token_frac=env_token_frac(trained),
+            kl_coef=kl_coef,
             wait_s=self._wait_s,
             train_s=train_s,
             weight_sync_s=self._sync_s,
