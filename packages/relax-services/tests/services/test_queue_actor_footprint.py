@@ -47,7 +47,7 @@ def _actor_modules(ray: Any, actor: Any) -> list[str]:
 def test_queue_actors_move_real_rows_without_the_model_stack(ray_session: Any, tmp_path: Path) -> None:
     from relax_services.config import load_run_config
     from relax_services.control.pipeline import _light_actor, queue_configs
-    from relax_services.data.feeder import PromptFeeder
+    from relax_services.data.feeder import PromptFeeder, _prompt_row
     from relax_services.data.run_data import prepare_data
     from relax_services.services import ReferenceService, RewardService, RolloutService, trainer_fields
     from relax_services.weights import InProcessWeightStore
@@ -63,7 +63,7 @@ def test_queue_actors_move_real_rows_without_the_model_stack(ray_session: Any, t
         tasks = {feeder._items[key]["task"] for key in prompts}
         assert {"image", "video"} & tasks, tasks  # media prompts, not only text, crossed the queue
         # The prompt queue counts each prompt at its pickle's length (the rest of a row: its small item dict).
-        items = [{k: v for k, v in feeder._items[key].items() if k != "item"} for key in prompts]
+        items = [_prompt_row(feeder._items[key], prompt)["item"] for key, prompt in prompts.items()]
         expected = sum(len(pickle.dumps(p, protocol=5)) for p in prompts.values()) + sum(map(estimate_nbytes, items))
         assert prompt_queue.metrics()["depth_bytes"] == expected
 

@@ -237,12 +237,16 @@ class TrainEngine(Protocol):
         Reference service writes)."""
         ...
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """Detached CPU copy of the model weights, for publishing."""
+    def policy_state(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The model weights on the CPU, for publishing: copies, or with ``copy=False`` possibly views of the live
+        weights (for a caller that copies them before the next update, as every weight store's ``publish`` does:
+        one copy fewer of the model per version)."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, scheduler, RNG and version, for checkpoints."""
+    def state_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """Model, optimizer, scheduler, RNG and version, for checkpoints: copies, or with ``copy=False`` possibly
+        views of the live state (for a caller that writes it before the next update, as a checkpoint taken while
+        the Trainer is paused does: no second copy of the weights and the optimizer's moments)."""
         ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -332,8 +332,10 @@ class TrainerService(ServiceBase):
         counted as stale against the version it produced) and no snapshot sees one without the other."""
         if self.critic is not None:  # before the version is visible, so a Critic that catches up to it finds it
             assert self.critic_weights is not None  # checked in __init__
-            self.critic_weights.publish(self.version, self.critic.policy_state())
-        stats = self.weights.publish(self.version, self.engine.policy_state())
+            self.critic_weights.publish(self.version, self.critic.policy_state(copy=False))
+        # Views of the live weights: every store copies them as it publishes (the object store's put, the
+        # in-process store's copy), so a version costs one copy of the model, not two.
+        stats = self.weights.publish(self.version, self.engine.policy_state(copy=False))
         start = time.perf_counter()
         if consumed is None:
             self.queue.publish_version(self.version)
@@ -356,10 +358,11 @@ class TrainerService(ServiceBase):
 
     def save_engine(self, path: str) -> int:
         """Write model, optimizer, scheduler, RNG, version and the KL coefficient to ``path`` (call while paused)."""
-        state = self.engine.state_dict()
+        # Views of the live state, written now while the loop is held: no second copy of weights and moments.
+        state = self.engine.state_dict(copy=False)
         state["kl_ctrl"] = self.kl_ctrl.state_dict()
         if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
+            state["critic"] = self.critic.state_dict(copy=False)
         torch.save(state, path)
         return self.version
 

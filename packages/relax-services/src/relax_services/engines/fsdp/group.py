@@ -320,13 +320,14 @@ class TrainerGroup:
         scores: TokenScores = self._call("compute_scores", ray.put(list(batch)))[0]
         return scores
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """The full weights (gathered by every rank, returned by rank 0)."""
+    def policy_state(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The full weights (gathered by every rank, returned by rank 0: a copy whatever ``copy`` says)."""
         state: dict[str, torch.Tensor] = self._call("policy_state")[0]
         return state
 
-    def state_dict(self) -> dict[str, Any]:
-        """Full (unsharded) model, optimizer (keyed by parameter name), scheduler, rank 0's RNG and version: a
+    def state_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """Full (unsharded) model, optimizer (keyed by parameter name), scheduler, rank 0's RNG and version (gathered
+        copies whatever ``copy`` says): a
         checkpoint any world size of the group loads. :mod:`~relax_services.engines.fsdp.checkpoint` writes the
         sharded form instead, for models too large to gather."""
         state: dict[str, Any] = self._call("full_state")[0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import copy as _copy
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -345,23 +345,27 @@ class TorchTrainEngine:
         self.optimizer.step()
         return metrics
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """Detached CPU copies of the weights (safe to publish while training continues); with ``config.lora`` the
-        adapters merged in, under the plain model's names (:func:`~relax_services.models.lora.merged_state`)."""
+    def policy_state(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The weights on the CPU: detached copies (safe to publish while training continues), or with
+        ``copy=False`` detached views of the live weights where they are on the CPU; with ``config.lora`` the
+        adapters merged in, under the plain model's names (:func:`~relax_services.models.lora.merged_state`, new
+        tensors either way)."""
         if self.config.lora is not None:
             return merged_state(self.model)
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=copy) for k, v in self.model.state_dict().items()}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, scheduler, torch RNG states and version (copies, not views of live state). With
-        ``config.lora`` the model entry is the adapters alone (the frozen weights are the checkpoint folder's)."""
+    def state_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """Model, optimizer, scheduler, torch RNG states and version: copies, or with ``copy=False`` views of the
+        live weights and moments (to be written before the next update). With ``config.lora`` the model entry is
+        the adapters alone (the frozen weights are the checkpoint folder's)."""
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
+        optimizer = self.optimizer.state_dict()
         return {
-            "model": self.policy_state() if self.config.lora is None else adapter_state(self.model),
+            "model": self.policy_state(copy=copy) if self.config.lora is None else adapter_state(self.model),
             # The optimizer's state dict holds its live moment tensors, which later steps update in place.
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer": _copy.deepcopy(optimizer) if copy else optimizer,
             "scheduler": self.scheduler.state_dict(),
             "rng": rng,
             "version": self._version,
@@ -437,7 +441,7 @@ def frozen_reference(
             raise ValueError("a reference model is only held for the full-vocabulary KL (TorchTrainConfig.full_kl)")
         return None
     dtype = None if config.reference_dtype is None else getattr(torch, config.reference_dtype)
-    return FrozenReference(reference if reference is not None else copy.deepcopy(model), device, dtype)
+    return FrozenReference(reference if reference is not None else _copy.deepcopy(model), device, dtype)
 
 
 def autocast_enabled(config: TorchTrainConfig, device: torch.device) -> bool:
