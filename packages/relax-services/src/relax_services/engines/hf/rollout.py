@@ -7,6 +7,7 @@ dropped from the cache as they end.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -112,6 +113,10 @@ class HFRolloutEngine:
         self.device = torch.device(self.config.device)
         dtype = None if self.config.dtype is None else getattr(torch, self.config.dtype)
         self.model = model.to(self.device, dtype).eval()
+        # Prefill and recomputation need the last position's logits only: families whose forward takes
+        # ``logits_to_keep`` skip the LM head on the rest (a [rows, prompt, V] tensor at a real vocabulary).
+        keeps = "logits_to_keep" in inspect.signature(type(self.model).forward).parameters
+        self._last_logits: dict[str, int] = {"logits_to_keep": 1} if keeps else {}
         self._version = version
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.last_stats: dict[str, float] = {}
@@ -262,7 +267,7 @@ class HFRolloutEngine:
             last = cast(Any, self.model).lm_head(states.last_hidden_state[:, -1])  # [U, V]
         else:
             media = {k: v.to(self.device) for k, v in forward_media(self.model, collate_media(batch)).items()}
-            out = self.model(input_ids=input_ids, **media, **common, use_cache=True)
+            out = self.model(input_ids=input_ids, **media, **common, use_cache=True, **self._last_logits)
             cache, last = out.past_key_values, out.logits[:, -1]  # [U, V]
         index = row_to_unique.to(self.device)
         cache.batch_select_indices(index)
@@ -314,6 +319,7 @@ class HFRolloutEngine:
             position_ids=position_ids_for(self.model, position_ids),
             past_key_values=fresh.cache,
             use_cache=True,
+            **self._last_logits,
         )
         fresh.cache = res.past_key_values
         fresh.next_pos = fresh.next_pos + t
