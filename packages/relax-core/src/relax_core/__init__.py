@@ -69,7 +69,7 @@ from relax_core.rewards.runner import (
     RewardStats,
     build_reward_runner,
 )
-from relax_core.rewards.user import CallStyle, RewardKind, call_style, load_reward_fn, parse_reward_value
+from relax_core.rewards.user import CallStyle, RewardKind, call_style, import_file, load_reward_fn, parse_reward_value
 
 if TYPE_CHECKING:  # the lazily imported names, for type checkers
     from relax_core.algorithms.advantages import (
@@ -324,6 +324,7 @@ __all__ += [
     "RewardStats",
     "build_reward_runner",
     "call_style",
+    "import_file",
     "length_penalty_reward",
     "load_reward_fn",
     "math_verify_reward",

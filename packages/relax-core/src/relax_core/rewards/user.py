@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import math
 import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,39 @@ from typing import Any, Literal
 
 from relax_core.rewards.registry import resolve_reward_fn
 
-__all__ = ["CallStyle", "RewardKind", "call_style", "load_reward_fn", "parse_reward_value"]
+__all__ = ["CallStyle", "RewardKind", "call_style", "import_file", "load_reward_fn", "parse_reward_value"]
 
 RewardKind = Literal["auto", "scalar", "batched", "async", "async_batched"]
+
+
+def import_file(path: Path, prefix: str, label: str) -> types.ModuleType:
+    """The Python file ``path`` imported as a module of its own (once per process), for a user's code that is a
+    file rather than a package: its name is ``prefix`` and a hash of the path, so two files both called
+    ``reward.py`` (or ``env.py``) coexist, and the module stays in ``sys.modules`` so pickles find it again.
+
+    Args:
+        path: The file (absolute).
+        prefix: The module name's prefix (which kind of user code it is).
+        label: What the errors name first (the config field and its value).
+
+    Raises:
+        ValueError: The file cannot be loaded as a module, or importing it raised (the message names ``label``,
+            the file and the error; the failed module is not kept).
+    """
+    name = f"{prefix}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    if (module := sys.modules.get(name)) is not None:
+        return module
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ValueError(f"{label}: cannot load {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ValueError(f"{label}: importing {str(path)!r} failed: {type(exc).__name__}: {exc}") from exc
+    return module
 
 
 def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable[..., Any]:
@@ -52,21 +83,8 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable
     path = path.resolve()
     if not path.is_file():
         raise ValueError(f"reward {spec!r}: file {str(path)!r} does not exist")
-    # One module per file, named by its path's hash, so two reward files both called reward.py coexist and
-    # pickling a function defined there finds its module again in this process.
-    name = f"relax_user_reward_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    module = sys.modules.get(name)
-    if module is None:
-        loader_spec = importlib.util.spec_from_file_location(name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"reward {spec!r}: cannot load {str(path)!r} as a Python module")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[name]
-            raise ValueError(f"reward {spec!r}: importing {str(path)!r} failed: {type(exc).__name__}: {exc}") from exc
+    # Pickling a function defined there must find its module again in this process: import_file keeps it.
+    module = import_file(path, "relax_user_reward", f"reward {spec!r}")
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
         raise ValueError(f"reward {spec!r}: {str(path)!r} has no callable {attr!r}")

@@ -20,17 +20,17 @@ Every problem with the class is an :class:`EnvironmentSpecError` when it is load
 from __future__ import annotations
 
 import enum
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from relax_core import import_file
 
 __all__ = [
     "LIFECYCLE_METHODS",
@@ -122,24 +122,6 @@ class EnvironmentSpec:
         return self.cls()
 
 
-def _import_file(path: Path, where: str) -> types.ModuleType:
-    # One module per file, named by its path's hash (as reward files are), so two env.py files coexist.
-    name = f"relax_user_env_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
-    if (module := sys.modules.get(name)) is not None:
-        return module
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise EnvironmentSpecError(f"{where}: cannot load {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise EnvironmentSpecError(f"{where}: importing {str(path)!r} failed: {type(exc).__name__}: {exc}") from exc
-    return module
-
-
 def _load_class(spec: str) -> tuple[type, str]:
     """The class ``spec`` names and where it was found (the file or module, for messages)."""
     where_part, sep, attr = spec.rpartition(":")
@@ -150,7 +132,10 @@ def _load_class(spec: str) -> tuple[type, str]:
         where = str(path)
         if not path.is_file():
             raise EnvironmentSpecError(f"rollout.env {spec!r}: file {where!r} does not exist")
-        module = _import_file(path, f"rollout.env {spec!r}")
+        try:  # one module per file, named by its path's hash (as reward files are), so two env.py files coexist
+            module = import_file(path, "relax_user_env", f"rollout.env {spec!r}")
+        except ValueError as exc:
+            raise EnvironmentSpecError(str(exc)) from exc
     else:
         where = where_part
         try:
