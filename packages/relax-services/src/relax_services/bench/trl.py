@@ -241,6 +241,16 @@ def _trl_python(work: Path) -> Path:
     return python
 
 
+def trl_side_script() -> Path:
+    """:data:`TRL_SIDE_SCRIPT`, checked to exist (only a source checkout has it)."""
+    if not TRL_SIDE_SCRIPT.is_file():
+        raise FileNotFoundError(
+            f"relax bench trl runs {TRL_SIDE_SCRIPT.name} from relax-services' benchmarks folder, which only a source "
+            f"checkout has (not found at {TRL_SIDE_SCRIPT})"
+        )
+    return TRL_SIDE_SCRIPT
+
+
 def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResult:
     """Launch ``cmd``, sample its tree's PSS until it exits; the timeline is filled in by the caller."""
     side = SideResult(name=name, start=time.time())
@@ -249,6 +259,7 @@ def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResul
         memory = PeakMemory(pid=proc.pid, interval_s=0.25).start()
         code = proc.wait()
         side.peak_bytes = memory.stop()
+        side.peak_processes = memory.peak_processes
     side.wall_s = time.time() - side.start
     if code != 0:
         raise RuntimeError(f"{name} exited with status {code}; see {log}")
@@ -260,13 +271,7 @@ def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str], capture: Sequenc
     out = work / "trl" / "timeline.jsonl"
     shutil.rmtree(out.parent, ignore_errors=True)
     out.parent.mkdir(parents=True)
-    script = TRL_SIDE_SCRIPT
-    if not script.is_file():
-        raise FileNotFoundError(
-            f"relax bench trl runs {script.name} from relax-services' benchmarks folder, which only a source "
-            f"checkout has (not found at {script})"
-        )
-    cmd = [str(python), str(script), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
+    cmd = [str(python), str(trl_side_script()), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
     if capture:
         cmd += ["--capture-steps", ",".join(map(str, capture)), "--capture-dir", str(out.parent / "captures")]
     side = _run(f"TRL {TRL_VERSION} GRPOTrainer", cmd, env, work / "trl" / "log.txt")
