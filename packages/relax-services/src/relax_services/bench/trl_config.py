@@ -120,7 +120,7 @@ def config_hparams(cfg: RunConfig, minutes: float | None = None) -> ConfigHParam
         "seed": trainer.seed,
         "group_size": algo.group_size,
         "groups_per_step": trainer.groups_per_step,
-        "micro_batch_groups": _micro_batch_groups(trainer.groups_per_step, trainer.micro_batch_groups),
+        "micro_batch_groups": min(trainer.micro_batch_groups, trainer.groups_per_step),  # divides groups_per_step
         "max_new_tokens": cfg.rollout.max_new_tokens,
         "temperature": cfg.rollout.temperature,
         "lr": opt.lr,
@@ -137,15 +137,6 @@ def config_hparams(cfg: RunConfig, minutes: float | None = None) -> ConfigHParam
         "intra_op_threads": _threads(cfg),
         "reward": cfg.reward.runner_config().model_dump(mode="json"),
     }
-
-
-def _micro_batch_groups(groups_per_step: int, micro_batch_groups: int) -> int:
-    """TRL's micro-batch in groups: relax's (at most one update's), or the largest divisor of ``groups_per_step``
-    below it (TRL accumulates whole micro-batches)."""
-    micro = min(micro_batch_groups, groups_per_step)
-    while groups_per_step % micro:
-        micro -= 1
-    return micro
 
 
 def differences(cfg: RunConfig) -> list[str]:
