@@ -146,6 +146,7 @@ def test_config_table_gives_figures_and_ratios_to_trl() -> None:
     relax = SideResult("relax distributed", 0.0, [10.0 + 3.0 * i for i in range(9)], [0.0] * 9, samples=32)
     relax.peak_bytes, relax.heldout_reward, relax.wall_s = 3_600_000_000, 0.625, 50.0
     relax.peak_processes = {"TrainerService": [2_000_000_000], "RolloutService": [800_000_000, 800_000_000]}
+    relax.heldout_curve = [(12.4, 0.5), (40.0, 0.625)]
     estimate = MemoryEstimate(params=100_000_000, weights_bytes=400_000_000, optimizer_bytes=800_000_000)
     table = format_config_table([trl, relax], estimate, ["relax adds an entropy bonus"])
     assert "| updates | 9 | 9 |" in table
@@ -158,6 +159,7 @@ def test_config_table_gives_figures_and_ratios_to_trl() -> None:
     assert "| 1,800 MB | 2,400 MB |" in table
     assert "- TRL, per process at its peak (PSS): trl_side.py 2,900 MB, python 100 MB" in table
     assert "RolloutService ×2 800 MB + 800 MB" in table.split("relax distributed, per process")[1]
+    assert "- relax distributed, held-out reward by seconds into its run: 12 s 0.500, 40 s 0.625" in table
     assert table.splitlines()[-1] == "- not held equal: relax adds an entropy bonus"
 
 

@@ -279,10 +279,12 @@ def _run_relax_config(
         side.times.append(float(record["time"]))
         side.rewards.append(float(record["reward"]))
         side.samples = int(record["samples"])
-    finals = [r for r in read_metrics(metrics, "eval") if r.get("final")]
-    if finals:
-        rewards = finals[-1]["reward"]
-        side.heldout_reward = statistics.fmean(rewards.values()) if isinstance(rewards, dict) else float(rewards)
+    for record in read_metrics(metrics, "eval"):
+        rewards = record["reward"]  # per eval task
+        mean = statistics.fmean(rewards.values()) if isinstance(rewards, dict) else float(rewards)
+        side.heldout_curve.append((float(record["wall"]), mean))
+        if record.get("final"):
+            side.heldout_reward = mean
     side.split = update_split(metrics)
     return side
 
@@ -301,6 +303,8 @@ def run_config_bench(
     ``work/results.json``)."""
     from relax_services.config import load_run_config
 
+    if unknown := [m for m in modes if m not in RELAX_MODES]:
+        raise ValueError(f"relax side modes must be among {RELAX_MODES}, got {unknown}")
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     extra = [*overrides, *([f"model.source={model.resolve()}"] if model is not None else [])]

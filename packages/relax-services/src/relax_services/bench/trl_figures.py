@@ -49,6 +49,7 @@ class SideResult:
         peak_processes: At the peak, each process label's PSS bytes (:attr:`~relax_services.reporting.footprint.\
 PeakMemory.peak_processes`).
         heldout_reward: The held-out reward at the end (``--config`` mode; None when not measured).
+        heldout_curve: A relax side's held-out rewards as its run went: (seconds into the run, reward).
     """
 
     name: str
@@ -61,6 +62,7 @@ PeakMemory.peak_processes`).
     split: UpdateSplit | None = None
     peak_processes: dict[str, list[int]] = field(default_factory=dict)
     heldout_reward: float | None = None
+    heldout_curve: list[tuple[float, float]] = field(default_factory=list)
 
 
 def crossing(times: Sequence[float], rewards: Sequence[float], threshold: float, window: int = WINDOW) -> int | None:
@@ -322,5 +324,9 @@ def format_config_table(sides: Sequence[SideResult], estimate: MemoryEstimate, n
             each = " + ".join(_mb(n) for n in sizes)
             parts.append(f"{label} {each}" if len(sizes) == 1 else f"{label} ×{len(sizes)} {each}")
         lines.append(f"- {side.name}, per process at its peak (PSS): {', '.join(parts) or '—'}")
+    for side in sides:
+        if side.heldout_curve:
+            curve = ", ".join(f"{wall:.0f} s {reward:.3f}" for wall, reward in side.heldout_curve)
+            lines.append(f"- {side.name}, held-out reward by seconds into its run: {curve}")
     lines += [f"- not held equal: {note}" for note in notes]
     return "\n".join(lines)
