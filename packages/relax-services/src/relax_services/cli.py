@@ -218,8 +218,11 @@ def _bench_trl(args: argparse.Namespace) -> int:
     if args.config is not None:
         from relax_services.bench.trl_config import run_config_bench
 
+        def names(text: str) -> list[str]:
+            return [t for t in text.split(",") if t]
+
         return run_config_bench(
-            args.config, args.work, args.model, args.minutes, tuple(args.modes.split(",")), tuple(args.overrides)
+            args.config, args.work, args.model, args.minutes, tuple(names(args.modes)), tuple(args.overrides)
         )
     if args.model is not None or args.minutes is not None or args.overrides:
         print("relax bench trl: --model, --minutes and overrides need --config", file=sys.stderr)
@@ -351,7 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     trl.add_argument("--model", type=Path, default=None, help="with --config: a checkpoint folder for model.source")
     trl.add_argument("--minutes", type=float, default=None, help="with --config: wall-clock budget per side")
     trl.add_argument(
-        "--modes", default="colocated,distributed", help="with --config: relax's sides (default colocated,distributed)"
+        "--modes",
+        default="colocated,distributed",
+        help="with --config: relax's sides (default colocated,distributed; empty: TRL only)",
     )
     trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")
