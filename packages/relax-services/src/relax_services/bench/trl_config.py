@@ -252,6 +252,7 @@ def _run_trl_config(work: Path, hp: ConfigHParams, model: str, env: dict[str, st
     cmd = [str(python), str(trl_side_script()), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
     cmd += ["--model", model]
     side = _run(f"TRL {TRL_VERSION}", cmd, env, work / "trl" / "log.txt")
+    side.peak_processes = {("trl_side.py" if k == "driver" else k): v for k, v in side.peak_processes.items()}
     for line in out.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         if "heldout_reward" in record:

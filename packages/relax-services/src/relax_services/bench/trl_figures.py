@@ -237,7 +237,8 @@ class MemoryEstimate:
     optimizer_bytes: int
 
     def rest(self, peak_bytes: int) -> int:
-        """Peak less the weights and the optimizer state: activations, runtime, extra copies, the object store."""
+        """Peak less the weights and the optimizer state: the gradients (another ``params`` × 4 on a side that
+        keeps them), activations, runtime, extra copies of the weights, the object store."""
         return peak_bytes - self.weights_bytes - self.optimizer_bytes
 
 
@@ -316,7 +317,10 @@ def format_config_table(sides: Sequence[SideResult], estimate: MemoryEstimate, n
     )
     row(f"  weights ({estimate.params:,} params × 4 B)", [_mb(estimate.weights_bytes)] * len(sides))
     row("  AdamW moments (2 × params × 4 B)", [_mb(estimate.optimizer_bytes)] * len(sides))
-    row("  the rest (activations, runtime, copies, object store)", [_mb(estimate.rest(s.peak_bytes)) for s in sides])
+    row(
+        "  the rest (gradients, activations, runtime, copies, object store)",
+        [_mb(estimate.rest(s.peak_bytes)) for s in sides],
+    )
     lines.append("")
     for side in sides:
         parts = []
