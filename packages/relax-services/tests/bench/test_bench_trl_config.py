@@ -141,10 +141,10 @@ def test_median_update_s_leaves_out_the_first_quarter_of_the_gaps() -> None:
 
 def test_config_table_gives_figures_and_ratios_to_trl() -> None:
     trl = SideResult("TRL", 0.0, [10.0 + 4.0 * i for i in range(9)], [0.0] * 9, samples=32, wall_s=60.0)
-    trl.peak_bytes, trl.heldout_reward = 3_000_000_000, 0.5
+    trl.peak_bytes, trl.heldout_reward, trl.cpu_s = 3_000_000_000, 0.5, 200.0
     trl.peak_processes = {"trl_side.py": [2_900_000_000], "python": [100_000_000]}
     relax = SideResult("relax distributed", 0.0, [10.0 + 3.0 * i for i in range(9)], [0.0] * 9, samples=32)
-    relax.peak_bytes, relax.heldout_reward, relax.wall_s = 3_600_000_000, 0.625, 50.0
+    relax.peak_bytes, relax.heldout_reward, relax.wall_s, relax.cpu_s = 3_600_000_000, 0.625, 50.0, 150.0
     relax.peak_processes = {"TrainerService": [2_000_000_000], "RolloutService": [800_000_000, 800_000_000]}
     relax.heldout_curve = [(12.4, 0.5), (40.0, 0.625)]
     estimate = MemoryEstimate(params=100_000_000, weights_bytes=400_000_000, optimizer_bytes=800_000_000)
@@ -152,6 +152,7 @@ def test_config_table_gives_figures_and_ratios_to_trl() -> None:
     assert "| updates | 9 | 9 |" in table
     assert "| median seconds per update | 4.00 s | 3.00 s (0.75×) |" in table
     assert "| held-out reward at the end | 0.500 | 0.625 |" in table
+    assert "| CPU seconds of the tree, command to exit | 200 s | 150 s (0.75×) |" in table
     assert "| peak PSS of the process tree | 3,000 MB | 3,600 MB (1.20×) |" in table
     assert "|   weights (100,000,000 params × 4 B) | 400 MB | 400 MB |" in table
     assert "|   AdamW moments (2 × params × 4 B) | 800 MB | 800 MB |" in table

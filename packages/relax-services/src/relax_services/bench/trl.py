@@ -43,6 +43,7 @@ import dataclasses
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -251,9 +252,19 @@ def trl_side_script() -> Path:
     return TRL_SIDE_SCRIPT
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's waited-for children, theirs included (``RUSAGE_CHILDREN``): a
+    side's whole tree once it has exited, less any process orphaned before its exit (none in either side's normal
+    shutdown)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResult:
-    """Launch ``cmd``, sample its tree's PSS until it exits; the timeline is filled in by the caller."""
+    """Launch ``cmd``, sample its tree's PSS until it exits, count its CPU seconds; the timeline is filled in by
+    the caller."""
     side = SideResult(name=name, start=time.time())
+    before = _children_cpu_s()
     with log.open("w", encoding="utf-8") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         memory = PeakMemory(pid=proc.pid, interval_s=0.25).start()
@@ -261,6 +272,7 @@ def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResul
         side.peak_bytes = memory.stop()
         side.peak_processes = memory.peak_processes
     side.wall_s = time.time() - side.start
+    side.cpu_s = _children_cpu_s() - before
     if code != 0:
         raise RuntimeError(f"{name} exited with status {code}; see {log}")
     return side

@@ -50,6 +50,8 @@ class SideResult:
 PeakMemory.peak_processes`).
         heldout_reward: The held-out reward at the end (``--config`` mode; None when not measured).
         heldout_curve: A relax side's held-out rewards as its run went: (seconds into the run, reward).
+        cpu_s: CPU seconds (user + system) of the side's process tree, command to exit: on a shared machine the
+            measure of work that other processes' load does not inflate, as wall-clock is.
     """
 
     name: str
@@ -63,6 +65,7 @@ PeakMemory.peak_processes`).
     peak_processes: dict[str, list[int]] = field(default_factory=dict)
     heldout_reward: float | None = None
     heldout_curve: list[tuple[float, float]] = field(default_factory=list)
+    cpu_s: float = 0.0
 
 
 def crossing(times: Sequence[float], rewards: Sequence[float], threshold: float, window: int = WINDOW) -> int | None:
@@ -308,6 +311,13 @@ def format_config_table(sides: Sequence[SideResult], estimate: MemoryEstimate, n
     rewards = [s.heldout_reward for s in sides]
     row("held-out reward at the end", ["—" if r is None else f"{r:.3f}" for r in rewards])
     row("wall-clock, command to exit", [f"{s.wall_s:.0f} s" for s in sides])
+    row(
+        "CPU seconds of the tree, command to exit",
+        [
+            _with_ratio(f"{s.cpu_s:.0f} s", s.cpu_s, base.cpu_s) if i else f"{s.cpu_s:.0f} s"
+            for i, s in enumerate(sides)
+        ],
+    )
     row(
         "peak PSS of the process tree",
         [
