@@ -152,7 +152,7 @@ def test_config_table_gives_figures_and_ratios_to_trl() -> None:
     assert "| updates | 9 | 9 |" in table
     assert "| median seconds per update | 4.00 s | 3.00 s (0.75×) |" in table
     assert "| held-out reward at the end | 0.500 | 0.625 |" in table
-    assert "| CPU seconds of the tree, command to exit | 200 s | 150 s (0.75×) |" in table
+    assert "| CPU seconds of waited processes (Ray's workers missed) | 200 s | 150 s (0.75×) |" in table
     assert "| peak PSS of the process tree | 3,000 MB | 3,600 MB (1.20×) |" in table
     assert "|   weights (100,000,000 params × 4 B) | 400 MB | 400 MB |" in table
     assert "|   AdamW moments (2 × params × 4 B) | 800 MB | 800 MB |" in table

@@ -50,8 +50,10 @@ class SideResult:
 PeakMemory.peak_processes`).
         heldout_reward: The held-out reward at the end (``--config`` mode; None when not measured).
         heldout_curve: A relax side's held-out rewards as its run went: (seconds into the run, reward).
-        cpu_s: CPU seconds (user + system) of the side's process tree, command to exit: on a shared machine the
-            measure of work that other processes' load does not inflate, as wall-clock is.
+        cpu_s: CPU seconds (user + system) of the side's processes that were waited for, command to exit: on a
+            shared machine the measure of work that other processes' load does not inflate, as wall-clock is. It
+            misses the processes Ray's shutdown kills without waiting for them (its workers: a distributed side's
+            figure is a lower bound).
     """
 
     name: str
@@ -312,7 +314,7 @@ def format_config_table(sides: Sequence[SideResult], estimate: MemoryEstimate, n
     row("held-out reward at the end", ["—" if r is None else f"{r:.3f}" for r in rewards])
     row("wall-clock, command to exit", [f"{s.wall_s:.0f} s" for s in sides])
     row(
-        "CPU seconds of the tree, command to exit",
+        "CPU seconds of waited processes (Ray's workers missed)",
         [
             _with_ratio(f"{s.cpu_s:.0f} s", s.cpu_s, base.cpu_s) if i else f"{s.cpu_s:.0f} s"
             for i, s in enumerate(sides)
