@@ -11,6 +11,10 @@ from a callback: nothing in TRL is changed.
 Run by the benchmark with the interpreter of its throwaway venv (the only place ``trl`` is installed); it is not
 imported by relax. The reward is relax-core's ``exact_match_reward``, the very function relax's reward service
 uses, so both sides score alike.
+
+With ``"task": "config"`` in ``--hparams`` (``relax bench trl --config``, :mod:`relax_services.bench.trl_config`)
+it trains ``--model``, a user's checkpoint folder, on ``task.json``'s rows with relax-core's reward runner built from
+the run config's reward, then scores its final weights by greedy ``generate`` over the held-out rows.
 """
 
 from __future__ import annotations

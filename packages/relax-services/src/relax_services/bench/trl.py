@@ -32,6 +32,9 @@ not; the random streams (TRL
 samples through ``generate`` on torch's global generator, relax on a generator seeded per rollout call), so one
 seed's two runs are two draws, not one run twice: compare sides over several seeds (``--seeds``).
 
+``relax bench trl --config`` runs the same sides on a user's run config instead of this task
+(:mod:`relax_services.bench.trl_config`).
+
 Measured per side, from one clock: command → first update, median seconds per update (between consecutive
 updates, the first ten skipped), samples/s, updates and wall seconds from the command until the moving average
 (over ten updates) of the training reward reaches each threshold, and the peak PSS of the side's process tree.
