@@ -11,6 +11,10 @@ from a callback: nothing in TRL is changed.
 Run by the benchmark with the interpreter of its throwaway venv (the only place ``trl`` is installed); it is not
 imported by relax. The reward is relax-core's ``exact_match_reward``, the very function relax's reward service
 uses, so both sides score alike.
+
+With ``"task": "config"`` in ``--hparams`` (``relax bench trl --config``, :mod:`relax_services.bench.trl_config`)
+it trains ``--model``, a user's checkpoint folder, on ``task.json``'s rows with relax-core's reward runner built from
+the run config's reward, then scores its final weights by greedy ``generate`` over the held-out rows.
 """
 
 from __future__ import annotations
@@ -33,11 +37,17 @@ def main() -> None:
     parser.add_argument("--hparams", type=str, required=True, help="JSON of the shared hyper-parameters")
     parser.add_argument("--capture-steps", type=str, default="", help="comma-separated 0-based updates to save")
     parser.add_argument("--capture-dir", type=Path, default=None, help="where the captured updates go")
+    parser.add_argument("--model", type=Path, default=None, help="--config mode: the checkpoint folder")
     args = parser.parse_args()
     capture = {int(s) for s in args.capture_steps.split(",") if s}
     if capture and args.capture_dir is None:
         parser.error("--capture-steps needs --capture-dir")
     hp: dict[str, Any] = json.loads(args.hparams)
+    if hp.get("task") == "config":  # relax bench trl --config: a user's checkpoint, data and reward
+        if args.model is None:
+            parser.error("the config task needs --model")
+        config_main(args.work, args.model, args.out, hp)
+        return
 
     import torch
     from datasets import Dataset
@@ -137,6 +147,141 @@ def main() -> None:
         callbacks=[Timeline(), *([after_step] if after_step is not None else [])],
     )
     trainer.train()
+    out.close()
+
+
+def _timeline(out: Any, samples: int, minutes: float | None) -> TrainerCallback:
+    """The callback writing one line per optimizer step (when it ended, the batch's mean reward) to ``out``, and
+    stopping the training once ``minutes`` have passed since it was made (None: never)."""
+    from transformers import TrainerCallback
+
+    start = time.time()
+
+    class Timeline(TrainerCallback):
+        def __init__(self) -> None:
+            self.pending: dict[str, Any] | None = None
+
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+        ) -> None:
+            self.pending = {"step": int(state.global_step), "time": time.time()}
+            if minutes is not None and time.time() - start >= 60 * minutes:
+                control.should_training_stop = True
+
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **kwargs: object,
+        ) -> None:
+            if self.pending is not None and logs and "reward" in logs:
+                self.pending["reward"] = float(logs["reward"])
+                self.pending["samples"] = samples
+                out.write(json.dumps(self.pending) + "\n")
+                out.flush()
+                self.pending = None
+
+    return Timeline()
+
+
+def config_main(work: Path, model_dir: Path, out_path: Path, hp: dict[str, Any]) -> None:
+    """``relax bench trl --config``: GRPOTrainer on the checkpoint folder ``model_dir`` with the rows of
+    ``work/task.json`` (relax's prompts, in relax's order) scored by relax-core's reward runner from the run
+    config's reward; at the end, a greedy ``generate`` of the final weights over the held-out rows, scored alike
+    (the last line of ``out_path``: ``{"heldout_reward": ..., "time": ...}``)."""
+    import statistics
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from relax_core import RewardRequest, RewardRunnerConfig, build_reward_runner
+
+    torch.set_num_threads(hp["intra_op_threads"])  # relax's run.threads
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    torch.manual_seed(hp["seed"])
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    task = json.loads((work / "task.json").read_text(encoding="utf-8"))
+    for row in task["train"]:  # the ids relax feeds its model, or the sides are not equal
+        got = tokenizer(text=[row["prompt"]], add_special_tokens=False)["input_ids"][0]  # as GRPOTrainer encodes
+        if got != row["ids"]:
+            raise SystemExit(f"TRL's tokenizer gives {got} for {row['prompt']!r}, relax feeds {row['ids']}")
+    runner = build_reward_runner(RewardRunnerConfig.model_validate(hp["reward"]))
+    by_prompt = {row["prompt"]: row for row in task["train"]}
+    dataset = Dataset.from_list([{"prompt": row["prompt"]} for row in task["train"]])
+
+    def request(response: str, row: dict[str, Any]) -> RewardRequest:
+        return RewardRequest(response, row["ground_truth"], row["data_source"], row["extra_info"])
+
+    def reward(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        outcomes = runner.score([request(c, by_prompt[p]) for p, c in zip(prompts, completions, strict=True)])
+        return [o.score for o in outcomes]
+
+    per_update = hp["groups_per_step"] * hp["group_size"]
+    micro = hp["micro_batch_groups"] * hp["group_size"]  # relax's micro-batch, in samples
+    config = GRPOConfig(
+        output_dir=str(out_path.parent / "trl_output"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=hp["updates"],
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=per_update // micro,
+        num_generations=hp["group_size"],
+        max_completion_length=hp["max_new_tokens"],
+        temperature=hp["temperature"],
+        top_p=1.0,
+        learning_rate=hp["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=hp["weight_decay"],
+        max_grad_norm=hp["grad_clip"] or 0.0,  # 0: no clipping, as relax's None
+        adam_beta1=hp["betas"][0],
+        adam_beta2=hp["betas"][1],
+        adam_epsilon=hp["adam_eps"],
+        beta=hp["beta"],
+        epsilon=hp["clip_eps"],
+        epsilon_high=hp["clip_eps_high"],
+        loss_type=hp["loss_type"],
+        scale_rewards=hp["scale_rewards"],
+        num_iterations=1,
+        shuffle_dataset=False,  # task.json lists the prompts in relax's order
+        seed=hp["seed"],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        generation_kwargs={"suppress_tokens": hp["suppressed_ids"]} if hp["suppressed_ids"] else None,
+    )
+    out = out_path.open("w", encoding="utf-8")
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[_timeline(out, per_update, hp["minutes"])],
+    )
+    trainer.train()
+    trained = trainer.model
+    trained.eval()
+    by_task: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for row in task["eval"]:
+            ids = torch.tensor([row["ids"]])  # [1, P]
+            extra = {"suppress_tokens": hp["suppressed_ids"]} if hp["suppressed_ids"] else {}
+            full = trained.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=hp["max_new_tokens"], do_sample=False, **extra
+            )  # [1, P + L]
+            text = tokenizer.decode(full[0, ids.shape[1] :], skip_special_tokens=True)
+            score = runner.score([request(text, row)])[0].score
+            by_task.setdefault(row["data_source"], []).append(score)
+    if by_task:
+        mean = statistics.fmean(statistics.fmean(v) for v in by_task.values())  # over tasks, as relax reports
+        out.write(json.dumps({"heldout_reward": mean, "time": time.time()}) + "\n")
     out.close()
 
 

@@ -226,6 +226,18 @@ def _bench_trl(args: argparse.Namespace) -> int:
     def ints(text: str) -> list[int]:
         return [int(t) for t in text.split(",")] if text else []
 
+    if args.config is not None:
+        from relax_services.bench.trl_config import run_config_bench
+
+        def names(text: str) -> list[str]:
+            return [t for t in text.split(",") if t]
+
+        return run_config_bench(
+            args.config, args.work, args.model, args.minutes, tuple(names(args.modes)), tuple(args.overrides)
+        )
+    if args.model is not None or args.minutes is not None or args.overrides:
+        print("relax bench trl: --model, --minutes and overrides need --config", file=sys.stderr)
+        return 2
     settings = BenchSettings(lr=args.lr, group_size=args.group_size, groups_per_step=args.groups_per_step)
     if args.check_updates:
         from relax_services.bench.trl import check_updates
@@ -341,6 +353,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="0-based updates (e.g. 0,1,50,100): TRL saves them, relax's trainer step replays each from TRL's "
         "weights and Adam state, and the table compares gradients and weights (no relax run)",
+    )
+    trl.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a run config (relax train's YAML): TRL and relax colocated and distributed on its checkpoint, data "
+        "and reward, each for its trainer.total_steps or --minutes; the task options above do not apply",
+    )
+    trl.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. trainer.total_steps=20")
+    trl.add_argument("--model", type=Path, default=None, help="with --config: a checkpoint folder for model.source")
+    trl.add_argument("--minutes", type=float, default=None, help="with --config: wall-clock budget per side")
+    trl.add_argument(
+        "--modes",
+        default="colocated,distributed",
+        help="with --config: relax's sides (default colocated,distributed; empty: TRL only)",
     )
     trl.set_defaults(func=_bench_trl)
     chaos = sub.add_parser("chaos", help="a run with random injected faults, ending with the fault table")

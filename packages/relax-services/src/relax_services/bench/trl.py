@@ -32,6 +32,9 @@ not; the random streams (TRL
 samples through ``generate`` on torch's global generator, relax on a generator seeded per rollout call), so one
 seed's two runs are two draws, not one run twice: compare sides over several seeds (``--seeds``).
 
+``relax bench trl --config`` runs the same sides on a user's run config instead of this task
+(:mod:`relax_services.bench.trl_config`).
+
 Measured per side, from one clock: command → first update, median seconds per update (between consecutive
 updates, the first ten skipped), samples/s, updates and wall seconds from the command until the moving average
 (over ten updates) of the training reward reaches each threshold, and the peak PSS of the side's process tree.
@@ -43,6 +46,7 @@ import dataclasses
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -241,15 +245,37 @@ def _trl_python(work: Path) -> Path:
     return python
 
 
+def trl_side_script() -> Path:
+    """:data:`TRL_SIDE_SCRIPT`, checked to exist (only a source checkout has it)."""
+    if not TRL_SIDE_SCRIPT.is_file():
+        raise FileNotFoundError(
+            f"relax bench trl runs {TRL_SIDE_SCRIPT.name} from relax-services' benchmarks folder, which only a source "
+            f"checkout has (not found at {TRL_SIDE_SCRIPT})"
+        )
+    return TRL_SIDE_SCRIPT
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's waited-for children, theirs included (``RUSAGE_CHILDREN``): a
+    side's whole tree once it has exited, less any process orphaned before its exit (none in either side's normal
+    shutdown)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run(name: str, cmd: list[str], env: dict[str, str], log: Path) -> SideResult:
-    """Launch ``cmd``, sample its tree's PSS until it exits; the timeline is filled in by the caller."""
+    """Launch ``cmd``, sample its tree's PSS until it exits, count its CPU seconds; the timeline is filled in by
+    the caller."""
     side = SideResult(name=name, start=time.time())
+    before = _children_cpu_s()
     with log.open("w", encoding="utf-8") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         memory = PeakMemory(pid=proc.pid, interval_s=0.25).start()
         code = proc.wait()
         side.peak_bytes = memory.stop()
+        side.peak_processes = memory.peak_processes
     side.wall_s = time.time() - side.start
+    side.cpu_s = _children_cpu_s() - before
     if code != 0:
         raise RuntimeError(f"{name} exited with status {code}; see {log}")
     return side
@@ -260,13 +286,7 @@ def _run_trl(work: Path, hp: BenchHParams, env: dict[str, str], capture: Sequenc
     out = work / "trl" / "timeline.jsonl"
     shutil.rmtree(out.parent, ignore_errors=True)
     out.parent.mkdir(parents=True)
-    script = TRL_SIDE_SCRIPT
-    if not script.is_file():
-        raise FileNotFoundError(
-            f"relax bench trl runs {script.name} from relax-services' benchmarks folder, which only a source "
-            f"checkout has (not found at {script})"
-        )
-    cmd = [str(python), str(script), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
+    cmd = [str(python), str(trl_side_script()), "--work", str(work), "--out", str(out), "--hparams", json.dumps(hp)]
     if capture:
         cmd += ["--capture-steps", ",".join(map(str, capture)), "--capture-dir", str(out.parent / "captures")]
     side = _run(f"TRL {TRL_VERSION} GRPOTrainer", cmd, env, work / "trl" / "log.txt")

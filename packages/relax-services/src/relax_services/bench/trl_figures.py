@@ -3,14 +3,30 @@ ratios and the per-seed spread (no process is run here; :mod:`relax_services.ben
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from relax_services.reporting.footprint import UpdateSplit
 
-__all__ = ["SKIP", "THRESHOLDS", "WINDOW", "SideResult", "crossing", "format_spread", "format_table", "summarise"]
+__all__ = [
+    "SKIP",
+    "THRESHOLDS",
+    "WINDOW",
+    "MemoryEstimate",
+    "SideResult",
+    "crossing",
+    "format_config_table",
+    "format_spread",
+    "format_table",
+    "median_update_s",
+    "memory_estimate",
+    "summarise",
+]
 
 THRESHOLDS = (0.3, 0.5, 0.8)
 WINDOW = 10  # updates in the moving average of the training reward
@@ -30,6 +46,14 @@ class SideResult:
         peak_bytes: Peak PSS of the side's process tree.
         wall_s: Command start to process exit.
         split: A relax side's per-update split from its run's metrics (None for TRL).
+        peak_processes: At the peak, each process label's PSS bytes (:attr:`~relax_services.reporting.footprint.\
+PeakMemory.peak_processes`).
+        heldout_reward: The held-out reward at the end (``--config`` mode; None when not measured).
+        heldout_curve: A relax side's held-out rewards as its run went: (seconds into the run, reward).
+        cpu_s: CPU seconds (user + system) of the side's processes that were waited for, command to exit: on a
+            shared machine the measure of work that other processes' load does not inflate, as wall-clock is. It
+            misses the processes Ray's shutdown kills without waiting for them (its workers: a distributed side's
+            figure is a lower bound).
     """
 
     name: str
@@ -40,6 +64,10 @@ class SideResult:
     peak_bytes: int = 0
     wall_s: float = 0.0
     split: UpdateSplit | None = None
+    peak_processes: dict[str, list[int]] = field(default_factory=dict)
+    heldout_reward: float | None = None
+    heldout_curve: list[tuple[float, float]] = field(default_factory=list)
+    cpu_s: float = 0.0
 
 
 def crossing(times: Sequence[float], rewards: Sequence[float], threshold: float, window: int = WINDOW) -> int | None:
@@ -196,4 +224,125 @@ def format_spread(by_seed: Mapping[int, Sequence[SideResult]]) -> str:
         reached.append(" / ".join(f"{k} of {len(by_seed)}" for k in sums))
         assert all(sides[i].name == name for sides in by_seed.values())  # every seed ran the same sides
     lines.append("| runs that reached it | " + " | ".join(reached) + " |")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Where a training process's memory goes, from the checkpoint's size.
+
+    Attributes:
+        params: Parameters of the checkpoint (a tied embedding once).
+        weights_bytes: ``params`` × 4 (float32, what both sides train in on the CPU).
+        optimizer_bytes: AdamW's two moments: 2 × ``params`` × 4.
+    """
+
+    params: int
+    weights_bytes: int
+    optimizer_bytes: int
+
+    def rest(self, peak_bytes: int) -> int:
+        """Peak less the weights and the optimizer state: the gradients (another ``params`` × 4 on a side that
+        keeps them), activations, runtime, extra copies of the weights, the object store."""
+        return peak_bytes - self.weights_bytes - self.optimizer_bytes
+
+
+def memory_estimate(model_dir: Path) -> MemoryEstimate:
+    """The estimate for the checkpoint folder ``model_dir``, its parameters counted from the safetensors headers
+    (no weight is read)."""
+    params = 0
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    for path in files:
+        with path.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                params += _numel(entry["shape"])
+    return MemoryEstimate(params, params * 4, 2 * params * 4)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def median_update_s(times: Sequence[float]) -> float | None:
+    """Median seconds between consecutive updates, the first quarter of the gaps (at most :data:`SKIP`) left out
+    as warm-up: a run of a real model for a few minutes makes tens of updates, not hundreds. None: under two
+    updates."""
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    if not gaps:
+        return None
+    return statistics.median(gaps[min(SKIP, len(gaps) // 4) :])
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def _with_ratio(text: str, value: float | None, base: float | None) -> str:
+    return text if value is None or not base else f"{text} ({value / base:.2f}×)"
+
+
+def format_config_table(sides: Sequence[SideResult], estimate: MemoryEstimate, notes: Sequence[str] = ()) -> str:
+    """``--config`` mode's markdown table: per side the updates made, median seconds per update, held-out reward
+    at the end, peak PSS with the estimate of where it goes, and each relax side's ratio to TRL's (the first side);
+    then each side's PSS per process at its peak and the ``notes`` (what is not held equal)."""
+    base = sides[0]
+    base_s = median_update_s(base.times)
+    head = "| | " + " | ".join(s.name for s in sides) + " |"
+    lines = [head, "|" + " --- |" * (len(sides) + 1)]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("updates", [str(len(s.times)) for s in sides])
+    pace = [median_update_s(s.times) for s in sides]
+    row(
+        "median seconds per update",
+        [
+            _with_ratio("—" if p is None else f"{p:.2f} s", p, base_s) if i else ("—" if p is None else f"{p:.2f} s")
+            for i, p in enumerate(pace)
+        ],
+    )
+    rewards = [s.heldout_reward for s in sides]
+    row("held-out reward at the end", ["—" if r is None else f"{r:.3f}" for r in rewards])
+    row("wall-clock, command to exit", [f"{s.wall_s:.0f} s" for s in sides])
+    row(
+        "CPU seconds of waited processes (Ray's workers missed)",
+        [
+            _with_ratio(f"{s.cpu_s:.0f} s", s.cpu_s, base.cpu_s) if i else f"{s.cpu_s:.0f} s"
+            for i, s in enumerate(sides)
+        ],
+    )
+    row(
+        "peak PSS of the process tree",
+        [
+            _with_ratio(_mb(s.peak_bytes), s.peak_bytes, base.peak_bytes) if i else _mb(s.peak_bytes)
+            for i, s in enumerate(sides)
+        ],
+    )
+    row(f"  weights ({estimate.params:,} params × 4 B)", [_mb(estimate.weights_bytes)] * len(sides))
+    row("  AdamW moments (2 × params × 4 B)", [_mb(estimate.optimizer_bytes)] * len(sides))
+    row(
+        "  the rest (gradients, activations, runtime, copies, object store)",
+        [_mb(estimate.rest(s.peak_bytes)) for s in sides],
+    )
+    lines.append("")
+    for side in sides:
+        parts = []
+        for label, sizes in sorted(side.peak_processes.items(), key=lambda kv: -sum(kv[1])):
+            each = " + ".join(_mb(n) for n in sizes)
+            parts.append(f"{label} {each}" if len(sizes) == 1 else f"{label} ×{len(sizes)} {each}")
+        lines.append(f"- {side.name}, per process at its peak (PSS): {', '.join(parts) or '—'}")
+    for side in sides:
+        if side.heldout_curve:
+            curve = ", ".join(f"{wall:.0f} s {reward:.3f}" for wall, reward in side.heldout_curve)
+            lines.append(f"- {side.name}, held-out reward by seconds into its run: {curve}")
+    lines += [f"- not held equal: {note}" for note in notes]
     return "\n".join(lines)
