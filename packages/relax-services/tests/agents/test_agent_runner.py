@@ -55,6 +55,9 @@ async def run(task, client):
     return 1.0 if second.choices[0].message.content == "5" else 0.0
 '''
 
+TOOLS = json.loads(AGENT.split("TOOLS = ", 1)[1].split("\n\n\n", 1)[0].replace("\n", ""))
+"""The agent's tools (the schema it sends)."""
+
 
 def script(prompt: str) -> str:
     """Turn 1 calls the tool; turn 2 answers with what the tool returned."""
@@ -103,7 +106,6 @@ def test_the_openai_client_drives_two_calls_with_a_tool_round_trip(qwen_tokenize
     assert (ep.reward, ep.finish_reason, ep.error, ep.requeue) == (1.0, "stop", None, False)
 
     # Tokens: the template's rendering of the final conversation (the tool call as the model wrote it).
-    tools = json.loads(AGENT.split("TOOLS = ", 1)[1].split("\n\n\n", 1)[0].replace("\n", ""))
     final = [
         {"role": "user", "content": "2+3?"},
         {"role": "assistant", "content": CALL},
@@ -111,8 +113,8 @@ def test_the_openai_client_drives_two_calls_with_a_tool_round_trip(qwen_tokenize
         {"role": "assistant", "content": "5"},
     ]
     newline = qwen_tokenizer.encode("\n")
-    assert rendered(qwen_tokenizer, final, tools) == ep.prompt_ids + ep.token_ids + newline
-    assert ep.prompt_ids == rendered(qwen_tokenizer, final[:1], tools, add_generation_prompt=True)
+    assert rendered(qwen_tokenizer, final, TOOLS) == ep.prompt_ids + ep.token_ids + newline
+    assert ep.prompt_ids == rendered(qwen_tokenizer, final[:1], TOOLS, add_generation_prompt=True)
     eos = qwen_tokenizer.eos_token_id
     turn1, turn2 = [*qwen_tokenizer.encode(CALL), eos], [*qwen_tokenizer.encode("5"), eos]
     between = qwen_tokenizer.encode("\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n")
@@ -171,9 +173,12 @@ def test_edited_history_starts_a_new_sample_and_is_counted(qwen_tokenizer, scrip
     assert ep.counters.prefix_breaks == 1 and "does not extend the tokens recorded" in caplog.text
     assert (ep.counters.turns, ep.counters.env_tokens, ep.reward) == (2, 0, 1.0)
     # The new sample's prompt is the second call's whole conversation; its response the second turn only.
-    tools = json.loads(AGENT.split("TOOLS = ", 1)[1].split("\n\n\n", 1)[0].replace("\n", ""))
-    second = [{"role": "user", "content": "2+3?!"}, {"role": "assistant", "content": CALL}, {"role": "tool", "content": "5"}]
-    assert ep.prompt_ids == rendered(qwen_tokenizer, second, tools, add_generation_prompt=True)
+    second = [
+        {"role": "user", "content": "2+3?!"},
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "content": "5"},
+    ]
+    assert ep.prompt_ids == rendered(qwen_tokenizer, second, TOOLS, add_generation_prompt=True)
     assert ep.token_ids == [*qwen_tokenizer.encode("5"), qwen_tokenizer.eos_token_id]
     assert ep.mask == [1, 1] and ep.logprobs == [-1 / 64, -2 / 64]
 
@@ -216,3 +221,55 @@ def test_calls_of_concurrent_sessions_share_generate_calls(qwen_tokenizer, scrip
     assert first + queued_behind_first[0] == 8  # the first turns of all eight sessions, in the first two calls
     assert first == 8 or rest[0] >= queued_behind_first[0]
     assert sum(runner.batch_sizes) == 16 and len(runner.batch_sizes) < 16
+
+
+PROBE = '''
+import httpx
+import openai
+
+
+async def run(task, client):
+    """Probes the endpoint's protocol; every answer lands in task["seen"]."""
+    seen = task["seen"]
+    seen.append([m.id for m in (await client.models.list()).data])
+    bare = str(client.base_url).rsplit("/", 3)[0] + "/v1"  # http://127.0.0.1:PORT/v1: the key names the session
+    for key in ("not-a-session", client.api_key):
+        other = openai.AsyncOpenAI(base_url=bare, api_key=key, max_retries=0)
+        try:
+            reply = await other.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            seen.append(reply.choices[0].message.content)
+        except openai.APIStatusError as exc:
+            seen.append((exc.status_code, exc.body["code"]))
+        await other.close()
+    for bad in ({"n": 2}, {"messages": []}, {"stream": True}, {"max_tokens": 0}):
+        try:
+            kwargs = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **bad}
+            await client.chat.completions.create(**kwargs)
+        except openai.BadRequestError as exc:
+            seen.append(exc.body["message"])
+    async with httpx.AsyncClient() as raw:
+        reply = await raw.post(str(client.base_url) + "/chat/completions", content=b"{not json")
+        seen.append((reply.status_code, reply.json()["error"]["message"][:20]))
+        reply = await raw.get(str(client.base_url) + "/embeddings")
+        seen.append(reply.status_code)
+    return None
+'''
+
+
+def test_the_endpoint_answers_protocol_errors_in_openais_schema(qwen_tokenizer, scripted_engine, agent_file):
+    engine = scripted_engine(qwen_tokenizer, lambda prompt: "hello", version=VERSION)
+    row: dict[str, Any] = {"seen": []}
+    ((ep,),) = run(qwen_tokenizer, engine, f"{agent_file(PROBE)}:run", [row])
+    models, unknown, by_key, *bad, raw_json, not_found = row["seen"]
+    assert models == ["relax-policy"]
+    assert unknown == (401, "invalid_api_key")
+    assert by_key == "hello"  # the bare /v1 URL with the session's key reaches the session
+    assert bad == [
+        "'n' must be 1 (one session is one episode), got 2",
+        "'messages' must be a non-empty list of chat messages",
+        "'stream' is not supported by the agent endpoint",
+        "'max_tokens' must be a positive integer, got 0",
+    ]
+    assert raw_json == (400, "the body is not JSON")
+    assert not_found == 404
+    assert (ep.reward, ep.counters.turns, ep.finish_reason) == (None, 1, "stop")  # None: reward.fn scores it

@@ -124,7 +124,7 @@ class ChatEndpoint:
         return keep
 
     async def _route(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Reply:
-        path = target.split("?", 1)[0].strip("/").split("/")
+        path = [part for part in target.split("?", 1)[0].split("/") if part] or [""]
         if path[:1] == ["v1"]:  # the bare base URL: the session is the API key
             auth = headers.get("authorization", "")
             session = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
