@@ -59,5 +59,5 @@ def test_rollout_agent_is_a_config_field_made_absolute_and_excludes_env(
     monkeypatch.chdir(tmp_path)
     cfg = RunConfig.model_validate({"rollout": {"agent": "agents/mine.py:run"}})
     assert (cfg.rollout.agent, cfg.rollout.env) == (f"{tmp_path / 'agents' / 'mine.py'}:run", None)
-    with pytest.raises(ValueError, match="rollout.env .* and rollout.agent .* are exclusive"):
+    with pytest.raises(ValueError, match=r"rollout\.env .* and rollout\.agent .* are exclusive"):
         RunConfig.model_validate({"rollout": {"agent": "pkg.agents:run", "env": "pkg.envs:Env"}})
