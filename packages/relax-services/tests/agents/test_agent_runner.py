@@ -273,3 +273,36 @@ def test_the_endpoint_answers_protocol_errors_in_openais_schema(qwen_tokenizer, 
     assert raw_json == (400, "the body is not JSON")
     assert not_found == 404
     assert (ep.reward, ep.counters.turns, ep.finish_reason) == (None, 1, "stop")  # None: reward.fn scores it
+
+
+CUT = """
+async def run(task, client):
+    messages = [{"role": "user", "content": "q"}]
+    first = await client.chat.completions.create(model="m", messages=messages, max_tokens=5)
+    messages += [first.choices[0].message, {"role": "user", "content": "go on"}]
+    second = await client.chat.completions.create(model="m", messages=messages)
+    task["seen"] += [first.choices[0].finish_reason, first.choices[0].message.content, second.choices[0].finish_reason]
+"""
+
+
+def test_a_reply_cut_by_max_tokens_is_extended_with_the_eos_as_an_environment_token(
+    qwen_tokenizer, scripted_engine, agent_file
+):
+    engine = scripted_engine(qwen_tokenizer, lambda prompt: "abcdefgh", version=VERSION)
+    row: dict[str, Any] = {"seen": []}
+    ((ep,),) = run(qwen_tokenizer, engine, f"{agent_file(CUT)}:run", [row])
+    assert row["seen"] == ["length", "abcde", "stop"]
+    eos = qwen_tokenizer.eos_token_id
+    cut, full = qwen_tokenizer.encode("abcde"), [*qwen_tokenizer.encode("abcdefgh"), eos]
+    # The template closes the cut turn with its eos: the policy never sampled it, so it is the delta's first token.
+    between = [eos, *qwen_tokenizer.encode("\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n")]
+    assert ep.token_ids == cut + between + full
+    assert ep.mask == [1] * len(cut) + [0] * len(between) + [1] * len(full)
+    final = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "abcde"},
+        {"role": "user", "content": "go on"},
+        {"role": "assistant", "content": "abcdefgh"},
+    ]
+    assert rendered(qwen_tokenizer, final, []) == ep.prompt_ids + ep.token_ids + qwen_tokenizer.encode("\n")
+    assert (ep.counters.prefix_breaks, ep.finish_reason, ep.reward) == (0, "stop", None)

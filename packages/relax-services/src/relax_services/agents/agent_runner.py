@@ -14,9 +14,10 @@ import asyncio
 import math
 import secrets
 import time
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from relax_services.agents.agent import AgentSpec
 from relax_services.agents.chat import ChatTokens
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["AgentRunner"]
 
 
-def _openai() -> Any:
+def _openai() -> types.ModuleType:
     try:
         import openai
     except ImportError as exc:

@@ -109,7 +109,11 @@ class AgentSession:
             HttpError: 400 when a message is not a chat message or the template cannot render the conversation.
         """
         chat = replace(self.chat, tools=tools)
-        canonical = [self._canonical(m, i) for i, m in enumerate(messages)]
+        canonical: list[Message] = []
+        unused = 0  # returned turns are matched in order: two equal messages pair with their own sampled texts
+        for i, message in enumerate(messages):
+            out, unused = self._canonical(message, i, unused)
+            canonical.append(out)
         try:
             text = chat.render(canonical, generation_prompt=True)
         except Exception as exc:  # the template raises on what it cannot render (a role, a missing field)
@@ -143,17 +147,18 @@ class AgentSession:
         rest = text[len(recorded) :]
         return rest if recorded.endswith(eos) or rest.startswith(eos) else None
 
-    def _canonical(self, message: object, index: int) -> Message:
-        """A message as the template renders it: an assistant turn this session returned becomes its sampled text."""
+    def _canonical(self, message: object, index: int, unused: int) -> tuple[Message, int]:
+        """A message as the template renders it: an assistant turn this session returned (the first one from
+        ``turns[unused:]`` it equals) becomes its sampled text; returns it and the next unused turn."""
         where = f"messages[{index}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise HttpError(400, f"{where} must be an object with a string 'role'")
-        for turn in self.turns:
-            if _same_turn(message, turn):
-                return {"role": "assistant", "content": turn.raw}
+        for k in range(unused, len(self.turns)):
+            if _same_turn(message, self.turns[k]):
+                return {"role": "assistant", "content": self.turns[k].raw}, k + 1
         out: Message = {k: v for k, v in message.items() if v is not None}
         out["content"] = _text(message.get("content"), where)
-        return out
+        return out, unused
 
     def record(self, out: Completion, budget: int) -> AssistantTurn:
         """Appends a call's sampled tokens (mask 1) and returns the assistant message the agent receives."""
