@@ -46,6 +46,7 @@ def _cli(*args: str) -> tuple[dict[str, object], str]:
         ("reward.fn=no_such_pkg.rewards:score", "reward.fn", "cannot find module"),
         ("rollout.env={missing}.py:Env", "rollout.env", "no such file"),
         ("rollout.env=no_such_pkg.envs:Env", "rollout.env", "cannot find module"),
+        ("rollout.agent={missing}.py:run", "rollout.agent", "no such file"),
         ("staleness.tau=-1", "staleness.tau", ">= 0"),
         ("trainer.micro_batch_groups=64", "trainer.micro_batch_groups=64", "trainer.groups_per_step=32"),
     ],

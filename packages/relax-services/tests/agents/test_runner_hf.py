@@ -1,6 +1,7 @@
-"""Episodes on the real transformers engine with the default tiny model: every assistant token's behaviour log-prob
-equals a plain transformers forward of the whole conversation (prompt, sampled turns and environment turns) at its
-position, environment tokens have mask 0, log-prob 0 and the version before them."""
+"""Episodes on the real transformers engine with the default tiny model, of an environment (``rollout.env``) and of a
+black-box agent (``rollout.agent``): every assistant token's behaviour log-prob equals a plain transformers forward of
+the whole conversation (prompt, sampled turns and environment turns) at its position, environment tokens have mask
+0, log-prob 0 and the version before them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 
 import torch
 
-from relax_services.agents import AgentConfig, EpisodeRunner, load_environment
+from relax_services.agents import AgentConfig, AgentRunner, Episode, EpisodeRunner, load_agent, load_environment
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
 
@@ -61,6 +62,14 @@ def test_assistant_logprobs_equal_a_forward_of_the_whole_conversation(tmp_path) 
 
     episodes = [ep for group in groups for ep in group]
     assert sum(ep.counters.turns for ep in episodes) > len(episodes)  # some episodes went on past their first turn
+    _check_against_a_forward(episodes, reference, params, suppressed)
+
+
+def _check_against_a_forward(
+    episodes: list[Episode], reference: torch.nn.Module, params: SamplingParams, suppressed: tuple[int, ...]
+) -> None:
+    """Each assistant token's behaviour log-prob equals the float64 forward's within the float32 bound; the
+    environment's tokens have mask 0, log-prob 0; every token the engine's version."""
     errors = []
     for ep in episodes:
         n = len(ep.token_ids)
@@ -81,3 +90,38 @@ def test_assistant_logprobs_equal_a_forward_of_the_whole_conversation(tmp_path) 
         errors.append((float((got - expected)[policy].abs().max()), tol))
     for err, tol in errors:
         assert err <= tol, errors
+
+
+AGENT = """
+async def run(task, client):
+    messages = [{"role": "user", "content": task["q"]}]
+    for turn in range(3):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=12)
+        if reply.choices[0].finish_reason == "length":
+            break
+        messages += [reply.choices[0].message, {"role": "user", "content": "again " + str(turn + 1)}]
+"""
+
+
+def test_a_black_box_agents_logprobs_equal_a_forward_of_the_whole_conversation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same check for ``rollout.agent``: the ``openai`` client's three calls per episode, each re-sending the
+    conversation, assembled into one episode whose tokens the engine scored exactly."""
+    ckpt = open_checkpoint(DEFAULT_SOURCE)
+    path = tmp_path / "agent.py"
+    path.write_text(AGENT)
+    model = build_tiny_omni(seed=0)
+    reference = copy.deepcopy(model).double().eval()
+    tok = ckpt.tokenizer
+    keep = {ckpt.tokens.eos_id, *(tok.convert_tokens_to_ids(c) for c in "abcd")}
+    suppressed = tuple(i for i in range(ckpt.tokens.vocab_size) if i not in keep)
+    params = SamplingParams(eos_id=ckpt.tokens.eos_id, suppressed_ids=suppressed, temperature=0.9)
+    engine = HFRolloutEngine(model, HFRolloutConfig(seed=0), version=VERSION)
+    config = AgentConfig(max_turns=3, max_new_tokens=12, max_episode_tokens=200)
+    rows = [{"q": f"what is {i}+{i}?"} for i in range(3)]
+    with AgentRunner(engine, load_agent(f"{path}:run"), tok, ckpt.family, params, config) as runner:
+        groups = runner.run_sync(rows, group_size=2)
+
+    episodes = [ep for group in groups for ep in group]
+    assert all(ep.error is None and ep.counters.prefix_breaks == 0 for ep in episodes)
+    assert sum(ep.counters.turns for ep in episodes) > len(episodes)  # some episodes went on past their first turn
+    _check_against_a_forward(episodes, reference, params, suppressed)

@@ -27,7 +27,10 @@ class EpisodeCounters:
         tool_timeouts: Calls that ran past ``rollout.tool_timeout_s`` (answered with an error too).
         env_tokens: Environment and tool tokens in the response (mask 0).
         env_failures: Environment methods (``reset``, ``step``, ``reward``, ``close``) that raised or hung, and
-            episodes over ``rollout.episode_timeout_s``.
+            episodes over ``rollout.episode_timeout_s``; for a black-box agent, an agent that raised or ran past
+            it.
+        prefix_breaks: Black-box agent calls whose conversation did not extend the tokens recorded before them: a
+            new sample started there (the turns before it are context, not trained on).
     """
 
     turns: int = 0
@@ -36,6 +39,7 @@ class EpisodeCounters:
     tool_timeouts: int = 0
     env_tokens: int = 0
     env_failures: int = 0
+    prefix_breaks: int = 0
 
 
 @dataclass

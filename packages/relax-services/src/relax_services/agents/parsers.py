@@ -12,7 +12,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["TOOL_PARSERS", "ToolCall", "ToolParser", "parse_qwen_tool_calls", "tool_parser"]
+__all__ = [
+    "TOOL_PARSERS",
+    "TOOL_TEXT",
+    "ToolCall",
+    "ToolParser",
+    "parse_qwen_tool_calls",
+    "qwen_text_outside_calls",
+    "tool_parser",
+    "tool_text",
+]
 
 
 @dataclass(frozen=True)
@@ -68,10 +77,21 @@ def parse_qwen_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
+def qwen_text_outside_calls(text: str) -> str:
+    """An assistant turn's text without its ``<tool_call>`` blocks (the message content an OpenAI-compatible
+    server returns beside the parsed ``tool_calls``), stripped."""
+    return _QWEN_CALL.sub("", text).strip()
+
+
 TOOL_PARSERS: dict[str, ToolParser] = {
     "qwen": parse_qwen_tool_calls,
 }
 """Parser name (the families table's ``tool_parser`` column) → parser."""
+
+TOOL_TEXT: dict[str, Callable[[str], str]] = {
+    "qwen": qwen_text_outside_calls,
+}
+"""Parser name → the function that keeps an assistant turn's text outside its tool calls."""
 
 
 def tool_parser(name: str, family: str) -> ToolParser:
@@ -86,3 +106,13 @@ def tool_parser(name: str, family: str) -> ToolParser:
         raise ValueError(
             f"family {family!r} names tool parser {name!r}, which is not one of {sorted(TOOL_PARSERS)}"
         ) from None
+
+
+def tool_text(name: str, family: str) -> Callable[[str], str]:
+    """The function that keeps the text outside the tool calls of the parser ``family`` names.
+
+    Raises:
+        ValueError: no parser of that name, naming the family and the known parsers.
+    """
+    tool_parser(name, family)
+    return TOOL_TEXT[name]

@@ -115,6 +115,12 @@ class RolloutConfig(ConfigModel):
     or ``module:Class``; one instance per episode, its typed, documented public methods the model's tools (see
     "Multi-turn environments and tools" in the README). None: single-turn completions."""
 
+    agent: str | None = None
+    """A black-box agent: ``path/to/file.py:function`` or ``module:function`` naming ``async def run(task,
+    client)``, called once per episode with the prompt row's item and an ``openai.AsyncOpenAI`` client of a local
+    chat-completions endpoint the Rollout serves (extra ``relax-services[agent]``); it returns the episode's reward
+    or None for ``reward.fn``. The ``env`` bounds below apply to it too. None: no agent (exclusive with ``env``)."""
+
     max_turns: int = pydantic.Field(default=4, ge=1)
     """Assistant turns of one episode at most (with ``env``); ``max_new_tokens`` bounds each of them."""
 
@@ -139,10 +145,19 @@ class RolloutConfig(ConfigModel):
     """What an episode whose environment raised or hung becomes: scored 0 (``zero``) or generated again
     (``requeue``); either way it is counted."""
 
-    @pydantic.field_validator("env")
+    @pydantic.field_validator("env", "agent")
     @classmethod
     def _absolute_env(cls, spec: str | None) -> str | None:
         return None if spec is None else absolute_file_spec(spec)
+
+    @pydantic.model_validator(mode="after")
+    def _env_or_agent(self) -> RolloutConfig:
+        if self.env is not None and self.agent is not None:
+            raise ValueError(
+                f"rollout.env ({self.env!r}) and rollout.agent ({self.agent!r}) are exclusive: an episode is driven "
+                "either by an environment class or by a black-box agent"
+            )
+        return self
 
 
 class FSDPSettings(ConfigModel):

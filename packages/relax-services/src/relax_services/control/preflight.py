@@ -107,21 +107,24 @@ def _check_reward_fn(fn: str) -> list[ConfigIssue]:
 
 
 def _check_env(cfg: RunConfig) -> list[ConfigIssue]:
-    """``rollout.env``'s file exists or its module is found (the class and its tools are read where the rollout
-    loads it: a user's module may import the model stack)."""
-    spec = cfg.rollout.env
-    if spec is None:
-        return []
-    where, sep, attr = spec.rpartition(":")
-    if not sep or not where or not attr:
-        return [ConfigIssue("rollout.env", spec, "expected a class", "path/to/file.py:Class or module:Class")]
-    if where.endswith(".py"):
-        return [] if Path(where).is_file() else [ConfigIssue("rollout.env", spec, f"no such file {where!r}")]
-    try:
-        found = importlib.util.find_spec(where) is not None
-    except (ImportError, ValueError):  # a parent package that does not exist
-        found = False
-    return [] if found else [ConfigIssue("rollout.env", spec, f"cannot find module {where!r}")]
+    """``rollout.env``'s (or ``rollout.agent``'s) file exists or its module is found (the class and its tools, or
+    the agent function and its signature, are read where the rollout loads it: a user's module may import the model
+    stack)."""
+    for name, spec, what in (("rollout.env", cfg.rollout.env, "Class"), ("rollout.agent", cfg.rollout.agent, "fn")):
+        if spec is None:
+            continue
+        where, sep, attr = spec.rpartition(":")
+        if not sep or not where or not attr:
+            expected = "a class" if what == "Class" else "a function"
+            return [ConfigIssue(name, spec, f"expected {expected}", f"path/to/file.py:{what} or module:{what}")]
+        if where.endswith(".py"):
+            return [] if Path(where).is_file() else [ConfigIssue(name, spec, f"no such file {where!r}")]
+        try:
+            found = importlib.util.find_spec(where) is not None
+        except (ImportError, ValueError):  # a parent package that does not exist
+            found = False
+        return [] if found else [ConfigIssue(name, spec, f"cannot find module {where!r}")]
+    return []
 
 
 def _check_reward(cfg: RunConfig) -> list[ConfigIssue]:

@@ -20,7 +20,7 @@ from relax_services.weights import WeightPoller, WeightStore
 from relax_services.weights.broadcast_store import BroadcastWeightStore
 
 if TYPE_CHECKING:
-    from relax_services.agents import Episode, EpisodeRunner
+    from relax_services.agents import AgentRunner, Episode, EpisodeRunner
 
 __all__ = ["ENV_RETRIES", "RolloutService", "episode_metrics", "sampling_seed"]
 
@@ -70,8 +70,10 @@ class RolloutService(ServiceBase):
         self._no_paths: dict[int, str] = {}
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
         self._load_s: dict[int, float] = {}  # version -> seconds engine.load_weights took (loads made here)
-        # rollout.env: each prompt row's group is G multi-turn episodes, one environment instance each
-        self.episodes = _episode_runner(cfg, self.engine, self.params) if cfg.rollout.env is not None else None
+        # rollout.env / rollout.agent: each prompt row's group is G multi-turn episodes, one environment instance
+        # (or one agent call with its own endpoint session) each
+        multi_turn = cfg.rollout.env is not None or cfg.rollout.agent is not None
+        self.episodes = _episode_runner(cfg, self.engine, self.params) if multi_turn else None
         self._sync_weights()  # a (re)started worker begins from the newest published weights
 
     def _paths(self) -> dict[int, str]:
@@ -134,7 +136,8 @@ class RolloutService(ServiceBase):
         list[list[float | None]],
         dict[str, float],
     ]:
-        """``rollout.env``: each prompt row's group as G episodes (its item handed to each environment's ``reset``).
+        """``rollout.env`` or ``rollout.agent``: each prompt row's group as G episodes (its item handed to each
+        environment's ``reset``, or to each agent call as its ``task``).
 
         A group with an episode marked for requeue (``rollout.env_failure=requeue``, or a ``reset`` that failed) is
         run again, up to :data:`ENV_RETRIES` times, with fresh environments; a group that still fails is skipped:
@@ -145,7 +148,7 @@ class RolloutService(ServiceBase):
             The rows kept, each sample's prompt (the first turn's rendered ids), completions (their masks mark the
             environment's tokens), the environments' rewards (None: ``reward.fn`` scores the response) and the
             metrics of the call (``turns_mean``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``,
-            ``env_failures``, ``env_token_frac``).
+            ``env_failures``, ``env_token_frac``, and ``prefix_breaks`` for an agent).
         """
         assert self.episodes is not None
         items = [as_prompt_row(row.fields)["item"] for row, _ in ready]
@@ -245,11 +248,13 @@ ENV_RETRIES = 2
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     """A rollout call's multi-turn metrics: mean assistant turns per episode, the calls' tool calls, tool errors,
-    tool timeouts and environment failures, and the share of response tokens that are the environment's."""
+    tool timeouts and environment failures (an agent's failures among them), the share of response tokens that are
+    the environment's, and the black-box agent calls that started a new sample (``prefix_breaks``)."""
     if not episodes:
         return {}
     tokens = sum(len(ep.token_ids) for ep in episodes)
     return {
+        "prefix_breaks": float(sum(ep.counters.prefix_breaks for ep in episodes)),
         "turns_mean": sum(ep.counters.turns for ep in episodes) / len(episodes),
         "tool_calls": float(sum(ep.counters.tool_calls for ep in episodes)),
         "tool_errors": float(sum(ep.counters.tool_errors for ep in episodes)),
@@ -259,13 +264,16 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     }
 
 
-def _episode_runner(cfg: RunConfig, engine: RolloutEngine, params: SamplingParams) -> EpisodeRunner:
-    """The runner of ``rollout.env``'s episodes on this worker's engine, with the checkpoint's tokenizer and chat
-    template and its family's tool parser."""
-    from relax_services.agents import AgentConfig, EpisodeRunner, load_environment
+def _episode_runner(cfg: RunConfig, engine: RolloutEngine, params: SamplingParams) -> EpisodeRunner | AgentRunner:
+    """The runner of ``rollout.env``'s episodes (or ``rollout.agent``'s) on this worker's engine, with the
+    checkpoint's tokenizer and chat template and its family's tool parser."""
+    from relax_services.agents import AgentConfig, AgentRunner, EpisodeRunner, load_agent, load_environment
     from relax_services.models.policy import checkpoint_of
 
-    assert cfg.rollout.env is not None
     ckpt = checkpoint_of(cfg.model)
     config = AgentConfig.from_rollout(cfg.rollout)
+    if cfg.rollout.agent is not None:
+        agent = load_agent(cfg.rollout.agent)
+        return AgentRunner(engine, agent, ckpt.tokenizer, ckpt.family, params, config, model=cfg.model.source)
+    assert cfg.rollout.env is not None
     return EpisodeRunner(engine, load_environment(cfg.rollout.env), ckpt.tokenizer, ckpt.family, params, config)
