@@ -224,7 +224,7 @@ def test_calls_of_concurrent_sessions_share_generate_calls(qwen_tokenizer, scrip
 
 
 PROBE = '''
-import httpx
+import httpx2 as httpx  # the HTTP client the openai package itself uses
 import openai
 
 

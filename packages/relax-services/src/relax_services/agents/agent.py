@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from relax_services.agents.environment import EnvironmentSpecError, _import_file
+from relax_core import import_file
+from relax_services.agents.environment import EnvironmentSpecError
 
 __all__ = ["AgentFn", "AgentSpec", "AgentSpecError", "load_agent"]
 
@@ -59,8 +60,8 @@ def _load_function(spec: str) -> tuple[object, str]:
         if not path.is_file():
             raise AgentSpecError(f"rollout.agent {spec!r}: file {where!r} does not exist")
         try:
-            module = _import_file(path, f"rollout.agent {spec!r}")
-        except EnvironmentSpecError as exc:
+            module = import_file(path, "relax_user_agent", f"rollout.agent {spec!r}")
+        except ValueError as exc:
             raise AgentSpecError(str(exc)) from exc.__cause__
     else:
         where = where_part
