@@ -15,12 +15,8 @@ from relax_services.control.colocated import ColocatedController
 from relax_services.reporting.metrics import read_metrics
 
 STEPS = 3
-# Estimators a run config accepts today (remax waits for the Rollout's greedy baselines) and needs no critic.
-GROUP_ESTIMATORS = [
-    name
-    for name in estimator_names()
-    if not algorithm_spec(name).needs_critic and not algorithm_spec(name).needs_greedy_baseline
-]
+# Estimators that need no critic (remax included: the Rollout scores each prompt's greedy response as its baseline).
+GROUP_ESTIMATORS = [name for name in estimator_names() if not algorithm_spec(name).needs_critic]
 
 
 def _train_records(cfg: object, tmp_path: Path) -> tuple[list[dict[str, object]], Path]:

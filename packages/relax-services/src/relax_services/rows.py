@@ -115,6 +115,7 @@ class SampleMeta(TypedDict):
     ground_truth: NotRequired[Any]
     extra_info: NotRequired[dict[str, Any]]
     env_reward: NotRequired[float]  # a multi-turn episode's reward from its environment (rollout.env)
+    reward_baseline: NotRequired[float]  # remax: the reward of the prompt's greedy response
 
 
 class RolloutFields(TypedDict):

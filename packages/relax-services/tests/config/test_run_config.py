@@ -130,6 +130,9 @@ def test_dr_grpo_normaliser_is_the_generation_budget() -> None:
     assert load_run_config().algorithm.loss_norm_constant is None  # other modes have no constant
 
 
-def test_remax_is_refused_until_the_rollout_makes_greedy_baselines() -> None:
-    with pytest.raises(ConfigError, match="greedy response"):
-        load_run_config(overrides=["algorithm.advantage_estimator=remax", "algorithm.group_size=1"])
+def test_remax_takes_a_single_turn_greedy_baseline_and_is_refused_with_episodes(tmp_path) -> None:
+    load_run_config(overrides=["algorithm.advantage_estimator=remax"])
+    env = tmp_path / "env.py"
+    env.write_text("class E:\n    def reset(self, row):\n        return []\n")
+    with pytest.raises(ConfigError, match="greedy single-turn response"):
+        load_run_config(overrides=["algorithm.advantage_estimator=remax", f"rollout.env={env}:E"])

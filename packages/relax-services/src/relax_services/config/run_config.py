@@ -155,10 +155,11 @@ class RunConfig(ConfigModel):
                 f"{self.staleness.tau}; use algorithm.advantage_estimator={off_policy_alternatives(estimator)} "
                 "(off-policy corrected) or staleness.tau=0"
             )
-        if algorithm_spec(estimator).needs_greedy_baseline:
+        if algorithm_spec(estimator).needs_greedy_baseline and (self.rollout.env or self.rollout.agent):
             raise ValueError(
-                f"algorithm.advantage_estimator={estimator!r} needs each prompt's greedy response scored by the reward "
-                "(its baseline); the Rollout service does not produce one yet: use grpo, rloo, opo or gpg"
+                f"algorithm.advantage_estimator={estimator!r} takes a greedy single-turn response's reward as each "
+                "prompt's baseline; with rollout.env or rollout.agent an episode has no such response: use grpo, rloo, "
+                "opo or gpg"
             )
         if self.trainer.groups_per_step % self.trainer.minibatches:
             raise ValueError(

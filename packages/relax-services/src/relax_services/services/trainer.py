@@ -92,6 +92,14 @@ def env_token_frac(batch_rows: Sequence[SampleRow]) -> float:
     return (total - policy) / max(total, 1)
 
 
+def _reward_baselines(cfg: RunConfig, batch_rows: Sequence[SampleRow]) -> torch.Tensor | None:
+    """``[B]`` each row's greedy-response reward (``meta.reward_baseline``, the Rollout's) when the estimator takes
+    one (remax), else None."""
+    if not algorithm_spec(cfg.algorithm.advantage_estimator).needs_greedy_baseline:
+        return None
+    return torch.tensor([float(r["meta"]["reward_baseline"]) for r in batch_rows])
+
+
 def informative_rows(batch_rows: Sequence[SampleRow]) -> list[SampleRow]:
     """The rows of groups whose rewards are not all equal (DAPO's dynamic sampling, ``algorithm.filter_groups``):
     a group where every sample scored the same has zero group-relative advantage, so it only dilutes the update."""
@@ -143,6 +151,7 @@ def build_train_samples(
         old_logprobs=old_logprobs,
         proximal_logprobs=proximal_logprobs,
         ref_logprobs=ref,
+        reward_baselines=_reward_baselines(cfg, batch_rows),
     )
     adv = estimate.advantages  # [B, T]
     samples = []
