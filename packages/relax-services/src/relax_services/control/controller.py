@@ -28,6 +28,7 @@ from relax_services.hosting.ray_init import init_ray, wait_gone
 from relax_services.reporting.metrics import MetricsWriter
 from relax_services.reporting.plots import plot_run
 from relax_services.reporting.progress import Progress, ProgressState
+from relax_services.reporting.sinks import SinkFanout, open_sinks
 from relax_services.rows import prompt_key_of
 
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
@@ -133,7 +134,10 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
         """
         cfg = self.cfg
         self._phase("imports_and_ray")  # from the command (``started_at``) to here: imports and Ray's start
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        config_text = dump_config(cfg)
+        (self.run_dir / "config.yaml").write_text(config_text, encoding="utf-8")
+        sinks = open_sinks(cfg.metrics.sinks, self.run_dir, cfg.model_dump(mode="json"), config_text, cfg.metrics)
+        self.metrics.sinks = SinkFanout(sinks)
         cfg = self.cfg = with_synthetic_files(cfg)  # the default run's tasks as dataset files, read as a user's
         self.data = prepare_data(cfg, self.run_dir, build_heldout=self.prompts_here)
         cfg = self.cfg = self._warmup(cfg)
