@@ -40,6 +40,9 @@ def test_a_run_writes_strict_records_and_the_same_metrics_to_every_sink(small_co
     run_dir.mkdir()
     result = ColocatedController(cfg, run_dir).run()
     assert result.steps == STEPS
+    # the summary's comparison for learning from reward alone has an earlier evaluation to go by
+    assert result.final_version == STEPS and result.first_eval_version is not None
+    assert result.first_eval_version < STEPS and set(result.first_eval) == {"text"}
 
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line, parse_constant=_refuse) for line in lines]  # every line, strictly
