@@ -35,6 +35,8 @@ def test_histogram_bins_integers_one_per_value_and_floats_in_equal_widths() -> N
     assert len(h.counts) == 20 and h.counts[0] == 1 and h.counts[2] == 1 and h.counts[5] == 1 and h.counts[19] == 1
     assert h.counts == [int(c) for c in np.histogram([0.0, 0.1, 0.25, 1.0], bins=20, range=(0.0, 1.0))[0]]
     assert histogram_of([0.3, 0.3]).counts == [2]
+    wide = histogram_of([0, 64])  # integers over 65 values: 20 equal bins of 3.2, not 65 bins of 1
+    assert len(wide.counts) == 20 and wide.counts[0] == wide.counts[-1] == 1
 
 
 def test_digest_keeps_every_finite_number_at_the_records_step() -> None:

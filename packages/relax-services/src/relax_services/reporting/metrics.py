@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -71,23 +72,26 @@ class MetricsWriter:
         self.path = path
         self.start = time.monotonic() if start_time is None else start_time
         self.sinks: SinkFanout | None = None
+        self._lock = threading.Lock()  # the controller's loop and the health manager write from their threads
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", encoding="utf-8")
 
     def write(self, kind: str, record: Mapping[str, object]) -> dict[str, object]:
         """Write ``record`` tagged with ``kind`` and the wall time; return what was written."""
         row = strict_record({"kind": kind, "wall": round(time.monotonic() - self.start, 4), **record})
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        self._file.flush()
-        if self.sinks is not None:
-            self.sinks.write(kind, row)
+        with self._lock:
+            self._file.write(json.dumps(row, allow_nan=False) + "\n")
+            self._file.flush()
+            if self.sinks is not None:
+                self.sinks.write(kind, row)
         return row
 
     def close(self) -> None:
         """Flush and close the metrics file, then the sinks."""
-        self._file.close()
-        if self.sinks is not None:
-            self.sinks.close()
+        with self._lock:
+            self._file.close()
+            if self.sinks is not None:
+                self.sinks.close()
 
 
 def strict_record(record: Mapping[str, object]) -> dict[str, object]:

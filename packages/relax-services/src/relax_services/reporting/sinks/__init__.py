@@ -48,7 +48,10 @@ _HISTOGRAM_FIELDS = frozenset({"staleness_hist", "token_staleness_hist", "reward
 """Fields of a ``train`` record that are distributions, not scalars."""
 
 _FLOAT_BINS = 20
-"""Equal-width bins of a histogram of non-integer values (integer values get one bin per integer)."""
+"""Equal-width bins of a histogram of non-integer values, or of integers spread wider than :data:`_INTEGER_BINS`."""
+
+_INTEGER_BINS = 64
+"""Integer values spanning fewer than this many integers get one bin per integer (W&B takes at most 512 bins)."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,14 @@ class MetricsSink(Protocol):
 
 
 def histogram_of(values: list[float]) -> Histogram:
-    """Bins ``values``: one bin per integer when every value is an integer (staleness, 0/1 rewards), else
-    :data:`_FLOAT_BINS` equal-width bins from the smallest to the largest value."""
+    """Bins ``values``: one bin per integer when every value is an integer and they span fewer than
+    :data:`_INTEGER_BINS` integers (staleness, 0/1 rewards), else :data:`_FLOAT_BINS` equal-width bins from the
+    smallest to the largest value."""
     finite = [float(v) for v in values if math.isfinite(v)]
     if not finite:
         return Histogram([], [], [])
     low, high = min(finite), max(finite)
-    if all(v.is_integer() for v in finite) and high - low <= 1000:
+    if all(v.is_integer() for v in finite) and high - low < _INTEGER_BINS:
         edges = [low - 0.5 + i for i in range(int(high - low) + 2)]
     elif low == high:
         edges = [low - 0.5, high + 0.5]
