@@ -9,6 +9,7 @@ Each case starts Ray in a fresh interpreter (as ``relax train`` does) and reads 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ while True:  # the call fails until Ray has restarted the actor in a new process
 config = ray._private.state.state.get_system_config()
 ray.shutdown()
 print(json.dumps({"started": started, "env": env, "tree": first, "pid": pid, "pid2": pid2, "env2": env2,
-                  "triton_blocked": triton_blocked,
+                  "triton_blocked": triton_blocked, "auth_mode": os.environ.get("RAY_AUTH_MODE"),
                   "config": {key: config.get(key) for key in %r}}))
 """
 
@@ -71,10 +72,20 @@ print(json.dumps({"started": started, "env": env, "tree": first, "pid": pid, "pi
 @pytest.fixture(scope="module")
 def local_ray() -> dict[str, object]:
     script = _SCRIPT % (sorted(LOCAL_SYSTEM_CONFIG),)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # Ray's own default, as for a new user
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False, env=env
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["stderr"] = out.stderr
     return result
+
+
+def test_a_local_instance_keeps_token_authentication_without_its_notice(local_ray: dict[str, object]) -> None:
+    """Ray's default for a new local instance (token authentication) stays on, and its notice is not printed."""
+    assert local_ray["auth_mode"] == "token"
+    assert "Token authentication" not in str(local_ray["stderr"]), str(local_ray["stderr"])[-2000:]
 
 
 def test_actors_start_with_the_run_environment(local_ray: dict[str, object]) -> None:

@@ -38,11 +38,12 @@ SAFE_ON_RESUME: tuple[str, ...] = (
     "faults",
     "queue.lease_timeout_s",
     "run",
+    "metrics",
 )
 """Dotted keys (or whole sections) an override may change on ``--resume``: the run's length and budget, how often
 it checkpoints and evaluates, the ranks of a Trainer group (its checkpoint holds the full state, which a group of
-any world size loads; the updates stay the same to float rounding), fault handling, and where and how it
-reports, and the GPUs each process reserves."""
+any world size loads; the updates stay the same to float rounding), fault handling, where and how it reports
+(``run``, ``metrics``), and the GPUs each process reserves."""
 
 _IDENTITY = ("run.output_dir", "run.name")  # name the run folder; the saved copy may spell them differently
 

@@ -32,6 +32,7 @@ from relax_core.config.presets import preset_data
 from relax_services.config.data import DEFAULT_MODEL_SOURCE, DataConfig, LoraConfig, ModelConfig
 from relax_services.config.data import DEFAULT_TASKS as DEFAULT_TASKS
 from relax_services.config.data import TaskName as TaskName
+from relax_services.config.metrics import MetricsConfig
 from relax_services.config.reward import RunRewardConfig
 from relax_services.config.run import ACTOR_TARGETS, FaultSpec, RunSettings
 from relax_services.config.services import MICRO_BATCH_GROUPS_CAP as MICRO_BATCH_GROUPS_CAP
@@ -56,6 +57,7 @@ __all__ = [
     "FaultSpec",
     "HealthConfig",
     "LoraConfig",
+    "MetricsConfig",
     "ModelConfig",
     "QueueSettings",
     "ReferenceConfig",
@@ -140,6 +142,8 @@ class RunConfig(ConfigModel):
     faults: list[FaultSpec] = pydantic.Field(default_factory=list)
     """Faults to inject (empty in normal runs)."""
     run: RunSettings = pydantic.Field(default_factory=RunSettings)
+    metrics: MetricsConfig = pydantic.Field(default_factory=MetricsConfig)
+    """Where metric records go: ``metrics.jsonl`` always, TensorBoard, W&B and MLflow on request."""
 
     @pydantic.model_validator(mode="before")
     @classmethod

@@ -242,7 +242,8 @@ class TrainerConfig(ConfigModel):
     """Stop after this many updates."""
 
     max_minutes: float | None = pydantic.Field(default=8.0, gt=0.0)
-    """Stop after this much wall-clock time (None: no limit)."""
+    """Stop after this many wall-clock minutes counted from the command (start-up included, and a resumed run's
+    earlier time): the run stops at its first check once that clock reaches the limit (None: no limit)."""
 
     target_reward: float | None = pydantic.Field(default=0.9, gt=0.0, le=1.0)
     """Stop early once the held-out reward of every task reaches this (None: never stop early)."""

@@ -28,6 +28,7 @@ from relax_services.hosting.ray_init import init_ray, wait_gone
 from relax_services.reporting.metrics import MetricsWriter
 from relax_services.reporting.plots import plot_run
 from relax_services.reporting.progress import Progress, ProgressState
+from relax_services.reporting.sinks import SinkFanout, open_sinks
 from relax_services.rows import prompt_key_of
 
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
@@ -66,6 +67,9 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
         self._stop_reason: str | None = None
         self.latest_eval: dict[str, float] = {}
         self.eval_version = -1
+        self.first_eval: dict[str, float] = {}  # the run's earliest evaluation (the summary compares the final with it)
+        self.first_eval_version = -1
+        self.target_version: int | None = None  # the version whose evaluation met trainer.target_reward
         self.step = 0
         self.samples = 0
         self.wait_s = 0.0
@@ -107,10 +111,13 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
         elif kind == "filtered":  # a batch of uniformly scored groups (algorithm.filter_groups): consumed, not trained
             self.samples += int(record["rows"])
         elif kind == "eval":
-            if int(record["version"]) >= self.eval_version:
-                self.eval_version = int(record["version"])
+            version = int(record["version"])
+            if version >= self.eval_version:
+                self.eval_version = version
                 self.latest_eval = dict(record["reward"])
                 self.feeder.observe(self.latest_eval, momentum=0.0)
+            if self.first_eval_version < 0 or version < self.first_eval_version:
+                self.first_eval_version, self.first_eval = version, dict(record["reward"])
             record["chance"] = self.data.chance
         elif kind == "rollout":
             self.rollout_s += float(record["seconds"])
@@ -133,7 +140,10 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
         """
         cfg = self.cfg
         self._phase("imports_and_ray")  # from the command (``started_at``) to here: imports and Ray's start
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        config_text = dump_config(cfg)
+        (self.run_dir / "config.yaml").write_text(config_text, encoding="utf-8")
+        sinks = open_sinks(cfg.metrics.sinks, self.run_dir, cfg.model_dump(mode="json"), config_text, cfg.metrics)
+        self.metrics.sinks = SinkFanout(sinks)
         cfg = self.cfg = with_synthetic_files(cfg)  # the default run's tasks as dataset files, read as a user's
         self.data = prepare_data(cfg, self.run_dir, build_heldout=self.prompts_here)
         cfg = self.cfg = self._warmup(cfg)
@@ -216,6 +226,10 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             stop_reason=self._stop_reason or "finished",
             final_eval=final,
             final_version=final_version,
+            first_eval=self.first_eval,
+            first_eval_version=self.first_eval_version if self.first_eval_version >= 0 else None,
+            target_reward=cfg.trainer.target_reward,
+            target_version=self.target_version,
             chance=self.data.chance,
             ledger=ledger,
             health_events=self.health.events,
@@ -239,6 +253,13 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
     def clock(self) -> float:
         """Seconds of this run so far on its one clock (a resumed run's earlier time included)."""
         return time.monotonic() - self.metrics.start
+
+    def time_left_s(self) -> float | None:
+        """Seconds left of ``trainer.max_minutes`` (None: no limit), on the run's one clock: counted from the
+        command (``started_at``), start-up included, a resumed run's earlier time too. The run stops at the first
+        check (every 0.25 s) where this is <= 0, that is once the clock reaches 60 × ``max_minutes``."""
+        limit = self.cfg.trainer.max_minutes
+        return None if limit is None else 60 * limit - self.clock()
 
     def _phase(self, name: str) -> None:
         """Record that start-up phase ``name`` ended now (the summary prints the start-up phases)."""
@@ -354,11 +375,11 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
                 raise RuntimeError(f"prompt feeder failed: {self.feeder.error}")
             if self.step >= cfg.trainer.total_steps:
                 self.request_stop("total_steps reached")
-            elif cfg.trainer.max_minutes is not None and now > 60 * cfg.trainer.max_minutes:
+            elif (left := self.time_left_s()) is not None and left <= 0:
                 self.request_stop("time limit reached")
             elif self._target_reached():
-                target = cfg.trainer.target_reward
-                self.request_stop(f"held-out reward >= {target} on every task (weights of version {self.eval_version})")
+                self.target_version = self.eval_version  # the summary says how the final weights compare
+                self.request_stop("target reward reached")
             if now - last_report >= cfg.run.report_every_s or self._stop_reason is not None:
                 last_report = now
                 progress.update(self._progress_state(now))
@@ -387,11 +408,11 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             },
         )
         rate = self.samples / now if now > 0 else 0.0
-        remaining = self.cfg.trainer.total_steps - self.step
-        eta = remaining * now / self.step if self.step else None
-        if self.cfg.trainer.max_minutes is not None:
-            limit = 60 * self.cfg.trainer.max_minutes - now
-            eta = limit if eta is None else min(eta, limit)
+        eta: float | None = None  # before the first update nothing says how long one takes
+        if self.step:
+            eta = (self.cfg.trainer.total_steps - self.step) * now / self.step
+            if (left := self.time_left_s()) is not None:
+                eta = min(eta, max(left, 0.0))
         return {
             "wall": now,
             "step": self.step,

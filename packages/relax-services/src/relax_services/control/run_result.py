@@ -57,6 +57,10 @@ class RunResult:
     service_nodes: dict[str, str] = field(default_factory=dict)
     skipped_media: dict[str, dict[str, int]] = field(default_factory=dict)
     final_version: int | None = None  # policy version whose held-out reward final_eval is
+    first_eval: dict[str, float] = field(default_factory=dict)  # held-out reward of the run's earliest evaluation
+    first_eval_version: int | None = None  # the version first_eval scores (None: no evaluation before the end)
+    target_reward: float | None = None  # trainer.target_reward of the run
+    target_version: int | None = None  # the version whose evaluation met target_reward and stopped the run
     resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # overrides on --resume: (saved, new)
     resumed_from_s: float = 0.0  # run time already spent before this --resume (included in wall_s)
     startup: dict[str, float] = field(default_factory=dict)  # start-up phase -> seconds since the run began

@@ -25,6 +25,17 @@ logger = logging.getLogger(__name__)
 
 _REAPER: Any = None
 
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+"""The logger of Ray's notice that a new local instance has token authentication on."""
+
+
+class _DropAuthNotice(logging.Filter):
+    """Drops Ray's "Token authentication is enabled for this Ray cluster" notice (a local instance of the run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
 ACTOR_ENV: dict[str, str] = {
     # One thread per process: under CPU contention more threads made forwards 20-50x slower (DESIGN.md field notes).
     "OMP_NUM_THREADS": "1",
@@ -66,13 +77,23 @@ def init_ray(address: str | None) -> bool:
         global _REAPER
         if _REAPER is None:
             _REAPER = start_reaper()
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env=env,
-            configure_logging=False,
-            _system_config=dict(LOCAL_SYSTEM_CONFIG),
-        )
+        # Ray turns token authentication on for a new local instance when RAY_AUTH_MODE is unset (a token under
+        # ~/.ray, made once) and says so on every start. This instance is the run's own, reachable only while the
+        # run lives: its notice is dropped, Ray's setting kept (RAY_AUTH_MODE, when set, decides as usual). A
+        # cluster joined with --ray-address keeps Ray's notices.
+        auth_log = logging.getLogger(_AUTH_LOGGER)
+        notice = _DropAuthNotice()
+        auth_log.addFilter(notice)
+        try:
+            ray.init(
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=env,
+                configure_logging=False,
+                _system_config=dict(LOCAL_SYSTEM_CONFIG),
+            )
+        finally:
+            auth_log.removeFilter(notice)
         stop_unused_head_processes()
         return True
     _probe(address)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from relax_services.reporting._units import format_eta, format_rate
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -23,15 +25,8 @@ class ProgressState(TypedDict):
     max_staleness: int  # of the last update's samples
     depth_rows: int  # sample queue depth
     samples_per_s: float
-    eta_s: float | None
+    eta_s: float | None  # None before the first update (no update's duration known) or without a bound
     restarts: int  # service restarts so far
-
-
-def _fmt_eta(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds < 0:
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s"
 
 
 class Progress:
@@ -75,7 +70,7 @@ class Progress:
         return (
             f"[{s['wall']:6.0f}s] step {s['step']}/{s['total_steps']}  train reward {s['reward']:.3f}  "
             f"held-out {evals or '-'}  staleness max {s['max_staleness']}  queue {s['depth_rows']} rows  "
-            f"{s['samples_per_s']:.0f} samples/s  ETA {_fmt_eta(s.get('eta_s'))}"
+            f"{format_rate(s['samples_per_s'])} samples/s  ETA {format_eta(s['step'], s['eta_s'])}"
         )
 
     @staticmethod
@@ -92,7 +87,7 @@ class Progress:
             table.add_row(f"held-out reward: {task}", f"{value:.3f}{suffix}")
         table.add_row("max staleness (last step)", str(s["max_staleness"]))
         table.add_row("queue depth (rows)", str(s["depth_rows"]))
-        table.add_row("samples/s", f"{s['samples_per_s']:.0f}")
+        table.add_row("samples/s", format_rate(s["samples_per_s"]))
         table.add_row("service restarts", str(s["restarts"]))
-        table.add_row("ETA", _fmt_eta(s.get("eta_s")))
+        table.add_row("ETA", format_eta(s["step"], s["eta_s"]))
         return table

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from relax_services.reporting._units import format_duration, format_rate
+
 if TYPE_CHECKING:
     from relax_services.control.run_result import RunResult
 
-__all__ = ["format_summary"]
+__all__ = ["format_summary", "headline", "learned_line"]
 
 
 def _data_lines(data: dict[str, Any]) -> list[str]:
@@ -26,11 +28,62 @@ def _data_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def headline(result: RunResult) -> list[str]:
+    """The summary's first lines: why and when the run stopped, its rate, and what the final weights' evaluation
+    says against ``trainer.target_reward`` (the reward table below scores the same weights; an earlier evaluation
+    that stopped the run is named, never given a number of its own)."""
+    rate = format_rate(result.samples / max(result.wall_s, 1e-9))
+    lines = [
+        f"relax train finished: {result.stop_reason} after {result.steps} updates in "
+        f"{format_duration(result.wall_s)} ({result.samples} samples, {rate} samples/s)"
+    ]
+    weights = (
+        "the last evaluation" if result.final_version is None else f"final weights (version {result.final_version})"
+    )
+    target = result.target_reward
+    if target is not None and result.final_eval:
+        below = {t: v for t, v in sorted(result.final_eval.items()) if not v >= target}
+        if not below:
+            lines.append(f"{weights}: held-out reward >= {target} on every task")
+        else:
+            tasks = ", ".join(f"{t} {v:.3f}" for t, v in below.items())
+            lines.append(f"{weights}: held-out reward below the target {target} on {tasks}")
+        if result.target_version is not None and below:
+            lines.append(f"(the run stopped when the evaluation of version {result.target_version} met the target)")
+    return lines
+
+
+def learned_line(result: RunResult) -> str:
+    """What the run shows about learning from reward alone (no supervised warm-up).
+
+    The rule: the run learned from reward alone when, on every task, the final weights' held-out reward is above
+    the run's first evaluation (of an earlier version) and above the task's chance level (where it is known). Said
+    only then; otherwise the line names each task that did not rise, with its first and final reward.
+    """
+    if result.warmup_steps:
+        return (
+            f"opened with {result.warmup_steps} supervised format warm-up steps (a random valid option, then "
+            "end-of-answer; never the correct answer), so rewards start near chance"
+        )
+    first, final = result.first_eval, result.final_eval
+    if result.first_eval_version is None or result.first_eval_version == result.final_version or not first:
+        return "no supervised warm-up; no evaluation before the final one to compare it with"
+    flat = []
+    for task, value in sorted(final.items()):
+        chance = result.chance.get(task, math.nan)
+        if task not in first or not (value > first[task] and (math.isnan(chance) or value > chance)):
+            start = f"{first[task]:.3f}" if task in first else "-"
+            flat.append(f"{task} {start} -> {value:.3f}")
+    since = f"the first evaluation (version {result.first_eval_version})"
+    if not flat:
+        return f"no supervised warm-up: held-out reward rose above {since} and above chance on every task"
+    return f"no supervised warm-up; held-out reward did not rise above both {since} and chance on: " + ", ".join(flat)
+
+
 def format_summary(result: RunResult) -> str:
     """The end-of-run text: held-out reward per task against chance, staleness, idle fraction, ledger, faults."""
     lines = [
-        f"relax train finished: {result.stop_reason} after {result.steps} updates in {result.wall_s:.0f}s "
-        f"({result.samples} samples, {result.samples / max(result.wall_s, 1e-9):.0f} samples/s)",
+        *headline(result),
         "",
         f"{'task':<12} {'held-out reward':>16} {'chance':>8} {'reached 0.8 at':>15}"
         + ("" if result.final_version is None else f"   (reward: final weights, version {result.final_version})"),
@@ -55,12 +108,7 @@ def format_summary(result: RunResult) -> str:
             ", ".join(f"{split} {reason}: {n}" for split, r in result.skipped_media.items() for reason, n in r.items())
             or "none"
         ),
-        (
-            f"opened with {result.warmup_steps} supervised format warm-up steps (a random valid option, then "
-            "end-of-answer; never the correct answer), so rewards start near chance"
-            if result.warmup_steps
-            else "no supervised warm-up: the policy learned the answer format from reward alone"
-        ),
+        learned_line(result),
     ]
     resumed_from = result.resumed_from_s
     if resumed_from:

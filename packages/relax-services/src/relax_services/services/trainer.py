@@ -453,6 +453,7 @@ class TrainerService(ServiceBase):
             step=self.version,
             samples=len(rows),
             reward=sum(float(r["reward"]) for r in rows) / len(rows),
+            rewards=[float(r["reward"]) for r in rows],
             reward_by_task={t: sum(v) / len(v) for t, v in by_task.items()},
             staleness_hist={str(k): v for k, v in sorted(staleness.items())},
             max_staleness=max(staleness),
