@@ -207,3 +207,28 @@ def test_lora_target_the_model_lacks_fails_before_heavy_imports_naming_its_layer
     assert "relax train: model.lora.target_modules: ['qkv'] name no linear layer of the model" in err
     assert "'down_proj'" in err and "'q_proj'" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_missing_reward_requirement_fails_before_ray_naming_module_and_install_command(tmp_path: Path) -> None:
+    """``reward.requirements``: a module that is not installed stops ``relax train`` before torch, transformers or
+    Ray are imported, naming the module and the command whose install survives ``uv sync``; a found module (json,
+    and a dotted one) passes."""
+    missing = "relax_no_such_scorer_pkg"
+    assert importlib.util.find_spec(missing) is None
+    result, err = _cli(
+        "train",
+        f"reward.requirements=[json, email.mime, {missing}.sub=relax-no-such-scorer>=1.2]",
+        f"run.output_dir={tmp_path / 'runs'}",
+    )
+    assert result == {"rc": 2, "heavy": []}, err
+    assert "reward.requirements" in err and f"module '{missing}.sub'" in err, err
+    assert "uv add --group reward 'relax-no-such-scorer>=1.2'" in err, err
+    assert "uv sync --locked --all-packages --group reward" in err, err
+    assert "'json'" not in err and "email.mime" not in err, err  # installed modules are not reported
+    assert not (tmp_path / "runs").exists()
+
+
+def test_reward_requirements_reject_names_that_are_not_modules() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(None, ["reward.requirements=[no-dash-in-modules]"])
+    assert "reward.requirements" in str(info.value) and "'module' or 'module=package'" in str(info.value)

@@ -4,6 +4,7 @@ the per-call timeout and the fallback score; it becomes relax-core's :class:`~re
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ import pydantic
 from relax_core import ConfigModel, RewardKind, RewardRunnerConfig, RewardSpec
 
 __all__ = ["RunRewardConfig", "absolute_file_spec"]
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+)?")
 
 
 def absolute_file_spec(spec: str) -> str:
@@ -55,6 +59,24 @@ class RunRewardConfig(ConfigModel):
 
     max_concurrency: int = pydantic.Field(default=16, ge=1)
     """Reward calls in flight at once per service."""
+
+    requirements: list[str] = pydantic.Field(default_factory=list)
+    """Modules the reward imports (``rapidfuzz``), checked before Ray starts: a missing one is an error naming it
+    and the command that installs it. Write ``module=package`` where the installed package is named otherwise
+    (``sklearn=scikit-learn``)."""
+
+    @pydantic.field_validator("requirements")
+    @classmethod
+    def _requirement_names(cls, requirements: list[str]) -> list[str]:
+        for entry in requirements:
+            module, _, package = entry.partition("=")
+            if not _MODULE.fullmatch(module) or (package and not _PACKAGE.fullmatch(package)):
+                raise ValueError(f"{entry!r} is not 'module' or 'module=package' (e.g. 'sklearn=scikit-learn')")
+        return requirements
+
+    def required_modules(self) -> dict[str, str]:
+        """``reward.requirements`` as module → the package that installs it."""
+        return {m: p or m.partition(".")[0] for m, _, p in (e.partition("=") for e in self.requirements)}
 
     @pydantic.model_validator(mode="after")
     def _absolute_files(self) -> RunRewardConfig:

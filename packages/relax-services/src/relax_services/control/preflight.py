@@ -1,7 +1,7 @@
 """Checks of a run config against the machine, before any heavy import and before Ray starts.
 
 `load_run_config` checks a config's values; these check what the values point at: the model and data folders
-exist, the reward function is known, the environment's file or module exists, the package a chosen engine needs
+exist, the reward function and the modules it requires are found, the environment's file or module exists, the package a chosen engine needs
 (vLLM) is installed, the output folder can be written, and a run to resume exists. Every
 problem becomes a :class:`~relax_core.ConfigIssue` naming its field, so ``relax train`` reports a bad path
 in about a second instead of as a traceback from a service minutes later. Nothing here imports torch,
@@ -146,6 +146,24 @@ def _check_reward(cfg: RunConfig) -> list[ConfigIssue]:
     return []
 
 
+def _check_requirements(cfg: RunConfig) -> list[ConfigIssue]:
+    """Every module of ``reward.requirements`` is found in this environment (found, not imported)."""
+    issues = []
+    for module, package in cfg.reward.required_modules().items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package that does not exist
+            found = False
+        if not found:
+            reason = (
+                f"the reward needs module {module!r}, which is not installed: in your project run "
+                f"`uv add --group reward {package!r}` once, then sync with `uv sync --locked --all-packages --group "
+                f"reward` (a plain `uv sync --locked --all-packages` leaves the reward group out and removes it)"
+            )
+            issues.append(ConfigIssue("reward.requirements", module, reason))
+    return issues
+
+
 def _check_engines(cfg: RunConfig) -> list[ConfigIssue]:
     """The optional package a chosen engine needs is installed (found, not imported: vLLM's import takes seconds)."""
     issues = []
@@ -213,7 +231,7 @@ def check_run(cfg: RunConfig, *, resume: bool = False) -> Path:
         ConfigError: listing each problem with its field.
     """
     run_dir = run_dir_of(cfg)
-    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_env(cfg), *_check_engines(cfg)]
+    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_requirements(cfg), *_check_env(cfg), *_check_engines(cfg)]
     issues += _check_output(cfg, run_dir)
     if resume:
         issues += _check_resume(cfg, run_dir)
