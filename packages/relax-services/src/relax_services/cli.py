@@ -207,6 +207,18 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view(args: argparse.Namespace) -> int:
+    from relax_services.reporting.viewer import write_report
+
+    try:
+        out = write_report(args.run_dir)
+    except FileNotFoundError as exc:
+        print(f"relax view: {exc}", file=sys.stderr)
+        return 2
+    print(f"relax view: wrote {out}", flush=True)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from relax_services.bench.pipeline import run_pipeline_bench
 
@@ -320,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out_dir", type=Path, help="folder to write (replaced when it exists)")
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     export.set_defaults(func=_export)
+    view = sub.add_parser(
+        "view",
+        help="write RUN_DIR/report.html: the run's plots, summary and evaluation samples in one static page",
+        description="Write RUN_DIR/report.html, one HTML file that opens without a server: the run's plots, its "
+        "summary and every evaluation's samples, filterable by task and step (report.html?task=T&step=N).",
+    )
+    view.add_argument("run_dir", type=Path, help="a run folder written by relax train")
+    view.set_defaults(func=_view)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     pipe = bench_sub.add_parser("pipeline", help="the same task and seeds at τ = 0 and τ > 0, side by side")

@@ -68,6 +68,8 @@ class ItemInfo(TypedDict):
         extra_info: The row's ``extra_info`` (dataset files only), the reward's metadata.
         messages: The row's chat prompt as ``{"role", "content"}`` text messages, media as ``<kind>`` markers
             (dataset files only): what a ``rollout.env`` environment's ``reset`` reads.
+        media: ``(kind, file)`` of the prompt's media, None for inline bytes (held-out items only): the samples
+            files' links and thumbnails.
     """
 
     id: str
@@ -77,6 +79,7 @@ class ItemInfo(TypedDict):
     ground_truth: NotRequired[Any]
     extra_info: NotRequired[dict[str, Any]]
     messages: NotRequired[list[dict[str, str]]]
+    media: NotRequired[list[tuple[str, str | None]]]
 
 
 class DataItem(ItemInfo):

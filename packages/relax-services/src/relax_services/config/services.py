@@ -315,6 +315,10 @@ class EvalConfig(ConfigModel):
     every_steps: int = pydantic.Field(default=10, ge=1)
     """Evaluate the newest weights after every this many updates."""
 
+    samples_per_task: int = pydantic.Field(default=4, ge=0)
+    """Conversations of each task that every evaluation writes to ``<run>/samples/eval_step_<version>.jsonl`` (the
+    first held-out prompts of the task, so each evaluation shows the same ones; ``relax view`` shows them). 0: none."""
+
     gpus: GpuCount = 1.0
     """GPUs of the Evaluator's process on a GPU run (``run.device``; 0: it decodes on the CPU)."""
 

@@ -38,6 +38,7 @@ from relax_services.engines.registry import check_engines
 from relax_services.faults.health import GlobalRestartNeeded, HealthManager
 from relax_services.faults.restart_counts import restarted_event
 from relax_services.hosting.service_host import service_class
+from relax_services.reporting.samples import write_eval_samples
 from relax_services.services import EvalService, TrainerService
 from relax_services.services._base import Beat, HealthMonitor, ServiceBase
 from relax_services.weights import InProcessWeightStore
@@ -287,7 +288,8 @@ class ColocatedController(Controller):
     def _final_eval(self) -> tuple[dict[str, float], int | None]:
         evaluator = self.pipeline.services["eval"].obj
         assert isinstance(evaluator, EvalService)
-        version, rewards = evaluator.evaluate_latest()
+        version, rewards, samples = evaluator.evaluate_latest()
+        write_eval_samples(self.run_dir, int(version), self.step, samples, final=True)
         self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
         return dict(rewards), int(version)
 

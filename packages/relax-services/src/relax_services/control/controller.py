@@ -28,6 +28,7 @@ from relax_services.hosting.ray_init import init_ray, wait_gone
 from relax_services.reporting.metrics import MetricsWriter
 from relax_services.reporting.plots import plot_run
 from relax_services.reporting.progress import Progress, ProgressState
+from relax_services.reporting.samples import write_eval_samples
 from relax_services.reporting.sinks import SinkFanout, open_sinks
 from relax_services.rows import prompt_key_of
 
@@ -119,6 +120,7 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             if self.first_eval_version < 0 or version < self.first_eval_version:
                 self.first_eval_version, self.first_eval = version, dict(record["reward"])
             record["chance"] = self.data.chance
+            write_eval_samples(self.run_dir, version, self.step, record.pop("samples", []))
         elif kind == "rollout":
             self.rollout_s += float(record["seconds"])
         self.metrics.write(kind, record)
@@ -434,8 +436,9 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
 
         spec = self.pipeline.services["eval"]
         try:
-            version, rewards = ray.get(spec.handle.evaluate_latest.remote(), timeout=300)
+            version, rewards, samples = ray.get(spec.handle.evaluate_latest.remote(), timeout=300)
         except Exception:  # the evaluator is down: report the last evaluation it made
             return dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
+        write_eval_samples(self.run_dir, int(version), self.step, samples, final=True)
         self.metrics.write("eval", {"version": version, "reward": rewards, "chance": self.data.chance, "final": True})
         return dict(rewards), int(version)

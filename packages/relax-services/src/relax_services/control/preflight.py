@@ -1,8 +1,8 @@
 """Checks of a run config against the machine, before any heavy import and before Ray starts.
 
 `load_run_config` checks a config's values; these check what the values point at: the model and data folders
-exist, the reward function and the modules it requires are found, the environment's file or module exists, the package a chosen engine needs
-(vLLM) is installed, the output folder can be written, and a run to resume exists. Every
+exist, the reward function and the modules it requires are found, the environment's file or module exists, the
+package a chosen engine needs (vLLM) is installed, the output folder can be written, and a run to resume exists. Every
 problem becomes a :class:`~relax_core.ConfigIssue` naming its field, so ``relax train`` reports a bad path
 in about a second instead of as a traceback from a service minutes later. Nothing here imports torch,
 transformers or ray.
@@ -231,7 +231,14 @@ def check_run(cfg: RunConfig, *, resume: bool = False) -> Path:
         ConfigError: listing each problem with its field.
     """
     run_dir = run_dir_of(cfg)
-    issues = [*_check_model(cfg), *_check_data(cfg), *_check_reward(cfg), *_check_requirements(cfg), *_check_env(cfg), *_check_engines(cfg)]
+    issues = [
+        *_check_model(cfg),
+        *_check_data(cfg),
+        *_check_reward(cfg),
+        *_check_requirements(cfg),
+        *_check_env(cfg),
+        *_check_engines(cfg),
+    ]
     issues += _check_output(cfg, run_dir)
     if resume:
         issues += _check_resume(cfg, run_dir)

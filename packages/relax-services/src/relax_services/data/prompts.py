@@ -116,9 +116,22 @@ def build_heldout(
             report["bad"].append((where[0], where[1], f"{exc.modality}: {exc.reason}"))
             continue
         info: ItemInfo = {k: v for k, v in item.items() if k != "item"}  # type: ignore[assignment]
+        info["media"] = _media_of(item["item"])
         heldout.append((item["task"], prompt, info))
         report["kept"].append(index)
     return heldout, report
+
+
+def _media_of(item: object) -> list[tuple[str, str | None]]:
+    """``(kind, file)`` of a dataset record's or a synthetic item's media, in prompt order (None: inline bytes)."""
+    from relax_modalities import DataRecord
+    from relax_modalities.synthetic import TaskItem
+
+    if isinstance(item, DataRecord):
+        return [(m.kind, m.path) for m in item.media]
+    if isinstance(item, TaskItem):
+        return [(m.modality, m.path) for m in item.media]
+    return []
 
 
 @dataclass

@@ -118,9 +118,9 @@ class ServiceHost:
         """The Trainer's ``export_hf``: the checkpoint's policy in Hugging Face format; returns the folder."""
         return cast("str", self._role("export_hf")(checkpoint_dir))
 
-    def evaluate_latest(self) -> tuple[int, dict[str, float]]:
-        """The Evaluator's ``evaluate_latest``: the newest weights' held-out reward and their version."""
-        return cast("tuple[int, dict[str, float]]", self._role("evaluate_latest")())
+    def evaluate_latest(self) -> tuple[int, dict[str, float], list[dict[str, object]]]:
+        """The Evaluator's ``evaluate_latest``: the newest weights' version, held-out reward and conversations."""
+        return cast("tuple[int, dict[str, float], list[dict[str, object]]]", self._role("evaluate_latest")())
 
     def heldout_report(self) -> HeldoutReport:
         """The Evaluator's ``heldout_report``: which held-out rows it kept and which it skipped, and why."""

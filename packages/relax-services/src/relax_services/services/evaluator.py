@@ -16,6 +16,7 @@ from relax_services.engines.sampling import sampling_params
 from relax_services.models.policy import checkpoint_of
 from relax_services.rows import HeldoutItem, reward_request
 from relax_services.services._base import HealthHandle, ServiceBase
+from relax_services.services._samples import EvalSample, media_links, prompt_text
 from relax_services.services.reward import decode_response
 from relax_services.weights import WeightStore
 
@@ -58,10 +59,15 @@ class EvalService(ServiceBase):
         self.tokenizer = checkpoint_of(cfg.model).tokenizer
         self._next_version = 0
         self.batch = 64
+        self.samples: list[EvalSample] = []
+        """The last evaluation's conversations: the first ``eval.samples_per_task`` of each task, held-out order."""
 
     def evaluate(self) -> dict[str, float]:
-        """Mean greedy reward per task with the weights currently loaded."""
+        """Mean greedy reward per task with the weights currently loaded; keeps the conversations in
+        :attr:`samples`."""
         by_task: dict[str, list[float]] = defaultdict(list)
+        self.samples = []
+        keep = self.cfg.eval.samples_per_task
         for start in range(0, len(self.heldout), self.batch):
             chunk = self.heldout[start : start + self.batch]
             outs = self.engine.generate([p for _, p, _ in chunk], self.params)
@@ -69,7 +75,12 @@ class EvalService(ServiceBase):
             results = self.runner.score(
                 [reward_request(r, info) for r, (_, _, info) in zip(responses, chunk, strict=True)]
             )
-            for (task, _, _), result in zip(chunk, results, strict=True):
+            for (task, prompt, info), response, result in zip(chunk, responses, results, strict=True):
+                if len(by_task[task]) < keep:
+                    text = prompt_text(prompt.input_ids.tolist(), self.tokenizer)
+                    media = media_links(info.get("media", []))
+                    self.samples.append(EvalSample(task=task, prompt=text, response=response, reward=result.score,
+                                                   media=media))  # fmt: skip
                 by_task[task].append(result.score)
         return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
 
@@ -82,7 +93,7 @@ class EvalService(ServiceBase):
             return
         self.engine.load_weights(newer.state_dict, newer.version)
         rewards = self.evaluate()
-        self.record("eval", version=newer.version, reward=rewards)
+        self.record("eval", version=newer.version, reward=rewards, samples=self.samples)
         self._next_version = newer.version + self.cfg.eval.every_steps
 
     def stop(self, timeout: float = 10.0) -> bool:
@@ -97,10 +108,12 @@ class EvalService(ServiceBase):
         :class:`~relax_services.data.prompts.HeldoutReport`)."""
         return self._report
 
-    def evaluate_latest(self) -> tuple[int, dict[str, float]]:
-        """Stop the periodic loop, load the newest weights and evaluate them (the run's final figure)."""
+    def evaluate_latest(self) -> tuple[int, dict[str, float], list[EvalSample]]:
+        """Stop the periodic loop, load the newest weights and evaluate them (the run's final figure); returns their
+        version, the reward per task and the conversations kept (:attr:`samples`)."""
         ServiceBase.stop(self)  # the loop only: the reward runner is needed below (closed by stop())
         newer = self.weights.fetch(None)
         if newer is not None:
             self.engine.load_weights(newer.state_dict, newer.version)
-        return self.engine.version, self.evaluate()
+        rewards = self.evaluate()
+        return self.engine.version, rewards, self.samples
