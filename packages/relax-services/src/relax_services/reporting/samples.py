@@ -16,7 +16,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from relax_services.reporting.metrics import strict_record
 
@@ -28,7 +28,7 @@ MAX_MEDIA_BYTES = 32 * 2**20
 
 
 def write_eval_samples(
-    run_dir: Path, version: int, step: int, samples: Sequence[Mapping[str, Any]], *, final: bool = False
+    run_dir: Path, version: int, step: int, samples: Sequence[Mapping[str, object]], *, final: bool = False
 ) -> Path:
     """Writes one evaluation's conversations (the Evaluator's ``samples``) and returns the file.
 
@@ -43,7 +43,7 @@ def write_eval_samples(
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for sample in samples:
-        media = [_keep_media(run_dir, dict(m)) for m in sample.get("media", [])]
+        media = [_keep_media(run_dir, dict(m)) for m in cast("list[Mapping[str, object]]", sample.get("media", []))]
         row = {**sample, "media": media, "version": version, "step": step, "staleness": max(0, step - version)}
         lines.append(json.dumps(strict_record({**row, "final": final}), allow_nan=False))
     path = folder / f"eval_step_{version}.jsonl"
@@ -53,7 +53,7 @@ def write_eval_samples(
     return path
 
 
-def _keep_media(run_dir: Path, media: dict[str, Any]) -> dict[str, Any]:
+def _keep_media(run_dir: Path, media: dict[str, object]) -> dict[str, object]:
     """A non-image file (an image has its thumbnail) is copied into ``samples/media`` under its content's digest,
     once, and linked relative to the run folder."""
     source = Path(str(media["path"]))
@@ -70,7 +70,7 @@ def _keep_media(run_dir: Path, media: dict[str, Any]) -> dict[str, Any]:
     return media
 
 
-def read_samples(run_dir: Path) -> Iterator[dict[str, Any]]:
+def read_samples(run_dir: Path) -> Iterator[dict[str, object]]:
     """Every sample of the run's samples files, by evaluated version."""
     files = sorted((run_dir / SAMPLES_DIR).glob("eval_step_*.jsonl"), key=lambda p: int(p.stem.rpartition("_")[2]))
     for path in files:
