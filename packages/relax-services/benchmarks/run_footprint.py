@@ -12,8 +12,8 @@ nothing else (:func:`quiet_estimate`: anonymous pages, plus each mapped file's r
     uv run python packages/relax-services/benchmarks/run_footprint.py -- trainer.total_steps=40
     RELAX_KEEP_TRITON=1 uv run python packages/relax-services/benchmarks/run_footprint.py -- trainer.total_steps=40
 
-Measured on the shared 2-core machine (load average in the run's output) and recorded in the README of
-relax-services (*Two model processes: ``run.hosts``*). Linux only.
+Measured on the shared 2-core machine (load average in the run's output) and recorded in the documentation
+(docs/scaling.md, *Two model processes: ``run.hosts``*). Linux only.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ prints per role the median seconds of the import and of the constructor, and whi
     uv run python packages/relax-services/benchmarks/service_start.py --rounds 5
 
 It measures the process, not Ray: a restart adds Ray's worker start, the restart backoff and the new actor's
-registration on top (see the README's fault section for whole restarts measured in ``relax chaos``).
+registration on top (see docs/faults.md for whole restarts measured in ``relax chaos``).
 """
 
 from __future__ import annotations

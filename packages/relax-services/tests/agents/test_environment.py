@@ -143,9 +143,9 @@ def test_rollout_env_is_a_config_field_made_absolute(tmp_path: Path, monkeypatch
         RunConfig.model_validate({"rollout": {"env_failure": "drop"}})
 
 
-def test_the_readme_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Multi-turn environments and tools", 1)[1]
+def test_the_documented_example_loads(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[4] / "docs" / "multi-turn.md").read_text(encoding="utf-8")
+    section = page.split("## Multi-turn environments and tools", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "calculator.py").write_text(code)
     spec = load_environment(f"{tmp_path / 'calculator.py'}:Calculator")

@@ -96,7 +96,7 @@ class BenchSettings:
     The defaults are the settings under which both sides reach the 0.8 threshold on most seeds: 8 prompts × 16
     completions. With 16 × 8 (the same 128 samples per update) at lr 1e-3 both sides collapse onto confident wrong
     answers for some prompts (a group of 8 that all miss carries no signal) and reach 0.8 in about 2 runs of 6;
-    lr 2e-3 collapses more often, lr 5e-4 and 4 × 32 are slower (the README's bench section has the figures).
+    lr 2e-3 collapses more often, lr 5e-4 and 4 × 32 are slower (docs/benchmarks.md has the figures).
 
     Attributes:
         lr: Learning rate, constant.

@@ -85,7 +85,7 @@ RUN_DEFAULTS: dict[str, dict[str, Any]] = {
         "weight_decay": 0.0,
         "grad_clip": 1.0,
         # Constant: the text task is still learning late in the run, and a cosine decay to 0.1x slowed it (its
-        # held-out reached 0.8 within 10 minutes in one of five runs; see the README). A decaying schedule a run
+        # held-out reached 0.8 within 10 minutes in one of five runs; see docs/quickstart.md). A decaying schedule a run
         # gives spans the run (trainer.total_steps, load_run_config) unless it sets optimizer.total_steps.
         "schedule": "constant",
     },
@@ -97,7 +97,7 @@ merged over these key by key; an ``algorithm.preset`` of its own replaces the de
 OWN_CHECKPOINT_ALGORITHM: dict[str, Any] = {"kl_estimator": "k3"}
 """Where a run on a checkpoint of the user's own (``model.source`` not the tiny default) departs from the default
 run's algorithm: the sampled-token KL estimate (k3, verl's ``low_var_kl``) that the field uses. The default run's
-exact KL over the vocabulary (measured to matter there, see the README) moves the Reference's whole next-token
+exact KL over the vocabulary (measured to matter there, see docs/quickstart.md) moves the Reference's whole next-token
 distribution, ``[L, V]`` floats per sample, through the queue: 0.6 GB a row at V = 151,936 and L = 1,024. Set
 ``algorithm.kl_estimator=full`` to have it anyway."""
 

@@ -113,7 +113,7 @@ class RolloutConfig(ConfigModel):
     env: str | None = None
     """A multi-turn environment: ``path/to/file.py:Class`` (relative to the working directory of ``relax train``)
     or ``module:Class``; one instance per episode, its typed, documented public methods the model's tools (see
-    "Multi-turn environments and tools" in the README). None: single-turn completions."""
+    docs/multi-turn.md). None: single-turn completions."""
 
     agent: str | None = None
     """A black-box agent: ``path/to/file.py:function`` or ``module:function`` naming ``async def run(task,
