@@ -243,8 +243,8 @@ def test_the_row_reader_reads_a_registered_modalitys_column_and_marker(toy: None
         parse_row({**row, "toys": ["a.npy"]}, RowSchema(), tmp_path)
 
 
-def test_the_readme_table_of_modalities_is_the_registrys(toy: None) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    shown = readme.split("<!-- modality-table -->\n")[1].split("\n<!-- /modality-table -->")[0]
+def test_the_docs_table_of_modalities_is_the_registrys(toy: None) -> None:
+    page = (Path(__file__).resolve().parents[3] / "docs" / "modalities.md").read_text(encoding="utf-8")
+    shown = page.split("<!-- modality-table -->\n")[1].split("\n<!-- /modality-table -->")[0]
     toy_row = "| `toy` | `toys` | `<toy>` | `_ToySettings` | `toy_values` |"
-    assert modality_table() == shown + "\n" + toy_row  # the built-ins as the README shows them, then the toy
+    assert modality_table() == shown + "\n" + toy_row  # the built-ins as docs/modalities.md shows them, then the toy

@@ -58,7 +58,7 @@ class ImageSettings:
             decode workers together do not run more threads than CPUs.
         threaded_min_pixels: an image with fewer pixels (source or target, whichever is larger) is
             processed on one thread: below it, the band copies and the hand-off to another thread
-            cost more than they save (measured in the README's benchmark section).
+            cost more than they save (measured in docs/modalities.md's benchmark section).
     """
 
     patch_size: int = 14

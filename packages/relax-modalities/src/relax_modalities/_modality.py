@@ -123,8 +123,8 @@ def bundle_inputs(media: MediaBundle, input_ids: Sequence[int]) -> dict[str, tor
 
 
 def modality_table() -> str:
-    """The registered modalities as the Markdown table the package README shows (docs derived from the registry:
-    a README test compares the two): name, default dataset column, prompt marker, settings type, forward kwargs."""
+    """The registered modalities as the Markdown table docs/modalities.md shows (docs derived from the registry:
+    a test compares the two): name, default dataset column, prompt marker, settings type, forward kwargs."""
     lines = [
         "| modality | dataset column (default) | prompt marker | settings (`ProcessorSettings(<name>=...)`) "
         "| forward kwargs |",
