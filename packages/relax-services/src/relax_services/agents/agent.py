@@ -9,15 +9,12 @@ problem with the function is an :class:`AgentSpecError` when it is loaded, namin
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
-from relax_core import import_file
-from relax_services.agents.environment import EnvironmentSpecError
+from relax_services.agents.environment import EnvironmentSpecError, load_module_of
 
 __all__ = ["AgentFn", "AgentSpec", "AgentSpecError", "load_agent"]
 
@@ -51,26 +48,7 @@ class AgentSpec:
 
 
 def _load_function(spec: str) -> tuple[object, str]:
-    where_part, sep, attr = spec.rpartition(":")
-    if not sep or not where_part or not attr:
-        raise AgentSpecError(f"rollout.agent {spec!r}: expected 'path/to/file.py:function' or 'module:function'")
-    if where_part.endswith(".py"):
-        path = Path(where_part).resolve()
-        where = str(path)
-        if not path.is_file():
-            raise AgentSpecError(f"rollout.agent {spec!r}: file {where!r} does not exist")
-        try:
-            module = import_file(path, "relax_user_agent", f"rollout.agent {spec!r}")
-        except ValueError as exc:
-            raise AgentSpecError(str(exc)) from exc.__cause__
-    else:
-        where = where_part
-        try:
-            module = importlib.import_module(where_part)
-        except Exception as exc:
-            raise AgentSpecError(
-                f"rollout.agent {spec!r}: importing module {where_part!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+    module, where, attr = load_module_of(spec, "rollout.agent", "function", "relax_user_agent", AgentSpecError)
     if not hasattr(module, attr):
         raise AgentSpecError(f"rollout.agent {spec!r}: {where!r} has no function {attr!r}")
     return getattr(module, attr), where

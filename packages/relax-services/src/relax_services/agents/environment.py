@@ -122,28 +122,40 @@ class EnvironmentSpec:
         return self.cls()
 
 
-def _load_class(spec: str) -> tuple[type, str]:
-    """The class ``spec`` names and where it was found (the file or module, for messages)."""
+def load_module_of(
+    spec: str, field: str, kind: str, prefix: str, error: type[EnvironmentSpecError]
+) -> tuple[types.ModuleType, str, str]:
+    """The module a ``path/to/file.py:name`` or ``module:name`` spec points into, where it was found (the file or
+    module, for messages) and the attribute name; the file is imported by :func:`relax_core.import_file` (one
+    module per file, named by its path's hash with ``prefix``, so two env.py files coexist).
+
+    Args:
+        spec: The config value.
+        field: The config field (``rollout.env``), first in every message.
+        kind: What the attribute is (``Class``, ``function``), for the format message.
+        prefix: The module name's prefix for a file.
+        error: The error raised (naming ``field`` and ``spec``).
+    """
     where_part, sep, attr = spec.rpartition(":")
     if not sep or not where_part or not attr:
-        raise EnvironmentSpecError(f"rollout.env {spec!r}: expected 'path/to/file.py:Class' or 'module:Class'")
+        raise error(f"{field} {spec!r}: expected 'path/to/file.py:{kind}' or 'module:{kind}'")
     if where_part.endswith(".py"):
         path = Path(where_part).resolve()
-        where = str(path)
         if not path.is_file():
-            raise EnvironmentSpecError(f"rollout.env {spec!r}: file {where!r} does not exist")
-        try:  # one module per file, named by its path's hash (as reward files are), so two env.py files coexist
-            module = import_file(path, "relax_user_env", f"rollout.env {spec!r}")
-        except ValueError as exc:
-            raise EnvironmentSpecError(str(exc)) from exc
-    else:
-        where = where_part
+            raise error(f"{field} {spec!r}: file {str(path)!r} does not exist")
         try:
-            module = importlib.import_module(where_part)
-        except Exception as exc:
-            raise EnvironmentSpecError(
-                f"rollout.env {spec!r}: importing module {where_part!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            return import_file(path, prefix, f"{field} {spec!r}"), str(path), attr
+        except ValueError as exc:
+            raise error(str(exc)) from exc
+    try:
+        return importlib.import_module(where_part), where_part, attr
+    except Exception as exc:
+        raise error(f"{field} {spec!r}: importing module {where_part!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_class(spec: str) -> tuple[type, str]:
+    """The class ``spec`` names and where it was found (the file or module, for messages)."""
+    module, where, attr = load_module_of(spec, "rollout.env", "Class", "relax_user_env", EnvironmentSpecError)
     cls = getattr(module, attr, None)
     if not isinstance(cls, type):
         raise EnvironmentSpecError(f"rollout.env {spec!r}: {where!r} has no class {attr!r}")
