@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 FACE = "__init__"
 """The package's ``__init__``: its lazy table names every public module."""
-HELPERS = frozenset({"_lazy", "_files"})
+HELPERS = frozenset({"_lazy", "_files", "_malloc"})
 """The root's small private helpers (standard library only): every layer may use them."""
 
 ALLOWED: dict[str, frozenset[str]] = {
@@ -196,7 +196,7 @@ def test_light_modules_import_no_model_stack() -> None:
 
 def test_the_root_holds_only_the_face() -> None:
     root = sorted(p.name for p in SRC.glob("*.py"))
-    assert root == ["__init__.py", "_files.py", "_lazy.py", "cli.py", "rows.py"]
+    assert root == ["__init__.py", "_files.py", "_lazy.py", "_malloc.py", "cli.py", "rows.py"]
     for helper in HELPERS:
         assert all(_resolve(e.target) is None for e in IMPORTS[f"{PACKAGE}.{helper}"]), helper
 

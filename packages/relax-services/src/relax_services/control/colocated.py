@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from relax_queue import TransferQueue
+from relax_services._malloc import limit_arenas
 from relax_services.config import RunConfig
 from relax_services.config.threads import threads_of
 from relax_services.control.checkpoint import load_queue_snapshots
@@ -50,6 +51,9 @@ __all__ = [
     "build_local_pipeline",
     "check_colocated",
 ]
+
+COLOCATED_ARENAS = 2
+"""glibc heaps of the colocated process, shared by its services' threads (a Ray actor's ``MALLOC_ARENA_MAX``)."""
 
 
 def check_colocated(cfg: RunConfig) -> None:
@@ -184,6 +188,7 @@ def build_local_pipeline(
     (``to_prompt``: the Rollout workers build the prompts of record rows, see :func:`~relax_services.control.pipeline.
     service_plan`)."""
     check_engines(cfg)
+    limit_arenas(COLOCATED_ARENAS)  # before the services' threads start, as the actors' MALLOC_ARENA_MAX
     critic = pipeline_family(cfg.algorithm.advantage_estimator) == "ppo"
     prompts_cfg, samples_cfg = queue_configs(cfg)
     prompt_queue, sample_queue = TransferQueue(prompts_cfg), TransferQueue(samples_cfg)

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 import torch
 
+from relax_services._malloc import release_free_memory
 from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
 from relax_services.engines.progress import tick
 from relax_services.engines.protocols import (
@@ -211,6 +212,8 @@ class HFRolloutEngine:
             self._decode_step(state, tokens)
             forwards += 1
         self.last_stats = generation_stats(out, time.perf_counter() - start, decode_steps=steps, forwards=forwards)
+        del state
+        release_free_memory()  # the call's key/value caches, freed into the C heap
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def _apply(self, update: tuple[int, Mapping[str, torch.Tensor]] | None) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from relax_services._malloc import release_free_memory
 from relax_services.engines._threads import DEFAULT_INTRA_OP_THREADS, check_threads, pin_intra_op_threads
 from relax_services.engines.micro_batches import (
     padded_response_slots,
@@ -331,6 +332,10 @@ class TorchTrainEngine:
                 for key, value in self._optimizer_step(batch[first : first + size], loss_fn).items():
                     totals[key] = totals.get(key, 0.0) + value
         metrics = {k: v / self.config.optimizer_steps_per_update for k, v in totals.items()}
+        # Gradients are not kept between updates (the next one starts from zero): they would hold a model's worth
+        # of memory while the process publishes, checkpoints or (colocated) generates.
+        self.optimizer.zero_grad(set_to_none=True)
+        release_free_memory()
         self.scheduler.step()
         self._version += 1
         metrics.update(lr=lr, step_s=time.perf_counter() - start, version=float(self._version))
