@@ -77,8 +77,11 @@ class VLLMSettings(ConfigModel):
 class RolloutConfig(ConfigModel):
     """The Rollout service: generation engine and sampling parameters."""
 
-    num_workers: int = pydantic.Field(default=1, ge=1)
-    """Rollout actors (each its own process)."""
+    replicas: int = pydantic.Field(default=1, ge=1)
+    """Rollout replicas at the start of the run: Rollout workers named ``rollout-0``, ``rollout-1``, ..., each in a
+    process of its own (``run.hosts`` may put the first one beside other roles, never two replicas together), all
+    pulling prompts from the one prompt queue. ``num_workers``, the field's earlier name, is still accepted.
+    ``relax scale RUN_DIR rollout=N`` changes the count of a running run (docs/scaling.md)."""
 
     gpus: GpuCount = 1.0
     """GPUs of each Rollout worker on a GPU run (``run.device``): a fraction shares a device with other roles, a
@@ -144,6 +147,19 @@ class RolloutConfig(ConfigModel):
     env_failure: Literal["zero", "requeue"] = "zero"
     """What an episode whose environment raised or hung becomes: scored 0 (``zero``) or generated again
     (``requeue``); either way it is counted."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _earlier_name(cls, data: object) -> object:
+        """``rollout.num_workers`` (the earlier name of ``replicas``) keeps older configs valid."""
+        if isinstance(data, dict) and "num_workers" in data:
+            if "replicas" in data:
+                raise ValueError(
+                    f"rollout.num_workers ({data['num_workers']!r}) and rollout.replicas ({data['replicas']!r}) are "
+                    "one field (num_workers is its earlier name): give only rollout.replicas"
+                )
+            data = {("replicas" if k == "num_workers" else k): v for k, v in data.items()}
+        return data
 
     @pydantic.field_validator("env", "agent")
     @classmethod

@@ -353,7 +353,7 @@ def _build(
         if cfg.trainer.weight_sync == "broadcast":
             from relax_services.weights.broadcast import BroadcastConfig
 
-            sync = BroadcastConfig(receivers=cfg.rollout.num_workers)
+            sync = BroadcastConfig(receivers=cfg.rollout.replicas)
             weights = BroadcastWeightStore.create(store, sync, bucket_bytes=int(cfg.trainer.sync_bucket_mib * 2**20))
         critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=1) if critic else None
         if critic_weights is not None:

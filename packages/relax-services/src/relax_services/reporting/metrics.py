@@ -14,7 +14,8 @@ kind               fields
 =================  =================================================================================================
 ``train``          one update: ``step`` (the version it produced), ``samples``, ``reward`` (mean), ``rewards`` (each
                    sample's), ``reward_by_task`` (task → mean), ``staleness_hist`` and ``token_staleness_hist``
-                   (staleness → samples), ``max_staleness``, ``stale_flagged``, ``reward_failures``,
+                   (staleness → samples), ``max_staleness``, ``samples_by_replica`` (the Rollout replica that
+                   generated them → samples), ``stale_flagged``, ``reward_failures``,
                    ``filtered_rows``, ``env_token_frac``, ``kl_coef``, ``wait_s``, ``train_s``, ``weight_sync_s``,
                    ``weight_sync_bytes``, ``weight_sync_memcpy_s``, ``queue_s``, and the engine's losses (``loss``,
                    ``pg_loss``, ``kl``, ``entropy``, ``grad_norm``, ``lr``, ``critic_*`` ...)

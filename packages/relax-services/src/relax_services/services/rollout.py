@@ -219,7 +219,12 @@ class RolloutService(ServiceBase):
             for j, (prompt, completion, env_reward) in enumerate(
                 zip(group_prompts, completions, group_rewards, strict=True)
             ):
-                meta: SampleMeta = {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)}
+                meta: SampleMeta = {
+                    "task": item["task"],
+                    "answer": item["answer"],
+                    "prompt_key": str(row.key),
+                    "replica": self.name,
+                }
                 meta.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
                 if env_reward is not None:  # the environment scored its episode: the Reward service keeps it
                     meta["env_reward"] = env_reward
