@@ -190,6 +190,11 @@ class RunConfig(ConfigModel):
                 f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
                 f"trainer.micro_batch_groups={self.trainer.micro_batch_groups}"
             )
+        if self.rollout.autoscale.enabled and self.run.mode == "colocated":
+            raise ValueError(
+                "rollout.autoscale.enabled=true with run.mode=colocated: replicas are added and removed as processes "
+                "of a distributed run; use run.mode=distributed or turn autoscaling off"
+            )
         check_trainer_group(self)
         self._check_fault_targets()
         return self

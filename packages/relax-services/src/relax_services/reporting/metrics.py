@@ -22,7 +22,9 @@ kind               fields
 ``filtered``       a batch of uniformly scored groups consumed without an update: ``rows``
 ``eval``           held-out reward of one weights version: ``version``, ``reward`` (task → mean), ``chance``
                    (task → chance level, NaN when unknown), ``final`` (true: the run's final weights)
-``rollout``        one Rollout call: ``prompts``, ``samples``, ``tokens``, ``seconds``, ``version``,
+``rollout``        one Rollout call: ``prompts``, ``samples``, ``tokens``, ``seconds``, ``blocked_s`` (seconds
+                   since the previous call with no admitted prompt to take or a put blocked on a full queue),
+                   ``version``,
                    ``weight_sync_s``, ``weight_load_s``, ``weight_paths``, multi-turn counters (``turns_mean``,
                    ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``env_failures``, ``env_token_frac``)
 ``reward``         one Reward call: ``scored``, ``env_scored``, ``failed``, ``timeouts``, ``last_error``

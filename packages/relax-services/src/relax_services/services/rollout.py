@@ -80,6 +80,7 @@ class RolloutService(ServiceBase):
         self._no_paths: dict[int, str] = {}
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
         self._load_s: dict[int, float] = {}  # version -> seconds engine.load_weights took (loads made here)
+        self._blocked_s = 0.0  # seconds unable to work since the last record (the autoscaler's blocked share)
         # remax: each prompt's greedy response, scored here, is its samples' baseline (never trained on)
         needs_baseline = algorithm_spec(cfg.algorithm.advantage_estimator).needs_greedy_baseline
         self.baseline = GreedyBaseline(cfg) if needs_baseline else None
@@ -191,9 +192,11 @@ class RolloutService(ServiceBase):
 
     def step(self) -> None:
         """Generate one batch of prompt groups with the newest weights, put their sample rows, ack the prompts."""
+        asked = time.perf_counter()
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
+            self._blocked_s += time.perf_counter() - asked  # no admitted prompt to take
             self._sync_weights()
             return
         self._catch_up(batch)
@@ -249,7 +252,9 @@ class RolloutService(ServiceBase):
                     )
                 )
         if rows:
+            put = time.perf_counter()
             self.sample_queue.put_many(rows, admitted=True, timeout=None)
+            self._blocked_s += time.perf_counter() - put  # backpressure: the sample queue was full
         self.ack(self.reader, batch)
         self.record(
             "rollout",
@@ -257,12 +262,14 @@ class RolloutService(ServiceBase):
             samples=len(rows),
             tokens=sum(len(c.token_ids) for group in groups for c in group),
             seconds=elapsed,
+            blocked_s=self._blocked_s,
             version=self.engine.version,
             weight_sync_s=dict(self._poll.sync_seconds),
             weight_load_s=dict(self._load_s),
             weight_paths=dict(self._paths()),
             **counters,
         )
+        self._blocked_s = 0.0
         self._poll.sync_seconds.clear()
         self._load_s.clear()
         self._paths().clear()
