@@ -117,7 +117,8 @@ class RunSettings(ConfigModel):
     hosts: list[list[str]] = pydantic.Field(default_factory=lambda: [list(host) for host in DEFAULT_HOSTS])
     """Distributed mode: roles whose services share one process (each list, two roles or more, is one Ray actor
     that runs them as threads over the same queue and weight-store clients; roles not listed have a process each,
-    ``[]`` gives every service its own). A role stands for all its services (every Rollout worker). An exception in
+    ``[]`` gives every service its own). A role stands for all its services, except that only the first Rollout
+    replica (``rollout-0``) joins a host: every further replica has a process of its own. An exception in
     one role restarts that role inside its host; the death of the host, a hang, or a role that cannot be rebuilt
     inside it restarts every role it held in a new process (a global restart when the Trainer is one of them).
     Default: the Reference, the Evaluator and the Reward in the Rollout's process. The colocated mode runs every

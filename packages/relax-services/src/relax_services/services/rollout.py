@@ -112,6 +112,12 @@ class RolloutService(ServiceBase):
             self.engine.load_weights(newer[1], newer[0])
             self._load_s[newer[0]] = time.perf_counter() - start
 
+    def policy_version(self) -> int:
+        """Pull the newest published weights and return the version this replica now holds (a replica joining a
+        running run is admitted only once it holds the Trainer's version: ``relax scale``)."""
+        self._sync_weights()
+        return self.engine.version
+
     def _catch_up(self, batch: Batch) -> None:
         """Load weights at least as new as the trainer's published version before generating: samples drawn
         with older weights would only be stale (e.g. right after a restart, before the trainer republishes)."""
@@ -200,6 +206,9 @@ class RolloutService(ServiceBase):
             self._sync_weights()
             return
         self._catch_up(batch)
+        if self.stopping:  # drained while waiting for weights: the prompts go back to the queue for another replica
+            self.reader.nack(batch)
+            return
         ready = self._ready_prompts(batch)
         keys = [str(row.key) for row, _ in ready]
         self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))

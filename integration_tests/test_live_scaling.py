@@ -1,0 +1,122 @@
+"""Live scaling of the Rollout replicas during a run, through the driver's control endpoint (what ``relax scale``
+sends): a scale-out whose replica is admitted only once it holds the Trainer's version and then feeds the Trainer,
+a scale-in that drains it, bad requests answered with an error, and a finished run that says it is not running.
+The ledger stays exact and τ holds throughout."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from relax_services.control.controller import Controller
+from relax_services.control.endpoint import CONTROL_FILE, EndpointError, send_request
+from relax_services.reporting.metrics import read_metrics
+
+TAU = 1
+
+
+def _records(run_dir: Path, kind: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return list(read_metrics(path, kind)) if path.exists() else []
+
+
+def _until(check, what: str, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.25)
+
+
+def _fed_by(run_dir: Path, replica: str) -> int:
+    return sum(r["samples_by_replica"].get(replica, 0) for r in _records(run_dir, "train"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_scale_out_then_in_during_a_run(small_config, ray_session, tmp_path: Path) -> None:
+    cfg = small_config(
+        f"staleness.tau={TAU}",
+        "trainer.total_steps=100000",  # the test ends the run once it has scaled out and in
+        "trainer.max_minutes=6",  # a safety net only
+        "data.tasks=[text]",
+        "rollout.groups_per_call=1",
+    )
+    run_dir = cfg.run.output_dir / "run"
+    run_dir.mkdir(parents=True)
+    controller = Controller(cfg, run_dir)
+    answers: dict[str, object] = {}
+
+    def drive() -> None:
+        try:
+            _until(lambda: (run_dir / CONTROL_FILE).exists() and _records(run_dir, "train"), "the first update")
+            with pytest.raises(EndpointError, match="a run keeps at least 1 rollout replica"):
+                send_request(run_dir, {"op": "scale", "role": "rollout", "count": 0})
+            with pytest.raises(EndpointError, match="only the rollout role scales"):
+                send_request(run_dir, {"op": "scale", "role": "trainer", "count": 2})
+            answers["out"] = send_request(run_dir, {"op": "scale", "role": "rollout", "count": 2})
+            _until(lambda: _fed_by(run_dir, "rollout-1") >= 2 * cfg.algorithm.group_size, "rollout-1's samples")
+            answers["in"] = send_request(run_dir, {"op": "scale", "role": "rollout", "count": 1})
+            steps = max(r["step"] for r in _records(run_dir, "train"))
+            _until(lambda: max(r["step"] for r in _records(run_dir, "train")) >= steps + 2, "updates after scale-in")
+        except BaseException as exc:  # reported by the test's thread below
+            answers["error"] = exc
+        finally:
+            controller.request_stop("the test scaled out and in")
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    result = controller.run()
+    driver.join(timeout=60)
+    assert "error" not in answers, answers.get("error")
+    assert result.error is None, result.error
+    assert answers["out"]["from"] == 1 and answers["out"]["to"] == 2 and answers["out"]["added"] == ["rollout-1"]
+    assert answers["in"]["to"] == 1 and answers["in"]["removed"] == ["rollout-1"]
+
+    # Every transition is a `scale` record, in this order.
+    scale = _records(run_dir, "scale")
+    events = [(r["event"], r.get("replica")) for r in scale]
+    assert events == [
+        ("requested", None),
+        ("join_started", "rollout-1"),
+        ("joined", "rollout-1"),
+        ("done", None),
+        ("requested", None),
+        ("drain_started", "rollout-1"),
+        ("removed", "rollout-1"),
+        ("done", None),
+    ], events
+    joined = next(r for r in scale if r["event"] == "joined")
+    assert joined["version"] >= next(r for r in scale if r["event"] == "join_started")["version"]
+    assert next(r for r in scale if r["event"] == "removed")["drained"] is True
+
+    # The new replica never generated with weights older than those it was admitted with, and nothing of it came
+    # after its removal (its last records are collected while it drains).
+    lines = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] in ("rollout", "scale")]
+    own = [i for i, r in enumerate(lines) if r["kind"] == "rollout" and r["service"] == "rollout-1"]
+    removed_at = next(i for i, r in enumerate(lines) if r["kind"] == "scale" and r["event"] == "removed")
+    assert own and max(own) < removed_at, (own, removed_at)
+    assert min(lines[i]["version"] for i in own) >= joined["version"]
+
+    trains = _records(run_dir, "train")
+    by_replica: Counter[str] = Counter()
+    staleness: Counter[int] = Counter()
+    for record in trains:
+        by_replica.update(record["samples_by_replica"])
+        staleness.update({int(k): v for k, v in record["token_staleness_hist"].items()})
+    assert set(by_replica) == {"rollout-0", "rollout-1"} and by_replica["rollout-1"] > 0, by_replica
+    assert sum(by_replica.values()) == result.steps * cfg.samples_per_step, by_replica
+    assert max(staleness) <= TAU, staleness
+    ledger = result.ledger
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
+    assert ledger["consumed"] == result.steps * cfg.trainer.groups_per_step, ledger
+    assert "rollout-1" not in result.service_pids  # removed for good
+
+    # The finished run: its endpoint is gone, and it says so.
+    assert not (run_dir / CONTROL_FILE).exists()
+    with pytest.raises(EndpointError, match="is not running"):
+        send_request(run_dir, {"op": "scale", "role": "rollout", "count": 2})
