@@ -104,7 +104,7 @@ class _Driver(ReplicaScaling):
 
 
 def test_the_driver_refuses_colocated_runs_and_counts_out_of_bounds() -> None:
-    with pytest.raises(ScaleError, match="colocated mode .* its rollout cannot scale; run with run.mode=distributed"):
+    with pytest.raises(ScaleError, match=r"colocated mode .* its rollout cannot scale; run with run\.mode=distributed"):
         _Driver("run.mode=colocated").scale_rollout(2, reason="test")
     with pytest.raises(ScaleError, match=r"rollout=0: a run keeps at least 1 rollout replica"):
         _Driver().scale_rollout(0, reason="test")
