@@ -51,3 +51,32 @@ def test_two_replicas_both_feed_the_trainer_exactly_and_within_tau(small_config,
     ledger = result.ledger
     assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
     assert ledger["consumed"] == steps * cfg.trainer.groups_per_step, ledger
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_replica_is_restarted_under_its_own_name(small_config, run_pipeline) -> None:
+    """SIGKILL of rollout-1's process: the health manager brings back rollout-1 alone, in a new process, counted
+    against rollout-1; rollout-0 (in the default host) keeps its process and count, and the ledger stays exact."""
+    steps = 12
+    cfg = small_config(
+        "rollout.replicas=2",
+        "staleness.tau=2",
+        f"trainer.total_steps={steps}",
+        "data.tasks=[text]",
+        "rollout.groups_per_call=1",
+        "faults=[{service: rollout, replica: 1, kind: kill, at_step: 2}]",
+        "queue.lease_timeout_s=5",
+    )
+    result = run_pipeline(cfg)
+    assert result.error is None and result.steps == steps, result.error
+    events = list(read_metrics(result.run_dir / "metrics.jsonl", "health"))
+    injected = [e for e in events if e["event"] == "injected"]
+    restarted = [e for e in events if e["event"] == "restarted"]
+    assert [e["service"] for e in injected] == ["rollout-1"], injected
+    assert [(e["service"], e["process"], e["restarts"]) for e in restarted] == [("rollout-1", "new", 1)], restarted
+    assert result.service_pids["rollout-1"] == restarted[0]["pid"] != result.service_pids["rollout-0"]
+    assert not [e for e in events if e["event"] in ("global_restart", "gave_up")], events
+    ledger = result.ledger
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
+    assert ledger["consumed"] == steps * cfg.trainer.groups_per_step, ledger

@@ -29,3 +29,12 @@ def test_each_replica_after_the_first_has_a_process_of_its_own() -> None:
     hosted = [p for p in processes if p.startswith("host-")]
     assert len(hosted) == 1 and hosted[0].startswith("host-rollout-0-"), processes
     assert "rollout-1" not in hosted[0] and processes["rollout-1"] == ("rollout",) == processes["rollout-2"]
+
+
+def test_a_fault_names_a_replica_the_run_has() -> None:
+    cfg = load_run_config(None, ["rollout.replicas=2", "faults=[{service: rollout, replica: 1, kind: kill}]"])
+    assert cfg.faults[0].replica == 1
+    with pytest.raises(ConfigError, match=r"faults\[0\]\.replica=2: this run starts rollout\.replicas=2"):
+        load_run_config(None, ["rollout.replicas=2", "faults=[{service: rollout, replica: 2}]"])
+    with pytest.raises(ConfigError, match=r"replica=0 names a Rollout replica \(with service: rollout\)"):
+        load_run_config(None, ["faults=[{service: reward, replica: 0}]"])

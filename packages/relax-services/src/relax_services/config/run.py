@@ -46,6 +46,10 @@ class FaultSpec(ConfigModel):
     with ``trainer.world_size`` > 1): the last rank's process dies inside the next update. An actor target has no
     work loop: ``kill`` only."""
 
+    replica: int | None = pydantic.Field(default=None, ge=0)
+    """With ``service: rollout``: the Rollout replica to hit (``rollout-{replica}``, below ``rollout.replicas``);
+    None: the first."""
+
     at_step: int = pydantic.Field(default=5, ge=0)
     """Inject once the trainer has reached this version."""
 
@@ -66,6 +70,10 @@ class FaultSpec(ConfigModel):
             raise ValueError(
                 f"fault on {self.service}: an actor without a work loop can only be killed (kind=kill), "
                 f"got kind={self.kind}"
+            )
+        if self.replica is not None and self.service != "rollout":
+            raise ValueError(
+                f"fault on {self.service}: replica={self.replica} names a Rollout replica (with service: rollout)"
             )
         if self.during_restart and not actor:
             raise ValueError(

@@ -215,6 +215,11 @@ class RunConfig(ConfigModel):
         for i, fault in enumerate(self.faults):
             if (why := absent.get(fault.service)) is not None:
                 raise ValueError(f"faults[{i}].service={fault.service!r}: this run has none ({why})")
+            if fault.replica is not None and fault.replica >= self.rollout.replicas:
+                raise ValueError(
+                    f"faults[{i}].replica={fault.replica}: this run starts rollout.replicas={self.rollout.replicas} "
+                    f"(rollout-0 .. rollout-{self.rollout.replicas - 1})"
+                )
 
     @property
     def samples_per_step(self) -> int:
