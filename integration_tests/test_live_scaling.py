@@ -120,3 +120,47 @@ def test_scale_out_then_in_during_a_run(small_config, ray_session, tmp_path: Pat
     assert not (run_dir / CONTROL_FILE).exists()
     with pytest.raises(EndpointError, match="is not running"):
         send_request(run_dir, {"op": "scale", "role": "rollout", "count": 2})
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_autoscaling_adds_a_replica_while_the_trainer_waits(small_config, ray_session) -> None:
+    """A rollout-bound run (the Trainer waits for samples most of its time) with ``rollout.autoscale`` on: the
+    autoscaler adds a replica through the same join as ``relax scale``, and it feeds the Trainer."""
+    cfg = small_config(
+        f"staleness.tau={TAU}",
+        "trainer.total_steps=100000",
+        "trainer.max_minutes=6",
+        "data.tasks=[text]",
+        "rollout.groups_per_call=1",
+        "rollout.max_new_tokens=16",  # longer responses: rollout is the slower side
+        "rollout.autoscale={enabled: true, min: 1, max: 2, window: 4, up_wait_frac: 0.2, cooldown_s: 0}",
+    )
+    run_dir = cfg.run.output_dir / "run"
+    run_dir.mkdir(parents=True)
+    controller = Controller(cfg, run_dir)
+    failure: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            _until(lambda: _fed_by(run_dir, "rollout-1") > 0, "an autoscaled replica's samples")
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            controller.request_stop("the autoscaler added a replica")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    result = controller.run()
+    watcher.join(timeout=60)
+    assert not failure, failure
+    assert result.error is None, result.error
+    scale = _records(run_dir, "scale")
+    requested = next(r for r in scale if r["event"] == "requested")
+    assert requested["reason"].startswith("autoscale: trainer wait ") and requested["count"] == 2, requested
+    wait_share = float(requested["reason"].split("trainer wait ")[1].split(",")[0])
+    assert wait_share > 0.2, requested  # the rule: above up_wait_frac over a full window
+    assert [r["event"] for r in scale][:4] == ["requested", "join_started", "joined", "done"], scale
+    ledger = result.ledger
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
+    assert ledger["consumed"] == result.steps * cfg.trainer.groups_per_step, ledger

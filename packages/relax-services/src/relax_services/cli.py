@@ -279,6 +279,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_pipeline_bench(args.taus, args.overrides, args.config)
 
 
+def _bench_replicas(args: argparse.Namespace) -> int:
+    from relax_services.bench.replicas import run_replica_bench
+
+    return run_replica_bench(args.counts, args.overrides, args.config, live=args.live)
+
+
 def _bench_train(args: argparse.Namespace) -> int:
     from relax_services.bench.train import run
 
@@ -410,6 +416,14 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("overrides", nargs="*")
     pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
     pipe.set_defaults(func=_bench)
+    replicas = bench_sub.add_parser("replicas", help="the same run with 1, 2, 3 rollout replicas, side by side")
+    replicas.add_argument("config", nargs="?", type=Path, default=None)
+    replicas.add_argument("overrides", nargs="*")
+    replicas.add_argument("--counts", default="1,2,3", help="comma-separated replica counts (default 1,2,3)")
+    replicas.add_argument(
+        "--live", action="store_true", help="then one run scaled 1 → 2 → 1 live: join, first sample, drain, rates"
+    )
+    replicas.set_defaults(func=_bench_replicas)
     bench_train = bench_sub.add_parser("train", help="FSDP2 engine: updates/s at world size 1 and 2, sync GB/s")
     from relax_services.bench.train import add_arguments  # light: the workers import the models lazily
 
