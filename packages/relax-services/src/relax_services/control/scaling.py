@@ -5,7 +5,8 @@ and global restarts are): the controller's loop carries out each request of its 
 (:mod:`relax_services.control.endpoint`) and each decision of its :class:`~relax_services.control.autoscale.
 Autoscaler` between two ticks, so one scaling operation runs at a time and the health manager never sees a replica
 half-added. Every transition is a ``scale`` record in ``metrics.jsonl`` (``event``: ``requested``,
-``join_started``, ``joined``, ``join_failed``, ``drain_started``, ``removed``, ``done``).
+``join_started``, ``joined``, ``join_failed``, ``drain_started``, ``removed``, ``done``; ``failed`` and
+``autoscale_failed`` when an operation broke).
 
 - **Scale-out** adds the lowest free replica name (``rollout-1``, ...) as a process of its own with the arguments of
   ``rollout-0`` (with ``trainer.weight_sync=broadcast``: the store's handle of its own slot, which it registers in
@@ -35,6 +36,8 @@ from relax_services.config.services import MAX_REPLICAS
 from relax_services.control.autoscale import Autoscaler, UpdateWaits
 from relax_services.control.endpoint import ControlEndpoint, PendingRequest
 from relax_services.control.pipeline import ServiceSpec
+from relax_services.faults.actor_watch import actor_lost
+from relax_services.faults.health import GlobalRestartNeeded
 from relax_services.hosting.placement import replica_name
 from relax_services.weights.broadcast_store import BroadcastWeightStore
 
@@ -128,9 +131,10 @@ class ReplicaScaling:
                 self.scale_rollout(
                     target, reason=f"autoscale: trainer wait {wait_share:.2f}, replicas blocked {blocked_share:.2f}"
                 )
-            except ScaleError as exc:  # a failed join was rolled back: the cool-down spaces the next try
+            except Exception as exc:  # a failed join was rolled back: the cool-down spaces the next try
+                self._unless_restart(exc)
                 self._autoscaler.changed(self.clock())
-                self.metrics.write("scale", {"event": "autoscale_failed", "role": "rollout", "error": str(exc)})
+                self._scale_event("autoscale_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _serve(self, pending: PendingRequest) -> None:
         request = pending.request
@@ -146,9 +150,17 @@ class ReplicaScaling:
             pending.reply({"ok": True, **self.scale_rollout(count, reason="relax scale")})
         except ScaleError as exc:
             pending.reply({"error": str(exc)})
-        except Exception as exc:  # the run goes on; the requester learns what broke
+        except Exception as exc:  # the requester learns what broke; the run goes on unless it needs a restart
             pending.reply({"error": f"scaling failed: {type(exc).__name__}: {exc}"})
-            raise
+            self._unless_restart(exc)
+            self._scale_event("failed", error=f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _unless_restart(exc: Exception) -> None:
+        """Re-raise ``exc`` when the run needs a global restart (the loop's watching found one, or an actor the
+        pipeline shares died): a scaling error must not hide it, nor stop the run when it is the scaling's own."""
+        if isinstance(exc, GlobalRestartNeeded) or actor_lost(exc):
+            raise exc
 
     # ------------------------------------------------------------------ the operation
     def replicas(self) -> list[str]:

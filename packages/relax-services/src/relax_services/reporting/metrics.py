@@ -41,7 +41,7 @@ kind               fields
                    ``recovered``, ``restored``, ``gave_up`` ...), ``service``, ``time``, and the event's details
 ``scale``          a step of a replica scaling operation (``relax scale``, ``rollout.autoscale``): ``event``
                    (``requested``, ``join_started``, ``joined``, ``join_failed``, ``drain_started``, ``removed``,
-                   ``done``, ``autoscale_failed``), ``role``, and the step's ``replica``, ``version``, ``seconds`` ...
+                   ``done``, ``failed``, ``autoscale_failed``), ``role``, and the step's ``replica``, ``seconds`` ...
 ``checkpoint``     a checkpoint written: ``step``, ``path``, ``data`` (dataset report, with dataset files)
 ``resume``         a ``--resume``: ``from`` (the checkpoint folder), ``changes`` (key → [saved, new])
 ``warmup``         the format warm-up: its steps, losses and whether it came from the cache
