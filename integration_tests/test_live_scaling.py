@@ -1,7 +1,8 @@
 """Live scaling of the Rollout replicas during a run, through the driver's control endpoint (what ``relax scale``
 sends): a scale-out whose replica is admitted only once it holds the Trainer's version and then feeds the Trainer,
-a scale-in that drains it, bad requests answered with an error, and a finished run that says it is not running.
-The ledger stays exact and τ holds throughout."""
+a scale-in that drains it, bad requests answered with an error, and a finished run that says it is not running;
+a replica killed while it joins, rolled back and joined again; and the autoscaler adding a replica while the Trainer
+waits. The ledger stays exact and τ holds throughout."""
 
 from __future__ import annotations
 
@@ -164,3 +165,71 @@ def test_autoscaling_adds_a_replica_while_the_trainer_waits(small_config, ray_se
     ledger = result.ledger
     assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
     assert ledger["consumed"] == result.steps * cfg.trainer.groups_per_step, ledger
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_replica_killed_while_joining_is_rolled_back_and_a_retry_joins(small_config, ray_session) -> None:
+    """SIGKILL-equivalent of the new replica's process while it builds itself: the request is answered that the join
+    failed and was rolled back (the replica never took a prompt), the run goes on, the same request again joins a
+    replica that serves only weights at least as new as those it was admitted with, and the ledger stays exact."""
+    import ray
+
+    cfg = small_config(
+        f"staleness.tau={TAU}", "trainer.total_steps=100000", "trainer.max_minutes=6", "data.tasks=[text]"
+    )
+    run_dir = cfg.run.output_dir / "run"
+    run_dir.mkdir(parents=True)
+    controller = Controller(cfg, run_dir)
+    answers: dict[str, object] = {}
+
+    def kill_when_joining() -> None:
+        _until(lambda: any(r["event"] == "join_started" for r in _records(run_dir, "scale")), "the join to start")
+        name = f"{controller.pipeline.namespace}-rollout-1-0"
+        _until(lambda: _named(name) is not None, "the joining replica's actor")
+        ray.kill(_named(name), no_restart=True)
+
+    def drive() -> None:
+        try:
+            _until(lambda: (run_dir / CONTROL_FILE).exists() and _records(run_dir, "train"), "the first update")
+            killer = threading.Thread(target=kill_when_joining, daemon=True)
+            killer.start()
+            try:
+                send_request(run_dir, {"op": "scale", "role": "rollout", "count": 2})
+            except EndpointError as exc:
+                answers["failed"] = str(exc)
+            killer.join(timeout=60)
+            answers["retry"] = send_request(run_dir, {"op": "scale", "role": "rollout", "count": 2})
+            _until(lambda: _fed_by(run_dir, "rollout-1") > 0, "the retried replica's samples")
+        except BaseException as exc:
+            answers["error"] = exc
+        finally:
+            controller.request_stop("the test killed a joining replica and joined another")
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    result = controller.run()
+    driver.join(timeout=60)
+    assert "error" not in answers, answers.get("error")
+    assert result.error is None, result.error
+    assert "replica rollout-1 failed to join" in str(answers["failed"]) and "rolled back" in str(answers["failed"])
+    assert answers["retry"]["added"] == ["rollout-1"]
+    events = [r["event"] for r in _records(run_dir, "scale")]
+    assert events[:3] == ["requested", "join_started", "join_failed"], events
+    assert events[3:7] == ["requested", "join_started", "joined", "done"], events
+    joined = next(r for r in _records(run_dir, "scale") if r["event"] == "joined")
+    own = [r for r in _records(run_dir, "rollout") if r["service"] == "rollout-1"]
+    assert own and min(r["version"] for r in own) >= joined["version"]
+    ledger = result.ledger
+    assert ledger["lost"] == 0 and ledger["duplicated"] == 0 and ledger["unknown"] == 0, ledger
+    assert ledger["consumed"] == result.steps * cfg.trainer.groups_per_step, ledger
+
+
+def _named(name: str) -> object | None:
+    """The live Ray actor of that name, or None."""
+    import ray
+
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
