@@ -39,8 +39,11 @@ def _fed_by(run_dir: Path, replica: str) -> int:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_scale_out_then_in_during_a_run(small_config, ray_session, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["object_store", "broadcast"])
+def test_scale_out_then_in_during_a_run(small_config, ray_session, sync: str) -> None:
+    # broadcast: the new replica registers its slot and joins the group at the next version; the removed one leaves it
     cfg = small_config(
+        f"trainer.weight_sync={sync}",
         f"staleness.tau={TAU}",
         "trainer.total_steps=100000",  # the test ends the run once it has scaled out and in
         "trainer.max_minutes=6",  # a safety net only
