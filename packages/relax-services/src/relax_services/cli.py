@@ -207,6 +207,60 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale(args: argparse.Namespace) -> int:
+    from relax_services.control.endpoint import EndpointError, send_request
+
+    role, sep, text = args.change.partition("=")
+    if not sep or role != "rollout":
+        print(f"relax scale: expected rollout=N (the rollout replicas to run), got {args.change!r}", file=sys.stderr)
+        return 2
+    try:
+        count = int(text)
+    except ValueError:
+        print(f"relax scale: rollout={text!r}: the count is a whole number", file=sys.stderr)
+        return 2
+    if count < 1:
+        print(f"relax scale: rollout={count}: a run keeps at least 1 rollout replica", file=sys.stderr)
+        return 2
+    mode = _run_mode(args.run_dir)
+    if mode == "colocated":
+        print(
+            f"relax scale: the run in {args.run_dir} is in colocated mode (every service a thread of one process): "
+            "its rollout cannot scale; run with run.mode=distributed",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        answer = send_request(args.run_dir, {"op": "scale", "role": "rollout", "count": count})
+    except EndpointError as exc:
+        print(f"relax scale: {exc}", file=sys.stderr)
+        return 2
+    changes = [
+        f"{what} {', '.join(map(str, names))}" for what in ("added", "removed") if (names := _listed(answer[what]))
+    ]
+    done = "; ".join(changes) or "no change"
+    print(f"relax scale: rollout {answer['from']} -> {answer['to']} in {answer['seconds']} s ({done})", flush=True)
+    return 0
+
+
+def _listed(value: object) -> list[object]:
+    """A JSON answer's list (empty for anything else)."""
+    return list(value) if isinstance(value, list) else []
+
+
+def _run_mode(run_dir: Path) -> str | None:
+    """``run.mode`` of the run in ``run_dir`` as its saved ``config.yaml`` says (None: no readable config)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    run = saved.get("run") if isinstance(saved, dict) else None
+    mode = run.get("mode") if isinstance(run, dict) else None
+    return mode if isinstance(mode, str) else None
+
+
 def _view(args: argparse.Namespace) -> int:
     from relax_services.reporting.viewer import write_report
 
@@ -223,6 +277,12 @@ def _bench(args: argparse.Namespace) -> int:
     from relax_services.bench.pipeline import run_pipeline_bench
 
     return run_pipeline_bench(args.taus, args.overrides, args.config)
+
+
+def _bench_replicas(args: argparse.Namespace) -> int:
+    from relax_services.bench.replicas import run_replica_bench
+
+    return run_replica_bench(args.counts, args.overrides, args.config, live=args.live)
 
 
 def _bench_train(args: argparse.Namespace) -> int:
@@ -304,7 +364,7 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``relax`` command's argument parser (train, export, bench, chaos, plan)."""
+    """The ``relax`` command's argument parser (train, export, view, scale, bench, chaos, plan)."""
     parser = argparse.ArgumentParser(prog="relax", description="Asynchronous RL post-training for omni-modal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
@@ -340,6 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     view.add_argument("run_dir", type=Path, help="a run folder written by relax train")
     view.set_defaults(func=_view)
+    scale = sub.add_parser(
+        "scale",
+        help="change the rollout replicas of a running run (relax scale RUN_DIR rollout=N)",
+        description="Ask the driver of the run in RUN_DIR to run N rollout replicas: added ones join once they hold "
+        "the trainer's weights, removed ones drain first. Only the run's owner can reach its driver.",
+    )
+    scale.add_argument("run_dir", type=Path, help="the folder of a running relax train")
+    scale.add_argument("change", help="rollout=N (N >= 1)")
+    scale.set_defaults(func=_scale)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     pipe = bench_sub.add_parser("pipeline", help="the same task and seeds at τ = 0 and τ > 0, side by side")
@@ -347,6 +416,14 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("overrides", nargs="*")
     pipe.add_argument("--taus", default="0,1,2,4", help="comma-separated τ values (default 0,1,2,4)")
     pipe.set_defaults(func=_bench)
+    replicas = bench_sub.add_parser("replicas", help="the same run with 1, 2, 3 rollout replicas, side by side")
+    replicas.add_argument("config", nargs="?", type=Path, default=None)
+    replicas.add_argument("overrides", nargs="*")
+    replicas.add_argument("--counts", default="1,2,3", help="comma-separated replica counts (default 1,2,3)")
+    replicas.add_argument(
+        "--live", action="store_true", help="then one run scaled 1 → 2 → 1 live: join, first sample, drain, rates"
+    )
+    replicas.set_defaults(func=_bench_replicas)
     bench_train = bench_sub.add_parser("train", help="FSDP2 engine: updates/s at world size 1 and 2, sync GB/s")
     from relax_services.bench.train import add_arguments  # light: the workers import the models lazily
 

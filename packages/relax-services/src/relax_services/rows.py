@@ -119,6 +119,7 @@ class SampleMeta(TypedDict):
     extra_info: NotRequired[dict[str, Any]]
     env_reward: NotRequired[float]  # a multi-turn episode's reward from its environment (rollout.env)
     reward_baseline: NotRequired[float]  # remax: the reward of the prompt's greedy response
+    replica: NotRequired[str]  # the Rollout replica that generated it (its service name, e.g. rollout-1)
 
 
 class RolloutFields(TypedDict):

@@ -109,7 +109,7 @@ def test_processes_bundles_and_the_largest_count_of_a_host() -> None:
         ("trainer", 0),
         ("trainer", 1),
     ]
-    one = {s.process: s for s in run_processes(load_run_config(None, [*GPU, "run.hosts=[]", "rollout.num_workers=2"]))}
+    one = {s.process: s for s in run_processes(load_run_config(None, [*GPU, "run.hosts=[]", "rollout.replicas=2"]))}
     assert (one["trainer"].gpus, one["trainer"].group) == (1.0, "trainer")  # the torch engine computes in the service
     assert [one[f"rollout-{i}"].bundle for i in (0, 1)] == [0, 1] and one["reward"].gpus == 0
 
@@ -117,17 +117,17 @@ def test_processes_bundles_and_the_largest_count_of_a_host() -> None:
 def test_the_cluster_check_names_fields_counts_and_what_ray_reports() -> None:
     cfg = load_run_config(
         None,
-        [*GPU, "trainer.world_size=2", "rollout.num_workers=3", "run.hosts=[]", "eval.gpus=0", "algorithm.kl_coef=0"],
+        [*GPU, "trainer.world_size=2", "rollout.replicas=3", "run.hosts=[]", "eval.gpus=0", "algorithm.kl_coef=0"],
     )
     with pytest.raises(DeviceError) as err:
         check_cluster(cfg, run_processes(cfg), 4.0)
     assert str(err.value).startswith(
-        "the run asks for 5 GPUs (trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.num_workers=3 × "
+        "the run asks for 5 GPUs (trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.replicas=3 × "
         "rollout.gpus=1), but Ray reports 4"
     )
     fits = load_run_config(
         None,
-        [*GPU, "trainer.world_size=2", "rollout.num_workers=2", "run.hosts=[]", "eval.gpus=0", "algorithm.kl_coef=0"],
+        [*GPU, "trainer.world_size=2", "rollout.replicas=2", "run.hosts=[]", "eval.gpus=0", "algorithm.kl_coef=0"],
     )
     check_cluster(fits, run_processes(fits), 4.0)
     shared = load_run_config(None, [*GPU, "trainer.world_size=2", "trainer.gpus_per_rank=0.5"])

@@ -15,7 +15,7 @@ from relax_services.models import text_prompt
 
 def test_the_cores_are_divided_among_the_services_that_compute() -> None:
     # GRPO with a KL term: Trainer, 3 rollout workers, Evaluator, Reference = 6 services (no Critic).
-    cfg = load_run_config(None, ["rollout.num_workers=3", "algorithm.kl_coef=0.05"])
+    cfg = load_run_config(None, ["rollout.replicas=3", "algorithm.kl_coef=0.05"])
     assert cfg.algorithm.uses_reference and not cfg.algorithm.uses_critic
     assert compute_services(cfg) == 1 + 3 + 1 + 1
     assert with_threads(cfg, 16).run.threads == 16 // 6

@@ -140,7 +140,7 @@ def test_changing_a_config_input_changes_the_key(
     assert _key(_config(tmp_path, override), items) != key
 
 
-@pytest.mark.parametrize("override", ["trainer.total_steps=7", "rollout.num_workers=2", "staleness.tau=0"])
+@pytest.mark.parametrize("override", ["trainer.total_steps=7", "rollout.replicas=2", "staleness.tau=0"])
 def test_fields_the_warmup_does_not_read_keep_the_key(
     base: tuple[RunConfig, list[WarmupItem], str], tmp_path: Path, override: str
 ) -> None:

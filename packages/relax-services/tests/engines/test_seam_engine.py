@@ -103,7 +103,7 @@ def test_rollout_service_builds_seeds_and_runs_the_engine_the_config_names() -> 
             row = rows[f"{p}/{j}"]
             assert row["response"] == completion.token_ids and len(row["response"]) == 5
             assert row["logprobs"] == pytest.approx([-math.log(VOCAB)] * 5)
-            assert row["meta"] == {"task": "toy", "answer": "1", "prompt_key": p}
+            assert row["meta"] == {"task": "toy", "answer": "1", "prompt_key": p, "replica": "rollout-0"}
 
 
 def test_unknown_engine_ids_name_the_field_and_the_known_ids() -> None:

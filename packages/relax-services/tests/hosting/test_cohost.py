@@ -51,14 +51,17 @@ def _spec(name: str, role: str) -> ServiceSpec:
     return ServiceSpec(name, role, f"relax_services.services.x:{role.title()}Service", (), {})
 
 
-def test_a_host_holds_every_service_of_its_roles_and_a_lone_one_keeps_its_actor() -> None:
+def test_a_host_holds_its_roles_first_replica_only_and_a_lone_one_keeps_its_actor() -> None:
     services = {s.name: s for s in [_spec("trainer", "trainer"), _spec("rollout-0", "rollout"), _spec("eval", "eval")]}
     services["rollout-1"] = _spec("rollout-1", "rollout")
+    services["rollout-12"] = _spec("rollout-12", "rollout")
     hosts = shared_hosts([["rollout", "eval", "reference"], ["trainer", "critic"]], services)
-    assert [h.name for h in hosts] == ["host-rollout-0-eval-rollout-1"]
-    assert [m.name for m in hosts[0].members] == ["rollout-0", "eval", "rollout-1"]
+    assert [h.name for h in hosts] == ["host-rollout-0-eval"]
+    assert [m.name for m in hosts[0].members] == ["rollout-0", "eval"]
     assert services["trainer"].host is None  # its fellow role (critic) is not in this pipeline
-    assert all(services[n].host is hosts[0] for n in ("rollout-0", "eval", "rollout-1"))
+    assert all(services[n].host is hosts[0] for n in ("rollout-0", "eval"))
+    # Replicas never share a process: every replica after the first has an actor of its own.
+    assert services["rollout-1"].host is None and services["rollout-12"].host is None
     assert group_class(["a:RolloutService", "b:EvalService"]).__name__ == "RolloutService_EvalService"
 
 

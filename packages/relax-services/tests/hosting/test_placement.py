@@ -30,7 +30,7 @@ class Probe:
 
 ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
 base = ["trainer.world_size=2", "run.hosts=[]", "eval.gpus=0", "algorithm.kl_coef=0"]
-cfg = resolve_devices(load_run_config(None, [*base, "rollout.num_workers=2"]))  # run.device=auto
+cfg = resolve_devices(load_run_config(None, [*base, "rollout.replicas=2"]))  # run.device=auto
 rows = dry_run_rows(cfg, "dry")
 printed = {r.slot.process: list(r.site.gpu_ids) for r in rows if r.site is not None}
 placement = Placement.create(cfg, "real")
@@ -46,11 +46,11 @@ for r in range(cfg.trainer.world_size):  # as TrainerGroup places its ranks
     seen[f"trainer-rank-{r}"] = ray.get(actor.visible.remote())
 placement.remove()
 try:
-    resolve_devices(load_run_config(None, [*base, "rollout.num_workers=3", "run.device=cuda"]))
+    resolve_devices(load_run_config(None, [*base, "rollout.replicas=3", "run.device=cuda"]))
     refused = None
 except LaunchError as exc:
     refused = str(exc)
-fallback = resolve_devices(load_run_config(None, [*base, "rollout.num_workers=3"])).run.device  # auto
+fallback = resolve_devices(load_run_config(None, [*base, "rollout.replicas=3"])).run.device  # auto
 try:
     resolve_devices(load_run_config(None, ["run.device=cuda", "run.mode=colocated"]))
     colocated = None
@@ -76,7 +76,7 @@ def test_actors_see_the_gpus_the_dry_run_printed(run_script) -> None:  # type: i
     for process in gpu_processes:
         assert process in out["table"]
     assert out["refused"].startswith(
-        "the run asks for 5 GPUs (trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.num_workers=3 × "
+        "the run asks for 5 GPUs (trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.replicas=3 × "
         "rollout.gpus=1), but Ray reports 4"
     )
     assert out["fallback"] == "cpu"  # run.device=auto: a run the GPUs cannot hold trains on the CPU

@@ -188,6 +188,23 @@ def test_a_sender_without_workers_drains_its_buckets() -> None:
     assert drawn == [0, 1, 2, 3] and stats.num_buckets == 4 and sender.members == ()
 
 
+def test_a_worker_that_leaves_is_no_longer_waited_for() -> None:
+    """A removed replica's slot leaves the registry (the sender's next generation would otherwise wait
+    ``join_window_s`` for it at every version), and each leave or join bumps ``joins`` so the sender re-forms."""
+    config = BroadcastConfig(receivers=3, backend="gloo")
+    sender = BroadcastWeightSender("127.0.0.1:0", config, host_store=True)
+    try:
+        first, second = (BroadcastWeightReceiver(sender.address, slot, config) for slot in (0, 2))
+        assert sender.registered() == [0, 2] and int(sender.store.add("joins", 0)) == 2
+        second.leave()
+        assert sender.registered() == [0] and int(sender.store.add("joins", 0)) == 3
+        assert not second.member
+        again = BroadcastWeightReceiver(sender.address, 2, config)  # a replica added later under the same slot
+        assert sender.registered() == [0, 2] and again.incarnation == 1 and first.incarnation == 1
+    finally:
+        sender.close()
+
+
 def test_a_state_dict_sink_keeps_the_last_whole_version() -> None:
     model = worker.Policy(seed=0)
     sink = StateDictSink()

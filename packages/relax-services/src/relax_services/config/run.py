@@ -46,6 +46,10 @@ class FaultSpec(ConfigModel):
     with ``trainer.world_size`` > 1): the last rank's process dies inside the next update. An actor target has no
     work loop: ``kill`` only."""
 
+    replica: int | None = pydantic.Field(default=None, ge=0)
+    """With ``service: rollout``: the Rollout replica to hit (``rollout-{replica}``, below ``rollout.replicas``);
+    None: the first."""
+
     at_step: int = pydantic.Field(default=5, ge=0)
     """Inject once the trainer has reached this version."""
 
@@ -66,6 +70,10 @@ class FaultSpec(ConfigModel):
             raise ValueError(
                 f"fault on {self.service}: an actor without a work loop can only be killed (kind=kill), "
                 f"got kind={self.kind}"
+            )
+        if self.replica is not None and self.service != "rollout":
+            raise ValueError(
+                f"fault on {self.service}: replica={self.replica} names a Rollout replica (with service: rollout)"
             )
         if self.during_restart and not actor:
             raise ValueError(
@@ -117,7 +125,8 @@ class RunSettings(ConfigModel):
     hosts: list[list[str]] = pydantic.Field(default_factory=lambda: [list(host) for host in DEFAULT_HOSTS])
     """Distributed mode: roles whose services share one process (each list, two roles or more, is one Ray actor
     that runs them as threads over the same queue and weight-store clients; roles not listed have a process each,
-    ``[]`` gives every service its own). A role stands for all its services (every Rollout worker). An exception in
+    ``[]`` gives every service its own). A role stands for all its services, except that only the first Rollout
+    replica (``rollout-0``) joins a host: every further replica has a process of its own. An exception in
     one role restarts that role inside its host; the death of the host, a hang, or a role that cannot be rebuilt
     inside it restarts every role it held in a new process (a global restart when the Trainer is one of them).
     Default: the Reference, the Evaluator and the Reward in the Rollout's process. The colocated mode runs every

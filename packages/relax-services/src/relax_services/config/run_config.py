@@ -190,6 +190,11 @@ class RunConfig(ConfigModel):
                 f"trainer.groups_per_step={self.trainer.groups_per_step} must be a multiple of "
                 f"trainer.micro_batch_groups={self.trainer.micro_batch_groups}"
             )
+        if self.rollout.autoscale.enabled and self.run.mode == "colocated":
+            raise ValueError(
+                "rollout.autoscale.enabled=true with run.mode=colocated: replicas are added and removed as processes "
+                "of a distributed run; use run.mode=distributed or turn autoscaling off"
+            )
         check_trainer_group(self)
         self._check_fault_targets()
         return self
@@ -210,6 +215,11 @@ class RunConfig(ConfigModel):
         for i, fault in enumerate(self.faults):
             if (why := absent.get(fault.service)) is not None:
                 raise ValueError(f"faults[{i}].service={fault.service!r}: this run has none ({why})")
+            if fault.replica is not None and fault.replica >= self.rollout.replicas:
+                raise ValueError(
+                    f"faults[{i}].replica={fault.replica}: this run starts rollout.replicas={self.rollout.replicas} "
+                    f"(rollout-0 .. rollout-{self.rollout.replicas - 1})"
+                )
 
     @property
     def samples_per_step(self) -> int:

@@ -13,7 +13,9 @@ from relax_services.config.reward import absolute_file_spec
 from relax_services.config.trainer_group import default_train_engine
 
 __all__ = [
+    "MAX_REPLICAS",
     "MICRO_BATCH_GROUPS_CAP",
+    "AutoscaleConfig",
     "CriticConfig",
     "EvalConfig",
     "FSDPSettings",
@@ -74,11 +76,57 @@ class VLLMSettings(ConfigModel):
     """Run vLLM's engine core in the worker's own process (weights stream to it without a staging file)."""
 
 
+MAX_REPLICAS = 64
+"""Most Rollout replicas a run may have at once (the broadcast weight group's slots are ``0 .. MAX_REPLICAS - 1``)."""
+
+
+class AutoscaleConfig(ConfigModel):
+    """``rollout.autoscale``: the controller adds or removes Rollout replicas from what the Trainer and the replicas
+    report (``relax_services.control.autoscale.Autoscaler``; docs/scaling.md). Over the last ``window`` updates:
+    while the Trainer waited for samples more than ``up_wait_frac`` of its time, one replica is added (up to
+    ``max``); else while the replicas were blocked (a full sample queue, or no admitted prompt to take: τ holds them
+    back) more than ``down_block_frac`` of their time, one is removed (down to ``min``). After each change the
+    window starts empty and no change follows for ``cooldown_s`` seconds. Not in colocated mode."""
+
+    enabled: bool = False
+    """Scale the replicas automatically (off: only ``rollout.replicas`` and ``relax scale`` set the count)."""
+
+    min: int = pydantic.Field(default=1, ge=1, le=MAX_REPLICAS)
+    """Fewest replicas autoscaling leaves."""
+
+    max: int = pydantic.Field(default=4, ge=1, le=MAX_REPLICAS)
+    """Most replicas autoscaling starts."""
+
+    window: int = pydantic.Field(default=8, ge=1)
+    """Updates whose waits one decision reads (a full window is needed; it restarts after each change)."""
+
+    up_wait_frac: float = pydantic.Field(default=0.3, gt=0.0, lt=1.0)
+    """Share of the Trainer's time spent waiting for samples above which a replica is added."""
+
+    down_block_frac: float = pydantic.Field(default=0.5, gt=0.0, lt=1.0)
+    """Share of the replicas' time spent blocked above which a replica is removed."""
+
+    cooldown_s: float = pydantic.Field(default=30.0, ge=0.0)
+    """Seconds after a change (or the run's start) before the next one."""
+
+    @pydantic.model_validator(mode="after")
+    def _bounds(self) -> AutoscaleConfig:
+        if self.min > self.max:
+            raise ValueError(f"rollout.autoscale.min ({self.min}) is above rollout.autoscale.max ({self.max})")
+        return self
+
+
 class RolloutConfig(ConfigModel):
     """The Rollout service: generation engine and sampling parameters."""
 
-    num_workers: int = pydantic.Field(default=1, ge=1)
-    """Rollout actors (each its own process)."""
+    replicas: int = pydantic.Field(default=1, ge=1, le=MAX_REPLICAS)
+    """Rollout replicas at the start of the run: Rollout workers named ``rollout-0``, ``rollout-1``, ..., each in a
+    process of its own (``run.hosts`` may put the first one beside other roles, never two replicas together), all
+    pulling prompts from the one prompt queue. ``num_workers``, the field's earlier name, is still accepted.
+    ``relax scale RUN_DIR rollout=N`` changes the count of a running run (docs/scaling.md)."""
+
+    autoscale: AutoscaleConfig = pydantic.Field(default_factory=AutoscaleConfig)
+    """Automatic scaling of the replicas between ``autoscale.min`` and ``autoscale.max`` (off by default)."""
 
     gpus: GpuCount = 1.0
     """GPUs of each Rollout worker on a GPU run (``run.device``): a fraction shares a device with other roles, a
@@ -144,6 +192,19 @@ class RolloutConfig(ConfigModel):
     env_failure: Literal["zero", "requeue"] = "zero"
     """What an episode whose environment raised or hung becomes: scored 0 (``zero``) or generated again
     (``requeue``); either way it is counted."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _earlier_name(cls, data: object) -> object:
+        """``rollout.num_workers`` (the earlier name of ``replicas``) keeps older configs valid."""
+        if isinstance(data, dict) and "num_workers" in data:
+            if "replicas" in data:
+                raise ValueError(
+                    f"rollout.num_workers ({data['num_workers']!r}) and rollout.replicas ({data['replicas']!r}) are "
+                    "one field (num_workers is its earlier name): give only rollout.replicas"
+                )
+            data = {("replicas" if k == "num_workers" else k): v for k, v in data.items()}
+        return data
 
     @pydantic.field_validator("env", "agent")
     @classmethod

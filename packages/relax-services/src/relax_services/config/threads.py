@@ -26,7 +26,7 @@ def compute_services(cfg: RunConfig) -> int:
     and the Reference and the Critic when the algorithm has them (the Reward runs the user's function, not
     torch)."""
     algo = cfg.algorithm
-    return cfg.trainer.world_size + cfg.rollout.num_workers + 1 + int(algo.uses_reference) + int(algo.uses_critic)
+    return cfg.trainer.world_size + cfg.rollout.replicas + 1 + int(algo.uses_reference) + int(algo.uses_critic)
 
 
 def with_threads(cfg: RunConfig, cores: int) -> RunConfig:

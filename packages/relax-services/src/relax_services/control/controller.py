@@ -17,6 +17,7 @@ from relax_services.control.global_restart import GlobalRestarts
 from relax_services.control.pipeline import build_pipeline
 from relax_services.control.preflight import make_run_dir
 from relax_services.control.run_result import CheckpointWriteError, RunResult, final_ledger
+from relax_services.control.scaling import ReplicaScaling
 from relax_services.control.warmup_cache import format_warmup_task
 from relax_services.data.feeder import PromptFeeder
 from relax_services.data.prompts import HeldoutReport, HeldoutSet
@@ -35,12 +36,13 @@ from relax_services.rows import prompt_key_of
 __all__ = ["CheckpointWriteError", "Controller", "RunResult", "init_ray", "make_run_dir"]
 
 
-class Controller(Checkpointing, GlobalRestarts, FaultInjector):
+class Controller(Checkpointing, GlobalRestarts, FaultInjector, ReplicaScaling):
     """Drives one run to its end (steps, time limit, target reward, or a signal).
 
     Its checkpoints (:class:`~relax_services.control.checkpointing.Checkpointing`), global restarts
-    (:class:`~relax_services.control.global_restart.GlobalRestarts`) and fault injection
-    (:class:`~relax_services.control.fault_injection.FaultInjector`) are in modules of their own; this class owns the
+    (:class:`~relax_services.control.global_restart.GlobalRestarts`), fault injection
+    (:class:`~relax_services.control.fault_injection.FaultInjector`) and replica scaling
+    (:class:`~relax_services.control.scaling.ReplicaScaling`) are in modules of their own; this class owns the
     state they read and the run's loop that calls them.
     """
 
@@ -123,6 +125,7 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             write_eval_samples(self.run_dir, version, self.step, record.pop("samples", []))
         elif kind == "rollout":
             self.rollout_s += float(record["seconds"])
+        self._observe_waits(kind, record)
         self.metrics.write(kind, record)
 
     def _poll_services(self) -> None:
@@ -171,6 +174,7 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
                 self._start_pipeline(restore)
             except Exception as exc:  # an actor died while the run started: start again (from its checkpoint)
                 self._global_restart(self._restart_cause(exc))
+            self._open_scaling()  # `relax scale` reaches the run from here on
             with Progress(cfg.run.progress) as progress:
                 while True:
                     try:
@@ -196,6 +200,7 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             self.request_stop("gave up")
             final, final_version = dict(self.latest_eval), (self.eval_version if self.eval_version >= 0 else None)
         finally:
+            self._close_scaling()
             self.health.settle()
             self._stop_parts()
             for sig, handler in previous.items():
@@ -367,6 +372,7 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             self.watch.poll()
             self._poll_services()
             self.health.check(self.pipeline)
+            self._scale_tick()
             if self.step > 0 and "first_update" not in self.startup:
                 self._phase("first_update")
             if self._checkpoint_due():
@@ -385,6 +391,12 @@ class Controller(Checkpointing, GlobalRestarts, FaultInjector):
             if now - last_report >= cfg.run.report_every_s or self._stop_reason is not None:
                 last_report = now
                 progress.update(self._progress_state(now))
+
+    def _between_steps(self) -> None:
+        """The loop's watching while one long operation (a replica joining or draining) holds it."""
+        self.watch.poll()
+        self._poll_services()
+        self.health.check(self.pipeline)
 
     def _target_reached(self) -> bool:
         target = self.cfg.trainer.target_reward

@@ -52,8 +52,11 @@ class FaultInjector:
                 self._kill_actor(fault, index)
                 continue
             targets = [key for key, s in self.pipeline.services.items() if s.role == fault.service]
+            if fault.replica is not None:  # one Rollout replica by its index (it may have been scaled in)
+                targets = [key for key in targets if key == f"rollout-{fault.replica}"]
             if not targets:
-                raise ValueError(f"faults: no {fault.service!r} service in this pipeline")
+                which = fault.service if fault.replica is None else f"rollout-{fault.replica}"
+                raise ValueError(f"faults: no {which!r} service in this pipeline")
             self.health.record_event(
                 "injected", self.pipeline.services[targets[0]].name, fault=fault.kind, step=self.step, fault_index=index
             )

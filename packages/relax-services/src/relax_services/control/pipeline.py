@@ -30,6 +30,7 @@ from relax_queue import (
 )
 from relax_services.config import RunConfig
 from relax_services.config.hosts import host_resource
+from relax_services.config.services import MAX_REPLICAS
 from relax_services.control.checkpoint import ENGINE_FILE, load_queue_snapshots
 from relax_services.data.prompts import HeldoutSet, PromptBuilder
 from relax_services.engines.registry import check_engines
@@ -353,7 +354,8 @@ def _build(
         if cfg.trainer.weight_sync == "broadcast":
             from relax_services.weights.broadcast import BroadcastConfig
 
-            sync = BroadcastConfig(receivers=cfg.rollout.num_workers)
+            # Every slot a replica may take (rollout-i registers slot i, joining and leaving as the run scales).
+            sync = BroadcastConfig(receivers=MAX_REPLICAS)
             weights = BroadcastWeightStore.create(store, sync, bucket_bytes=int(cfg.trainer.sync_bucket_mib * 2**20))
         critic_weights = RayWeightStore.create(name=f"{namespace}-critic-weights", keep=1) if critic else None
         if critic_weights is not None:

@@ -105,7 +105,7 @@ UNREAD_FIELDS: dict[str, dict[str, str]] = {
         "keep_checkpoints": "RL checkpoints",
     },
     "rollout": {
-        "num_workers": "rollout services",
+        "replicas": "rollout services",
         "groups_per_call": "rollout services",
         "top_p": "rollout sampling",
         "max_new_tokens": "rollout sampling",

@@ -105,6 +105,21 @@ class HealthManager:
         for name in pipeline.services:
             self._started[name] = now
 
+    def admit(self, name: str) -> None:
+        """Service ``name`` joined the running pipeline now (a Rollout replica added by ``relax scale``): it gets
+        the start's grace before it can be judged hung."""
+        self._started[name] = time.monotonic()
+
+    def forget(self, name: str) -> None:
+        """Service ``name`` left the pipeline for good (a replica removed by ``relax scale``): nothing is kept of it."""
+        for state in (self._started, self._down_since, self._down_reason, self._unbuilt):
+            state.pop(name, None)
+
+    def busy(self, name: str) -> bool:
+        """Whether service ``name`` is being restarted in place now."""
+        thread = self._restarting.get(name)
+        return thread is not None and thread.is_alive()
+
     def restarting(self) -> bool:
         """Whether an in-place restart is still in progress."""
         return any(t.is_alive() for t in self._restarting.values())

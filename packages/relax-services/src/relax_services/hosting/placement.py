@@ -39,7 +39,9 @@ __all__ = [
     "check_cluster",
     "host_members",
     "host_name",
+    "is_extra_replica",
     "probe_placement",
+    "replica_name",
     "run_processes",
     "service_roles",
 ]
@@ -53,7 +55,7 @@ def service_roles(cfg: RunConfig) -> list[tuple[str, str]]:
     Rollout workers, the Reward, the Reference (a KL term), the Critic (an estimator with a critic), the
     Evaluator."""
     names = [("trainer", "trainer")]
-    names += [(f"rollout-{i}", "rollout") for i in range(cfg.rollout.num_workers)]
+    names += [(replica_name(i), "rollout") for i in range(cfg.rollout.replicas)]
     names.append(("reward", "reward"))
     if cfg.algorithm.uses_reference:
         names.append(("reference", "reference"))
@@ -70,10 +72,23 @@ def host_name(members: Sequence[str]) -> str:
 
 def host_members(hosts: Sequence[Sequence[str]], services: Sequence[tuple[str, str]]) -> list[list[str]]:
     """The services each host of ``run.hosts`` holds, given ``(name, role)`` of the run's services: every service of
-    its roles, in build order. A host that would hold a single service (its other roles are not in this run, e.g. no
-    Reference without a KL term) is none: that service keeps a process of its own."""
-    members = [[name for name, role in services if role in roles] for roles in hosts]
+    its roles, in build order, except that of the Rollout replicas only the first (``rollout-0``) joins a host: each
+    further replica has a process of its own, so replicas never share a process (nor the GIL) and one can be added
+    or removed while the run goes on (``relax scale``). A host that would hold a single service (its other roles are
+    not in this run, e.g. no Reference without a KL term) is none: that service keeps a process of its own."""
+    members = [[name for name, role in services if role in roles and not is_extra_replica(name)] for roles in hosts]
     return [names for names in members if len(names) >= 2]
+
+
+def replica_name(index: int) -> str:
+    """The service name of Rollout replica ``index`` (``rollout-0``, ``rollout-1``, ...)."""
+    return f"rollout-{index}"
+
+
+def is_extra_replica(name: str) -> bool:
+    """Whether ``name`` is a Rollout replica other than the first (never hosted, see :func:`host_members`)."""
+    prefix, _, index = name.rpartition("-")
+    return prefix == "rollout" and index.isdigit() and int(index) > 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +159,7 @@ def _assign_bundles(slots: list[ProcessSlot]) -> list[ProcessSlot]:
 
 
 def _asked(cfg: RunConfig, slots: Sequence[ProcessSlot]) -> str:
-    """What the run asks, by field: ``trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.num_workers=2 ×
+    """What the run asks, by field: ``trainer.world_size=2 × trainer.gpus_per_rank=1 + rollout.replicas=2 ×
     rollout.gpus=1 + ...`` (a shared host by its name and its roles' fields)."""
     parts: list[str] = []
     ranks = [s for s in slots if s.process.startswith("trainer-rank-") and s.gpus > 0]
@@ -152,7 +167,8 @@ def _asked(cfg: RunConfig, slots: Sequence[ProcessSlot]) -> str:
         parts.append(f"trainer.world_size={len(ranks)} × trainer.gpus_per_rank={ranks[0].gpus:g}")
     workers = [s for s in slots if s.roles == ("rollout",) and s.gpus > 0]
     if workers:
-        parts.append(f"rollout.num_workers={len(workers)} × rollout.gpus={workers[0].gpus:g}")
+        own = "" if len(workers) == cfg.rollout.replicas else f" ({len(workers)} in processes of their own)"
+        parts.append(f"rollout.replicas={cfg.rollout.replicas}{own} × rollout.gpus={workers[0].gpus:g}")
     for slot in slots:
         if slot.gpus <= 0 or slot in ranks or slot in workers:
             continue
@@ -180,7 +196,7 @@ def check_cluster(cfg: RunConfig, slots: Sequence[ProcessSlot], cluster_gpus: fl
     if asked > cluster_gpus + 1e-9:
         raise DeviceError(
             f"the run asks for {asked:g} GPUs ({_asked(cfg, slots)}), but Ray reports {cluster_gpus:g}; lower "
-            f"rollout.num_workers or a GPU count, or share devices with fractions (e.g. rollout.gpus=0.5)"
+            f"rollout.replicas or a GPU count, or share devices with fractions (e.g. rollout.gpus=0.5)"
         )
 
 

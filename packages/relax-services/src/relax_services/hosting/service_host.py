@@ -122,6 +122,10 @@ class ServiceHost:
         """The Evaluator's ``evaluate_latest``: the newest weights' version, held-out reward and conversations."""
         return cast("tuple[int, dict[str, float], list[dict[str, object]]]", self._role("evaluate_latest")())
 
+    def policy_version(self) -> int:
+        """A Rollout's ``policy_version``: pulls the newest weights, returns the version it holds."""
+        return cast("int", self._role("policy_version")())
+
     def heldout_report(self) -> HeldoutReport:
         """The Evaluator's ``heldout_report``: which held-out rows it kept and which it skipped, and why."""
         return cast("HeldoutReport", self._role("heldout_report")())

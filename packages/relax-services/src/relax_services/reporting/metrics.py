@@ -14,14 +14,17 @@ kind               fields
 =================  =================================================================================================
 ``train``          one update: ``step`` (the version it produced), ``samples``, ``reward`` (mean), ``rewards`` (each
                    sample's), ``reward_by_task`` (task → mean), ``staleness_hist`` and ``token_staleness_hist``
-                   (staleness → samples), ``max_staleness``, ``stale_flagged``, ``reward_failures``,
+                   (staleness → samples), ``max_staleness``, ``samples_by_replica`` (the Rollout replica that
+                   generated them → samples), ``stale_flagged``, ``reward_failures``,
                    ``filtered_rows``, ``env_token_frac``, ``kl_coef``, ``wait_s``, ``train_s``, ``weight_sync_s``,
                    ``weight_sync_bytes``, ``weight_sync_memcpy_s``, ``queue_s``, and the engine's losses (``loss``,
                    ``pg_loss``, ``kl``, ``entropy``, ``grad_norm``, ``lr``, ``critic_*`` ...)
 ``filtered``       a batch of uniformly scored groups consumed without an update: ``rows``
 ``eval``           held-out reward of one weights version: ``version``, ``reward`` (task → mean), ``chance``
                    (task → chance level, NaN when unknown), ``final`` (true: the run's final weights)
-``rollout``        one Rollout call: ``prompts``, ``samples``, ``tokens``, ``seconds``, ``version``,
+``rollout``        one Rollout call: ``prompts``, ``samples``, ``tokens``, ``seconds``, ``blocked_s`` (seconds
+                   since the previous call with no admitted prompt to take or a put blocked on a full queue),
+                   ``version``,
                    ``weight_sync_s``, ``weight_load_s``, ``weight_paths``, multi-turn counters (``turns_mean``,
                    ``tool_calls``, ``tool_errors``, ``tool_timeouts``, ``env_failures``, ``env_token_frac``)
 ``reward``         one Reward call: ``scored``, ``env_scored``, ``failed``, ``timeouts``, ``last_error``
@@ -36,6 +39,9 @@ kind               fields
                    ``admission``, ``drops``, ``requeues``, ``redeliveries``
 ``health``         a health event: ``event`` (``detected``, ``restarted``, ``injected``, ``global_restart``,
                    ``recovered``, ``restored``, ``gave_up`` ...), ``service``, ``time``, and the event's details
+``scale``          a step of a replica scaling operation (``relax scale``, ``rollout.autoscale``): ``event``
+                   (``requested``, ``join_started``, ``joined``, ``join_failed``, ``drain_started``, ``removed``,
+                   ``done``, ``failed``, ``autoscale_failed``), ``role``, and the step's ``replica``, ``seconds`` ...
 ``checkpoint``     a checkpoint written: ``step``, ``path``, ``data`` (dataset report, with dataset files)
 ``resume``         a ``--resume``: ``from`` (the checkpoint folder), ``changes`` (key → [saved, new])
 ``warmup``         the format warm-up: its steps, losses and whether it came from the cache

@@ -80,6 +80,7 @@ class RolloutService(ServiceBase):
         self._no_paths: dict[int, str] = {}
         self._poll = WeightPoller(weights, lambda: self.engine.version, min_interval_s=interval)
         self._load_s: dict[int, float] = {}  # version -> seconds engine.load_weights took (loads made here)
+        self._blocked_s = 0.0  # seconds unable to work since the last record (the autoscaler's blocked share)
         # remax: each prompt's greedy response, scored here, is its samples' baseline (never trained on)
         needs_baseline = algorithm_spec(cfg.algorithm.advantage_estimator).needs_greedy_baseline
         self.baseline = GreedyBaseline(cfg) if needs_baseline else None
@@ -110,6 +111,12 @@ class RolloutService(ServiceBase):
             start = time.perf_counter()
             self.engine.load_weights(newer[1], newer[0])
             self._load_s[newer[0]] = time.perf_counter() - start
+
+    def policy_version(self) -> int:
+        """Pull the newest published weights and return the version this replica now holds (a replica joining a
+        running run is admitted only once it holds the Trainer's version: ``relax scale``)."""
+        self._sync_weights()
+        return self.engine.version
 
     def _catch_up(self, batch: Batch) -> None:
         """Load weights at least as new as the trainer's published version before generating: samples drawn
@@ -191,12 +198,17 @@ class RolloutService(ServiceBase):
 
     def step(self) -> None:
         """Generate one batch of prompt groups with the newest weights, put their sample rows, ack the prompts."""
+        asked = time.perf_counter()
         try:
             batch = self.reader.get(timeout=0.5)
         except QueueTimeoutError:
+            self._blocked_s += time.perf_counter() - asked  # no admitted prompt to take
             self._sync_weights()
             return
         self._catch_up(batch)
+        if self.stopping:  # drained while waiting for weights: the prompts go back to the queue for another replica
+            self.reader.nack(batch)
+            return
         ready = self._ready_prompts(batch)
         keys = [str(row.key) for row, _ in ready]
         self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))
@@ -219,7 +231,12 @@ class RolloutService(ServiceBase):
             for j, (prompt, completion, env_reward) in enumerate(
                 zip(group_prompts, completions, group_rewards, strict=True)
             ):
-                meta: SampleMeta = {"task": item["task"], "answer": item["answer"], "prompt_key": str(row.key)}
+                meta: SampleMeta = {
+                    "task": item["task"],
+                    "answer": item["answer"],
+                    "prompt_key": str(row.key),
+                    "replica": self.name,
+                }
                 meta.update(item_extras(item))  # type: ignore[typeddict-item]  # the optional keys of both
                 if env_reward is not None:  # the environment scored its episode: the Reward service keeps it
                     meta["env_reward"] = env_reward
@@ -244,7 +261,9 @@ class RolloutService(ServiceBase):
                     )
                 )
         if rows:
+            put = time.perf_counter()
             self.sample_queue.put_many(rows, admitted=True, timeout=None)
+            self._blocked_s += time.perf_counter() - put  # backpressure: the sample queue was full
         self.ack(self.reader, batch)
         self.record(
             "rollout",
@@ -252,12 +271,14 @@ class RolloutService(ServiceBase):
             samples=len(rows),
             tokens=sum(len(c.token_ids) for group in groups for c in group),
             seconds=elapsed,
+            blocked_s=self._blocked_s,
             version=self.engine.version,
             weight_sync_s=dict(self._poll.sync_seconds),
             weight_load_s=dict(self._load_s),
             weight_paths=dict(self._paths()),
             **counters,
         )
+        self._blocked_s = 0.0
         self._poll.sync_seconds.clear()
         self._load_s.clear()
         self._paths().clear()

@@ -457,6 +457,8 @@ class TrainerService(ServiceBase):
             reward_by_task={t: sum(v) / len(v) for t, v in by_task.items()},
             staleness_hist={str(k): v for k, v in sorted(staleness.items())},
             max_staleness=max(staleness),
+            # Rows of a restored older snapshot name no replica: counted under "".
+            samples_by_replica=dict(sorted(Counter(r["meta"].get("replica", "") for r in rows).items())),
             token_staleness_hist={str(k): v for k, v in sorted(token_staleness.items())},
             stale_flagged=sum(row.stale for row in batch.rows),
             reward_failures=sum(r["reward_error"] is not None for r in rows),

@@ -355,6 +355,13 @@ class BroadcastWeightReceiver:
             time.sleep(self.config.poll_interval_s)
         return None
 
+    def leave(self) -> None:
+        """Leave the group for good (a replica removed by ``relax scale``): the slot is no longer registered, so the
+        sender's next generation neither waits for it nor counts on it."""
+        self._group = None
+        self.store.delete_key(f"join/{self.slot}")
+        self.store.add("joins", 1)
+
     def _register(self) -> None:
         # The generation is read before registering: every proposal made after the registration is newer.
         self._generation = int(self.store.get("gen")) if self.store.check(["gen"]) else 0

@@ -145,10 +145,13 @@ class BroadcastWeightStore:
         return update
 
     def close(self) -> None:
-        """Stops this process's receiver thread."""
+        """Stops this process's receiver thread and leaves the broadcast group (a rebuilt or restarted worker
+        registers its slot again; a removed replica's slot stays free)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.config.timeout_s)
+        if self._receiver is not None and not (self._thread is not None and self._thread.is_alive()):
+            self._receiver.leave()
 
     def _start_receiver(self) -> None:
         if self._thread is not None:
