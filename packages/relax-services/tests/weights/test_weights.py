@@ -185,3 +185,44 @@ def test_ray_store_readers_view_one_copy_and_an_engine_computes_with_it(ray_sess
     assert half.model.lm_head.weight.data_ptr() != first.state_dict[name].data_ptr()
     store.publish(2, build_tiny_omni(2).state_dict())
     assert store.versions() == [2]  # keep=1: only the newest stays referenced by the store
+
+
+def test_a_dropped_version_nobody_holds_is_refilled_in_place() -> None:
+    store = InProcessWeightStore(keep=1)
+    store.publish(1, _weights(1.0))
+    first = store.fetch(None)
+    assert first is not None
+    pointers = {k: v.data_ptr() for k, v in first.state_dict.items()}
+    del first
+    store.publish(2, _weights(2.0))  # drops version 1: the spare
+    store.publish(3, _weights(3.0))  # nobody holds version 1's tensors: its buffers take version 3
+    third = store.fetch(None)
+    assert third is not None and third.version == 3
+    assert {k: v.data_ptr() for k, v in third.state_dict.items()} == pointers
+    assert torch.equal(third.state_dict["w"], torch.full((3, 4), 3.0))
+
+
+@pytest.mark.parametrize("hold", ["fetched dict", "one tensor", "a view", "a module's parameters"])
+def test_a_version_a_reader_still_holds_is_never_overwritten(hold: str) -> None:
+    store = InProcessWeightStore(keep=1)
+    store.publish(1, _weights(1.0))
+    update = store.fetch(None)
+    assert update is not None
+    held: object = {
+        "fetched dict": update.state_dict,
+        "one tensor": update.state_dict["w"],
+        "a view": update.state_dict["w"][1:],
+        "a module's parameters": None,
+    }[hold]
+    if hold == "a module's parameters":
+        module = torch.nn.Module()
+        module.w = torch.nn.Parameter(torch.zeros(3, 4))
+        module.load_state_dict({"w": update.state_dict["w"]}, strict=False, assign=True)
+        held = module
+    del update
+    store.publish(2, _weights(2.0))
+    store.publish(3, _weights(3.0))  # version 1 is held: a fresh copy, the reader's values untouched
+    tensor = held.w if isinstance(held, torch.nn.Module) else held["w"] if isinstance(held, dict) else held
+    assert isinstance(tensor, torch.Tensor) and bool((tensor == 1.0).all())
+    latest = store.fetch(None)
+    assert latest is not None and torch.equal(latest.state_dict["w"], torch.full((3, 4), 3.0))
