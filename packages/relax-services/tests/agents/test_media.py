@@ -184,3 +184,125 @@ def test_the_conversation_without_the_item_scores_the_tokens_after_it_differentl
         tol = _tolerance(model, len(ep.prompt_ids) + len(ep.token_ids), max_logit / TEMPERATURE)
         assert float((seen[[keep[k] for k in before]] - unseen[before]).abs().max()) <= 1e-12
         assert float((rollout[[keep[k] for k in after]] - unseen[after]).abs().max()) > 2 * tol, kind
+
+
+TOOL_ENV = """
+class Tools:
+    modalities = ("image", "video")
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["q"]}]
+
+    def look(self, what: str) -> list:
+        '''Shows a picture of something.
+
+        Args:
+            what: What to look at.
+        '''
+        return [{"type": "text", "text": "here is " + what + ":"}, {"type": "image", "image": FILE}]
+
+    def broken(self) -> dict:
+        '''Shows a picture that is not one.'''
+        return {"type": "image", "image": b"not an image at all"}
+
+    def noise(self) -> dict:
+        '''Plays a sound (the environment does not declare audio).'''
+        return {"type": "audio", "audio": FILE}
+"""
+
+TOOL_SCRIPTS = {
+    "a": ['<tool_call>{"name": "look", "arguments": {"what": "a cat"}}</tool_call>', "a cat"],
+    "b": ['<tool_call>{"name": "broken", "arguments": {}}</tool_call>', "nothing"],
+    "c": ['<tool_call>{"name": "noise", "arguments": {}}</tool_call>', "silence"],
+}
+
+
+def _tool_run(tmp_path: Path, scripted_engine, write_env):  # type: ignore[no-untyped-def]
+    from relax_services.models.tiny_tokenizer import build_tiny_tokenizer
+
+    from .conftest import PRINTABLE_EXTRA
+
+    files = _files(tmp_path)
+    env = write_env(TOOL_ENV.replace("FILE", repr(files["image"])), "Tools")
+    ckpt = open_checkpoint(DEFAULT_SOURCE)
+    # The tiny model's tokenizer and template (media parts render as their placeholder for any role), with every
+    # printable character so that the scripted turns can write Qwen's <tool_call> JSON.
+    tok = build_tiny_tokenizer(PRINTABLE_EXTRA)
+
+    def script(prompt: str) -> str:
+        row = prompt.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        return TOOL_SCRIPTS[row][prompt.count("<|im_start|>assistant\n") - 1]
+
+    engine = scripted_engine(tok, script)
+    params = SamplingParams(eos_id=tok.eos_token_id, max_new_tokens=200)
+    config = AgentConfig(max_turns=3, max_new_tokens=200, max_episode_tokens=1000)
+    with EpisodeRunner(engine, env, tok, ckpt.family, params, config, EpisodeMedia.of_checkpoint(ckpt)) as runner:
+        groups = runner.run_sync([{"q": q} for q in TOOL_SCRIPTS])
+    return [g[0] for g in groups], engine, ckpt, files
+
+
+def test_a_tools_image_reaches_the_next_prompt_through_the_dataset_rows_data_path(
+    tmp_path: Path, scripted_engine, write_env
+) -> None:  # type: ignore[no-untyped-def]
+    from relax_modalities import process_sample
+
+    from relax_services.data.prompts import processor_settings
+
+    (look, _, _), engine, ckpt, files = _tool_run(tmp_path, scripted_engine, write_env)
+    assert (look.finish_reason, look.counters.tool_calls, look.counters.tool_errors) == ("stop", 1, 0)
+    [(kind, start, length)] = look.media_spans
+    assert (kind, length) == ("image", 4)
+    image_id = ckpt.tokens.placeholders["image"]
+    second = engine.prompts[1][0]  # the prompt of turn 2: the first prompt, turn 1 and the tool's turn
+    offset = len(look.prompt_ids)
+    assert second[offset + start - 1 : offset + start + length + 1] == [
+        ckpt.tokens.placeholders["vision_start"],
+        *[image_id] * 4,
+        ckpt.tokens.placeholders["vision_end"],
+    ]
+    assert second.count(image_id) == 4
+    # The pixels are the single-turn data path's for the same file (a dataset row's image).
+    row = process_sample(
+        {"prompt": "x", "media": [{"modality": "image", "path": files["image"]}]},
+        ckpt.tokenizer,
+        processor_settings(ckpt),
+    )
+    media = engine.media[1][0]
+    assert torch.equal(media["pixel_values"], row["pixel_values"])
+    assert torch.equal(media["image_grid_thw"], row["image_grid_thw"])
+    assert torch.equal(look.to_completion().media["pixel_values"], row["pixel_values"])
+    assert not engine.media[0][0]  # turn 1 had none
+
+
+def test_media_a_tool_returns_that_cannot_be_read_are_a_tool_error_the_model_sees(
+    tmp_path: Path, scripted_engine, write_env
+) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    (_, broken, noise), _, _, _ = _tool_run(tmp_path, scripted_engine, write_env)
+    for ep, why in (
+        (broken, "tool 'broken' returned media that cannot be read: MediaError"),
+        (noise, "tool 'noise' returned media that cannot be read: UnsupportedMediaError: tool 'noise' returned audio"),
+    ):
+        assert (ep.finish_reason, ep.counters.turns, ep.counters.tool_errors) == ("stop", 2, 1), ep.error
+        assert not ep.media_spans and not ep.media
+        [tool] = [m for m in ep.messages if m["role"] == "tool"]
+        assert json.loads(str(tool["content"]))["error"].startswith(why), tool
+
+
+def test_a_family_that_cannot_take_a_declared_modality_is_refused_at_start(tmp_path: Path, write_env) -> None:
+    from relax_services.agents import UnsupportedMediaError
+    from relax_services.models import FAMILIES
+
+    ckpt = open_checkpoint(DEFAULT_SOURCE)
+    env = write_env(TOOL_ENV.replace("FILE", "'x.png'").replace('("image", "video")', '("image", "audio")'), "Tools")
+    vl = FAMILIES["Qwen2_5_VLForConditionalGeneration"]
+    reader = EpisodeMedia.of_checkpoint(ckpt)
+    vl_reader = EpisodeMedia(reader.processor, vl.name, vl.modalities)
+    params = SamplingParams(eos_id=ckpt.tokens.eos_id)
+    with pytest.raises(UnsupportedMediaError, match=r"family qwen2\.5-vl cannot take audio"):
+        EpisodeRunner(object(), env, ckpt.tokenizer, vl, params, media=vl_reader)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedMediaError, match="reads no media"):
+        EpisodeRunner(object(), env, ckpt.tokenizer, ckpt.family, params)  # type: ignore[arg-type]
+    reader.close()
+    vl_reader.close()
