@@ -40,7 +40,8 @@ class Look:
         if self.turn > 1:
             return [], None, True
         kind = self.row["kind"]
-        return [{"role": "user", "content": [{"type": "text", "text": "see "}, {"type": kind, kind: self.row["file"]}]}], None, False
+        parts = [{"type": "text", "text": "see "}, {"type": kind, kind: self.row["file"]}]
+        return [{"role": "user", "content": parts}], None, False
 """
 
 VERSION = 1
@@ -147,7 +148,9 @@ def _forward_logprobs(
 def test_rollout_and_trainer_logprobs_equal_a_plain_forward_of_the_whole_conversation(run) -> None:  # type: ignore[no-untyped-def]
     episodes, model, suppressed = run
     reference = copy.deepcopy(model).double().eval()
-    trainer = TorchTrainEngine(copy.deepcopy(model), TorchTrainConfig(temperature=TEMPERATURE, suppressed_ids=suppressed))
+    trainer = TorchTrainEngine(
+        copy.deepcopy(model), TorchTrainConfig(temperature=TEMPERATURE, suppressed_ids=suppressed)
+    )
     # Every sample as it comes out of the queue: its prompt (with the episode's media) pickled and back.
     samples = [
         TrainSample(pickle.loads(pickle.dumps(ep.sample_prompt())), torch.tensor(ep.token_ids)) for ep in episodes
@@ -245,7 +248,6 @@ def test_a_tools_image_reaches_the_next_prompt_through_the_dataset_rows_data_pat
     tmp_path: Path, scripted_engine, write_env
 ) -> None:  # type: ignore[no-untyped-def]
     from relax_modalities import process_sample
-
     from relax_services.data.prompts import processor_settings
 
     (look, _, _), engine, ckpt, files = _tool_run(tmp_path, scripted_engine, write_env)

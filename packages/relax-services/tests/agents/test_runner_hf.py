@@ -67,7 +67,9 @@ def test_assistant_logprobs_equal_a_forward_of_the_whole_conversation(tmp_path) 
     # The Trainer scores the samples as the rollout did: the environment's turns (the template's special tokens among
     # them, ids the policy never samples) are fed as they are, not as padding.
     trainer = TorchTrainEngine(copy.deepcopy(model), TorchTrainConfig(temperature=0.9, suppressed_ids=suppressed))
-    trained, _ = trainer.compute_logprobs([TrainSample(ep.sample_prompt(), torch.tensor(ep.token_ids)) for ep in episodes])
+    trained, _ = trainer.compute_logprobs(
+        [TrainSample(ep.sample_prompt(), torch.tensor(ep.token_ids)) for ep in episodes]
+    )
     for i, ep in enumerate(episodes):
         policy = torch.tensor(ep.mask, dtype=torch.bool)
         got = trained[i, : len(ep.token_ids)].double()[policy]

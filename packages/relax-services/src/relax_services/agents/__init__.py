@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         load_environment,
     )
     from relax_services.agents.episode import EPISODE_FINISHES, Episode, EpisodeCounters, EpisodeFinish
+    from relax_services.agents.media import EpisodeMedia, MediaTurn, UnsupportedMediaError
     from relax_services.agents.parsers import (
         TOOL_PARSERS,
         TOOL_TEXT,
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
         tool_parser,
         tool_text,
     )
-    from relax_services.agents.media import EpisodeMedia, MediaTurn, UnsupportedMediaError
     from relax_services.agents.runner import AgentConfig, EpisodeRunner
 
 _EXPORTS: dict[str, str] = {

@@ -22,9 +22,9 @@ from relax_services.agents.environment import Message
 
 if TYPE_CHECKING:
     import torch
+
     from relax_modalities import MediaItem, SampleProcessor
     from relax_modalities.text import MediaSlot, PlaceholderSpan, TemplateChat
-
     from relax_services.models import Checkpoint
 
 __all__ = ["EpisodeMedia", "MediaTurn", "UnsupportedMediaError", "media_kinds_of"]
@@ -101,7 +101,6 @@ class EpisodeMedia:
     def of_checkpoint(cls, ckpt: Checkpoint, inline_dir: Path | None = None) -> EpisodeMedia:
         """The reader of ``ckpt``: its tokenizer, chat template, placeholder ids and processor settings."""
         from relax_modalities import SampleProcessor
-
         from relax_services.data.prompts import processor_settings
 
         processor = SampleProcessor(ckpt.tokenizer, processor_settings(ckpt))
@@ -148,7 +147,6 @@ class EpisodeMedia:
             return MediaTurn([dict(m) for m in messages])
         self.check(kinds, where)
         from relax_modalities import MODALITY_PATHS
-
         from relax_services.models import join_media
 
         slots: list[MediaSlot] = []
@@ -220,4 +218,3 @@ class EpisodeMedia:
                     parts.append(part)
             out.append({**message, "content": parts})
         return out
-

@@ -30,9 +30,9 @@ from relax_services.engines.sampling import SamplingParams
 from relax_services.models.inputs import join_media
 
 if TYPE_CHECKING:
-    from relax_modalities.text import PlaceholderSpan
     from transformers import PreTrainedTokenizerBase
 
+    from relax_modalities.text import PlaceholderSpan
     from relax_services.config.services import RolloutConfig
     from relax_services.models.families import ModelFamily
 
@@ -108,7 +108,6 @@ class _Live:
     history: list[Message] = field(default_factory=list)
     step_reward: float | None = None
     done: bool = False
-
 
 
 def _content(result: object) -> str:

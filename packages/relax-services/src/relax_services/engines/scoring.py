@@ -144,8 +144,14 @@ class _ResponseStates:
         if text_rows:
             sub_mask = pad_sequences([raw[i] for i in text_rows], pad_id, side="right")[1].to(device)
             states = _prompt_and_text_states(
-                thinker, decoder, [prompts[i] for i in text_rows], [raw[i] for i in text_rows], sub_mask, pad_id,
-                device, packed,
+                thinker,
+                decoder,
+                [prompts[i] for i in text_rows],
+                [raw[i] for i in text_rows],
+                sub_mask,
+                pad_id,
+                device,
+                packed,
             )
             for j, i in enumerate(text_rows):
                 rows[i] = states[j, : len(raw[i])]
@@ -227,7 +233,7 @@ def _prompt_and_text_states(
         position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
         use_cache=True,
     )
-    hidden = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
+    hidden: torch.Tensor = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
     length = targets.shape[1]
     if length > 1 and packed:
         rest = _packed_response_states(
