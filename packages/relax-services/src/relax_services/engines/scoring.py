@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -189,7 +189,11 @@ def _has_response_media(model: torch.nn.Module, prompt: OmniPrompt) -> bool:
 
 
 def _conversation_states(
-    thinker: Any, decoder: Any, prompt: OmniPrompt, response: torch.Tensor, device: torch.device | str
+    thinker: torch.nn.Module,
+    decoder: torch.nn.Module,
+    prompt: OmniPrompt,
+    response: torch.Tensor,
+    device: torch.device | str,
 ) -> torch.Tensor:
     """``[l, H]`` states predicting each response token, from one forward of ``prompt + response`` with every media
     item in its placeholders and the rope positions of the whole sequence (the family's own rule over it)."""
@@ -208,8 +212,8 @@ def _conversation_states(
 
 
 def _prompt_and_text_states(
-    thinker: Any,
-    decoder: Any,
+    thinker: torch.nn.Module,
+    decoder: torch.nn.Module,
     prompts: Sequence[OmniPrompt],
     responses: Sequence[torch.Tensor],
     response_mask: torch.Tensor,
@@ -235,10 +239,11 @@ def _prompt_and_text_states(
     )
     hidden: torch.Tensor = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
     length = targets.shape[1]
+    embed = cast(Any, thinker).get_input_embeddings()  # a transformers model: typed loosely
     if length > 1 and packed:
         rest = _packed_response_states(
             thinker,
-            thinker.get_input_embeddings(),
+            embed,
             decoder,
             prefix.past_key_values,
             (prompt_mask, next_pos.to(device), row_prompt),
@@ -250,7 +255,7 @@ def _prompt_and_text_states(
         cache.batch_select_indices(row_prompt)
         steps = torch.arange(length - 1, device=device)
         chunk = decoder(
-            inputs_embeds=thinker.get_input_embeddings()(targets[:, :-1]),
+            inputs_embeds=embed(targets[:, :-1]),
             attention_mask=torch.cat([prompt_mask[row_prompt], response_mask[:, :-1]], dim=1),
             position_ids=position_ids_for(thinker, (next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1)),
             past_key_values=cache,
