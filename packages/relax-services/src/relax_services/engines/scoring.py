@@ -14,10 +14,10 @@ states are computed once without grad, and each chunk builds both ``[chunk, V]``
 per-token KL; no ``[B, L, V]`` tensor exists on any path.
 
 A multi-turn episode whose environment returned media after the first turn carries them in its prompt
-(:meth:`~relax_services.agents.Episode.sample_prompt`: the prompt's media, then the response's, in conversation order)
-and their placeholders in its response. Such a row runs as one forward of the whole conversation (its media in their
-placeholders, the multimodal rope positions of the whole sequence: what the rollout engine's prefill of each later
-turn computed), not as a shared prompt and a text continuation.
+(:meth:`~relax_services.agents.Episode.sample_prompt`: the prompt's media, then the response's, in conversation
+order) and their placeholders in its response. Such rows run as one padded forward of their whole conversations
+(media in their placeholders, the multimodal rope positions of each whole sequence: what the rollout engine's
+prefill of each later turn computed), not as a shared prompt and a text continuation.
 
 Used by the training engine (with grad) and by anything that rescores samples (reference model,
 proximal log-probs, critic values) without grad.
@@ -38,9 +38,9 @@ from relax_services.engines.progress import tick
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models.deepstack import text_decoder
 from relax_services.models.embeddings import decoder_inputs
-from relax_services.models.inputs import OmniPrompt, audio_token_count, pad_sequences
+from relax_services.models.inputs import OmniPrompt, audio_token_count, collate_media, pad_sequences
 from relax_services.models.modalities import MODEL_MODALITIES, AudioModality, VisionModality
-from relax_services.models.positions import position_ids_for, prompt_positions, sequence_positions
+from relax_services.models.positions import position_ids_for, rope_positions, sequence_positions
 from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
 
@@ -155,9 +155,12 @@ class _ResponseStates:
             )
             for j, i in enumerate(text_rows):
                 rows[i] = states[j, : len(raw[i])]
-        for i, w in enumerate(whole):
-            if w:
-                rows[i] = _conversation_states(thinker, decoder, prompts[i], raw[i], device)
+        conversations = [i for i, w in enumerate(whole) if w]
+        states_of = _conversation_states(
+            thinker, decoder, [prompts[i] for i in conversations], [raw[i] for i in conversations], pad_id, device
+        )
+        for i, states in zip(conversations, states_of, strict=True):
+            rows[i] = states
         padded = [torch.nn.functional.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows if r is not None]
         return cls(torch.stack(padded), targets, valid)  # [B, L, H]
 
@@ -191,24 +194,29 @@ def _has_response_media(model: torch.nn.Module, prompt: OmniPrompt) -> bool:
 def _conversation_states(
     thinker: torch.nn.Module,
     decoder: torch.nn.Module,
-    prompt: OmniPrompt,
-    response: torch.Tensor,
+    prompts: Sequence[OmniPrompt],
+    responses: Sequence[torch.Tensor],
+    pad_id: int,
     device: torch.device | str,
-) -> torch.Tensor:
-    """``[l, H]`` states predicting each response token, from one forward of ``prompt + response`` with every media
-    item in its placeholders and the rope positions of the whole sequence (the family's own rule over it)."""
-    whole = OmniPrompt(torch.cat([prompt.input_ids, response]), **prompt.media())  # [P + l]
-    ids = whole.input_ids[None].to(device)  # [1, P + l]
-    positions, _ = prompt_positions(thinker, whole)  # [3, P + l]
+) -> list[torch.Tensor]:
+    """``[l_b, H]`` states predicting each response token of each row, from one right-padded forward of every
+    ``prompt + response`` with every media item in its placeholders and the rope positions of each whole sequence
+    (the family's own rule over it; padding after a row changes none of its states under the causal mask)."""
+    wholes = [
+        OmniPrompt(torch.cat([p.input_ids, r]), **p.media()) for p, r in zip(prompts, responses, strict=True)
+    ]  # [P_b + l_b] each
+    ids, mask = pad_sequences([w.input_ids for w in wholes], pad_id, side="right")  # [B, T]
+    positions = rope_positions(thinker, ids, mask, collate_media(wholes))  # [3, B, T]
+    ids, mask = ids.to(device), mask.to(device)
     out = decoder(
-        **decoder_inputs(thinker, [whole], ids, device),
-        attention_mask=torch.ones_like(ids),
-        position_ids=position_ids_for(thinker, positions[:, None].to(device)),  # [3, 1, P + l]
+        **decoder_inputs(thinker, wholes, ids, device),
+        attention_mask=mask,
+        position_ids=position_ids_for(thinker, positions.to(device)),
         use_cache=False,
     )
-    start = prompt.num_tokens - 1
-    states: torch.Tensor = out.last_hidden_state[0, start : start + len(response)]  # [l, H]
-    return states
+    hidden: torch.Tensor = out.last_hidden_state  # [B, T, H]
+    starts = [p.num_tokens - 1 for p in prompts]
+    return [hidden[b, start : start + len(r)] for b, (start, r) in enumerate(zip(starts, responses, strict=True))]
 
 
 def _prompt_and_text_states(

@@ -1,0 +1,54 @@
+"""Writes the zoom example's rows: ``train.jsonl`` and ``eval.jsonl`` under ``--out`` (see ``zoom_env.py``).
+
+Each row: ``prompt`` (the region named), ``answer`` (its colour's code), ``extra_info`` (the four regions' colour
+codes, the noise seed, the region, and the answer options 1-4, which give the summary its chance level and the
+format warm-up its targets), ``data_source`` ``zoom``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+from pathlib import Path
+
+
+def rows(n: int, seed: int) -> list[dict[str, object]]:
+    """``n`` rows over every colour permutation and region, shuffled with ``seed``."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        colours = "".join(rng.choice(list(itertools.permutations("1234"))))
+        region = rng.randint(1, 4)
+        out.append(
+            {
+                "prompt": f"zoom {region}",
+                "answer": colours[region - 1],
+                "extra_info": {
+                    "colours": colours,
+                    "seed": seed * 1_000_003 + i,
+                    "region": region,
+                    "options": ["1", "2", "3", "4"],
+                },
+                "data_source": "zoom",
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="folder for train.jsonl and eval.jsonl")
+    parser.add_argument("--train", type=int, default=512)
+    parser.add_argument("--eval", type=int, default=32)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, n, seed in (("train", args.train, 0), ("eval", args.eval, 1)):
+        path = args.out / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed)), encoding="utf-8")
+        print(f"wrote {n} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()
