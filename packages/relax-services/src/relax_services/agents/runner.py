@@ -272,7 +272,7 @@ class EpisodeRunner:
 
     async def _reset(self, lv: _Live) -> None:
         try:
-            turn = self._read(_messages(await self._env_call(lv, "reset", lv.row), "reset"), "reset")
+            turn = await self._read(_messages(await self._env_call(lv, "reset", lv.row), "reset"), "reset")
             lv.history = turn.messages
             ids, _ = self._expand(self.chat.prompt_ids(lv.history), turn)
             lv.episode.prompt_ids, lv.episode.prompt_media = ids, turn.media
@@ -350,8 +350,9 @@ class EpisodeRunner:
                 lv.step_reward = float(reward)
             if done:
                 return None
+            checked = _messages(messages, "step")
             try:
-                return self._read(_messages(messages, "step"), "step")
+                return await self._read(checked, "step")
             except Exception as exc:  # a media part that cannot be read: the environment's fault
                 raise _EnvFailed(f"{type(lv.env).__name__}.step returned media that cannot be read: {exc}") from exc
         calls = self.parse(str(assistant["content"]))
@@ -372,14 +373,15 @@ class EpisodeRunner:
         if isinstance(result, str):
             return MediaTurn([message])
         try:
-            return self._read([message], f"tool {call.name!r}")
+            return await self._read([message], f"tool {call.name!r}")
         except Exception as exc:
             lv.episode.counters.tool_errors += 1
             error = _error(f"tool {call.name!r} returned media that cannot be read: {type(exc).__name__}: {exc}")
             return MediaTurn([{**message, "content": error}])
 
-    def _read(self, messages: list[Message], where: str) -> MediaTurn:
-        """``messages`` with their media read (none: as they are).
+    async def _read(self, messages: list[Message], where: str) -> MediaTurn:
+        """``messages`` with their media read (none: as they are), the decoding on the thread pool (a video's
+        frames must not hold the event loop that runs the other episodes).
 
         Raises:
             UnsupportedMediaError: a media kind the environment did not declare in ``modalities``, or no reader.
@@ -394,7 +396,8 @@ class EpisodeRunner:
                 f"{where} returned {', '.join(undeclared or kinds)} parts, which the environment does not declare "
                 f"(its modalities: {self.env.modalities})"
             )
-        return self.media.read(messages, where)
+        media = self.media
+        return await asyncio.get_running_loop().run_in_executor(self._pool, media.read, messages, where)
 
     def _expand(self, ids: list[int], turn: MediaTurn) -> tuple[list[int], list[PlaceholderSpan]]:
         """``ids`` with the turn's placeholders expanded to its items' token counts, and the items' spans."""
