@@ -1,32 +1,30 @@
 """Writes the zoom example's rows: ``train.jsonl`` and ``eval.jsonl`` under ``--out`` (see ``zoom_env.py``).
 
-Each row: ``prompt`` (the region named), ``answer`` (its colour's code), ``extra_info`` (the four regions' colour
-codes, the noise seed, the region, and the answer options 1-4, which give the summary its chance level and the
-format warm-up its targets), ``data_source`` ``zoom``.
+Each row: ``prompt`` (the region named), ``answer`` (its colour's code), ``extra_info`` (the noise seed, the region,
+and the answer options 1-4, which give the summary its chance level and the format warm-up its targets),
+``data_source`` ``zoom``.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 from pathlib import Path
 
 
 def rows(n: int, seed: int) -> list[dict[str, object]]:
-    """``n`` rows over every colour permutation and region, shuffled with ``seed``."""
+    """``n`` rows of a random region and colour each, drawn with ``seed``."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        colours = "".join(rng.choice(list(itertools.permutations("1234"))))
+        colour = rng.choice("1234")
         region = rng.randint(1, 4)
         out.append(
             {
                 "prompt": f"zoom {region}",
-                "answer": colours[region - 1],
+                "answer": colour,
                 "extra_info": {
-                    "colours": colours,
                     "seed": seed * 1_000_003 + i,
                     "region": region,
                     "options": ["1", "2", "3", "4"],
