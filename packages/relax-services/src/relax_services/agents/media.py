@@ -76,8 +76,8 @@ class EpisodeMedia:
         processor: relax-modalities' sample processor with the checkpoint's chat template and settings.
         family: The family's name (in errors).
         modalities: The modalities the family's forward takes.
-        inline_dir: Where inline bytes are written as files before decoding (a temporary folder owned by this
-            object when None, removed by :meth:`close`).
+        inline_dir: Where inline bytes are written as files before decoding, each read in a folder of its own that
+            is removed once decoded (a temporary folder owned by this object when None, removed by :meth:`close`).
 
     Raises:
         ValueError: the processor renders with a plain-string template, which cannot expand a turn's ids.
@@ -154,7 +154,11 @@ class EpisodeMedia:
         slot_kinds: list[list[str]] = []
         for i, (part, kind) in enumerate(self._parts(messages)):
             # One item at a time: its own slots are then known (a video with its sound track may add an audio one).
-            bundle = self.processor.process_media([self._item(part, kind, f"{where} part {i}")], self.inline_dir)
+            # Inline bytes are written to a folder of this call, removed once decoded: a tool that makes a new image
+            # every call must not fill the disk over a run.
+            item = self._item(part, kind, f"{where} part {i}")
+            with tempfile.TemporaryDirectory(dir=self.inline_dir) as folder:
+                bundle = self.processor.process_media([item], Path(folder))
             slots += bundle.slots
             slot_kinds.append([s.modality for s in bundle.slots])
             for name, path in MODALITY_PATHS.items():
