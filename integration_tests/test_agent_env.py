@@ -79,3 +79,39 @@ def test_a_colocated_run_trains_on_episodes_of_a_user_environment(small_config, 
     # The row whose reset fails: skipped with the environment's error after its retries, never trained on.
     skipped = [r for r in read_metrics(metrics, "skipped") if "environment" in r["reason"]]
     assert skipped and all("no such row" in r["reason"] for r in skipped)
+
+
+ZOOM = Path(__file__).resolve().parents[1] / "packages" / "relax-services" / "examples" / "zoom"
+
+
+@pytest.mark.integration
+def test_a_colocated_run_trains_on_episodes_whose_environment_returns_an_image(small_config, tmp_path: Path) -> None:
+    """The zoom example's environment (an image crop in turn 2): the Rollout writes each episode's sample with the
+    crop in its prompt's media and its placeholders in the response, and the Trainer and the Reference score them
+    (a placeholder count that did not match the media would raise in their forward) to the last update."""
+    from relax_core import import_file
+
+    prepare = import_file(ZOOM / "prepare.py", "relax_test_zoom_prepare", "examples/zoom/prepare.py")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prepare.rows(16, 0)), encoding="utf-8")
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prepare.rows(2, 1)), encoding="utf-8")
+    cfg = small_config(
+        "run.mode=colocated",
+        f"trainer.total_steps={STEPS}",
+        f"rollout.env={ZOOM / 'zoom_env.py'}:Zoom",
+        "rollout.max_turns=2",
+        "rollout.max_new_tokens=2",
+        "algorithm.kl_coef=0.05",  # the Reference scores the samples too
+        f"data.train_files={tmp_path / 'train.jsonl'}",
+        f"data.eval_files={tmp_path / 'eval.jsonl'}",
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert ColocatedController(cfg, run_dir).run().steps == STEPS
+    metrics = run_dir / "metrics.jsonl"
+    rollouts = list(read_metrics(metrics, "rollout"))
+    assert max(r["turns_mean"] for r in rollouts) > 1  # some episodes got the crop and answered
+    trains = list(read_metrics(metrics, "train"))
+    assert len(trains) == STEPS and all(0 <= t["env_token_frac"] < 1 for t in trains), trains
+    # The environment's only turn is the crop's: an update with environment tokens trained on samples with the image.
+    assert any(t["env_token_frac"] > 0 for t in trains)
+    assert all(0.0 <= t["reward"] <= 1.0 for t in trains)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +21,7 @@ from relax_modalities._paths import (  # re-exported: they were defined here bef
     pad_audio_features,
 )
 from relax_modalities._record import record_media_refs, record_messages
-from relax_modalities._rows import DataRecord
+from relax_modalities._rows import DataRecord, MediaItem
 from relax_modalities._video import VideoSettings
 from relax_modalities.synthetic._manifest import MediaRef, TaskItem
 from relax_modalities.text import (
@@ -215,6 +215,21 @@ class SampleProcessor:
         else:
             prompt = self.builder.build(_single_turn_text(record), media.slots, system=self.settings.system)
         return bundle_inputs(media, prompt.input_ids)
+
+    def process_media(self, items: Sequence[MediaItem], inline_dir: Path | None = None) -> MediaBundle:
+        """Process media items outside a prompt, in order, as `process_record` processes a row's items (inline
+        bytes written to ``inline_dir`` first): a multi-turn episode's environment returns media between turns,
+        whose slots are then expanded into the turn's rendered ids with `TemplateChat.expand`.
+
+        Raises:
+            MediaError: for any media item that cannot be processed (an unregistered modality among them).
+        """
+        media = MediaBundle()
+        for ref in record_media_refs(DataRecord(source="", row=-1, messages=(), media=tuple(items)), inline_dir):
+            if ref.modality not in MODALITY_PATHS:
+                raise MediaError(ref.path, "manifest", f"unknown media modality {ref.modality!r}")
+            self._add_checked(ref, media)
+        return media
 
     def _add_checked(self, ref: MediaRef, media: MediaBundle) -> None:
         try:

@@ -125,6 +125,9 @@ class SampleMeta(TypedDict):
 class RolloutFields(TypedDict):
     """What the Rollout service writes: a new sample row."""
 
+    # The prompt the response continues. The sample of an episode whose environment showed media after the first turn
+    # carries every item of the episode, in conversation order: the first fill the prompt's placeholders, the rest
+    # the response's (environment tokens); the scoring path runs such a row as one forward of the whole conversation.
     prompt: OmniPrompt
     meta: SampleMeta
     response: list[int]  # [L] sampled token ids

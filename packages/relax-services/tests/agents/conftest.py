@@ -69,6 +69,7 @@ class ScriptedEngine:
     Attributes:
         calls: ``(number of prompts, params)`` of every ``generate`` call.
         prompts: Every prompt's ids, per call.
+        media: Every prompt's media tensors, per call.
     """
 
     def __init__(self, tokenizer: object, script: Script, version: int = 3) -> None:
@@ -77,6 +78,7 @@ class ScriptedEngine:
         self._version = version
         self.calls: list[tuple[int, SamplingParams]] = []
         self.prompts: list[list[list[int]]] = []
+        self.media: list[list[dict[str, torch.Tensor]]] = []
 
     @property
     def version(self) -> int:
@@ -93,6 +95,7 @@ class ScriptedEngine:
     ) -> list[list[Completion]]:
         self.calls.append((len(prompts), params))
         self.prompts.append([p.input_ids.tolist() for p in prompts])
+        self.media.append([p.media() for p in prompts])
         out = []
         for prompt in prompts:
             text = self.script(self.tokenizer.decode(prompt.input_ids.tolist()))  # type: ignore[attr-defined]

@@ -287,7 +287,9 @@ class Env:
     assert "episode_timeout_s=0.5" in str(ep.error) and 1 <= ep.counters.turns <= 2
 
 
-def test_media_parts_are_refused_until_supported(qwen_tokenizer: Any, scripted_engine: Any, write_env) -> None:
+def test_media_parts_of_an_environment_that_declares_none_are_an_environment_failure(
+    qwen_tokenizer: Any, scripted_engine: Any, write_env
+) -> None:
     source = STEP_ENV.replace(
         '[{"role": "user", "content": "again"}]',
         '[{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "see"}]}]',
@@ -296,4 +298,4 @@ def test_media_parts_are_refused_until_supported(qwen_tokenizer: Any, scripted_e
     engine = scripted_engine(qwen_tokenizer, script_of({"fine": ["x", "y"]}))
     ((ep,),) = run(qwen_tokenizer, engine, env, [{"q": "fine"}], env_failure="requeue")
     assert (ep.finish_reason, ep.requeue, ep.counters.env_failures) == ("env_error", True, 1)
-    assert "image, audio and video parts are not supported in episodes yet" in str(ep.error)
+    assert "step returned image parts, which the environment does not declare (its modalities: ())" in str(ep.error)

@@ -11,7 +11,8 @@ import math
 import torch
 
 from relax_services.agents import AgentConfig, AgentRunner, Episode, EpisodeRunner, load_agent, load_environment
-from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams
+from relax_services.engines import HFRolloutConfig, HFRolloutEngine, SamplingParams, TorchTrainConfig, TorchTrainEngine
+from relax_services.engines.protocols import TrainSample
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
 
 STEP_ENV = """
@@ -63,6 +64,21 @@ def test_assistant_logprobs_equal_a_forward_of_the_whole_conversation(tmp_path) 
     episodes = [ep for group in groups for ep in group]
     assert sum(ep.counters.turns for ep in episodes) > len(episodes)  # some episodes went on past their first turn
     _check_against_a_forward(episodes, reference, params, suppressed)
+    # The Trainer scores the samples as the rollout did: the environment's turns (the template's special tokens among
+    # them, ids the policy never samples) are fed as they are, not as padding.
+    trainer = TorchTrainEngine(copy.deepcopy(model), TorchTrainConfig(temperature=0.9, suppressed_ids=suppressed))
+    trained, _ = trainer.compute_logprobs(
+        [TrainSample(ep.sample_prompt(), torch.tensor(ep.token_ids)) for ep in episodes]
+    )
+    for i, ep in enumerate(episodes):
+        policy = torch.tensor(ep.mask, dtype=torch.bool)
+        got = trained[i, : len(ep.token_ids)].double()[policy]
+        ids = torch.tensor(ep.prompt_ids + ep.token_ids)[None]
+        with torch.no_grad():
+            max_logit = float(reference(input_ids=ids).logits.abs().max()) / params.temperature
+        # Two float32 computations, each within the bound of the float64 forward: within twice it of each other.
+        tol = 2 * _tolerance(reference, ids.shape[1], max_logit)
+        assert float((got - torch.tensor(ep.logprobs, dtype=torch.float64)[policy]).abs().max()) <= tol
 
 
 def _check_against_a_forward(

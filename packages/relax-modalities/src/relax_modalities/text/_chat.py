@@ -392,6 +392,17 @@ class TemplateChat:
             list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
         )
         rendered: list[int] = list(self.tokenizer.encode(text, add_special_tokens=False))  # type: ignore[call-arg]
+        return self.expand(rendered, media)
+
+    def expand(self, rendered: Sequence[int], media: Sequence[MediaSlot] = ()) -> ChatPrompt:
+        """Expand the ``i``-th media placeholder of already rendered ids to ``media[i]`` (what `render` does after
+        the template; a multi-turn episode renders each environment turn as a delta of the template's text and
+        expands the delta's placeholders with the media of that turn only).
+
+        Raises:
+            ValueError: when ``rendered`` holds a different number of placeholders than there are media items, or
+                in another order.
+        """
         ids: list[int] = []
         spans: list[PlaceholderSpan] = []
         pending = list(media)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         load_environment,
     )
     from relax_services.agents.episode import EPISODE_FINISHES, Episode, EpisodeCounters, EpisodeFinish
+    from relax_services.agents.media import EpisodeMedia, MediaTurn, UnsupportedMediaError
     from relax_services.agents.parsers import (
         TOOL_PARSERS,
         TOOL_TEXT,
@@ -58,6 +59,9 @@ _EXPORTS: dict[str, str] = {
     "Episode": "relax_services.agents.episode",
     "EpisodeCounters": "relax_services.agents.episode",
     "EpisodeFinish": "relax_services.agents.episode",
+    "EpisodeMedia": "relax_services.agents.media",
+    "MediaTurn": "relax_services.agents.media",
+    "UnsupportedMediaError": "relax_services.agents.media",
     "AgentConfig": "relax_services.agents.runner",
     "EpisodeRunner": "relax_services.agents.runner",
     "AgentFn": "relax_services.agents.agent",
@@ -87,6 +91,9 @@ __all__ += ["ChatTemplateError", "ChatTokens", "PrefixBreakError"]
 
 # episodes and the runner
 __all__ += ["EPISODE_FINISHES", "AgentConfig", "Episode", "EpisodeCounters", "EpisodeFinish", "EpisodeRunner"]
+
+# image, audio and video from the environment
+__all__ += ["EpisodeMedia", "MediaTurn", "UnsupportedMediaError"]
 
 # the black-box agent
 __all__ += ["AgentFn", "AgentRunner", "AgentSpec", "AgentSpecError", "load_agent"]

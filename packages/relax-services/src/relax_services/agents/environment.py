@@ -13,6 +13,13 @@ The class's interface (one instance per episode; every method may be ``def`` or 
 - ``reward(self) -> float`` (optional): the episode's reward; without it the run's ``reward.fn`` scores the final
   conversation.
 - ``close(self)`` (optional): called once when the episode ends.
+- ``modalities`` (optional class attribute, e.g. ``("image",)``): the media kinds its messages and tools may return
+  (:mod:`~relax_services.agents.media`); a family that cannot take one is refused before anything runs.
+
+A message's content parts are ``{"type": "text", "text": ...}`` and media parts in a dataset row's form:
+``{"type": "image", "image": path_or_bytes}`` (likewise ``audio`` and ``video``; the item may also be under
+``"path"`` or ``"bytes"``). A tool returns a string, a JSON-able value, or content parts (one part, or a list of
+parts with at least one media part) when it shows the model an image, a sound or a video.
 
 Every problem with the class is an :class:`EnvironmentSpecError` when it is loaded, naming the file and the method.
 """
@@ -42,8 +49,9 @@ __all__ = [
 ]
 
 Message = dict[str, object]
-"""One chat message: ``role`` and ``content`` (a string, or a list of typed parts: ``{"type": "text", "text":
-...}`` today, image/audio/video parts as a dataset row's media later), and for tool results the tool's ``name``."""
+"""One chat message: ``role`` and ``content`` (a string, or a list of typed parts: ``{"type": "text", "text": ...}``
+and image/audio/video parts as a dataset row's media, ``{"type": "image", "image": path_or_bytes}``), and for tool
+results the tool's ``name``."""
 
 LIFECYCLE_METHODS: tuple[str, ...] = ("reset", "step", "reward", "close")
 """Public methods that are the environment's own interface, never tools."""
@@ -104,6 +112,7 @@ class EnvironmentSpec:
         has_step: The class answers assistant turns itself (``step``).
         has_reward: The class scores its episodes (``reward``).
         has_close: The class releases something when an episode ends (``close``).
+        modalities: The media kinds its messages and tools may carry (the class's ``modalities``; empty: text).
     """
 
     spec: str
@@ -112,6 +121,7 @@ class EnvironmentSpec:
     has_step: bool
     has_reward: bool
     has_close: bool
+    modalities: tuple[str, ...] = ()
 
     def schemas(self) -> list[dict[str, object]]:
         """Every tool in the OpenAI/Qwen tools format, for the chat template's ``tools``."""
@@ -292,4 +302,10 @@ def load_environment(spec: str) -> EnvironmentSpec:
         raise EnvironmentSpecError(
             f"rollout.env: {where}: class {cls.__name__} must be constructible without arguments ({exc})"
         ) from exc
-    return EnvironmentSpec(spec, cls, tools, has_step, "reward" in methods, "close" in methods)
+    declared = getattr(cls, "modalities", ())
+    if not isinstance(declared, tuple | list) or not all(isinstance(k, str) for k in declared):
+        raise EnvironmentSpecError(
+            f"rollout.env: {where}: {cls.__name__}.modalities must be a tuple of modality names, got {declared!r}"
+        )
+    has_reward, has_close = "reward" in methods, "close" in methods
+    return EnvironmentSpec(spec, cls, tools, has_step, has_reward, has_close, tuple(declared))

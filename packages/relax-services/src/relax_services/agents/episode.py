@@ -3,11 +3,15 @@ its reward and counters."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from relax_services.agents.environment import Message
-from relax_services.engines.protocols import Completion
+from relax_services.engines.protocols import Completion, MediaSpan
+from relax_services.models.inputs import OmniPrompt, join_media
 
 __all__ = ["EPISODE_FINISHES", "Episode", "EpisodeCounters", "EpisodeFinish"]
 
@@ -70,6 +74,11 @@ class Episode:
         messages: The conversation: ``reset``'s messages, each assistant turn's text and the environment's
             messages, for ``reward.fn``.
         counters: What happened.
+        prompt_media: Forward kwargs of the media of ``reset``'s messages (their placeholders are in
+            ``prompt_ids``).
+        media: Forward kwargs of the media the environment returned after the first turn, in conversation order
+            (their placeholders are environment tokens of ``token_ids``).
+        media_spans: ``(modality, start, length)`` of each of those items' placeholder run in ``token_ids``.
     """
 
     prompt_ids: list[int] = field(default_factory=list)
@@ -84,6 +93,19 @@ class Episode:
     error: str | None = None
     messages: list[Message] = field(default_factory=list)
     counters: EpisodeCounters = field(default_factory=EpisodeCounters)
+    prompt_media: dict[str, torch.Tensor] = field(default_factory=dict)
+    media: dict[str, torch.Tensor] = field(default_factory=dict)
+    media_spans: list[MediaSpan] = field(default_factory=list)
+
+    def next_prompt(self) -> OmniPrompt:
+        """The next turn's prompt: the first prompt and every token so far, with every media item so far."""
+        return OmniPrompt(self.prompt_ids + self.token_ids, **join_media([self.prompt_media, self.media]))
+
+    def sample_prompt(self) -> OmniPrompt:
+        """The sample row's prompt: ``prompt_ids`` with every media item of the episode in conversation order, the
+        first ones filling the prompt's placeholders and the rest the response's (the scoring path runs a response
+        with media placeholders through one forward of the whole conversation)."""
+        return OmniPrompt(self.prompt_ids, **join_media([self.prompt_media, self.media]))
 
     def add_policy(
         self, token_ids: list[int], logprobs: list[float], sampling: list[float], versions: list[int]
@@ -95,10 +117,20 @@ class Episode:
         self.versions += versions
         self.mask += [1] * len(token_ids)
 
-    def add_env(self, token_ids: list[int]) -> None:
-        """Appends environment tokens (mask 0, log-prob 0, the version of the token before them)."""
+    def add_env(
+        self,
+        token_ids: list[int],
+        media: Mapping[str, torch.Tensor] | None = None,
+        spans: Sequence[MediaSpan] = (),
+    ) -> None:
+        """Appends environment tokens (mask 0, log-prob 0, the version of the token before them), and the media
+        whose placeholders they hold (``spans`` relative to ``token_ids``)."""
         version = self.versions[-1] if self.versions else 0
         n = len(token_ids)
+        if media:
+            self.media = join_media([self.media, media])
+        offset = len(self.token_ids)
+        self.media_spans += [(kind, offset + start, length) for kind, start, length in spans]
         self.token_ids += token_ids
         self.logprobs += [0.0] * n
         self.sampling_logprobs += [0.0] * n
@@ -116,4 +148,6 @@ class Episode:
             versions=list(self.versions),
             finish_reason="stop" if self.finish_reason == "stop" else "length",
             mask=list(self.mask),
+            media=dict(self.media),
+            media_spans=list(self.media_spans),
         )

@@ -4,7 +4,9 @@ Every active episode's next assistant turn goes into one batched ``generate`` ca
 group of G episodes has G environment instances). Between turns the episodes' tools and ``step`` calls run
 concurrently on the event loop (sync methods on the runner's thread pool), each bounded by its timeout; the
 environment's messages are appended as the chat template's delta (:mod:`~relax_services.agents.chat`), so every
-later prompt extends the earlier one verbatim.
+later prompt extends the earlier one verbatim. Image, audio and video parts of those messages are read by the
+checkpoint's data paths (:mod:`~relax_services.agents.media`): their placeholders are expanded in the delta and their
+tensors go with every later prompt and with the sample.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from typing import TYPE_CHECKING, Literal
 from relax_services.agents.chat import ChatTokens, PrefixBreakError
 from relax_services.agents.environment import EnvironmentSpec, Message
 from relax_services.agents.episode import Episode, EpisodeFinish
+from relax_services.agents.media import EpisodeMedia, MediaTurn, UnsupportedMediaError, media_kinds_of
 from relax_services.agents.parsers import ToolCall, tool_parser
 from relax_services.engines.protocols import Completion, RolloutEngine, WeightPoll
 from relax_services.engines.sampling import SamplingParams
-from relax_services.models.inputs import text_prompt
+from relax_services.models.inputs import join_media
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from relax_modalities.text import PlaceholderSpan
     from relax_services.config.services import RolloutConfig
     from relax_services.models.families import ModelFamily
 
@@ -105,14 +109,20 @@ class _Live:
     step_reward: float | None = None
     done: bool = False
 
-    @property
-    def ids(self) -> list[int]:
-        """The next turn's prompt."""
-        return self.episode.prompt_ids + self.episode.token_ids
-
 
 def _content(result: object) -> str:
     return result if isinstance(result, str) else json.dumps(result)
+
+
+def _media_parts(result: object) -> list[object] | None:
+    """A tool's result as content parts when it shows media: one media part, or a list of typed parts with at least
+    one media part; None for any other result (a string or a JSON value)."""
+    parts = [result] if isinstance(result, dict) else result
+    if not isinstance(parts, list) or not parts:
+        return None
+    if not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in parts):
+        return None
+    return list(parts) if media_kinds_of([{"content": parts}]) else None
 
 
 def _error(message: str) -> str:
@@ -129,10 +139,14 @@ class EpisodeRunner:
         family: The checkpoint's family (its name in errors, its tool parser).
         params: Sampling parameters (``n`` and ``max_new_tokens`` are set per call); ``eos_id`` must be set.
         config: The episodes' bounds.
+        media: Reads the image, audio and video parts of the environment's messages with the checkpoint's data
+            paths (:meth:`EpisodeMedia.of_checkpoint`); None: text only (a media part is then an error).
 
     Raises:
         ValueError: ``params`` has no eos, or the family's tool parser is unknown.
         ChatTemplateError: the chat template cannot extend a conversation exactly, naming the family.
+        UnsupportedMediaError: the environment declares a modality the family cannot take (naming both), or any
+            modality when ``media`` is None.
     """
 
     def __init__(
@@ -143,6 +157,7 @@ class EpisodeRunner:
         family: ModelFamily,
         params: SamplingParams,
         config: AgentConfig | None = None,
+        media: EpisodeMedia | None = None,
     ) -> None:
         if params.eos_id is None:
             raise ValueError("EpisodeRunner: params.eos_id must be set (assistant turns end with the eos)")
@@ -153,11 +168,19 @@ class EpisodeRunner:
         self.chat = ChatTokens(tokenizer, family.name, params.eos_id, env.schemas())
         self.parse = tool_parser(family.tool_parser, family.name)
         self.chat.check_prefix_preserving("user" if env.has_step else "tool")
+        where = f"rollout.env {env.spec!r} (modalities {env.modalities})"
+        if env.modalities and media is None:
+            raise UnsupportedMediaError(f"{where}: this runner reads no media (family {family.name})")
+        if media is not None:
+            media.check(env.modalities, where)
+        self.media = media
         self._pool = ThreadPoolExecutor(self.config.tool_threads, thread_name_prefix="relax-env")
 
     def close(self) -> None:
         """Stops the thread pool (threads still in a hung call end when it returns)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.media is not None:
+            self.media.close()
 
     def __enter__(self) -> EpisodeRunner:
         return self
@@ -194,7 +217,7 @@ class EpisodeRunner:
                 for lv in active
             ]
             params = replace(self.params, n=1, max_new_tokens=max(budgets))
-            prompts = [text_prompt(lv.ids) for lv in active]
+            prompts = [lv.episode.next_prompt() for lv in active]
             outs = await asyncio.to_thread(self.engine.generate, prompts, params, poll_weights)
             turns = zip(active, outs, budgets, strict=True)
             await asyncio.gather(*(self._after_turn(lv, out[0], budget) for lv, out, budget in turns))
@@ -249,9 +272,10 @@ class EpisodeRunner:
 
     async def _reset(self, lv: _Live) -> None:
         try:
-            messages = _messages(await self._env_call(lv, "reset", lv.row), "reset")
-            lv.history = messages
-            lv.episode.prompt_ids = self.chat.prompt_ids(lv.history)
+            turn = await self._read(_messages(await self._env_call(lv, "reset", lv.row), "reset"), "reset")
+            lv.history = turn.messages
+            ids, _ = self._expand(self.chat.prompt_ids(lv.history), turn)
+            lv.episode.prompt_ids, lv.episode.prompt_media = ids, turn.media
         except Exception as exc:  # the env failed, or its messages cannot be rendered or tokenised (tokenizers
             self._fail(lv, str(exc))  # raise plain Exception for text outside their vocabulary)
         lv.episode.messages = lv.history
@@ -299,21 +323,22 @@ class EpisodeRunner:
         if ep.counters.turns >= self.config.max_turns:
             return self._end(lv, "max_turns")
         try:
-            new = [self._capped(m) for m in new]
-            delta = self.chat.delta_ids(lv.history[:-1], assistant, new)
+            messages = [self._capped(m) for m in new.messages]
+            delta, spans = self._expand(self.chat.delta_ids(lv.history[:-1], assistant, messages), new)
         except PrefixBreakError as exc:
             return self._end(lv, "template", str(exc))
         except Exception as exc:  # the template or tokenizer cannot take the environment's text
             return self._fail(lv, f"the environment's messages cannot be tokenised: {type(exc).__name__}: {exc}")
         if len(ep.token_ids) + len(delta) >= self.config.max_episode_tokens:  # no room for another assistant token
             return self._end(lv, "length")
-        ep.add_env(delta)
-        lv.history += new
+        ep.add_env(delta, new.media, [(s.modality, s.start, s.length) for s in spans])
+        lv.history += messages
         if self._remaining(lv) <= 0:
             self._fail(lv, f"episode ran past {self._episode_limit}")
 
-    async def _respond(self, lv: _Live, assistant: Message) -> list[Message] | None:
-        """The environment's messages after an assistant turn; None when the episode is over."""
+    async def _respond(self, lv: _Live, assistant: Message) -> MediaTurn | None:
+        """The environment's messages (and their media, read) after an assistant turn; None when the episode is
+        over."""
         if self.env.has_step:
             result = await self._env_call(lv, "step", assistant)
             if not (isinstance(result, tuple) and len(result) == 3):
@@ -323,15 +348,67 @@ class EpisodeRunner:
                 if not isinstance(reward, int | float):
                     raise _EnvFailed(f"{type(lv.env).__name__}.step returned a {type(reward).__name__} reward")
                 lv.step_reward = float(reward)
-            return None if done else _messages(messages, "step")
+            if done:
+                return None
+            checked = _messages(messages, "step")
+            try:
+                return await self._read(checked, "step")
+            except Exception as exc:  # a media part that cannot be read: the environment's fault
+                raise _EnvFailed(f"{type(lv.env).__name__}.step returned media that cannot be read: {exc}") from exc
         calls = self.parse(str(assistant["content"]))
         if not calls:
             return None
-        contents = await asyncio.gather(*(self._tool(lv, call) for call in calls))
-        return [{"role": "tool", "name": call.name, "content": c} for call, c in zip(calls, contents, strict=True)]
+        turns = await asyncio.gather(*(self._tool_turn(lv, call) for call in calls))
+        return MediaTurn(
+            [m for t in turns for m in t.messages],
+            [s for t in turns for s in t.slots],
+            join_media([t.media for t in turns]),
+        )
 
-    async def _tool(self, lv: _Live, call: ToolCall) -> str:
-        """One tool call's result, or the error message the model sees (counted)."""
+    async def _tool_turn(self, lv: _Live, call: ToolCall) -> MediaTurn:
+        """One tool call's message with its media read; media that cannot be read become the error message the
+        model sees (counted as a tool error)."""
+        result = await self._tool(lv, call)
+        message: Message = {"role": "tool", "name": call.name, "content": result}
+        if isinstance(result, str):
+            return MediaTurn([message])
+        try:
+            return await self._read([message], f"tool {call.name!r}")
+        except Exception as exc:
+            lv.episode.counters.tool_errors += 1
+            error = _error(f"tool {call.name!r} returned media that cannot be read: {type(exc).__name__}: {exc}")
+            return MediaTurn([{**message, "content": error}])
+
+    async def _read(self, messages: list[Message], where: str) -> MediaTurn:
+        """``messages`` with their media read (none: as they are), the decoding on the thread pool (a video's
+        frames must not hold the event loop that runs the other episodes).
+
+        Raises:
+            UnsupportedMediaError: a media kind the environment did not declare in ``modalities``, or no reader.
+            ValueError: a media part that cannot be read.
+        """
+        kinds = media_kinds_of(messages)
+        if not kinds:
+            return MediaTurn(messages)
+        undeclared = sorted(set(kinds) - set(self.env.modalities))
+        if undeclared or self.media is None:
+            raise UnsupportedMediaError(
+                f"{where} returned {', '.join(undeclared or kinds)} parts, which the environment does not declare "
+                f"(its modalities: {self.env.modalities})"
+            )
+        media = self.media
+        return await asyncio.get_running_loop().run_in_executor(self._pool, media.read, messages, where)
+
+    def _expand(self, ids: list[int], turn: MediaTurn) -> tuple[list[int], list[PlaceholderSpan]]:
+        """``ids`` with the turn's placeholders expanded to its items' token counts, and the items' spans."""
+        if not turn.slots:
+            return ids, []
+        assert self.media is not None  # a turn has slots only when read by it
+        return self.media.expand(ids, turn)
+
+    async def _tool(self, lv: _Live, call: ToolCall) -> str | list[object]:
+        """One tool call's result (its content parts when it shows media), or the error message the model sees
+        (counted)."""
         counters = lv.episode.counters
         counters.tool_calls += 1
         spec = self.env.tools.get(call.name)
@@ -349,7 +426,8 @@ class EpisodeRunner:
         timeout = max(min(self.config.tool_timeout_s, self._remaining(lv)), 1e-3)
         try:
             result = await self._call(getattr(lv.env, call.name), timeout, **call.arguments)
-            return _content(result)
+            parts = _media_parts(result)
+            return _content(result) if parts is None else parts
         except TimeoutError:
             counters.tool_timeouts += 1
             return _error(f"tool {call.name!r} timed out after {timeout:.3g}s")
@@ -375,7 +453,8 @@ class EpisodeRunner:
 
 
 def _messages(value: object, method: str) -> list[Message]:
-    """An environment method's messages, checked: text content only until media parts reach the engines' inputs."""
+    """An environment method's messages, checked: content a string or a list of typed parts (text, or media that
+    :meth:`EpisodeRunner._read` reads)."""
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m for m in value):
@@ -383,10 +462,10 @@ def _messages(value: object, method: str) -> list[Message]:
     for message in value:
         content = message.get("content")
         parts = content if isinstance(content, list) else []
-        media = any(not isinstance(p, dict) or p.get("type") != "text" for p in parts)
-        if not isinstance(content, str | list) or media:
+        untyped = any(not isinstance(p, dict) or not isinstance(p.get("type"), str) for p in parts)
+        if not isinstance(content, str | list) or untyped:
             raise _EnvFailed(
-                f"{method} returned a message whose content is neither a string nor text parts "
-                f"({content!r:.200}); image, audio and video parts are not supported in episodes yet"
+                f"{method} returned a message whose content is neither a string nor a list of typed parts "
+                f"({{'type': 'text', 'text': ...}}, {{'type': 'image', 'image': ...}}, ...): {content!r:.200}"
             )
     return [dict(m) for m in value]

@@ -21,6 +21,8 @@ from relax_services.models.inputs import OmniPrompt
 FinishReason = Literal["stop", "length"]
 PartialRolloutMode = Literal["finish_old", "switch", "abort_resume"]
 PARTIAL_ROLLOUT_MODES: tuple[str, ...] = ("finish_old", "switch", "abort_resume")
+MediaSpan = tuple[str, int, int]
+"""``(modality, start, length)``: one media item's run of placeholder tokens in a response."""
 
 LOSS_MASK_FIELD = "loss_mask"
 """The :class:`TrainSample` field that marks the tokens a loss trains on: ``[L]``, 1 on the policy's own tokens, 0 on
@@ -49,6 +51,10 @@ class Completion:
         mask: Per-token loss mask: 1 on a token the policy sampled, 0 on an environment or tool token spliced in
             between turns (its ``logprobs`` entry is 0 and it is context only: no loss, estimator or ratio reads
             it). Empty means every token is the policy's (:attr:`loss_mask` gives the mask in full).
+        media: Forward kwargs of media an environment returned between turns (``pixel_values``,
+            ``input_features``, ...), in conversation order; their placeholders are environment tokens of
+            :attr:`token_ids`. Empty for a single-turn completion.
+        media_spans: ``(modality, start, length)`` of each of those items' placeholder run in :attr:`token_ids`.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -58,6 +64,8 @@ class Completion:
     finish_reason: FinishReason = "length"
     num_restarts: int = 0
     mask: list[int] = field(default_factory=list)
+    media: dict[str, torch.Tensor] = field(default_factory=dict)
+    media_spans: list[MediaSpan] = field(default_factory=list)
 
     @property
     def loss_mask(self) -> list[int]:

@@ -13,6 +13,12 @@ entropy leave each chunk. The exact full-vocabulary KL to a frozen reference pol
 states are computed once without grad, and each chunk builds both ``[chunk, V]`` distributions and keeps the
 per-token KL; no ``[B, L, V]`` tensor exists on any path.
 
+A multi-turn episode whose environment returned media after the first turn carries them in its prompt
+(:meth:`~relax_services.agents.Episode.sample_prompt`: the prompt's media, then the response's, in conversation
+order) and their placeholders in its response. Such rows run as one padded forward of their whole conversations
+(media in their placeholders, the multimodal rope positions of each whole sequence: what the rollout engine's
+prefill of each later turn computed), not as a shared prompt and a text continuation.
+
 Used by the training engine (with grad) and by anything that rescores samples (reference model,
 proximal log-probs, critic values) without grad.
 """
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -32,8 +38,9 @@ from relax_services.engines.progress import tick
 from relax_services.engines.sampling import policy_logprobs
 from relax_services.models.deepstack import text_decoder
 from relax_services.models.embeddings import decoder_inputs
-from relax_services.models.inputs import OmniPrompt, pad_sequences
-from relax_services.models.positions import position_ids_for, sequence_positions
+from relax_services.models.inputs import OmniPrompt, audio_token_count, collate_media, pad_sequences
+from relax_services.models.modalities import MODEL_MODALITIES, AudioModality, VisionModality
+from relax_services.models.positions import position_ids_for, rope_positions, sequence_positions
 from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
 
@@ -112,57 +119,158 @@ class _ResponseStates:
     ) -> _ResponseStates:
         if len(prompts) != len(responses) or not prompts:
             raise ValueError(f"need as many responses as prompts (> 0), got {len(prompts)} and {len(responses)}")
-        # Suppressed ids (media placeholders and markers among them) in a response are never scored; they are fed
-        # as padding so that a stray placeholder id cannot be taken for media by the forward.
+        # Suppressed ids (media placeholders and markers among them) in a response are never scored. They are fed as
+        # they are: an environment's turn of a multi-turn episode holds the template's special tokens (and the
+        # placeholders of its media), which the rollout saw; the text path embeds a response's ids as text, so a
+        # stray placeholder there is never taken for media.
         pad_id = model_pad_id(thinker)
         banned = torch.tensor(sorted(suppressed_ids), dtype=torch.long)
-        kept = [~torch.isin(r.long().cpu(), banned) for r in responses]
-        clean = [torch.where(k, r.long().cpu(), pad_id) for r, k in zip(responses, kept, strict=True)]
+        raw = [r.long().cpu() for r in responses]
+        kept = [~torch.isin(r, banned) for r in raw]
+        clean = [torch.where(k, r, pad_id) for r, k in zip(raw, kept, strict=True)]
         targets, response_mask = pad_sequences(clean, pad_id, side="right")  # [B, L]
         kept_padded, _ = pad_sequences([k.long() for k in kept], 0, side="right")  # [B, L]
         targets, response_mask = targets.to(device), response_mask.to(device)
+        valid = kept_padded.to(device).bool() & response_mask.bool()
+        length = targets.shape[1]
         decoder = text_decoder(thinker)  # final hidden states, no LM head
 
-        # Each distinct prompt once, left-padded so every prompt ends in the last column.
-        distinct, row_prompt = distinct_prompts(prompts)
-        row_prompt = row_prompt.to(device)
-        ids, prompt_mask = pad_sequences([p.input_ids for p in distinct], pad_id, side="left")  # [U, P]
-        ids, prompt_mask = ids.to(device), prompt_mask.to(device)
-        positions, next_pos = sequence_positions(thinker, distinct, [0] * len(distinct), side="left")
-        prefix = decoder(
-            **decoder_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
-            attention_mask=prompt_mask,
-            position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
+        whole = [_has_response_media(thinker, p) for p in prompts]
+        if not any(whole):
+            hidden = _prompt_and_text_states(thinker, decoder, prompts, raw, response_mask, pad_id, device, packed)
+            return cls(hidden[:, :length], targets, valid)
+        rows: list[torch.Tensor | None] = [None] * len(prompts)
+        text_rows = [i for i, w in enumerate(whole) if not w]
+        if text_rows:
+            sub_mask = pad_sequences([raw[i] for i in text_rows], pad_id, side="right")[1].to(device)
+            states = _prompt_and_text_states(
+                thinker,
+                decoder,
+                [prompts[i] for i in text_rows],
+                [raw[i] for i in text_rows],
+                sub_mask,
+                pad_id,
+                device,
+                packed,
+            )
+            for j, i in enumerate(text_rows):
+                rows[i] = states[j, : len(raw[i])]
+        conversations = [i for i, w in enumerate(whole) if w]
+        states_of = _conversation_states(
+            thinker, decoder, [prompts[i] for i in conversations], [raw[i] for i in conversations], pad_id, device
+        )
+        for i, states in zip(conversations, states_of, strict=True):
+            rows[i] = states
+        padded = [torch.nn.functional.pad(r, (0, 0, 0, length - r.shape[0])) for r in rows if r is not None]
+        return cls(torch.stack(padded), targets, valid)  # [B, L, H]
+
+
+def _placeholder_count(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Media placeholder tokens of the built-in modalities in ``ids``."""
+    tokens = [getattr(model.config, m.token_attr, None) for m in MODEL_MODALITIES.values()]
+    return sum(int((ids == t).sum()) for t in tokens if t is not None)
+
+
+def _media_token_count(model: torch.nn.Module, prompt: OmniPrompt) -> int:
+    """Placeholder tokens the prompt's media fill: a vision item's merged patches (``t·h·w / merge²``), an audio
+    clip's encoder length; 0 for a modality outside the built-in ones (whose rows then score as text)."""
+    merge = int(getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 1) or 1)
+    total = 0
+    for modality in MODEL_MODALITIES.values():
+        media = prompt.media_of(modality)
+        if isinstance(modality, VisionModality) and modality.grid in media:
+            total += int(media[modality.grid].prod(-1).sum()) // (merge * merge)
+        elif isinstance(modality, AudioModality) and "feature_attention_mask" in media:
+            total += sum(audio_token_count(int(n)) for n in media["feature_attention_mask"].sum(-1))
+    return total
+
+
+def _has_response_media(model: torch.nn.Module, prompt: OmniPrompt) -> bool:
+    """Whether ``prompt`` carries more media than its own placeholders take: the rest fill its response's (a
+    multi-turn episode's sample, :meth:`~relax_services.agents.Episode.sample_prompt`)."""
+    return bool(prompt.media()) and _media_token_count(model, prompt) > _placeholder_count(model, prompt.input_ids)
+
+
+def _conversation_states(
+    thinker: torch.nn.Module,
+    decoder: torch.nn.Module,
+    prompts: Sequence[OmniPrompt],
+    responses: Sequence[torch.Tensor],
+    pad_id: int,
+    device: torch.device | str,
+) -> list[torch.Tensor]:
+    """``[l_b, H]`` states predicting each response token of each row, from one right-padded forward of every
+    ``prompt + response`` with every media item in its placeholders and the rope positions of each whole sequence
+    (the family's own rule over it; padding after a row changes none of its states under the causal mask)."""
+    wholes = [
+        OmniPrompt(torch.cat([p.input_ids, r]), **p.media()) for p, r in zip(prompts, responses, strict=True)
+    ]  # [P_b + l_b] each
+    ids, mask = pad_sequences([w.input_ids for w in wholes], pad_id, side="right")  # [B, T]
+    positions = rope_positions(thinker, ids, mask, collate_media(wholes))  # [3, B, T]
+    ids, mask = ids.to(device), mask.to(device)
+    out = decoder(
+        **decoder_inputs(thinker, wholes, ids, device),
+        attention_mask=mask,
+        position_ids=position_ids_for(thinker, positions.to(device)),
+        use_cache=False,
+    )
+    hidden: torch.Tensor = out.last_hidden_state  # [B, T, H]
+    starts = [p.num_tokens - 1 for p in prompts]
+    return [hidden[b, start : start + len(r)] for b, (start, r) in enumerate(zip(starts, responses, strict=True))]
+
+
+def _prompt_and_text_states(
+    thinker: torch.nn.Module,
+    decoder: torch.nn.Module,
+    prompts: Sequence[OmniPrompt],
+    responses: Sequence[torch.Tensor],
+    response_mask: torch.Tensor,
+    pad_id: int,
+    device: torch.device | str,
+    packed: bool,
+) -> torch.Tensor:
+    """``[B, L, H]`` states predicting each response token (``L`` the longest response): each distinct prompt run
+    once, its cache shared by the rows that continue it, the responses as text after it."""
+    targets, _ = pad_sequences(list(responses), pad_id, side="right")  # [B, L]
+    targets = targets.to(device)
+    # Each distinct prompt once, left-padded so every prompt ends in the last column.
+    distinct, row_prompt = distinct_prompts(prompts)
+    row_prompt = row_prompt.to(device)
+    ids, prompt_mask = pad_sequences([p.input_ids for p in distinct], pad_id, side="left")  # [U, P]
+    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
+    positions, next_pos = sequence_positions(thinker, distinct, [0] * len(distinct), side="left")
+    prefix = decoder(
+        **decoder_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
+        attention_mask=prompt_mask,
+        position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
+        use_cache=True,
+    )
+    hidden: torch.Tensor = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
+    length = targets.shape[1]
+    embed = cast(Any, thinker).get_input_embeddings()  # a transformers model: typed loosely
+    if length > 1 and packed:
+        rest = _packed_response_states(
+            thinker,
+            embed,
+            decoder,
+            prefix.past_key_values,
+            (prompt_mask, next_pos.to(device), row_prompt),
+            responses,
+        )
+        hidden = torch.cat([hidden, rest], dim=1)  # [B, L, H]
+    elif length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
+        cache = prefix.past_key_values
+        cache.batch_select_indices(row_prompt)
+        steps = torch.arange(length - 1, device=device)
+        chunk = decoder(
+            inputs_embeds=embed(targets[:, :-1]),
+            attention_mask=torch.cat([prompt_mask[row_prompt], response_mask[:, :-1]], dim=1),
+            position_ids=position_ids_for(thinker, (next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1)),
+            past_key_values=cache,
             use_cache=True,
         )
-        hidden = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
-        length = targets.shape[1]
-        if length > 1 and packed:
-            rest = _packed_response_states(
-                thinker,
-                thinker.get_input_embeddings(),
-                decoder,
-                prefix.past_key_values,
-                (prompt_mask, next_pos.to(device), row_prompt),
-                clean,
-            )
-            hidden = torch.cat([hidden, rest], dim=1)  # [B, L, H]
-        elif length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
-            cache = prefix.past_key_values
-            cache.batch_select_indices(row_prompt)
-            steps = torch.arange(length - 1, device=device)
-            chunk = decoder(
-                inputs_embeds=thinker.get_input_embeddings()(targets[:, :-1]),
-                attention_mask=torch.cat([prompt_mask[row_prompt], response_mask[:, :-1]], dim=1),
-                position_ids=position_ids_for(
-                    thinker, (next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1)
-                ),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            hidden = torch.cat([hidden, chunk.last_hidden_state], dim=1)  # [B, L, H]
-        valid = kept_padded.to(device).bool() & response_mask.bool()
-        return cls(hidden[:, :length], targets, valid)
+        hidden = torch.cat([hidden, chunk.last_hidden_state], dim=1)  # [B, L, H]
+    return hidden
 
 
 PACKING_ATTENTION = ("sdpa", "eager")
@@ -207,7 +315,7 @@ def _packed_response_states(
         decoder: Its text decoder.
         prefix_cache: The distinct prompts' cache, ``[U, h, P, d]`` per layer.
         prompts: ``(mask [U, P] of the left-padded prompts, next position [U], prompt of each row [B])``.
-        responses: ``B`` response ids ``[l_b]`` (suppressed ids already replaced by padding).
+        responses: ``B`` response ids ``[l_b]``.
 
     Returns:
         ``[B, L-1, H]`` states (zero past each row's length), ``L`` the longest response.

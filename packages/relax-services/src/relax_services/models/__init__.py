@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         audio_token_count,
         check_placeholders,
         collate_media,
+        join_media,
         pad_sequences,
         text_prompt,
     )
@@ -66,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "audio_token_count": "relax_services.models.inputs",
     "check_placeholders": "relax_services.models.inputs",
     "collate_media": "relax_services.models.inputs",
+    "join_media": "relax_services.models.inputs",
     "pad_sequences": "relax_services.models.inputs",
     "text_prompt": "relax_services.models.inputs",
     "MODEL_MODALITIES": "relax_services.models.modalities",
@@ -132,6 +134,7 @@ __all__ += [
     "audio_token_count",
     "check_placeholders",
     "collate_media",
+    "join_media",
     "pad_sequences",
     "prompt_positions",
     "rope_positions",

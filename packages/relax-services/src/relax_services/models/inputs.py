@@ -7,7 +7,7 @@ so a prompt built by relax-modalities or by a transformers processor passes thro
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import SupportsIndex
 
 import numpy as np
@@ -21,6 +21,7 @@ __all__ = [
     "audio_token_count",
     "check_placeholders",
     "collate_media",
+    "join_media",
     "pad_sequences",
     "tensors_digest",
     "text_prompt",
@@ -174,11 +175,21 @@ def collate_media(prompts: Sequence[OmniPrompt]) -> dict[str, torch.Tensor]:
     Returns:
         Forward kwargs for the media present in at least one prompt.
     """
+    return join_media([p.media() for p in prompts])
+
+
+def join_media(parts: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Concatenates media kwargs in order, each modality as its `ModelModality.collate` joins items (audio clips
+    padded to the longest): the media of several prompts of a batch, or of the turns of one multi-turn episode.
+
+    Returns:
+        Forward kwargs for the media present in at least one part.
+    """
     out: dict[str, torch.Tensor] = {}
     for modality in MODEL_MODALITIES.values():
-        parts = [media for p in prompts if (media := p.media_of(modality))]
-        if parts:
-            out.update(modality.collate(parts))
+        own = [media for p in parts if (media := {f: t for f in modality.fields if (t := p.get(f)) is not None})]
+        if own:
+            out.update(modality.collate(own))
     return out
 
 

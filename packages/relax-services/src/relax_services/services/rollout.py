@@ -15,7 +15,7 @@ from relax_services.data.prompts import PromptBuilder
 from relax_services.engines import Completion, RolloutEngine, SamplingParams
 from relax_services.engines.registry import make_rollout_engine
 from relax_services.engines.sampling import sampling_params
-from relax_services.models import OmniPrompt, text_prompt
+from relax_services.models import OmniPrompt
 from relax_services.rows import (
     RolloutFields,
     SampleMeta,
@@ -167,7 +167,8 @@ class RolloutService(ServiceBase):
         as the feeder counts bad rows, never lost).
 
         Returns:
-            The rows kept, each sample's prompt (the first turn's rendered ids), completions (their masks mark the
+            The rows kept, each sample's prompt (the first turn's rendered ids, with every media item of the
+            episode: :meth:`~relax_services.agents.Episode.sample_prompt`), completions (their masks mark the
             environment's tokens), the environments' rewards (None: ``reward.fn`` scores the response) and the
             metrics of the call (``turns_mean``, ``tool_calls``, ``tool_errors``, ``tool_timeouts``,
             ``env_failures``, ``env_token_frac``, and ``prefix_breaks`` for an agent).
@@ -191,7 +192,7 @@ class RolloutService(ServiceBase):
                 self.record("skipped", prompt_key=str(row.key), reason=f"environment: {failed.error}")
                 continue
             kept.append((row, prompt))
-            prompts.append([text_prompt(ep.prompt_ids) for ep in group])
+            prompts.append([ep.sample_prompt() for ep in group])
             completions.append([ep.to_completion() for ep in group])
             rewards.append([ep.reward for ep in group])
         return kept, prompts, completions, rewards, episode_metrics([ep for group in groups for ep in group])
@@ -346,7 +347,14 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
 def _episode_runner(cfg: RunConfig, engine: RolloutEngine, params: SamplingParams) -> EpisodeRunner | AgentRunner:
     """The runner of ``rollout.env``'s episodes (or ``rollout.agent``'s) on this worker's engine, with the
     checkpoint's tokenizer and chat template and its family's tool parser."""
-    from relax_services.agents import AgentConfig, AgentRunner, EpisodeRunner, load_agent, load_environment
+    from relax_services.agents import (
+        AgentConfig,
+        AgentRunner,
+        EpisodeMedia,
+        EpisodeRunner,
+        load_agent,
+        load_environment,
+    )
     from relax_services.models.policy import checkpoint_of
 
     ckpt = checkpoint_of(cfg.model)
@@ -355,4 +363,6 @@ def _episode_runner(cfg: RunConfig, engine: RolloutEngine, params: SamplingParam
         agent = load_agent(cfg.rollout.agent)
         return AgentRunner(engine, agent, ckpt.tokenizer, ckpt.family, params, config, model=cfg.model.source)
     assert cfg.rollout.env is not None
-    return EpisodeRunner(engine, load_environment(cfg.rollout.env), ckpt.tokenizer, ckpt.family, params, config)
+    env = load_environment(cfg.rollout.env)
+    media = EpisodeMedia.of_checkpoint(ckpt) if env.modalities else None  # the environment returns media
+    return EpisodeRunner(engine, env, ckpt.tokenizer, ckpt.family, params, config, media)
