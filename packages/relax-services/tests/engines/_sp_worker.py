@@ -1,0 +1,100 @@
+"""Run by test_engines_sp.py as one gloo rank: sequence parallelism of the FSDP2 engine. With 2 ranks, sp = 2
+(dp = 1); with 4 ranks, dp = 2 × sp = 2 and sp = 2 × tp = 2. Saves what each rank saw to ``OUT_DIR/rank{R}.pt``:
+gradients of one minibatch, metrics and weights after updates, log-probs of a held-out batch, and what the rank
+ran locally (the decoder's input shapes, the LM head's rows, the all-to-all calls).
+
+Batches, config and loss come from ``_fsdp_worker.py``, so the test builds its single-process reference from the
+same definitions.
+
+Usage: python _sp_worker.py RANK WORLD_SIZE OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _fsdp_worker import CONFIG, _full, batch, pg_token_mean
+
+from relax_parallel import ParallelConfig, ParallelPlan
+from relax_services.engines.fsdp.train import FSDPTrainEngine
+from relax_services.models import build_tiny_omni
+
+UPDATES = 2
+GRAD_SAMPLES = 4  # the first minibatch of batch(0) (CONFIG.minibatches = 2)
+HELD_OUT = 100  # batch(HELD_OUT) is scored after the updates
+
+
+def _engine(layout: ParallelConfig) -> tuple[FSDPTrainEngine, dict[str, int]]:
+    mesh = ParallelPlan.from_config(layout).device_mesh("cpu")
+    tp_mesh = mesh["tp"] if layout.tp > 1 else None
+    engine = FSDPTrainEngine(build_tiny_omni(0), CONFIG, mesh=mesh["dp"], tp_mesh=tp_mesh, sp_mesh=mesh["cp"])
+    coords = {d: mesh.get_local_rank(d) for d in ("dp", "cp", "tp")}
+    return engine, coords
+
+
+def _probe(engine: FSDPTrainEngine, out: dict[str, Any], key: str) -> None:
+    """Scores the held-out batch, recording the decoder's input shapes, the LM head's rows and the exchanges."""
+    shapes: list[tuple[int, ...]] = []
+    rows: list[int] = []
+    block = engine.model.get_submodule("model.layers.0")
+    hooks = [
+        block.register_forward_pre_hook(lambda m, args, kwargs: shapes.append(tuple(args[0].shape)), with_kwargs=True),
+        engine.model.get_submodule("lm_head").register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0])),
+    ]
+    sp = engine.sequence_parallel
+    before = (sp.exchanges, sp.local_tokens) if sp is not None else (0, 0)
+    out[f"{key}_logprobs"] = engine.compute_logprobs(batch(HELD_OUT))
+    for h in hooks:
+        h.remove()
+    out[f"{key}_block_inputs"] = shapes
+    out[f"{key}_head_rows"] = sum(rows)
+    if sp is not None:
+        out[f"{key}_exchanges"] = sp.exchanges - before[0]
+        out[f"{key}_local_tokens"] = sp.local_tokens - before[1]
+
+
+def _gradients(engine: FSDPTrainEngine) -> dict[str, torch.Tensor]:
+    """Full gradients of the loss over the first minibatch (every rank its share), before clipping."""
+    engine.optimizer.zero_grad(set_to_none=True)
+    engine._used.zero_()
+    engine._accumulate_gradients(batch(0)[:GRAD_SAMPLES], pg_token_mean)
+    engine._drop_unused_gradients()
+    grads = {n: _full(p.grad) for n, p in engine.model.named_parameters() if p.grad is not None}
+    engine.optimizer.zero_grad(set_to_none=True)
+    return grads
+
+
+def scenario(out: dict[str, Any], key: str, layout: ParallelConfig) -> None:
+    engine, coords = _engine(layout)
+    out[f"{key}_coords"] = coords
+    out[f"{key}_grads"] = _gradients(engine)
+    out[f"{key}_metrics"] = [engine.step(batch(s), pg_token_mean) for s in range(UPDATES)]
+    out[f"{key}_weights"] = engine.policy_state()
+    _probe(engine, out, key)
+
+
+def main(rank: int, world: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
+    try:
+        out: dict[str, Any] = {"phase_s": {}}
+        layouts = {"sp2": ParallelConfig(cp=2)} if world == 2 else {
+            "dp2sp2": ParallelConfig(dp=2, cp=2),
+            "sp2tp2": ParallelConfig(cp=2, tp=2),
+        }
+        for key, layout in layouts.items():
+            start = time.perf_counter()
+            scenario(out, key, layout)
+            out["phase_s"][key] = time.perf_counter() - start
+        torch.save(out, Path(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
