@@ -206,6 +206,14 @@ class TrainerConfig(ConfigModel):
     split over this many ranks (it must divide ``world_size``, and the model's attention heads, key/value heads and
     MLP width); the group is ``world_size / tensor_parallel`` data-parallel ranks of ``tensor_parallel`` each."""
 
+    sequence_parallel: int = pydantic.Field(default=1, ge=1)
+    """Sequence-parallel degree of a Trainer group (``trainer.engine=fsdp``, Ulysses): every sequence of a
+    micro-batch split into this many contiguous slices, one per rank, with an all-to-all over attention heads
+    around each attention layer. It must divide ``world_size / tensor_parallel`` and the model's attention and
+    key/value heads per tensor-parallel rank, and works with padded rows only (not ``trainer.packing``); the group
+    is ``world_size / (tensor_parallel × sequence_parallel)`` data-parallel ranks, and the ranks of one sp group
+    train on the same samples."""
+
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
 

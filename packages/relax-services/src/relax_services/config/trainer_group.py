@@ -33,9 +33,9 @@ def default_train_engine(data: object) -> object:
 
 
 def data_parallel(cfg: RunConfig) -> int:
-    """Data-parallel ranks of the Trainer: ``world_size / tensor_parallel`` (the ranks of one tensor-parallel group
-    train on the same samples)."""
-    return max(1, cfg.trainer.world_size // cfg.trainer.tensor_parallel)
+    """Data-parallel ranks of the Trainer: ``world_size / (tensor_parallel × sequence_parallel)`` (the ranks of one
+    tensor- or sequence-parallel group train on the same samples)."""
+    return max(1, cfg.trainer.world_size // (cfg.trainer.tensor_parallel * cfg.trainer.sequence_parallel))
 
 
 def rank_split(cfg: RunConfig) -> tuple[int, int]:
@@ -89,11 +89,17 @@ def check_trainer_group(cfg: RunConfig) -> None:
         )
     if world % tp:
         raise ValueError(f"trainer.tensor_parallel={tp} must divide trainer.world_size={world}")
+    _check_sequence_parallel(cfg)
     dp = data_parallel(cfg)
     if dp == 1:
         return
     per_minibatch, _ = rank_split(cfg)
-    ranks = f"trainer.world_size={world}" if tp == 1 else f"trainer.world_size / tensor_parallel = {dp}"
+    sp = trainer.sequence_parallel
+    ranks = (
+        f"trainer.world_size={world}"
+        if tp == sp == 1
+        else f"trainer.world_size / (tensor_parallel × sequence_parallel) = {world} / ({tp} × {sp}) = {dp}"
+    )
     if per_minibatch % dp:
         raise ValueError(
             f"{ranks} must divide the samples of each minibatch, trainer.groups_per_step="
@@ -107,11 +113,38 @@ def check_trainer_group(cfg: RunConfig) -> None:
         )
 
 
+def _check_sequence_parallel(cfg: RunConfig) -> None:
+    """``trainer.sequence_parallel``'s rules: a group engine, a divisor of the ranks left by tensor parallelism,
+    padded rows (not packing). Its divisibility of the model's heads is checked when the engine is built (and by
+    ``relax train --dry-run``, which reads the checkpoint's config)."""
+    trainer = cfg.trainer
+    sp, tp, world = trainer.sequence_parallel, trainer.tensor_parallel, trainer.world_size
+    if sp == 1:
+        return
+    if trainer.engine not in GROUP_TRAIN_ENGINES:
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} needs a multi-rank trainer.engine "
+            f"({', '.join(sorted(GROUP_TRAIN_ENGINES))}); trainer.engine={trainer.engine!r} runs in one process"
+        )
+    if (world // tp) % sp:
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} must divide trainer.world_size / tensor_parallel = {world} / {tp} = "
+            f"{world // tp}"
+        )
+    if trainer.packing:
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} splits padded rows; trainer.packing=true packs a micro-batch's responses "
+            "into one row: set trainer.packing=false or trainer.sequence_parallel=1"
+        )
+
+
 def single_process(cfg: RunConfig) -> RunConfig:
     """``cfg`` with a one-process training engine in place of a group one (``torch``, world size 1): for the
     services that only score with the trainer's kind of engine (the Reference), where a second group of ranks
     would double the Trainer's processes for no gain on models that fit one device."""
     if cfg.trainer.engine not in GROUP_TRAIN_ENGINES:
         return cfg
-    trainer = cfg.trainer.model_copy(update={"engine": "torch", "world_size": 1, "tensor_parallel": 1})
+    trainer = cfg.trainer.model_copy(
+        update={"engine": "torch", "world_size": 1, "tensor_parallel": 1, "sequence_parallel": 1}
+    )
     return cfg.model_copy(update={"trainer": trainer})
