@@ -92,8 +92,9 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         # Distributed: in a child process, as this one never imports the model stack; colocated: here, where the
         # services import it anyway. With model.lora the same check also reads the model's linear layer names.
         if cfg.model.lora is None:
-            check_source(cfg.model.source, cfg.model.seed, in_process=in_process)
+            folder: Path | None = check_source(cfg.model.source, cfg.model.seed, in_process=in_process)
         else:
+            folder = None  # a LoRA run trains in one process: no sequence parallelism to check
             names = linear_layer_names(cfg.model.source, cfg.model.seed, in_process=in_process)
             if unknown := [t for t in cfg.model.lora.target_modules if t not in names]:
                 print(
@@ -105,6 +106,16 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
+    if folder is not None and (folder / "config.json").is_file():
+        import json
+
+        from relax_services.config.trainer_group import check_sequence_parallel_heads
+
+        try:  # the mesh against the model's heads, before anything starts
+            check_sequence_parallel_heads(cfg, json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        except ValueError as exc:
+            print(f"relax train: {exc}", file=sys.stderr)
+            return 2
     from relax_services.data.files import check_data
 
     try:  # dataset files and reward functions likewise: a missing file or column fails here, naming it
@@ -115,8 +126,10 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     if args.dry_run:  # where every process would go; nothing loaded, no run folder, no service
         from relax_services.control.dry_run import dry_run
         from relax_services.control.launch import LaunchError
+        from relax_services.engines.trainer_plan import trainer_plan_text
 
         try:
+            print(trainer_plan_text(cfg), flush=True)  # the Trainer's mesh, as the run would realise it
             print(dry_run(cfg), flush=True)
         except LaunchError as exc:
             print(f"relax train: {exc}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Run by test_engines_sp.py as one gloo rank: sequence parallelism of the FSDP2 engine. With 2 ranks, sp = 2
-(dp = 1); with 4 ranks, dp = 2 × sp = 2 (sp × tp needs more key/value heads than the tiny thinker's 2). Saves what each rank saw to ``OUT_DIR/rank{R}.pt``:
-gradients of one minibatch, metrics and weights after updates, log-probs of a held-out batch, and what the rank
-ran locally (the decoder's input shapes, the LM head's rows, the all-to-all calls).
+(dp = 1); with 4 ranks, dp = 2 × sp = 2 (sp × tp needs more key/value heads than the tiny thinker's 2). Saves what
+each rank saw to ``OUT_DIR/rank{R}.pt``: gradients of one minibatch, metrics and weights after updates, log-probs
+of a held-out batch, and what the rank ran locally (the decoder's input shapes, the LM head's rows, the all-to-all
+calls).
 
 Batches, config and loss come from ``_fsdp_worker.py``, so the test builds its single-process reference from the
 same definitions.

@@ -164,6 +164,7 @@ def test_dp2_sp2_trains_like_one_process(four_ranks: list[dict[str, Any]], refer
     for r in four_ranks:
         check_equal_to_one_process(r, "dp2sp2", reference)
     # ParallelPlan.device_mesh: sp (the plan's cp) varies faster than dp, so ranks 0, 1 split one replica's rows.
-    assert [(r["dp2sp2_coords"]["dp"], r["dp2sp2_coords"]["cp"]) for r in four_ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    coords = [(r["dp2sp2_coords"]["dp"], r["dp2sp2_coords"]["cp"]) for r in four_ranks]
+    assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]
     check_split(four_ranks[:2], "dp2sp2", reference, dp=2)
     check_split(four_ranks[2:], "dp2sp2", reference, dp=2)

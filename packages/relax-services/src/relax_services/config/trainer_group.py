@@ -3,13 +3,15 @@ the field list; light (no torch), as the config must load without the model stac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from relax_services.config import RunConfig
 
 __all__ = [
     "GROUP_TRAIN_ENGINES",
+    "check_sequence_parallel_heads",
     "check_trainer_group",
     "data_parallel",
     "default_train_engine",
@@ -95,11 +97,10 @@ def check_trainer_group(cfg: RunConfig) -> None:
         return
     per_minibatch, _ = rank_split(cfg)
     sp = trainer.sequence_parallel
-    ranks = (
-        f"trainer.world_size={world}"
-        if tp == sp == 1
-        else f"trainer.world_size / (tensor_parallel × sequence_parallel) = {world} / ({tp} × {sp}) = {dp}"
-    )
+    if sp > 1:
+        ranks = f"trainer.world_size / (tensor_parallel × sequence_parallel) = {world} / ({tp} × {sp}) = {dp}"
+    else:
+        ranks = f"trainer.world_size={world}" if tp == 1 else f"trainer.world_size / tensor_parallel = {dp}"
     if per_minibatch % dp:
         raise ValueError(
             f"{ranks} must divide the samples of each minibatch, trainer.groups_per_step="
@@ -136,6 +137,37 @@ def _check_sequence_parallel(cfg: RunConfig) -> None:
             f"trainer.sequence_parallel={sp} splits padded rows; trainer.packing=true packs a micro-batch's responses "
             "into one row: set trainer.packing=false or trainer.sequence_parallel=1"
         )
+
+
+def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str, Any]) -> None:
+    """``trainer.sequence_parallel`` against the model (its checkpoint's ``config.json``, read before anything loads):
+    the Ulysses exchange gives every sp rank ``heads / (tensor_parallel × sequence_parallel)`` attention and
+    key/value heads, so both must divide.
+
+    Raises:
+        ValueError: If they do not, naming the field, the model's numbers and the degrees.
+    """
+    sp, tp = cfg.trainer.sequence_parallel, cfg.trainer.tensor_parallel
+    if sp == 1:
+        return
+    text = dict(checkpoint_config)
+    for key in ("thinker_config", "text_config"):  # an omni model's thinker, a VL model's text decoder
+        inner = text.get(key)
+        if isinstance(inner, Mapping):
+            text = dict(inner)
+    inner = text.get("text_config")
+    if isinstance(inner, Mapping):
+        text = dict(inner)
+    heads = text.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return  # not a decoder config this reads; the engine checks the loaded model
+    kv_heads = text.get("num_key_value_heads") or heads
+    for what, n in (("attention heads", heads), ("key/value heads", int(kv_heads))):
+        if n % (tp * sp):
+            raise ValueError(
+                f"trainer.sequence_parallel={sp} × trainer.tensor_parallel={tp} must divide the model's {what} "
+                f"({n}): each sequence-parallel rank attends with {n} / (tp × sp) of them"
+            )
 
 
 def single_process(cfg: RunConfig) -> RunConfig:

@@ -40,8 +40,8 @@ def trainer_backend(device: str) -> Literal["gloo", "nccl"]:
 def trainer_layout(cfg: RunConfig) -> ParallelConfig:
     """The Trainer group's layout from the run config: ``world_size / (tensor_parallel × sequence_parallel)``
     data-parallel ranks of ``tensor_parallel × sequence_parallel`` ranks each (``trainer.sequence_parallel`` is the
-    plan's ``cp`` dimension, realised as Ulysses sequence parallelism); a data-parallel rank's micro-batch is the smaller of
-    ``trainer.micro_batch_groups × algorithm.group_size`` and its share of a minibatch (what
+    plan's ``cp`` dimension, realised as Ulysses sequence parallelism); a data-parallel rank's micro-batch is the
+    smaller of ``trainer.micro_batch_groups × algorithm.group_size`` and its share of a minibatch (what
     :class:`~relax_services.engines.FSDPTrainEngine` forwards at once)."""
     _, per_rank = rank_split(cfg)
     micro = min(cfg.trainer.micro_batch_groups * cfg.algorithm.group_size, per_rank)
