@@ -4,7 +4,7 @@ the field list; light (no torch), as the config must load without the model stac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relax_services.config import RunConfig
@@ -139,7 +139,7 @@ def _check_sequence_parallel(cfg: RunConfig) -> None:
         )
 
 
-def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str, Any]) -> None:
+def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str, object]) -> None:
     """``trainer.sequence_parallel`` against the model (its checkpoint's ``config.json``, read before anything loads):
     the Ulysses exchange gives every sp rank ``heads / (tensor_parallel × sequence_parallel)`` attention and
     key/value heads, so both must divide.
@@ -161,8 +161,8 @@ def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str
     heads = text.get("num_attention_heads")
     if not isinstance(heads, int):
         return  # not a decoder config this reads; the engine checks the loaded model
-    kv_heads = text.get("num_key_value_heads") or heads
-    for what, n in (("attention heads", heads), ("key/value heads", int(kv_heads))):
+    kv_heads = text.get("num_key_value_heads")
+    for what, n in (("attention heads", heads), ("key/value heads", kv_heads if isinstance(kv_heads, int) else heads)):
         if n % (tp * sp):
             raise ValueError(
                 f"trainer.sequence_parallel={sp} × trainer.tensor_parallel={tp} must divide the model's {what} "

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.autograd.function import FunctionCtx
 from torch.distributed.device_mesh import DeviceMesh
 
 from relax_services.engines.scoring import (
@@ -110,16 +111,25 @@ class SequenceParallel:
         return out
 
 
+class _Ctx(FunctionCtx):
+    """What the exchanges' backward reads."""
+
+    dims: tuple[int, int]
+    group: dist.ProcessGroup
+    size: int
+    rank: int
+
+
 class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup, size: int
+        ctx: _Ctx, x: torch.Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup, size: int
     ) -> torch.Tensor:
         ctx.dims, ctx.group, ctx.size = (scatter_dim, gather_dim), group, size
         return _exchange(x, scatter_dim, gather_dim, group, size)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: _Ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         scatter_dim, gather_dim = ctx.dims
         return _exchange(grad, gather_dim, scatter_dim, ctx.group, ctx.size), None, None, None, None
 
@@ -135,14 +145,14 @@ def _exchange(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: dist.Pr
 
 class _GatherSlices(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
+    def forward(ctx: _Ctx, local: torch.Tensor, group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
         ctx.rank = rank
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local.contiguous(), group=group)
         return torch.stack(parts)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: _Ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return grad[ctx.rank], None, None, None
 
 
@@ -153,7 +163,9 @@ def ulysses_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     sequence_parallel: SequenceParallel | None = None,
-    **kwargs: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **ignored: object,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: SDPA over the whole sequence with ``heads/sp`` heads per rank.
 
@@ -164,7 +176,8 @@ def ulysses_attention(
             cache) followed by its ``s`` new positions.
         attention_mask: ``[B, 1, sp·s, sp·(c + s)]`` bool over the whole sequence (cached prefix first).
         sequence_parallel: The group; None runs plain SDPA on what it is given.
-        kwargs: SDPA's (scaling, dropout).
+        dropout, scaling: SDPA's.
+        ignored: What else the layer passes (positions, sliding window: None for the families split here).
 
     Returns:
         ``([B, s, h, d] attention output of this rank's positions, None)``.
@@ -173,7 +186,7 @@ def ulysses_attention(
 
     sp = sequence_parallel
     if sp is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     s = query.shape[2]
     cached = key.shape[2] - s
 
@@ -183,7 +196,8 @@ def ulysses_attention(
     def whole(x: torch.Tensor) -> torch.Tensor:  # cached prefix and new positions, each in sequence order
         return torch.cat([to_heads(x[:, :, :cached]), to_heads(x[:, :, cached:])], dim=2) if cached else to_heads(x)
 
-    out, _ = sdpa_attention_forward(module, to_heads(query), whole(key), whole(value), attention_mask, **kwargs)
+    q, k, v = to_heads(query), whole(key), whole(value)
+    out, _ = sdpa_attention_forward(module, q, k, v, attention_mask, dropout=dropout, scaling=scaling)
     # out [B, sp·s, h/sp, d] → [B, s, h, d]
     return sp.all_to_all(out, scatter_dim=1, gather_dim=2), None
 
@@ -259,7 +273,7 @@ class _LocalStates:
 
 
 def _local_states(
-    thinker: Any,
+    model: torch.nn.Module,
     prompts: Sequence[OmniPrompt],
     responses: Sequence[torch.Tensor],
     suppressed_ids: Sequence[int],
@@ -274,6 +288,7 @@ def _local_states(
     """
     if len(prompts) != len(responses) or not prompts:
         raise ValueError(f"need as many responses as prompts (> 0), got {len(prompts)} and {len(responses)}")
+    thinker: Any = model  # a transformers model: typed loosely
     pad_id = model_pad_id(thinker)
     banned = torch.tensor(sorted(suppressed_ids), dtype=torch.long)
     kept = [~torch.isin(r.long().cpu(), banned) for r in responses]
@@ -353,7 +368,7 @@ def _whole_rows(states: _LocalStates, sp: SequenceParallel, local: torch.Tensor)
 
 
 def score_responses_sp(
-    model: Any,
+    model: torch.nn.Module,
     prompts: Sequence[OmniPrompt],
     responses: Sequence[torch.Tensor],
     sp: SequenceParallel,
@@ -367,17 +382,16 @@ def score_responses_sp(
     """:func:`~relax_services.engines.score_responses` with the sequence split over ``sp`` (collective over its
     group): the same whole ``[B, L]`` scores on every rank of it, to float rounding."""
     states = _local_states(model, prompts, responses, suppressed_ids, device, sp)
+    lm_head = cast(torch.nn.Module, model.lm_head)
     valid = states.local_valid  # [B, n]
     targets = states.local(states.targets)
     if reference is None:
-        logp, entropy = token_scores(
-            model.lm_head, states.hidden, targets, valid, temperature, suppressed_ids, chunk_tokens
-        )
+        logp, entropy = token_scores(lm_head, states.hidden, targets, valid, temperature, suppressed_ids, chunk_tokens)
         whole = _whole_rows(states, sp, torch.stack([logp, entropy]))
         return TokenScores(logprobs=whole[0], entropy=whole[1], mask=states.valid.float())
     ref_hidden = states.local(reference.hidden(prompts, responses, suppressed_ids, device))  # [B, n, H], no grad
     logp, entropy, kl = token_scores_with_kl(
-        model.lm_head,
+        lm_head,
         states.hidden,
         reference.lm_head,
         ref_hidden,
