@@ -123,13 +123,19 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except ValueError as exc:  # DataFileError is one
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
+    from relax_services.control.auto_layout import layout_text, plan_layout
+
+    try:  # trainer.layout=auto: the planner's mesh becomes the config's degrees before anything uses them
+        cfg, auto_plan = plan_layout(cfg, folder) if folder is not None else (cfg, None)
+    except ValueError as exc:
+        print(f"relax train: trainer.layout=auto: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:  # where every process would go; nothing loaded, no run folder, no service
         from relax_services.control.dry_run import dry_run
         from relax_services.control.launch import LaunchError
-        from relax_services.engines.trainer_plan import trainer_plan_text
 
         try:
-            print(trainer_plan_text(cfg), flush=True)  # the Trainer's mesh, as the run would realise it
+            print(layout_text(cfg, auto_plan), flush=True)  # the Trainer's mesh, as the run would realise it
             print(dry_run(cfg), flush=True)
         except LaunchError as exc:
             print(f"relax train: {exc}", file=sys.stderr)
@@ -161,10 +167,11 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         if signals.reason is not None:
             controller.request_stop(signals.reason)
 
-    def on_resolved(resolved: RunConfig) -> None:
-        from relax_services.engines.trainer_plan import trainer_plan_text
+    plan_texts: list[str] = []
 
-        plan_text = trainer_plan_text(resolved)  # the Trainer service records what its engine realised beside it
+    def on_resolved(resolved: RunConfig) -> None:
+        plan_text = layout_text(resolved, auto_plan)  # the Trainer service records what its engine realised beside it
+        plan_texts.append(plan_text)
         print(plan_text, flush=True)
         try:
             (run_dir / "plan.txt").write_text(plan_text + "\n", encoding="utf-8")
@@ -196,6 +203,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         format_summary(result)
         + "\n"
         + format_footprint(update_split(run_dir / "metrics.jsonl"), memory.peak_bytes, memory.peak_processes)
+        + "".join(f"\n{plan}" for plan in plan_texts[-1:])  # the plan the run started with, as it printed it
     )
     try:
         (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
@@ -304,7 +312,18 @@ def _plan(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax plan: {exc}", file=sys.stderr)
         return 2
-    print(trainer_plan_text(cfg), flush=True)
+    if cfg.trainer.layout != "auto":
+        print(trainer_plan_text(cfg), flush=True)
+        return 0
+    from relax_services.control.auto_layout import layout_text, plan_layout
+    from relax_services.models.source_check import check_source
+
+    try:  # the planner reads the model's config and the first training rows, as relax train does
+        cfg, plan = plan_layout(cfg, check_source(cfg.model.source, cfg.model.seed))
+    except ValueError as exc:  # a CheckpointError is one
+        print(f"relax plan: trainer.layout=auto: {exc}", file=sys.stderr)
+        return 2
+    print(layout_text(cfg, plan), flush=True)
     return 0
 
 

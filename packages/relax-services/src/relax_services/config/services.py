@@ -206,6 +206,13 @@ class TrainerConfig(ConfigModel):
     split over this many ranks (it must divide ``world_size``, and the model's attention heads, key/value heads and
     MLP width); the group is ``world_size / tensor_parallel`` data-parallel ranks of ``tensor_parallel`` each."""
 
+    layout: Literal["given", "auto"] = "given"
+    """How the Trainer group's mesh is chosen: ``given`` takes ``tensor_parallel`` and ``sequence_parallel`` as
+    written; ``auto`` lets relax-parallel's planner choose them for ``world_size`` from the model's config, the
+    data (modality mix, prompt lengths, image sizes and audio lengths of the first training rows),
+    ``rollout.max_new_tokens`` and the devices, among the layouts the FSDP group executes. A degree written
+    explicitly wins over the planner. ``relax plan`` and ``relax train`` print the choice and why."""
+
     sequence_parallel: int = pydantic.Field(default=1, ge=1)
     """Sequence-parallel degree of a Trainer group (``trainer.engine=fsdp``, Ulysses): every sequence of a
     micro-batch split into this many contiguous slices, one per rank, with an all-to-all over attention heads
