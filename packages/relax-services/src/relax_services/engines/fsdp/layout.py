@@ -78,7 +78,11 @@ class ScoringRoot(torch.nn.Module):
     encoders, LM head) are gathered for exactly that computation.
 
     The full KL's frozen reference is a plain attribute (:class:`FrozenReference` is not a module), so
-    ``fully_shard`` of the root neither shards nor gathers it: each rank scores with its own whole copy."""
+    ``fully_shard`` of the root neither shards nor gathers it: each rank scores with its own whole copy.
+
+    With ``sequence_parallel`` each micro-batch's sequences are split over that group
+    (:func:`~relax_services.engines.fsdp.sequence_parallel.score_responses_sp`); the scores returned are the whole
+    rows on every rank of it."""
 
     def __init__(
         self,

@@ -13,6 +13,10 @@ computation (:mod:`~relax_services.engines.fsdp.layout`); the root group holds t
 and the media encoders. The encoders stay in the root group on purpose: a rank whose share holds no image never
 runs the vision tower, so a separately sharded tower would leave the other ranks waiting in its all-gather.
 Parameters one rank did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
+
+With sequence parallelism (``sp_mesh``) the ranks of an sp group take the same share and split every sequence of it
+(:mod:`~relax_services.engines.fsdp.sequence_parallel`); FSDP then shards over ``dp × sp`` flattened, so the
+reduce-scatter also sums the sequence slices' gradients.
 """
 
 from __future__ import annotations
