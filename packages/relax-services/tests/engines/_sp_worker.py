@@ -79,6 +79,30 @@ def scenario(out: dict[str, Any], key: str, layout: ParallelConfig) -> None:
     _probe(engine, out, key)
 
 
+def resume_elsewhere(out: dict[str, Any], folder: Path) -> None:
+    """A checkpoint saved at dp = 2 × sp = 2 after the updates, restored at dp = 4 (every rank its own share) and
+    back at dp = 2 × sp = 2. Records the full model and optimizer state before the save and after each load, and
+    one more update from each."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from relax_services.engines.fsdp.checkpoint import load_checkpoint, save_checkpoint
+    from relax_services.engines.fsdp.state import train_state
+
+    full = StateDictOptions(full_state_dict=True)
+    engine, _ = _engine(ParallelConfig(dp=2, cp=2))
+    for s in range(UPDATES):
+        engine.step(batch(s), pg_token_mean)
+    save_checkpoint(engine, folder / "ckpt")
+    out["saved_state"] = [_full(part) for part in train_state(engine.model, engine.optimizer, full)]
+    out["continued"] = engine.step(batch(UPDATES), pg_token_mean)
+    for key, layout in (("dp4", ParallelConfig(dp=4)), ("dp2sp2", ParallelConfig(dp=2, cp=2))):
+        other, _ = _engine(layout)
+        load_checkpoint(other, folder / "ckpt")
+        out[f"{key}_loaded_state"] = [_full(part) for part in train_state(other.model, other.optimizer, full)]
+        out[f"{key}_loaded_version"] = other.version
+        out[f"{key}_continued"] = other.step(batch(UPDATES), pg_token_mean)
+
+
 def main(rank: int, world: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
@@ -89,6 +113,10 @@ def main(rank: int, world: int, out_dir: str) -> None:
             start = time.perf_counter()
             scenario(out, key, layout)
             out["phase_s"][key] = time.perf_counter() - start
+        if world == 4:
+            start = time.perf_counter()
+            resume_elsewhere(out, Path(out_dir))
+            out["phase_s"]["resume"] = time.perf_counter() - start
         torch.save(out, Path(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
