@@ -264,13 +264,15 @@ def test_sequence_parallel_combinations_it_cannot_run_are_refused(overrides: lis
 def test_sequence_parallel_must_divide_the_models_heads() -> None:
     from relax_services.config.trainer_group import check_sequence_parallel_heads
 
-    cfg = load_run_config(None, ["trainer.world_size=4", "trainer.sequence_parallel=4", "trainer.groups_per_step=4"])
+    cfg = load_run_config(None, ["trainer.world_size=8", "trainer.sequence_parallel=8", "trainer.groups_per_step=8"])
     # the tiny omni thinker's layout: 4 heads, 2 key/value heads, under thinker_config.text_config
     omni = {"thinker_config": {"text_config": {"num_attention_heads": 4, "num_key_value_heads": 2}}}
-    with pytest.raises(ValueError, match=r"sequence_parallel=4 × trainer.tensor_parallel=1 must divide the model's "):
+    with pytest.raises(ValueError, match=r"sequence_parallel=8 × trainer.tensor_parallel=1 must divide the model's "):
         check_sequence_parallel_heads(cfg, omni)
-    with pytest.raises(ValueError, match=r"key/value heads \(2\)"):
-        check_sequence_parallel_heads(cfg, {"num_attention_heads": 8, "num_key_value_heads": 2})
-    check_sequence_parallel_heads(cfg, {"num_attention_heads": 8, "num_key_value_heads": 4})  # 4 divides both
-    two = load_run_config(None, ["trainer.world_size=2", "trainer.sequence_parallel=2"])
-    check_sequence_parallel_heads(two, omni)
+    with pytest.raises(ValueError, match=r"attention heads \(12\)"):
+        check_sequence_parallel_heads(cfg, {"num_attention_heads": 12, "num_key_value_heads": 4})
+    check_sequence_parallel_heads(cfg, {"num_attention_heads": 16, "num_key_value_heads": 2})  # kv heads expanded
+    four = load_run_config(None, ["trainer.world_size=4", "trainer.sequence_parallel=4", "trainer.groups_per_step=4"])
+    check_sequence_parallel_heads(four, omni)  # 4 heads, one per rank; the 2 key/value heads go expanded
+    tp = load_run_config(None, ["trainer.world_size=4", "trainer.sequence_parallel=2", "trainer.tensor_parallel=2"])
+    check_sequence_parallel_heads(tp, omni)  # 4 / (2 × 2) = 1 head per rank

@@ -1,6 +1,6 @@
 """Run by test_engines_sp.py as one gloo rank: sequence parallelism of the FSDP2 engine. With 2 ranks, sp = 2
-(dp = 1); with 4 ranks, dp = 2 × sp = 2 (sp × tp needs more key/value heads than the tiny thinker's 2). Saves what
-each rank saw to ``OUT_DIR/rank{R}.pt``: gradients of one minibatch, metrics and weights after updates, log-probs
+(dp = 1); with 4 ranks, dp = 2 × sp = 2 and sp = 2 × tp = 2, and an sp checkpoint resumed on other layouts. Saves
+what each rank saw to ``OUT_DIR/rank{R}.pt``: gradients of one minibatch, metrics and weights after updates, log-probs
 of a held-out batch, and what the rank ran locally (the decoder's input shapes, the LM head's rows, the all-to-all
 calls).
 
@@ -108,7 +108,14 @@ def main(rank: int, world: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
     try:
         out: dict[str, Any] = {"phase_s": {}}
-        layouts = {"sp2": ParallelConfig(cp=2)} if world == 2 else {"dp2sp2": ParallelConfig(dp=2, cp=2)}
+        layouts = (
+            {"sp2": ParallelConfig(cp=2)}
+            if world == 2
+            else {
+                "dp2sp2": ParallelConfig(dp=2, cp=2),
+                "sp2tp2": ParallelConfig(cp=2, tp=2),
+            }
+        )
         for key, layout in layouts.items():
             start = time.perf_counter()
             scenario(out, key, layout)

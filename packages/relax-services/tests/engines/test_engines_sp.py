@@ -155,7 +155,7 @@ def test_sp2_ranks_each_run_half_of_every_sequence(ranks: list[dict[str, Any]], 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """dp = 2 × sp = 2 on four ranks."""
+    """dp = 2 × sp = 2, sp = 2 × tp = 2 and the checkpoint scenarios on four ranks."""
     return _run(4, tmp_path_factory.mktemp("sp4"))
 
 
@@ -168,6 +168,17 @@ def test_dp2_sp2_trains_like_one_process(four_ranks: list[dict[str, Any]], refer
     assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]
     check_split(four_ranks[:2], "dp2sp2", reference, dp=2)
     check_split(four_ranks[2:], "dp2sp2", reference, dp=2)
+
+
+@pytest.mark.slow
+def test_sp2_tp2_trains_like_one_process(four_ranks: list[dict[str, Any]], reference: dict[str, Any]) -> None:
+    """Each tp rank holds 2 of the 4 heads and 1 of the 2 key/value heads, so the sp exchange sends the key/value
+    heads expanded (one copy per query head)."""
+    for r in four_ranks:
+        check_equal_to_one_process(r, "sp2tp2", reference)
+    # tp varies fastest: ranks 0, 2 form one sp group, ranks 1, 3 the other.
+    check_split([four_ranks[0], four_ranks[2]], "sp2tp2", reference)
+    check_split([four_ranks[1], four_ranks[3]], "sp2tp2", reference)
 
 
 def _equal(a: Any, b: Any) -> bool:

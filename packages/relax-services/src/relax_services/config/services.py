@@ -216,8 +216,9 @@ class TrainerConfig(ConfigModel):
     sequence_parallel: int = pydantic.Field(default=1, ge=1)
     """Sequence-parallel degree of a Trainer group (``trainer.engine=fsdp``, Ulysses): every sequence of a
     micro-batch split into this many contiguous slices, one per rank, with an all-to-all over attention heads
-    around each attention layer. It must divide ``world_size / tensor_parallel`` and the model's attention and
-    key/value heads per tensor-parallel rank, and works with padded rows only (not ``trainer.packing``); the group
+    around each attention layer. It must divide ``world_size / tensor_parallel`` and the model's attention heads per
+    tensor-parallel rank (key/value heads it does not divide are exchanged expanded, one copy per query head), and
+    works with padded rows only (not ``trainer.packing``); the group
     is ``world_size / (tensor_parallel × sequence_parallel)`` data-parallel ranks, and the ranks of one sp group
     train on the same samples."""
 

@@ -141,8 +141,9 @@ def _check_sequence_parallel(cfg: RunConfig) -> None:
 
 def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str, object]) -> None:
     """``trainer.sequence_parallel`` against the model (its checkpoint's ``config.json``, read before anything loads):
-    the Ulysses exchange gives every sp rank ``heads / (tensor_parallel × sequence_parallel)`` attention and
-    key/value heads, so both must divide.
+    the Ulysses exchange gives every sp rank ``heads / (tensor_parallel × sequence_parallel)`` attention heads, so
+    that must divide (key/value heads need only tensor parallelism's rule: the exchange expands them when ``sp``
+    does not divide them).
 
     Raises:
         ValueError: If they do not, naming the field, the model's numbers and the degrees.
@@ -161,13 +162,11 @@ def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str
     heads = text.get("num_attention_heads")
     if not isinstance(heads, int):
         return  # not a decoder config this reads; the engine checks the loaded model
-    kv_heads = text.get("num_key_value_heads")
-    for what, n in (("attention heads", heads), ("key/value heads", kv_heads if isinstance(kv_heads, int) else heads)):
-        if n % (tp * sp):
-            raise ValueError(
-                f"trainer.sequence_parallel={sp} × trainer.tensor_parallel={tp} must divide the model's {what} "
-                f"({n}): each sequence-parallel rank attends with {n} / (tp × sp) of them"
-            )
+    if heads % (tp * sp):
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} × trainer.tensor_parallel={tp} must divide the model's attention heads "
+            f"({heads}): each sequence-parallel rank attends with {heads} / (tp × sp) of them"
+        )
 
 
 def single_process(cfg: RunConfig) -> RunConfig:

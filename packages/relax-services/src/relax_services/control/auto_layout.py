@@ -4,7 +4,7 @@ The planner (:func:`relax_parallel.plan_training`) gets the model from the check
 from the first rows of the training files (their modality mix, prompt lengths in the checkpoint's tokens, image
 sizes and audio lengths) with ``rollout.max_new_tokens`` and the step's samples, and the devices of the run; it
 searches only the layouts the FSDP engine executes (data, sequence and tensor parallelism: no pipeline stages,
-experts or recomputation; ``sp × tp`` dividing the attention and key/value heads). Its choice is written into the
+experts or recomputation; ``sp × tp`` dividing the attention heads). Its choice is written into the
 run config as ``trainer.tensor_parallel`` and ``trainer.sequence_parallel`` (the plan's ``tp`` and ``cp``), so
 everything after (validation, the group's mesh, the saved config a resume reads) sees one layout. A degree given
 explicitly wins: the planner then searches only layouts with it.
@@ -51,18 +51,16 @@ _DEGREES = {"tp": "tensor_parallel", "cp": "sequence_parallel"}
 
 def realisable(model: ModelSpec, fixed: dict[str, int]) -> Callable[[ParallelConfig], bool]:
     """The layouts the FSDP Trainer group executes: pp = ep = 1, no recomputation, no vision-encoder split, ``tp × cp``
-    (tensor × Ulysses sequence parallelism) dividing the attention and key/value heads, and the degrees in
-    ``fixed`` (plan dimension → degree) as given."""
+    (tensor × Ulysses sequence parallelism) dividing the attention heads, and the degrees in ``fixed`` (plan
+    dimension → degree) as given."""
 
     def ok(cfg: ParallelConfig) -> bool:
-        split = cfg.tp * cfg.cp
         return (
             cfg.pp == 1
             and cfg.ep == 1
             and cfg.recompute == "none"
             and not cfg.vision_tp
-            and model.num_heads % split == 0
-            and model.num_kv_heads % split == 0
+            and model.num_heads % (cfg.tp * cfg.cp) == 0
             and all(getattr(cfg, dim) == n for dim, n in fixed.items())
         )
 

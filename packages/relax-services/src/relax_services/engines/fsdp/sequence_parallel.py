@@ -6,8 +6,9 @@ norms, LM head, loss scoring); around attention an all-to-all turns "my tokens, 
 Why Ulysses and not ring attention: relax's scoring runs the families' own attention (transformers' SDPA) with
 arbitrary 4-D masks (left-padded prompts, one prompt cache shared by a group's rows), and Ulysses leaves that kernel
 and its mask untouched (it only changes which heads a rank computes), where ring attention would re-implement a
-blockwise online-softmax attention for every mask shape. Its limit: ``sp`` must divide the key/value heads (per
-tensor-parallel rank); the tiny families have 2, real ones 2 to 8.
+blockwise online-softmax attention for every mask shape. Its limit: ``sp`` must divide the attention heads (per
+tensor-parallel rank); key/value heads it does not divide (GQA models have 2 to 8) are exchanged expanded, one copy
+per query head.
 
 How a micro-batch is split (:func:`score_responses_sp`): the distinct prompts ``[U, P]`` are left-padded to a
 multiple of ``sp`` and rank ``r`` runs columns ``[r·P/sp, (r+1)·P/sp)`` through the decoder (each rank keeps its
@@ -189,6 +190,9 @@ def ulysses_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
     s = query.shape[2]
     cached = key.shape[2] - s
+    if key.shape[1] % sp.size:  # fewer key/value heads than ranks: each query head gets its own copy (GQA expanded)
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
 
     def to_heads(x: torch.Tensor) -> torch.Tensor:  # [B, n, t, d] → [B, n/sp, sp·t, d]
         return sp.all_to_all(x, scatter_dim=1, gather_dim=2)
@@ -196,15 +200,26 @@ def ulysses_attention(
     def whole(x: torch.Tensor) -> torch.Tensor:  # cached prefix and new positions, each in sequence order
         return torch.cat([to_heads(x[:, :, :cached]), to_heads(x[:, :, cached:])], dim=2) if cached else to_heads(x)
 
-    q, k, v = to_heads(query), whole(key), whole(value)
-    out, _ = sdpa_attention_forward(module, q, k, v, attention_mask, dropout=dropout, scaling=scaling)
-    # out [B, sp·s, h/sp, d] → [B, s, h, d]
-    return sp.all_to_all(out, scatter_dim=1, gather_dim=2), None
+    out = _sdpa(to_heads(query), whole(key), whole(value), attention_mask, dropout, scaling)  # [B, sp·s, h/sp, d]
+    return sp.all_to_all(out, scatter_dim=1, gather_dim=2), None  # [B, s, h, d]
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float, scale: float | None
+) -> torch.Tensor:
+    """``[B, n, T, d]`` queries over ``[B, m, K, d]`` keys and values (``m`` dividing ``n``: each key/value head serves
+    ``n / m`` consecutive query heads, as transformers' ``repeat_kv``) → ``[B, T, n, d]``."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+    return out.transpose(1, 2).contiguous()
 
 
 def check_sequence_parallel(model: torch.nn.Module, sp: int, tp: int = 1) -> None:
     """Raises ValueError unless ``sp`` ranks can split ``model``'s text decoder: it runs SDPA (or already the
-    Ulysses attention) and ``sp`` divides its attention and key/value heads per tensor-parallel rank."""
+    Ulysses attention) and ``sp`` divides its attention heads per tensor-parallel rank. Key/value heads that ``sp``
+    does not divide are exchanged as one copy per query head (GQA expanded: more traffic, the same attention)."""
     decoder: Any = text_decoder(model)
     config = decoder.config
     attention = config._attn_implementation
@@ -214,11 +229,9 @@ def check_sequence_parallel(model: torch.nn.Module, sp: int, tp: int = 1) -> Non
             f"{type(model).__name__}'s decoder uses {attention!r}: load it with attn_implementation='sdpa'"
         )
     heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    for what, n in (("attention heads", heads), ("key/value heads", kv_heads)):
-        if n % tp or (n // tp) % sp:
-            per = f" / tensor_parallel {tp} = {n // tp}" if tp > 1 else ""
-            raise ValueError(f"sequence_parallel={sp} must divide the decoder's {what}: {n}{per}")
+    if heads % tp or (heads // tp) % sp:
+        per = f" / tensor_parallel {tp} = {heads // tp}" if tp > 1 else ""
+        raise ValueError(f"sequence_parallel={sp} must divide the decoder's attention heads: {heads}{per}")
 
 
 def enable_sequence_parallel(model: torch.nn.Module) -> None:
