@@ -12,6 +12,7 @@ Usage: python _sp_worker.py RANK WORLD_SIZE OUT_DIR
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -26,8 +27,13 @@ from relax_services.engines.fsdp.train import FSDPTrainEngine
 from relax_services.models import build_tiny_omni
 
 UPDATES = 2
-GRAD_SAMPLES = 4  # the first minibatch of batch(0) (CONFIG.minibatches = 2)
 HELD_OUT = 100  # batch(HELD_OUT) is scored after the updates
+
+
+def grad_batch() -> list[Any]:
+    """Two images and two audio clips (other seeds give other media): the gradient probe's one micro-batch, in which
+    the ranks of an sp group share the encoding of each modality's items."""
+    return [batch(0)[0], batch(1)[0], batch(0)[2], batch(1)[2]]
 
 
 def _engine(layout: ParallelConfig) -> tuple[FSDPTrainEngine, dict[str, int]]:
@@ -59,21 +65,27 @@ def _probe(engine: FSDPTrainEngine, out: dict[str, Any], key: str) -> None:
         out[f"{key}_local_tokens"] = sp.local_tokens - before[1]
 
 
-def _gradients(engine: FSDPTrainEngine) -> dict[str, torch.Tensor]:
-    """Full gradients of the loss over the first minibatch (every rank its share), before clipping."""
+def _gradients(engine: FSDPTrainEngine, out: dict[str, Any], key: str) -> None:
+    """Full gradients of the loss over :func:`grad_batch` as one micro-batch per rank's share, before clipping, and
+    the media items this rank encoded for it."""
     engine.optimizer.zero_grad(set_to_none=True)
     engine._used.zero_()
-    engine._accumulate_gradients(batch(0)[:GRAD_SAMPLES], pg_token_mean)
+    sp = engine.sequence_parallel
+    assert sp is not None
+    before = sp.encoded_items
+    engine.config = dataclasses.replace(CONFIG, micro_batch_size=len(grad_batch()))
+    engine._accumulate_gradients(grad_batch(), pg_token_mean)
+    engine.config = CONFIG
     engine._drop_unused_gradients()
-    grads = {n: _full(p.grad) for n, p in engine.model.named_parameters() if p.grad is not None}
+    out[f"{key}_grads"] = {n: _full(p.grad) for n, p in engine.model.named_parameters() if p.grad is not None}
+    out[f"{key}_encoded_items"] = sp.encoded_items - before
     engine.optimizer.zero_grad(set_to_none=True)
-    return grads
 
 
 def scenario(out: dict[str, Any], key: str, layout: ParallelConfig) -> None:
     engine, coords = _engine(layout)
     out[f"{key}_coords"] = coords
-    out[f"{key}_grads"] = _gradients(engine)
+    _gradients(engine, out, key)
     out[f"{key}_metrics"] = [engine.step(batch(s), pg_token_mean) for s in range(UPDATES)]
     out[f"{key}_weights"] = engine.policy_state()
     _probe(engine, out, key)

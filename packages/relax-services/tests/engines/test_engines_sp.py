@@ -24,6 +24,7 @@ import torch
 
 from relax_services.engines import TorchTrainEngine
 from relax_services.models import build_tiny_omni
+from relax_services.models.modalities import MODEL_MODALITIES
 
 sys.path.insert(0, str(Path(__file__).parent))  # the workers' shared batches and config
 import _fsdp_worker as worker
@@ -74,7 +75,7 @@ def reference() -> dict[str, Any]:
     torch.manual_seed(0)
     engine = TorchTrainEngine(build_tiny_omni(0), worker.CONFIG)
     engine.optimizer.zero_grad(set_to_none=True)
-    engine.accumulate_gradients(worker.batch(0)[: sp_worker.GRAD_SAMPLES], worker.pg_token_mean)
+    engine.accumulate_gradients(sp_worker.grad_batch(), worker.pg_token_mean)
     grads = {n: p.grad.detach().clone() for n, p in engine.model.named_parameters() if p.grad is not None}
     engine.optimizer.zero_grad(set_to_none=True)
     out: dict[str, Any] = {"grads": grads, "initial": engine.policy_state()}
@@ -126,6 +127,22 @@ def expected_local_work(sp: int, samples: list[Any]) -> tuple[list[tuple[int, in
     return shapes, exchanges
 
 
+def check_shared_encoding(group: list[dict[str, Any]], key: str, dp: int = 1) -> None:
+    """In the gradient probe's micro-batch (each sp group's share of two images and two audio clips), rank ``r`` of
+    an sp group encoded the ``r``-th of ``sp`` contiguous shares of each modality's distinct items, not all."""
+    samples = sp_worker.grad_batch()
+    size = len(samples) // dp
+    first = group[0][f"{key}_coords"]["dp"] * size
+    share = samples[first : first + size]
+    sp = len(group)
+    items = [sum(1 for s in share if s.prompt.media_of(m)) for m in MODEL_MODALITIES.values()]  # distinct here
+    for r, rank in enumerate(group):
+        expected = sum(max(0, min(-(-n // sp), n - r * -(-n // sp))) for n in items)
+        assert rank[f"{key}_encoded_items"] == expected
+        assert expected < sum(items)  # a share, not everything
+    assert sum(rank[f"{key}_encoded_items"] for rank in group) == sum(items)  # every item encoded once
+
+
 def check_split(group: list[dict[str, Any]], key: str, reference: dict[str, Any], dp: int = 1) -> None:
     """The ranks of one sp group (of ``dp`` data-parallel replicas) each ran their slice of their replica's share
     of the held-out batch: ``1/sp``-length decoder inputs, the all-to-alls, and LM-head rows that add up to the
@@ -151,6 +168,7 @@ def test_sp2_trains_like_one_process(ranks: list[dict[str, Any]], reference: dic
 
 def test_sp2_ranks_each_run_half_of_every_sequence(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     check_split(ranks, "sp2", reference)
+    check_shared_encoding(ranks, "sp2")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +186,8 @@ def test_dp2_sp2_trains_like_one_process(four_ranks: list[dict[str, Any]], refer
     assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]
     check_split(four_ranks[:2], "dp2sp2", reference, dp=2)
     check_split(four_ranks[2:], "dp2sp2", reference, dp=2)
+    check_shared_encoding(four_ranks[:2], "dp2sp2", dp=2)
+    check_shared_encoding(four_ranks[2:], "dp2sp2", dp=2)
 
 
 @pytest.mark.slow
@@ -179,6 +199,8 @@ def test_sp2_tp2_trains_like_one_process(four_ranks: list[dict[str, Any]], refer
     # tp varies fastest: ranks 0, 2 form one sp group, ranks 1, 3 the other.
     check_split([four_ranks[0], four_ranks[2]], "sp2tp2", reference)
     check_split([four_ranks[1], four_ranks[3]], "sp2tp2", reference)
+    check_shared_encoding([four_ranks[0], four_ranks[2]], "sp2tp2")
+    check_shared_encoding([four_ranks[1], four_ranks[3]], "sp2tp2")
 
 
 def _equal(a: Any, b: Any) -> bool:

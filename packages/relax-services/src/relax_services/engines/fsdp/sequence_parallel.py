@@ -43,8 +43,9 @@ from relax_services.engines.scoring import (
     token_scores_with_kl,
 )
 from relax_services.models.deepstack import text_decoder
-from relax_services.models.embeddings import decoder_inputs
+from relax_services.models.embeddings import MediaEncoder, decoder_inputs, encode_media
 from relax_services.models.inputs import OmniPrompt, pad_sequences
+from relax_services.models.modalities import ModelModality
 from relax_services.models.positions import position_ids_for, sequence_positions
 from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
@@ -76,6 +77,8 @@ class SequenceParallel:
         exchanges: All-to-all calls run in forwards so far (four per attention layer call, five when keys and
             values include a cached prefix: the cache and the new tokens are exchanged separately).
         local_tokens: Input positions this rank ran through the decoder so far (its slices, padding included).
+        encoded_items: Prompts whose media (of one modality) this rank encoded so far (its share of each
+            micro-batch's distinct ones).
     """
 
     group: dist.ProcessGroup
@@ -83,6 +86,7 @@ class SequenceParallel:
     size: int
     exchanges: int = 0
     local_tokens: int = 0
+    encoded_items: int = 0
 
     @classmethod
     def of(cls, mesh: DeviceMesh) -> SequenceParallel:
@@ -110,6 +114,56 @@ class SequenceParallel:
         the gradient of its own entry only: every rank computes the same loss from the gathered rows."""
         out: torch.Tensor = _GatherSlices.apply(local, self.group, self.rank, self.size)
         return out
+
+    def share_encoding(self) -> MediaEncoder:
+        """:func:`~relax_services.models.embeddings.encode_media` with the work shared: of a modality's ``n``
+        distinct prompts, rank ``r`` encodes the contiguous ``r``-th of ``sp`` shares (``ceil(n / sp)`` each) and the
+        features are all-gathered, so every rank has them all (each needs the ones in its sequence slices). The
+        gather's backward sums the ranks' gradients of each feature and hands each rank those of its own share:
+        its encoder's gradient is that of its items under the whole loss, and FSDP sums the encoders' over ranks.
+        """
+
+        def encode(
+            model: object, modality: ModelModality, prompts: Sequence[OmniPrompt], device: torch.device, deepstack: bool
+        ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+            if deepstack:
+                raise ValueError(
+                    "sequence parallelism does not split DeepStack vision features: use sequence_parallel=1"
+                )
+            per = -(-len(prompts) // self.size)
+            mine = prompts[self.rank * per : (self.rank + 1) * per]
+            self.encoded_items += len(mine)
+            own = encode_media(model, modality, mine, device, deepstack)[0] if mine else []
+            return self._exchange_features(own, per, device), []
+
+        return encode
+
+    def _exchange_features(self, own: list[torch.Tensor], per: int, device: torch.device) -> list[torch.Tensor]:
+        """Every rank's ``own`` features (``[tokens_i, H]`` each, up to ``per`` of them), in rank order."""
+        sizes = torch.tensor([f.shape[0] for f in own] + [-1] * (per - len(own)), device=device)  # -1: no item
+        every = [torch.empty_like(sizes) for _ in range(self.size)]
+        dist.all_gather(every, sizes, group=self.group)
+        counts = torch.stack(every).cpu()  # [sp, per]
+        rows = int(counts.clamp(min=0).sum(1).max())
+        width = next((f.shape[1] for f in own), None)
+        width = int(self._max(torch.tensor([width or 0], device=device)))
+        local = torch.zeros((rows, width), dtype=torch.float32, device=device)  # [rows, H] padded
+        if own:
+            flat = torch.cat(own).float()
+            local = torch.cat([flat, local[flat.shape[0] :]])
+        if torch.is_grad_enabled() and not local.requires_grad:
+            # Every rank's graph must hold the gather, whose backward is a collective, also a rank with no item.
+            local.requires_grad_(True)
+        gathered: torch.Tensor = _GatherShared.apply(local, self.group, self.rank, self.size)  # [sp, rows, H]
+        out: list[torch.Tensor] = []
+        for r in range(self.size):
+            sizes_r = [int(n) for n in counts[r] if n >= 0]
+            out.extend(torch.split(gathered[r, : sum(sizes_r)], sizes_r))
+        return out
+
+    def _max(self, value: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+        return value
 
 
 class _Ctx(FunctionCtx):
@@ -155,6 +209,24 @@ class _GatherSlices(torch.autograd.Function):
     @staticmethod
     def backward(ctx: _Ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return grad[ctx.rank], None, None, None
+
+
+class _GatherShared(torch.autograd.Function):
+    """All-gather of tensors every rank then uses in its own part of the loss: the backward sums the ranks'
+    gradients and hands each rank its own entry's."""
+
+    @staticmethod
+    def forward(ctx: _Ctx, local: torch.Tensor, group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
+        ctx.rank, ctx.group = rank, group
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: _Ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        total = grad.contiguous()
+        dist.all_reduce(total, group=ctx.group)
+        return total[ctx.rank], None, None, None
 
 
 def ulysses_attention(
@@ -321,7 +393,7 @@ def _local_states(
     ids = F.pad(ids, (extra, 0), value=pad_id).to(device)  # [U, P']
     prompt_mask = F.pad(prompt_mask, (extra, 0), value=0).to(device)  # [U, P']
     positions = F.pad(positions, (extra, 0), value=1).to(device)  # [3, U, P'] (pads at position 1, as one process)
-    inputs = decoder_inputs(thinker, distinct, ids, device)
+    inputs = decoder_inputs(thinker, distinct, ids, device, encode=sp.share_encoding())
     if set(inputs) != {"inputs_embeds"}:
         raise ValueError("sequence parallelism does not split DeepStack vision features yet: use sequence_parallel=1")
     mine = sp.slice_of(ids.shape[1])

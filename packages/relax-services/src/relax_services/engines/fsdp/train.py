@@ -480,7 +480,11 @@ class FSDPTrainEngine:
         can have an all-zero gradient (the backbone behind a zero-initialised value head), and one process
         steps it.
         """
-        used = self._all_reduce(self._used, dist.ReduceOp.MAX)
+        # Over every rank holding a shard (dp × sp × tp): a sequence-parallel rank may not have run an encoder its
+        # peer ran for both (the peer encoded their shared micro-batch's media), and each steps its own shard.
+        used = self._used.to(self.device)
+        dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.shard_group)
+        used = used.cpu()
         for p, flag in zip(self.model.parameters(), used.tolist(), strict=True):
             if not flag:
                 p.grad = None
