@@ -1,5 +1,5 @@
 """The ``relax`` command line: ``relax train``, ``relax export``, ``relax bench pipeline``, ``relax bench train``,
-``relax plan``."""
+``relax bench parallel``, ``relax plan``."""
 
 from __future__ import annotations
 
@@ -253,6 +253,13 @@ def _bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_parallel(args: argparse.Namespace) -> int:
+    from relax_services.bench.parallel import run
+
+    run(args)
+    return 0
+
+
 def _bench_trl(args: argparse.Namespace) -> int:
     from relax_services.bench.trl import BenchSettings, run_trl_bench
 
@@ -384,6 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench_train)
     bench_train.set_defaults(func=_bench_train)
+    bench_parallel = bench_sub.add_parser(
+        "parallel", help="Trainer layouts (dp 2, sp 2, tp 2): peak memory and s/update against relax-parallel's"
+    )
+    from relax_services.bench.parallel import add_arguments as parallel_arguments  # light: stdlib at import
+
+    parallel_arguments(bench_parallel)
+    bench_parallel.set_defaults(func=_bench_parallel)
 
     from relax_services.bench.trl import BenchSettings  # light: stdlib and the footprint module
 
