@@ -15,7 +15,8 @@ multiple of ``sp`` and rank ``r`` runs columns ``[r·P/sp, (r+1)·P/sp)`` throug
 slice of the key/value cache); the responses' input tokens ``[B, L−1]`` are right-padded to a multiple of ``sp`` and
 split the same way, attending to the whole prompt cache. Rope positions are computed for the whole sequence and
 sliced with it, so every token keeps its exact position. The masks are built for the whole sequence
-(:func:`prompt_mask_4d`, :func:`response_mask_4d`): attention sees the whole sequence after the exchange. Each
+(:func:`prompt_mask_4d`, :func:`response_mask_4d`; none for a prompt without padding, whose attention is causal
+and runs in SDPA's fused kernel): attention sees the whole sequence after the exchange. Each
 rank runs the LM head on its own slice only, so the ``[L, V]`` logits are split as well; the per-token log-probs,
 entropies (and values, full KL) of the slices are then all-gathered into the whole ``[B, L]`` rows, so the loss
 function sees exactly the rows one process sees and computes the same loss and units on every rank of the sp group.
@@ -236,6 +237,7 @@ def ulysses_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     sequence_parallel: SequenceParallel | None = None,
+    whole_mask: torch.Tensor | None = None,
     dropout: float = 0.0,
     scaling: float | None = None,
     **ignored: object,
@@ -247,8 +249,11 @@ def ulysses_attention(
         query: ``[B, h, s, d]`` this rank's ``s`` query positions, every (local) head, rope applied.
         key, value: ``[B, g, c + s, d]``: this rank's slice of the cached prefix (``c`` positions, 0 without a
             cache) followed by its ``s`` new positions.
-        attention_mask: ``[B, 1, sp·s, sp·(c + s)]`` bool over the whole sequence (cached prefix first).
+        attention_mask: transformers' mask of the local shapes: used without ``sequence_parallel`` only.
         sequence_parallel: The group; None runs plain SDPA on what it is given.
+        whole_mask: With ``sequence_parallel``, ``[B, 1, sp·s, sp·(c + s)]`` bool over the whole sequence (cached
+            prefix first); None: plain causal attention (no cache, no padding), which SDPA runs without an
+            ``S × S`` mask (its fused kernels, memory linear in the sequence).
         dropout, scaling: SDPA's.
         ignored: What else the layer passes (positions, sliding window: None for the families split here).
 
@@ -272,7 +277,9 @@ def ulysses_attention(
     def whole(x: torch.Tensor) -> torch.Tensor:  # cached prefix and new positions, each in sequence order
         return torch.cat([to_heads(x[:, :, :cached]), to_heads(x[:, :, cached:])], dim=2) if cached else to_heads(x)
 
-    out = _sdpa(to_heads(query), whole(key), whole(value), attention_mask, dropout, scaling)  # [B, sp·s, h/sp, d]
+    if whole_mask is None and cached:
+        raise ValueError("sequence-parallel attention over a cached prefix needs the whole sequence's mask")
+    out = _sdpa(to_heads(query), whole(key), whole(value), whole_mask, dropout, scaling)  # [B, sp·s, h/sp, d]
     return sp.all_to_all(out, scatter_dim=1, gather_dim=2), None  # [B, s, h, d]
 
 
@@ -280,11 +287,13 @@ def _sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float, scale: float | None
 ) -> torch.Tensor:
     """``[B, n, T, d]`` queries over ``[B, m, K, d]`` keys and values (``m`` dividing ``n``: each key/value head serves
-    ``n / m`` consecutive query heads, as transformers' ``repeat_kv``) → ``[B, T, n, d]``."""
+    ``n / m`` consecutive query heads, as transformers' ``repeat_kv``) → ``[B, T, n, d]``; causal when ``mask`` is
+    None."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+    causal = mask is None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale, is_causal=causal)
     return out.transpose(1, 2).contiguous()
 
 
@@ -401,10 +410,11 @@ def _local_states(
     sp.local_tokens += embeds.shape[0] * embeds.shape[1]
     prefix = decoder(
         inputs_embeds=embeds,
-        attention_mask=prompt_mask_4d(prompt_mask),  # [U, 1, P', P'] the whole prompts'
         position_ids=position_ids_for(thinker, positions)[..., mine],
         use_cache=True,
         sequence_parallel=sp,
+        # [U, 1, P', P'] the whole prompts'; none without padding (one prompt, P' = P): causal, no S × S mask
+        whole_mask=None if bool(prompt_mask.all()) else prompt_mask_4d(prompt_mask),
     )
     first = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: the prompt's last state on the last rank
     feed_len = targets.shape[1] - 1
@@ -421,11 +431,11 @@ def _local_states(
         sp.local_tokens += feed.shape[0] * chunk
         rest = decoder(
             inputs_embeds=thinker.get_input_embeddings()(feed[:, mine]),  # [B, c, H]
-            attention_mask=response_mask_4d(prompt_mask[row_prompt], feed_mask),  # [B, 1, F, P' + F]
             position_ids=feed_pos[..., mine],
             past_key_values=cache,
             use_cache=True,
             sequence_parallel=sp,
+            whole_mask=response_mask_4d(prompt_mask[row_prompt], feed_mask),  # [B, 1, F, P' + F]
         ).last_hidden_state  # [B, c, H]
         hidden = torch.cat([first, rest], dim=1)  # [B, c + 1, H]
     else:
