@@ -217,6 +217,7 @@ def test_dry_run_places_without_loading_a_model_or_writing_a_run_folder(tmp_path
     assert "relax train: run.device='cuda', but Ray reports no GPU; use run.device=cpu or auto" in err
 
 
+@pytest.mark.slow  # a child process reads the checkpoint (~6 s); the rule itself is unit-tested in tests/config
 def test_sequence_parallel_that_does_not_divide_the_models_heads_fails_before_ray(tmp_path: Path) -> None:
     """The tiny thinker has 4 attention heads: sp = 8 cannot give each rank a whole one."""
     out = tmp_path / "runs"
