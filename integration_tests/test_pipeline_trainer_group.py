@@ -71,6 +71,26 @@ def test_tau0_pipeline_with_two_trainer_ranks_equals_sequential_trainer(
     assert result.ledger["consumed"] == steps * cfg.trainer.groups_per_step
 
 
+@pytest.mark.slow  # a second whole run with two ranks; the dp = 2 run above stays in the default suite
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_tau0_pipeline_with_sequence_parallel_ranks_equals_sequential_trainer(
+    small_config, run_pipeline, sequential_weights, tmp_path: Path
+) -> None:
+    """``trainer.sequence_parallel=2`` on the two ranks (dp = 1, every sequence split, media encoding shared): the
+    run the sequential loop trains, and the plan it recorded is the sp mesh."""
+    steps = 3
+    cfg = small_config(*TAU0, "trainer.sequence_parallel=2", f"trainer.total_steps={steps}")
+    result = run_pipeline(cfg)
+    assert result.steps == steps
+    assert result.staleness_hist == {0: steps * cfg.samples_per_step}
+    state = _final_state(result.run_dir)
+    assert state["version"] == steps
+    _check_against_sequential(cfg, state, sequential_weights, tmp_path, steps)
+    plans = [m["text"] for m in read_metrics(result.run_dir / "metrics.jsonl", "plan")]
+    assert plans and "cp groups  [[0, 1]]; rank 0 in [0, 1]" in plans[-1]
+
+
 @pytest.mark.slow  # a whole global restart (every service and both ranks start again): minutes on 2 cores
 @pytest.mark.integration
 @pytest.mark.timeout(2400)

@@ -86,6 +86,27 @@ def test_memory_bound_plan_names_activations_of_long_video(omni: ModelSpec) -> N
     assert needed > 72.0
 
 
+def test_allowed_restricts_the_search_to_layouts_an_engine_realises(omni: ModelSpec) -> None:
+    """The long-video plan without pipeline stages or recomputation (what the FSDP engine runs): the fastest
+    fitting layout among those the predicate accepts, never one it refuses."""
+    video = WorkloadSpec(modality_mix={"video": 1.0}, video_frames=256)
+    cluster = ClusterSpec(num_gpus=8)
+
+    def fsdp(cfg: ParallelConfig) -> bool:
+        return cfg.pp == 1 and cfg.ep == 1 and cfg.recompute == "none"
+
+    plan = plan_training(omni, video, cluster, allowed=fsdp)
+    assert fsdp(plan.config) and plan.memory.total <= cluster.usable_bytes
+    times = []
+    for cfg in enumerate_configs(omni, video, cluster, 8):
+        mem = training_memory(omni, video, cfg, "video")
+        if fsdp(cfg) and mem.total <= cluster.usable_bytes:
+            times.append(training_step_time(omni, video, cluster, cfg, mem.gradients).total)
+    assert plan.step_time_s <= min(times) * 1.01 + 1e-9
+    with pytest.raises(InfeasiblePlanError, match="no valid layout"):
+        plan_training(omni, video, cluster, allowed=lambda cfg: False)
+
+
 def test_memory_bound_on_model_states_is_named(omni: ModelSpec) -> None:
     moe = load_model_spec("qwen3-omni-30b-a3b")
     plan = plan_training(moe, TEXT, ClusterSpec(num_gpus=8))

@@ -30,8 +30,15 @@ print(json.dumps({"rc": rc, "heavy": heavy}))
 
 
 def _cli(*args: str) -> tuple[dict[str, object], str]:
+    probe, _, err = _cli_output(*args)
+    return probe, err
+
+
+def _cli_output(*args: str) -> tuple[dict[str, object], str, str]:
+    """The probe's answer, the CLI's stdout before it, and its stderr."""
     proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=300)
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]), "\n".join(lines[:-1]), proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -190,13 +197,40 @@ def test_own_process_rollout_engine_in_the_colocated_mode_is_a_config_issue(tmp_
 @pytest.mark.integration
 def test_dry_run_places_without_loading_a_model_or_writing_a_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "runs"
-    probe, err = _cli("train", "--dry-run", f"run.output_dir={out}", "run.device=cpu", "trainer.world_size=2")
+    probe, printed, err = _cli_output(
+        "train",
+        "--dry-run",
+        f"run.output_dir={out}",
+        "run.device=cpu",
+        "trainer.world_size=2",
+        "trainer.sequence_parallel=2",
+    )
     assert probe["rc"] == 0, err[-2000:]
     assert "torch" not in probe["heavy"] and "transformers" not in probe["heavy"]  # Ray only: it asks the cluster
     assert not out.exists()  # nothing written
+    # The Trainer's mesh first: two ranks of one sequence-parallel group (the plan's cp dimension), one dp replica.
+    assert "[trainer] engine fsdp, 2 rank(s) over gloo: tp=1 pp=1 cp=2 ep=1 dp=1" in printed
+    assert "mesh       (pp, dp, cp, tp) = (1, 1, 2, 1)" in printed
+    assert printed.index("[trainer]") < printed.index("[placement]")
     cuda, err = _cli("train", "--dry-run", f"run.output_dir={out}", "run.device=cuda")
     assert cuda["rc"] == 2
     assert "relax train: run.device='cuda', but Ray reports no GPU; use run.device=cpu or auto" in err
+
+
+@pytest.mark.slow  # a child process reads the checkpoint (~6 s); the rule itself is unit-tested in tests/config
+def test_sequence_parallel_that_does_not_divide_the_models_heads_fails_before_ray(tmp_path: Path) -> None:
+    """The tiny thinker has 4 attention heads: sp = 8 cannot give each rank a whole one."""
+    out = tmp_path / "runs"
+    probe, err = _cli(
+        "train",
+        f"run.output_dir={out}",
+        "trainer.world_size=8",
+        "trainer.sequence_parallel=8",
+        "trainer.groups_per_step=8",
+    )
+    assert probe == {"rc": 2, "heavy": []}, err[-2000:]
+    assert "trainer.sequence_parallel=8 × trainer.tensor_parallel=1 must divide the model's attention heads (4)" in err
+    assert not out.exists()
 
 
 def test_lora_target_the_model_lacks_fails_before_heavy_imports_naming_its_layers(tmp_path: Path) -> None:

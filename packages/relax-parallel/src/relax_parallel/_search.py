@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from relax_parallel._config import ParallelConfig
@@ -214,6 +215,7 @@ def plan_training(
     world_size: int | None = None,
     service: str = "trainer",
     forward_only: bool = False,
+    allowed: Callable[[ParallelConfig], bool] | None = None,
 ) -> ParallelPlan:
     """Pick the fastest predicted valid layout that fits in memory for a training or scoring service.
 
@@ -226,6 +228,8 @@ def plan_training(
         world_size: GPUs given to this service.
         service: Name recorded on the plan (trainer, critic, reference).
         forward_only: Scoring service (reference, critic inference): no gradients or optimizer.
+        allowed: Only layouts it accepts are searched (what the executing engine can realise, e.g. no pipeline
+            stages); None: every valid layout.
 
     Returns:
         The plan with predictions and explanation.
@@ -235,6 +239,8 @@ def plan_training(
     """
     world = world_size or cluster.num_gpus
     configs = enumerate_configs(model, workload, cluster, world, forward_only=forward_only)
+    if allowed is not None:
+        configs = [cfg for cfg in configs if allowed(cfg)]
     sized = [(cfg, *_evaluate_memory(model, workload, cfg, forward_only)) for cfg in configs]
     evals = [
         _Evaluation(

@@ -1,5 +1,5 @@
 """The ``relax`` command line: ``relax train``, ``relax export``, ``relax bench pipeline``, ``relax bench train``,
-``relax plan``."""
+``relax bench parallel``, ``relax plan``."""
 
 from __future__ import annotations
 
@@ -92,8 +92,9 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         # Distributed: in a child process, as this one never imports the model stack; colocated: here, where the
         # services import it anyway. With model.lora the same check also reads the model's linear layer names.
         if cfg.model.lora is None:
-            check_source(cfg.model.source, cfg.model.seed, in_process=in_process)
+            folder: Path | None = check_source(cfg.model.source, cfg.model.seed, in_process=in_process)
         else:
+            folder = None  # a LoRA run trains in one process: no sequence parallelism to check
             names = linear_layer_names(cfg.model.source, cfg.model.seed, in_process=in_process)
             if unknown := [t for t in cfg.model.lora.target_modules if t not in names]:
                 print(
@@ -105,6 +106,16 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except CheckpointError as exc:
         print(f"relax train: model.source: {exc}", file=sys.stderr)
         return 2
+    if folder is not None and (folder / "config.json").is_file():
+        import json
+
+        from relax_services.config.trainer_group import check_sequence_parallel_heads
+
+        try:  # the mesh against the model's heads, before anything starts
+            check_sequence_parallel_heads(cfg, json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        except ValueError as exc:
+            print(f"relax train: {exc}", file=sys.stderr)
+            return 2
     from relax_services.data.files import check_data
 
     try:  # dataset files and reward functions likewise: a missing file or column fails here, naming it
@@ -112,11 +123,19 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
     except ValueError as exc:  # DataFileError is one
         print(f"relax train: {exc}", file=sys.stderr)
         return 2
+    from relax_services.control.auto_layout import layout_text, plan_layout
+
+    try:  # trainer.layout=auto: the planner's mesh becomes the config's degrees before anything uses them
+        cfg, auto_plan = plan_layout(cfg, folder) if folder is not None else (cfg, None)
+    except ValueError as exc:
+        print(f"relax train: trainer.layout=auto: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:  # where every process would go; nothing loaded, no run folder, no service
         from relax_services.control.dry_run import dry_run
         from relax_services.control.launch import LaunchError
 
         try:
+            print(layout_text(cfg, auto_plan), flush=True)  # the Trainer's mesh, as the run would realise it
             print(dry_run(cfg), flush=True)
         except LaunchError as exc:
             print(f"relax train: {exc}", file=sys.stderr)
@@ -148,10 +167,11 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         if signals.reason is not None:
             controller.request_stop(signals.reason)
 
-    def on_resolved(resolved: RunConfig) -> None:
-        from relax_services.engines.trainer_plan import trainer_plan_text
+    plan_texts: list[str] = []
 
-        plan_text = trainer_plan_text(resolved)  # the Trainer service records what its engine realised beside it
+    def on_resolved(resolved: RunConfig) -> None:
+        plan_text = layout_text(resolved, auto_plan)  # the Trainer service records what its engine realised beside it
+        plan_texts.append(plan_text)
         print(plan_text, flush=True)
         try:
             (run_dir / "plan.txt").write_text(plan_text + "\n", encoding="utf-8")
@@ -183,6 +203,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         format_summary(result)
         + "\n"
         + format_footprint(update_split(run_dir / "metrics.jsonl"), memory.peak_bytes, memory.peak_processes)
+        + "".join(f"\n{plan}" for plan in plan_texts[-1:])  # the plan the run started with, as it printed it
     )
     try:
         (run_dir / "summary.txt").write_text(text + "\n", encoding="utf-8")
@@ -292,6 +313,13 @@ def _bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_parallel(args: argparse.Namespace) -> int:
+    from relax_services.bench.parallel import run
+
+    run(args)
+    return 0
+
+
 def _bench_trl(args: argparse.Namespace) -> int:
     from relax_services.bench.trl import BenchSettings, run_trl_bench
 
@@ -351,7 +379,18 @@ def _plan(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax plan: {exc}", file=sys.stderr)
         return 2
-    print(trainer_plan_text(cfg), flush=True)
+    if cfg.trainer.layout != "auto":
+        print(trainer_plan_text(cfg), flush=True)
+        return 0
+    from relax_services.control.auto_layout import layout_text, plan_layout
+    from relax_services.models.source_check import check_source
+
+    try:  # the planner reads the model's config and the first training rows, as relax train does
+        cfg, plan = plan_layout(cfg, check_source(cfg.model.source, cfg.model.seed))
+    except ValueError as exc:  # a CheckpointError is one
+        print(f"relax plan: trainer.layout=auto: {exc}", file=sys.stderr)
+        return 2
+    print(layout_text(cfg, plan), flush=True)
     return 0
 
 
@@ -429,6 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench_train)
     bench_train.set_defaults(func=_bench_train)
+    bench_parallel = bench_sub.add_parser(
+        "parallel", help="Trainer layouts (dp 2, sp 2, tp 2): peak memory and s/update against relax-parallel's"
+    )
+    from relax_services.bench.parallel import add_arguments as parallel_arguments  # light: stdlib at import
+
+    parallel_arguments(bench_parallel)
+    bench_parallel.set_defaults(func=_bench_parallel)
 
     from relax_services.bench.trl import BenchSettings  # light: stdlib and the footprint module
 

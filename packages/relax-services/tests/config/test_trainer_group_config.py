@@ -122,9 +122,12 @@ def test_the_group_layout_is_relax_parallels_data_parallel_plan() -> None:
     assert group.layout == ParallelConfig(dp=2)
     # The mesh every rank builds: ("pp", "dp", "cp", "tp") = (1, 2, 1, 1); the engine shards over "dp".
     assert ParallelPlan.from_config(group.layout).mesh_shape() == (1, 2, 1, 1)
-    # Tensor parallelism is realised now (dp × tp ranks); pipeline, context and expert parallelism are not.
+    # Tensor and sequence (cp) parallelism are realised (dp × cp × tp ranks); pipeline and expert parallelism are not.
     assert TrainerGroupConfig(world_size=2, parallel=ParallelConfig(tp=2)).layout.tp == 2
-    with pytest.raises(ValueError, match=r"must be data- and tensor-parallel over the world_size=2 ranks.*pp=2"):
+    assert TrainerGroupConfig(world_size=2, parallel=ParallelConfig(cp=2)).layout.cp == 2
+    with pytest.raises(
+        ValueError, match=r"must be data-, sequence- \(cp\) and tensor-parallel over the world_size=2 .*pp=2"
+    ):
         TrainerGroupConfig(world_size=2, parallel=ParallelConfig(pp=2))
     with pytest.raises(ValueError, match=r"world_size=2 ranks .*dp=4"):
         TrainerGroupConfig(world_size=2, parallel=ParallelConfig(dp=4))
@@ -214,3 +217,62 @@ def test_tensor_parallel_must_divide_the_decoders_heads() -> None:
         _check_divisible(0, block, 4)
     with pytest.raises(ValueError, match=r"tp=3 must divide the attention heads of decoder block 0, got 4"):
         _check_divisible(0, block, 3)
+
+
+# -- trainer.sequence_parallel ----------------------------------------------------------------------------------
+
+
+def test_sequence_parallel_is_the_plans_cp_dimension_and_shrinks_data_parallelism() -> None:
+    from relax_services.config.trainer_group import data_parallel
+    from relax_services.engines.trainer_plan import trainer_layout, trainer_plan_text
+
+    cfg = load_run_config(
+        None,
+        ["trainer.world_size=4", "trainer.sequence_parallel=2", "trainer.groups_per_step=4", "algorithm.group_size=4"],
+    )
+    assert data_parallel(cfg) == 2  # 4 ranks / sp 2
+    assert rank_split(cfg) == (16, 8)  # each sp group trains on half of a minibatch
+    layout = trainer_layout(cfg)
+    assert (layout.dp, layout.cp, layout.tp) == (2, 2, 1)
+    text = trainer_plan_text(cfg)
+    # rank r at cp = r mod 2, dp = r // 2 (ParallelPlan.device_mesh): sp groups {0, 1} and {2, 3}
+    assert "mesh       (pp, dp, cp, tp) = (1, 2, 2, 1)" in text
+    assert "cp groups  [[0, 1], [2, 3]]; rank 0 in [0, 1]" in text
+    assert "sequence parallelism (Ulysses) over the cp dimension, sp=2" in text
+    assert single_process(cfg).trainer.sequence_parallel == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.sequence_parallel=2"], r"trainer.sequence_parallel=2 needs a multi-rank trainer.engine"),
+        (
+            ["trainer.world_size=4", "trainer.tensor_parallel=2", "trainer.sequence_parallel=4"],
+            r"trainer.sequence_parallel=4 must divide trainer.world_size / tensor_parallel = 4 / 2 = 2",
+        ),
+        (
+            ["trainer.world_size=2", "trainer.sequence_parallel=2", "trainer.packing=true"],
+            r"trainer.sequence_parallel=2 splits padded rows; trainer.packing=true",
+        ),
+    ],
+)
+def test_sequence_parallel_combinations_it_cannot_run_are_refused(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, overrides)
+
+
+def test_sequence_parallel_must_divide_the_models_heads() -> None:
+    from relax_services.config.trainer_group import check_sequence_parallel_heads
+
+    cfg = load_run_config(None, ["trainer.world_size=8", "trainer.sequence_parallel=8", "trainer.groups_per_step=8"])
+    # the tiny omni thinker's layout: 4 heads, 2 key/value heads, under thinker_config.text_config
+    omni = {"thinker_config": {"text_config": {"num_attention_heads": 4, "num_key_value_heads": 2}}}
+    with pytest.raises(ValueError, match=r"sequence_parallel=8 × trainer.tensor_parallel=1 must divide the model's "):
+        check_sequence_parallel_heads(cfg, omni)
+    with pytest.raises(ValueError, match=r"attention heads \(12\)"):
+        check_sequence_parallel_heads(cfg, {"num_attention_heads": 12, "num_key_value_heads": 4})
+    check_sequence_parallel_heads(cfg, {"num_attention_heads": 16, "num_key_value_heads": 2})  # kv heads expanded
+    four = load_run_config(None, ["trainer.world_size=4", "trainer.sequence_parallel=4", "trainer.groups_per_step=4"])
+    check_sequence_parallel_heads(four, omni)  # 4 heads, one per rank; the 2 key/value heads go expanded
+    tp = load_run_config(None, ["trainer.world_size=4", "trainer.sequence_parallel=2", "trainer.tensor_parallel=2"])
+    check_sequence_parallel_heads(tp, omni)  # 4 / (2 × 2) = 1 head per rank

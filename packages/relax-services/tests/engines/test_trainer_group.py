@@ -125,6 +125,36 @@ def test_the_group_realises_the_plan_relax_plan_prints(ray_session: Any, capsys:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a third group start (~40 s); test_engines_sp.py checks sp = 2 numerically in the default suite
+def test_a_sequence_parallel_run_config_builds_the_group_relax_plan_prints(
+    ray_session: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trainer.sequence_parallel=2`` on 2 ranks: the group realises the printed plan (one sp group, dp = 1) and
+    scores a batch as one process with the run's training settings does."""
+    from relax_services.cli import main
+    from relax_services.config import load_run_config
+    from relax_services.engines.fsdp import build_trainer_group
+    from relax_services.engines.torch import train_config
+
+    overrides = ["trainer.world_size=2", "trainer.sequence_parallel=2", "trainer.groups_per_step=4"]
+    assert main(["plan", *overrides]) == 0
+    printed = capsys.readouterr().out
+    cfg = load_run_config(None, overrides)
+    group = build_trainer_group(cfg, build_tiny_omni(0))
+    try:
+        assert group.plan_text + "\n" == printed
+        assert "cp groups  [[0, 1]]; rank 0 in [0, 1]" in group.plan_text
+        logprobs, mask = group.compute_logprobs(worker.batch(100))
+        want_logprobs, want_mask = TorchTrainEngine(build_tiny_omni(0), train_config(cfg)).compute_logprobs(
+            worker.batch(100)
+        )
+        assert torch.equal(mask, want_mask)
+        assert float((logprobs - want_logprobs).abs().max()) < ATOL
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.integration
 def test_tensor_parallel_ranks_train_like_one_process(ray_session: Any) -> None:
     """tp = 2 on 2 ranks (dp = 1): every decoder block split over both ranks, three updates with gradient
     clipping and two minibatches each, against one process. Not bitwise: the split matmuls and the all-reduces

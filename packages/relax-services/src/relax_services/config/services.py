@@ -267,6 +267,22 @@ class TrainerConfig(ConfigModel):
     split over this many ranks (it must divide ``world_size``, and the model's attention heads, key/value heads and
     MLP width); the group is ``world_size / tensor_parallel`` data-parallel ranks of ``tensor_parallel`` each."""
 
+    layout: Literal["given", "auto"] = "given"
+    """How the Trainer group's mesh is chosen: ``given`` takes ``tensor_parallel`` and ``sequence_parallel`` as
+    written; ``auto`` lets relax-parallel's planner choose them for ``world_size`` from the model's config, the
+    data (modality mix, prompt lengths, image sizes and audio lengths of the first training rows),
+    ``rollout.max_new_tokens`` and the devices, among the layouts the FSDP group executes. A degree written
+    explicitly wins over the planner. ``relax plan`` and ``relax train`` print the choice and why."""
+
+    sequence_parallel: int = pydantic.Field(default=1, ge=1)
+    """Sequence-parallel degree of a Trainer group (``trainer.engine=fsdp``, Ulysses): every sequence of a
+    micro-batch split into this many contiguous slices, one per rank, with an all-to-all over attention heads
+    around each attention layer. It must divide ``world_size / tensor_parallel`` and the model's attention heads per
+    tensor-parallel rank (key/value heads it does not divide are exchanged expanded, one copy per query head), and
+    works with padded rows only (not ``trainer.packing``); the group
+    is ``world_size / (tensor_parallel × sequence_parallel)`` data-parallel ranks, and the ranks of one sp group
+    train on the same samples."""
+
     groups_per_step: int = pydantic.Field(default=32, ge=1)
     """Prompt groups per optimizer update (samples per update = groups_per_step × algorithm.group_size)."""
 

@@ -3,6 +3,7 @@ the field list; light (no torch), as the config must load without the model stac
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -10,6 +11,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GROUP_TRAIN_ENGINES",
+    "check_sequence_parallel_heads",
     "check_trainer_group",
     "data_parallel",
     "default_train_engine",
@@ -33,9 +35,9 @@ def default_train_engine(data: object) -> object:
 
 
 def data_parallel(cfg: RunConfig) -> int:
-    """Data-parallel ranks of the Trainer: ``world_size / tensor_parallel`` (the ranks of one tensor-parallel group
-    train on the same samples)."""
-    return max(1, cfg.trainer.world_size // cfg.trainer.tensor_parallel)
+    """Data-parallel ranks of the Trainer: ``world_size / (tensor_parallel × sequence_parallel)`` (the ranks of one
+    tensor- or sequence-parallel group train on the same samples)."""
+    return max(1, cfg.trainer.world_size // (cfg.trainer.tensor_parallel * cfg.trainer.sequence_parallel))
 
 
 def rank_split(cfg: RunConfig) -> tuple[int, int]:
@@ -89,11 +91,16 @@ def check_trainer_group(cfg: RunConfig) -> None:
         )
     if world % tp:
         raise ValueError(f"trainer.tensor_parallel={tp} must divide trainer.world_size={world}")
+    _check_sequence_parallel(cfg)
     dp = data_parallel(cfg)
     if dp == 1:
         return
     per_minibatch, _ = rank_split(cfg)
-    ranks = f"trainer.world_size={world}" if tp == 1 else f"trainer.world_size / tensor_parallel = {dp}"
+    sp = trainer.sequence_parallel
+    if sp > 1:
+        ranks = f"trainer.world_size / (tensor_parallel × sequence_parallel) = {world} / ({tp} × {sp}) = {dp}"
+    else:
+        ranks = f"trainer.world_size={world}" if tp == 1 else f"trainer.world_size / tensor_parallel = {dp}"
     if per_minibatch % dp:
         raise ValueError(
             f"{ranks} must divide the samples of each minibatch, trainer.groups_per_step="
@@ -107,11 +114,68 @@ def check_trainer_group(cfg: RunConfig) -> None:
         )
 
 
+def _check_sequence_parallel(cfg: RunConfig) -> None:
+    """``trainer.sequence_parallel``'s rules: a group engine, a divisor of the ranks left by tensor parallelism,
+    padded rows (not packing). Its divisibility of the model's heads is checked when the engine is built (and by
+    ``relax train --dry-run``, which reads the checkpoint's config)."""
+    trainer = cfg.trainer
+    sp, tp, world = trainer.sequence_parallel, trainer.tensor_parallel, trainer.world_size
+    if sp == 1:
+        return
+    if trainer.engine not in GROUP_TRAIN_ENGINES:
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} needs a multi-rank trainer.engine "
+            f"({', '.join(sorted(GROUP_TRAIN_ENGINES))}); trainer.engine={trainer.engine!r} runs in one process"
+        )
+    if (world // tp) % sp:
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} must divide trainer.world_size / tensor_parallel = {world} / {tp} = "
+            f"{world // tp}"
+        )
+    if trainer.packing:
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} splits padded rows; trainer.packing=true packs a micro-batch's responses "
+            "into one row: set trainer.packing=false or trainer.sequence_parallel=1"
+        )
+
+
+def check_sequence_parallel_heads(cfg: RunConfig, checkpoint_config: Mapping[str, object]) -> None:
+    """``trainer.sequence_parallel`` against the model (its checkpoint's ``config.json``, read before anything loads):
+    the Ulysses exchange gives every sp rank ``heads / (tensor_parallel × sequence_parallel)`` attention heads, so
+    that must divide (key/value heads need only tensor parallelism's rule: the exchange expands them when ``sp``
+    does not divide them).
+
+    Raises:
+        ValueError: If they do not, naming the field, the model's numbers and the degrees.
+    """
+    sp, tp = cfg.trainer.sequence_parallel, cfg.trainer.tensor_parallel
+    if sp == 1:
+        return
+    text = dict(checkpoint_config)
+    for key in ("thinker_config", "text_config"):  # an omni model's thinker, a VL model's text decoder
+        inner = text.get(key)
+        if isinstance(inner, Mapping):
+            text = dict(inner)
+    inner = text.get("text_config")
+    if isinstance(inner, Mapping):
+        text = dict(inner)
+    heads = text.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return  # not a decoder config this reads; the engine checks the loaded model
+    if heads % (tp * sp):
+        raise ValueError(
+            f"trainer.sequence_parallel={sp} × trainer.tensor_parallel={tp} must divide the model's attention heads "
+            f"({heads}): each sequence-parallel rank attends with {heads} / (tp × sp) of them"
+        )
+
+
 def single_process(cfg: RunConfig) -> RunConfig:
     """``cfg`` with a one-process training engine in place of a group one (``torch``, world size 1): for the
     services that only score with the trainer's kind of engine (the Reference), where a second group of ranks
     would double the Trainer's processes for no gain on models that fit one device."""
     if cfg.trainer.engine not in GROUP_TRAIN_ENGINES:
         return cfg
-    trainer = cfg.trainer.model_copy(update={"engine": "torch", "world_size": 1, "tensor_parallel": 1})
+    trainer = cfg.trainer.model_copy(
+        update={"engine": "torch", "world_size": 1, "tensor_parallel": 1, "sequence_parallel": 1}
+    )
     return cfg.model_copy(update={"trainer": trainer})

@@ -80,7 +80,12 @@ def process_memory(cfg: RunConfig, slot: ProcessSlot, spec: ModelSpec, device_by
         if role == "trainer" and (
             slot.process.startswith("trainer-rank-") or cfg.trainer.engine not in GROUP_TRAIN_ENGINES
         ):
-            layout = ParallelConfig(dp=data_parallel(cfg), tp=cfg.trainer.tensor_parallel, micro_batch=micro)
+            layout = ParallelConfig(
+                dp=data_parallel(cfg),
+                tp=cfg.trainer.tensor_parallel,
+                cp=cfg.trainer.sequence_parallel,
+                micro_batch=micro,
+            )
             total += training_memory(spec, workload, layout, "text").total
         elif role == "critic":
             total += training_memory(spec, workload, ParallelConfig(micro_batch=micro), "text").total

@@ -38,13 +38,17 @@ def trainer_backend(device: str) -> Literal["gloo", "nccl"]:
 
 
 def trainer_layout(cfg: RunConfig) -> ParallelConfig:
-    """The Trainer group's layout from the run config: ``world_size / tensor_parallel`` data-parallel ranks of
-    ``tensor_parallel`` ranks each; a data-parallel rank's micro-batch is the smaller of
-    ``trainer.micro_batch_groups × algorithm.group_size`` and its share of a minibatch (what
+    """The Trainer group's layout from the run config: ``world_size / (tensor_parallel × sequence_parallel)``
+    data-parallel ranks of ``tensor_parallel × sequence_parallel`` ranks each (``trainer.sequence_parallel`` is the
+    plan's ``cp`` dimension, realised as Ulysses sequence parallelism); a data-parallel rank's micro-batch is the
+    smaller of ``trainer.micro_batch_groups × algorithm.group_size`` and its share of a minibatch (what
     :class:`~relax_services.engines.FSDPTrainEngine` forwards at once)."""
     _, per_rank = rank_split(cfg)
     micro = min(cfg.trainer.micro_batch_groups * cfg.algorithm.group_size, per_rank)
-    return ParallelConfig(dp=data_parallel(cfg), tp=cfg.trainer.tensor_parallel, micro_batch=max(1, micro))
+    trainer = cfg.trainer
+    return ParallelConfig(
+        dp=data_parallel(cfg), tp=trainer.tensor_parallel, cp=trainer.sequence_parallel, micro_batch=max(1, micro)
+    )
 
 
 def trainer_plan(cfg: RunConfig) -> ParallelPlan:
@@ -77,6 +81,12 @@ def describe_plan(
         f"  - FSDP2 shards parameters, gradients and optimizer state over dp={layout.dp}; every rank trains on "
         f"an equal share of each minibatch, in micro-batches of at most {layout.micro_batch} samples"
     )
+    if layout.cp > 1:
+        lines.append(
+            f"  - sequence parallelism (Ulysses) over the cp dimension, sp={layout.cp}: each rank runs a contiguous "
+            f"1/{layout.cp} of every sequence, with an all-to-all over heads around each attention; FSDP2 shards "
+            f"over dp × sp = {layout.dp * layout.cp}"
+        )
     if layout.tp > 1:
         lines.append(
             f"  - each decoder block's attention and MLP are split over tp={layout.tp} ranks (colwise q/k/v, "

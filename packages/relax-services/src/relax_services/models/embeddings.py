@@ -10,7 +10,7 @@ features, which is the same gradient as encoding each copy separately.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -20,7 +20,7 @@ from relax_services.models.families import family_of_model
 from relax_services.models.inputs import OmniPrompt, tensors_digest
 from relax_services.models.modalities import MODEL_MODALITIES, ModelModality, VisionModality
 
-__all__ = ["decoder_inputs", "embed_inputs"]
+__all__ = ["MediaEncoder", "decoder_inputs", "embed_inputs", "encode_media"]
 
 
 def _fingerprint(prompt: OmniPrompt, fields: Sequence[str]) -> bytes | None:
@@ -39,7 +39,15 @@ def _split(per_item: Sequence[torch.Tensor], counts: Sequence[int]) -> list[torc
     return out
 
 
-def _encode(
+MediaEncoder = Callable[
+    [object, ModelModality, Sequence[OmniPrompt], torch.device, bool],
+    tuple[list[torch.Tensor], list[list[torch.Tensor]]],
+]
+"""Encodes the media of one modality of some prompts: ``(model, modality, prompts, device, deepstack) → (features
+per prompt, DeepStack features per layer per prompt)`` (:func:`encode_media`'s contract)."""
+
+
+def encode_media(
     model: object, modality: ModelModality, prompts: Sequence[OmniPrompt], device: torch.device, deepstack: bool
 ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     """Features ``[tokens_i, H]`` of each prompt's media of one modality, in one encoder call, and (``deepstack``
@@ -54,7 +62,11 @@ def _encode(
 
 
 def decoder_inputs(
-    model: torch.nn.Module, prompts: Sequence[OmniPrompt], input_ids: torch.Tensor, device: torch.device | str
+    model: torch.nn.Module,
+    prompts: Sequence[OmniPrompt],
+    input_ids: torch.Tensor,
+    device: torch.device | str,
+    encode: MediaEncoder = encode_media,
 ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
     """The text decoder's inputs (:func:`~relax_services.models.deepstack.text_decoder`) for a padded batch:
     token embeddings with media features in the placeholders, each distinct media item encoded once, and for a
@@ -65,6 +77,8 @@ def decoder_inputs(
         prompts: The ``B`` prompts of the rows (each row's placeholders are in its prompt part).
         input_ids: ``[B, T]`` padded ids on ``device``.
         device: Device of ``model``.
+        encode: What encodes the distinct items of one modality (:func:`encode_media`; a sequence-parallel
+            engine shares the work among its ranks).
 
     Returns:
         ``inputs_embeds`` ``[B, T, H]`` (without the media kwargs), plus ``visual_pos_masks`` and
@@ -87,7 +101,7 @@ def decoder_inputs(
             if key not in index_of:
                 index_of[key] = len(distinct)
                 distinct.append(prompts[i])
-        features, layers = _encode(model, modality, distinct, device, deepstack)
+        features, layers = encode(model, modality, distinct, device, deepstack)
         source = torch.cat([features[index_of[key]] for _, key in rows], dim=0)  # [placeholders, H]
         mask = (input_ids == getattr(model.config, modality.token_attr))[..., None]  # [B, T, 1]
         if int(mask.sum()) != source.shape[0]:

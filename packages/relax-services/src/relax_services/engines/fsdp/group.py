@@ -63,9 +63,9 @@ class TrainerGroupConfig:
             Trainer's role to chosen nodes); None: Ray places the ranks freely.
         parallel: relax-parallel's layout of the group, realised as each rank's ``DeviceMesh``
             (:meth:`relax_parallel.ParallelPlan.device_mesh`, the FSDP engine sharding over its ``dp``
-            dimension and splitting the decoder blocks over ``tp``); None: data-parallel over every rank
-            (``dp = world_size``). Only ``dp`` and ``tp`` may exceed 1 (the engine has no context, pipeline or
-            expert parallelism yet).
+            dimension, splitting the decoder blocks over ``tp`` and every sequence over ``cp``, Ulysses sequence
+            parallelism); None: data-parallel over every rank (``dp = world_size``). Only ``dp``, ``cp`` and
+            ``tp`` may exceed 1 (the engine has no pipeline or expert parallelism yet).
     """
 
     world_size: int = 2
@@ -87,11 +87,11 @@ class TrainerGroupConfig:
         if self.start_timeout_s <= 0:
             raise ValueError(f"TrainerGroupConfig.start_timeout_s must be > 0, got {self.start_timeout_s}")
         layout = self.layout
-        others = {d: getattr(layout, d) for d in ("pp", "cp", "ep") if getattr(layout, d) != 1}
+        others = {d: getattr(layout, d) for d in ("pp", "ep") if getattr(layout, d) != 1}
         if others or layout.world_size != self.world_size:
             raise ValueError(
-                f"TrainerGroupConfig.parallel must be data- and tensor-parallel over the world_size="
-                f"{self.world_size} ranks (dp × tp = {self.world_size}, pp = cp = ep = 1), got {layout.short()}"
+                f"TrainerGroupConfig.parallel must be data-, sequence- (cp) and tensor-parallel over the world_size="
+                f"{self.world_size} ranks (dp × cp × tp = {self.world_size}, pp = ep = 1), got {layout.short()}"
             )
 
     @property
@@ -156,11 +156,14 @@ class _TrainerRank:
         plan = ParallelPlan.from_config(self.group.layout, service="trainer")
         mesh = plan.device_mesh("cuda" if self.group.backend == "nccl" else "cpu")
         tp_mesh = mesh["tp"] if self.group.layout.tp > 1 else None
+        sp_mesh = mesh["cp"] if self.group.layout.cp > 1 else None
         # Rank 0 alone loads the checkpoint when the factory can build an empty model: the others receive its weights.
         empty = getattr(model_factory, "empty", None)
         model = empty() if self.rank != 0 and callable(empty) else model_factory()
         reference = reference_factory() if reference_factory is not None and config.full_kl else None
-        self.engine = FSDPTrainEngine(model, config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh, reference=reference)
+        self.engine = FSDPTrainEngine(
+            model, config, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh, reference=reference, sp_mesh=sp_mesh
+        )
         return realised_plan_text(self.group.layout, self.group.backend, mesh)
 
     @property

@@ -13,6 +13,10 @@ computation (:mod:`~relax_services.engines.fsdp.layout`); the root group holds t
 and the media encoders. The encoders stay in the root group on purpose: a rank whose share holds no image never
 runs the vision tower, so a separately sharded tower would leave the other ranks waiting in its all-gather.
 Parameters one rank did not use get zero gradients in the reduction (``set_reduce_scatter_unused_params``).
+
+With sequence parallelism (``sp_mesh``) the ranks of an sp group take the same share and split every sequence of it
+(:mod:`~relax_services.engines.fsdp.sequence_parallel`); FSDP then shards over ``dp × sp`` flattened, so the
+reduce-scatter also sums the sequence slices' gradients.
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from relax_services._malloc import release_free_memory
 from relax_services.engines._threads import pin_intra_op_threads
-from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, shard_group
+from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, joined_mesh, shard_group
+from relax_services.engines.fsdp.sequence_parallel import (
+    SequenceParallel,
+    check_sequence_parallel,
+    enable_sequence_parallel,
+)
 from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state
 from relax_services.engines.fsdp.tensor_parallel import clip_gradients
 from relax_services.engines.micro_batches import padded_response_slots
@@ -146,6 +155,10 @@ class FSDPTrainEngine:
         tp_mesh: A 1-D tensor-parallel mesh (the same parent mesh as ``mesh``): the decoder blocks are split over
             it (:mod:`~relax_services.engines.fsdp.tensor_parallel`) before FSDP shards over ``mesh``; its ranks
             train on the same data. None: no tensor parallelism.
+        sp_mesh: A 1-D sequence-parallel mesh (the same parent mesh as ``mesh``): every sequence of a micro-batch
+            is split over its ranks (:mod:`~relax_services.engines.fsdp.sequence_parallel`), which train on the same
+            samples; FSDP then shards over ``mesh × sp_mesh`` flattened, summing the slices' gradients. None: no
+            sequence parallelism.
         reference: With ``config.full_kl``, the frozen reference policy (the initial checkpoint) this rank holds;
             None takes a copy of ``model`` (which must then hold its weights, not the meta device's). Every rank
             keeps its own whole copy in ``config.reference_dtype``, not a shard: the reference only runs forwards
@@ -157,12 +170,15 @@ class FSDPTrainEngine:
     Attributes:
         group, rank, world_size: The data-parallel group (``mesh``'s), this rank in it and its size: batch
             shares, gathered scores and summed metrics run over it.
-        shard_group, shard_rank: Every rank holding a piece of the model (:func:`shard_group`: dp, or dp × tp)
+        shard_group, shard_rank: Every rank holding a piece of the model (:func:`shard_group`: dp × sp × tp)
             and this rank in it: checkpoints and exports run over it.
+        fsdp_mesh: The mesh FSDP shards over: ``mesh``, or ``dp × sp`` flattened.
+        sequence_parallel: The sequence-parallel group (None without one).
 
     Raises:
         RuntimeError: If no process group is initialised.
-        ValueError: If ``mesh`` is not 1-D, or ``tp_mesh`` is given and a mesh has no dimension name.
+        ValueError: If ``mesh`` is not 1-D, ``tp_mesh`` or ``sp_mesh`` is given and a mesh has no dimension name,
+            or sequence parallelism is asked with packing or of a model it cannot split (heads, attention).
     """
 
     def __init__(
@@ -173,6 +189,7 @@ class FSDPTrainEngine:
         mesh: DeviceMesh | None = None,
         tp_mesh: DeviceMesh | None = None,
         reference: torch.nn.Module | None = None,
+        sp_mesh: DeviceMesh | None = None,
     ) -> None:
         if mesh is None and not dist.is_initialized():
             raise RuntimeError(
@@ -194,7 +211,9 @@ class FSDPTrainEngine:
         self.world_size = mesh.size()
         self.rank = mesh.get_local_rank()
         self.tp_mesh = tp_mesh if tp_mesh is not None and tp_mesh.size() > 1 else None
-        self.shard_group = shard_group(mesh, self.tp_mesh)
+        self.sequence_parallel = self._sequence_parallel(model, sp_mesh)
+        self.fsdp_mesh = mesh if self.sequence_parallel is None else joined_mesh([mesh, cast(DeviceMesh, sp_mesh)])
+        self.shard_group = shard_group(self.fsdp_mesh, self.tp_mesh)
         self.shard_rank = dist.get_rank(self.shard_group)
         empty = any(p.is_meta for p in model.parameters())
         if self.config.full_kl and reference is None and empty:
@@ -215,7 +234,9 @@ class FSDPTrainEngine:
                 buffers = {name: value.detach() for name, value in model.named_buffers()}
             model = _to_meta(model)
         self.model = model if from_rank0 else model.to(self.device)
-        self.root = ScoringRoot(self.model, self.config, self.device, reference_copy)
+        if self.sequence_parallel is not None:
+            enable_sequence_parallel(self.model.thinker if isinstance(self.model, ValueModel) else self.model)
+        self.root = ScoringRoot(self.model, self.config, self.device, reference_copy, self.sequence_parallel)
         if self.tp_mesh is not None:
             from relax_services.engines.fsdp.tensor_parallel import parallelize_decoder
 
@@ -233,6 +254,20 @@ class FSDPTrainEngine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.config.lr_factor)
         self._version = 0
+
+    def _sequence_parallel(self, model: torch.nn.Module, sp_mesh: DeviceMesh | None) -> SequenceParallel | None:
+        """The sp group of ``sp_mesh`` (None for none or one rank), after checking that it can split ``model``."""
+        if sp_mesh is None or sp_mesh.size() == 1:
+            return None
+        sp = sp_mesh.size()
+        if self.config.packing:
+            raise ValueError(
+                f"sequence parallelism (sp={sp}) splits padded rows; trainer.packing packs a micro-batch's responses "
+                "into one row: use one or the other"
+            )
+        tp = 1 if self.tp_mesh is None else self.tp_mesh.size()
+        check_sequence_parallel(model.thinker if isinstance(model, ValueModel) else model, sp, tp)
+        return SequenceParallel.of(sp_mesh)
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank of the shard group (a collective)."""
@@ -276,13 +311,13 @@ class FSDPTrainEngine:
                 checkpoint(cast(torch.nn.Module, block.mlp))
             fully_shard(
                 block,
-                mesh=self.mesh,
+                mesh=self.fsdp_mesh,
                 mp_policy=mp,
                 reshard_after_forward=self.fsdp.reshard_after_forward,
                 offload_policy=offload,
             )
             units.append(block)
-        fully_shard(self.root, mesh=self.mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(self.root, mesh=self.fsdp_mesh, mp_policy=mp, offload_policy=offload)
         units.append(self.root)
         for unit in units:
             assert isinstance(unit, FSDPModule)
@@ -450,7 +485,11 @@ class FSDPTrainEngine:
         can have an all-zero gradient (the backbone behind a zero-initialised value head), and one process
         steps it.
         """
-        used = self._all_reduce(self._used, dist.ReduceOp.MAX)
+        # Over every rank holding a shard (dp × sp × tp): a sequence-parallel rank may not have run an encoder its
+        # peer ran for both (the peer encoded their shared micro-batch's media), and each steps its own shard.
+        used = self._used.to(self.device)
+        dist.all_reduce(used, op=dist.ReduceOp.MAX, group=self.shard_group)
+        used = used.cpu()
         for p, flag in zip(self.model.parameters(), used.tolist(), strict=True):
             if not flag:
                 p.grad = None
