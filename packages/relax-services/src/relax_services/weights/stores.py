@@ -18,9 +18,7 @@ its own wall time and returns it, so the services can log sync time per version.
 
 from __future__ import annotations
 
-import functools
 import math
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -101,47 +99,6 @@ def cpu_copy(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
 
 
-def _holders(state: StateDict, key: str) -> tuple[int, int]:
-    """``(Python references, storage uses)`` of ``state[key]`` as counted here (the dict's own included)."""
-    import torch
-
-    return sys.getrefcount(state[key]), torch._C._storage_Use_Count(state[key].untyped_storage()._cdata)
-
-
-def _unshared(state: StateDict) -> bool:
-    """Whether nothing but ``state`` holds any of its tensors or their storages: no reader's model, view, array or
-    fetched dict (readers get a dict of their own, :meth:`InProcessWeightStore.fetch`) still computes with them.
-    Counted against a fresh tensor through the same calls (:func:`_exclusive`), so the figures do not depend on how
-    this torch or interpreter counts its own references; without torch's use count nothing is reused."""
-    import torch
-
-    if not hasattr(torch._C, "_storage_Use_Count"):
-        return False
-    exclusive = _exclusive()
-    return all(_holders(state, key) == exclusive for key in state)
-
-
-@functools.cache
-def _exclusive() -> tuple[int, int]:
-    """What :func:`_holders` counts for a tensor that only its dict holds."""
-    import torch
-
-    return _holders({"x": torch.empty(1)}, "x")
-
-
-def refill(spare: StateDict, state_dict: Mapping[str, torch.Tensor]) -> StateDict | None:
-    """``spare`` holding a copy of ``state_dict``, copied into its buffers in place, when ``spare`` has the same
-    names, shapes and dtypes and nobody else holds any part of it (:func:`_unshared`); else None."""
-    if spare.keys() != state_dict.keys() or not _unshared(spare):
-        return None
-    for key, value in state_dict.items():
-        if spare[key].shape != value.shape or spare[key].dtype != value.dtype:
-            return None
-    for key, value in state_dict.items():
-        spare[key].copy_(value.detach())
-    return spare
-
-
 class _Versions(Generic[_Item]):
     """Newest-``keep`` bookkeeping shared by both stores (items: state dicts in process, object refs in the actor)."""
 
@@ -151,16 +108,13 @@ class _Versions(Generic[_Item]):
         self.keep = keep
         self.items: OrderedDict[int, _Item] = OrderedDict()
 
-    def add(self, version: int, item: _Item) -> list[_Item]:
-        """Makes ``item`` the newest version; returns the items dropped past ``keep``."""
+    def add(self, version: int, item: _Item) -> None:
         newest = next(reversed(self.items), None)
         if newest is not None and version <= newest:
             raise ValueError(f"weight version {version} is not newer than the published version {newest}")
         self.items[version] = item
-        dropped = []
         while len(self.items) > self.keep:
-            dropped.append(self.items.popitem(last=False)[1])
-        return dropped
+            self.items.popitem(last=False)
 
     def rollback(self, version: int) -> list[int]:
         dropped = [v for v in self.items if v > version]
@@ -190,23 +144,13 @@ class InProcessWeightStore:
     def __init__(self, keep: int = 2) -> None:
         self._versions: _Versions[StateDict] = _Versions(keep)
         self._lock = threading.Lock()
-        self._spare: StateDict | None = None  # a dropped version, refilled by the next publish if nobody holds it
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
-        """Stores a CPU copy of ``state_dict`` as ``version``: into the buffers of a dropped version when no reader
-        holds any of them any more (no page of a fresh copy to fault in: a publish costs a plain copy), else into
-        new ones."""
+        """Stores a CPU copy of ``state_dict`` as ``version``."""
         start = time.perf_counter()
+        copy = cpu_copy(state_dict)
         with self._lock:
-            spare, self._spare = self._spare, None
-        copy = refill(spare, state_dict) if spare is not None else None
-        del spare
-        if copy is None:
-            copy = cpu_copy(state_dict)
-        with self._lock:
-            dropped = self._versions.add(version, copy)
-            if dropped:
-                self._spare = dropped[-1]
+            self._versions.add(version, copy)
         return PublishStats(version, state_dict_bytes(copy), time.perf_counter() - start)
 
     def latest_version(self) -> int | None:
@@ -218,12 +162,11 @@ class InProcessWeightStore:
     def fetch(self, have_version: int | None = None) -> WeightUpdate | None:
         """Newest weights if newer than ``have_version``."""
         start = time.perf_counter()
-        with self._lock:  # a dict of the reader's own, so that its holding the tensors shows in their counts
+        with self._lock:
             newest = self._versions.newest(have_version)
-            if newest is None:
-                return None
-            version, state = newest[0], dict(newest[1])
-        return WeightUpdate(version, state, time.perf_counter() - start)
+        if newest is None:
+            return None
+        return WeightUpdate(newest[0], newest[1], time.perf_counter() - start)
 
     def versions(self) -> list[int]:
         """Retained versions, oldest first."""
