@@ -110,6 +110,7 @@ class _QueueDiesAtStart(Controller):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # an edge of the restart paths; out of the default suite for its 12-minute budget
 def test_a_queue_that_dies_during_the_first_start_is_a_global_restart(small_config) -> None:
     cfg = small_config("staleness.tau=1", "trainer.total_steps=6", "trainer.checkpoint_every=2", "data.tasks=[text]")
     run_dir = cfg.run.output_dir / "run"

@@ -67,6 +67,7 @@ def _assert_host_replaced_once(events: list[dict], pids: dict[str, int]) -> dict
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # an edge of the restart paths; out of the default suite for its 12-minute budget
 def test_a_hosted_role_that_cannot_be_rebuilt_gets_its_host_replaced(small_config, run_pipeline) -> None:
     """The Evaluator raises (rebuilt in the host: its count 1 of ``health.max_restarts=1``), then the Reward breaks
     (its rebuild fails there): the host is replaced with every role, counted against the host and the Reward only, so
