@@ -41,6 +41,7 @@ SYSTEM = "You are a helpful assistant."
 QUESTION = "What is {a}+{b}? Reply with only the number."
 MAX_OPERAND = 19
 EVAL_SIZE = 64
+CALC_MIN, CALC_MAX = 11, 99
 
 
 def download_gguf(work: Path) -> Path:
@@ -111,13 +112,39 @@ def write_task(work: Path, eval_size: int = EVAL_SIZE, seed: int = 0) -> tuple[P
     return files
 
 
+def calculator_row(a: int, b: int, tools: list[dict[str, object]]) -> dict[str, object]:
+    """One prompt of the calculator task (``calculator.py``'s :func:`prompt`: the tool in the system prompt, a
+    worked exchange, the question)."""
+    from calculator import prompt
+
+    return {"data_source": "calculator", "prompt": prompt(a, b, tools), "reward_model": {"ground_truth": str(a * b)}}
+
+
+def write_calculator_task(work: Path, eval_size: int = EVAL_SIZE, seed: int = 0) -> tuple[Path, Path]:
+    """The calculator task's files (``calc_train.jsonl``, ``calc_eval.jsonl``): every product ``a * b`` of
+    two factors ``a <= b`` in ``[CALC_MIN, CALC_MAX]`` once, ``eval_size`` of them held out. The system
+    prompt lists the environment's own tool schemas (``calculator.py``), as the rollout's runner reads them."""
+    here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
+    from relax_services.agents import load_environment
+
+    tools = load_environment(f"{here / 'calculator.py'}:Calculator").schemas()
+    pairs = [(a, b) for a in range(CALC_MIN, CALC_MAX + 1) for b in range(a, CALC_MAX + 1)]
+    random.Random(seed).shuffle(pairs)
+    files = work / "calc_train.jsonl", work / "calc_eval.jsonl"
+    for path, part in zip(files, (pairs[eval_size:], pairs[:eval_size]), strict=True):
+        path.write_text("".join(json.dumps(calculator_row(a, b, tools)) + "\n" for a, b in part), encoding="utf-8")
+    return files
+
+
 def prepare(work: Path, gguf: Path | None = None) -> Path:
-    """Converts the model (once) and writes the task files under ``work``; returns the model folder."""
+    """Converts the model (once) and writes both tasks' files under ``work``; returns the model folder."""
     work.mkdir(parents=True, exist_ok=True)
     model = work / "model"
     if not (model / "model.safetensors").is_file():
         convert_gguf(gguf or download_gguf(work), model)
     write_task(work)
+    write_calculator_task(work)
     return model
 
 
@@ -128,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     model = prepare(args.work, args.gguf)
     print(f"model folder: {model}\ntask files: {args.work / 'train.jsonl'}, {args.work / 'eval.jsonl'}")
+    print(f"calculator task files: {args.work / 'calc_train.jsonl'}, {args.work / 'calc_eval.jsonl'}")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,13 @@ inside that loop, metric records drained by the controller, and fault injection 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, cast
 
 if TYPE_CHECKING:
@@ -176,6 +177,31 @@ class ServiceBase:
             self.record("late_ack", rows=len(batch))
             return False
         return True
+
+    @contextlib.contextmanager
+    def keep_leased(self, reader: QueueReader, batch: Batch, every_s: float = 5.0) -> Iterator[None]:
+        """Renew ``batch``'s lease every ``every_s`` seconds while the body runs, from a thread this block owns
+        (stopped and joined on exit). A rollout call can outlast the prompt queue's short lease (multi-turn episodes
+        on a loaded CPU took 30-150 s against 15 s): without renewal its prompts were redelivered and generated again
+        as duplicates, over and over, and the run stopped advancing."""
+        from relax_queue import LeaseError
+
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(every_s):
+                try:
+                    reader.renew(batch)
+                except LeaseError:
+                    return  # expired already (a stall longer than the lease): the late ack records it
+
+        thread = threading.Thread(target=renew, name=f"{self.name}-lease", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def catch_up(
         self, target: int, held: Callable[[], int], sync: Callable[[], None], reader: QueueReader, batch: Batch

@@ -215,14 +215,19 @@ class RolloutService(ServiceBase):
         self.engine.seed(sampling_seed(self.cfg.trainer.seed, keys))
         start = time.perf_counter()
         counters: dict[str, float] = {}
-        if self.episodes is None:
-            groups = self.engine.generate([p for _, p in ready], self.params, poll_weights=self._poll) if ready else []
-            prompts = [[p] * len(g) for (_, p), g in zip(ready, groups, strict=True)]
-            rewards: list[list[float | None]] = [[None] * len(g) for g in groups]
-            baselines = self.baseline.rewards(self.engine, ready, self.params) if self.baseline is not None else None
-        else:
-            ready, prompts, groups, rewards, counters = self._run_episodes(ready)
-            baselines = None
+        with self.keep_leased(self.reader, batch):
+            if self.episodes is None:
+                groups = (
+                    self.engine.generate([p for _, p in ready], self.params, poll_weights=self._poll) if ready else []
+                )
+                prompts = [[p] * len(g) for (_, p), g in zip(ready, groups, strict=True)]
+                rewards: list[list[float | None]] = [[None] * len(g) for g in groups]
+                baselines = (
+                    self.baseline.rewards(self.engine, ready, self.params) if self.baseline is not None else None
+                )
+            else:
+                ready, prompts, groups, rewards, counters = self._run_episodes(ready)
+                baselines = None
         elapsed = time.perf_counter() - start
         rows = []
         for prompt_index, ((row, _), group_prompts, completions, group_rewards) in enumerate(
