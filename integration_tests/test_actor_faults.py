@@ -62,6 +62,7 @@ def test_queue_killed_mid_run_and_monitor_killed_during_the_restart(small_config
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # out of the default suite for its 12-minute budget
 def test_a_death_past_the_restart_allowance_ends_clearly_and_resumes(small_config, run_pipeline) -> None:
     cfg = small_config(
         "staleness.tau=1",

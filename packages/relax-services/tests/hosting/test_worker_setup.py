@@ -103,6 +103,7 @@ print(json.dumps({"blocked": blocked, "steps": result.steps, "error": result.err
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # out of the default suite for its 12-minute budget
 def test_a_run_without_triton_builds_and_trains_the_model_to_the_same_weights(run_script, tmp_path: Path) -> None:
     """The model is built, generates, is scored and trained with triton kept out; the weights after two τ = 0
     updates equal, bit for bit, those of the same run with triton left importable."""

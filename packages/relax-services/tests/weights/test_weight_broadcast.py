@@ -124,6 +124,7 @@ def test_bad_broadcast_settings_are_refused() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # out of the default suite for its 12-minute budget
 def test_broadcast_sync_is_exact_rejoins_a_restarted_worker_and_drops_a_dead_one(workers: Workers) -> None:
     sender = workers.sender
     assert isinstance(sender, WeightStream)
