@@ -23,7 +23,7 @@ from relax_services.agents.agent import AgentSpec
 from relax_services.agents.chat import ChatTokens
 from relax_services.agents.endpoint import ChatEndpoint, HttpError, Reply
 from relax_services.agents.parsers import tool_parser, tool_text
-from relax_services.agents.runner import AgentConfig
+from relax_services.agents.runner import AgentConfig, EpisodeRunnerFace
 from relax_services.agents.session import AgentSession, AssistantTurn
 from relax_services.engines.protocols import Completion, RolloutEngine, WeightPoll
 from relax_services.engines.sampling import SamplingParams
@@ -100,7 +100,7 @@ class _Live:
     closed: bool = False
 
 
-class AgentRunner:
+class AgentRunner(EpisodeRunnerFace):
     """Runs episodes of one black-box agent on one rollout engine.
 
     Args:
@@ -148,18 +148,6 @@ class AgentRunner:
 
     def close(self) -> None:
         """Nothing outlives a run (the endpoint and its connections close at its end)."""
-
-    def __enter__(self) -> AgentRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def run_sync(
-        self, rows: Sequence[Mapping[str, object]], group_size: int = 1, poll_weights: WeightPoll | None = None
-    ) -> list[list[Episode]]:
-        """:meth:`run` from synchronous code (no event loop running in this thread)."""
-        return asyncio.run(self.run(rows, group_size, poll_weights))
 
     async def run(
         self, rows: Sequence[Mapping[str, object]], group_size: int = 1, poll_weights: WeightPoll | None = None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Self
 
 from relax_services.agents.chat import ChatTokens, PrefixBreakError
 from relax_services.agents.environment import EnvironmentSpec, Message
@@ -129,7 +129,34 @@ def _error(message: str) -> str:
     return json.dumps({"error": message})
 
 
-class EpisodeRunner:
+class EpisodeRunnerFace:
+    """What both runners (:class:`EpisodeRunner`, :class:`~relax_services.agents.agent_runner.AgentRunner`) offer
+    besides :meth:`run` and :meth:`close`: a ``with`` block that closes, and :meth:`run_sync`."""
+
+    async def run(
+        self, rows: Sequence[Mapping[str, object]], group_size: int = 1, poll_weights: WeightPoll | None = None
+    ) -> list[list[Episode]]:
+        """Runs ``group_size`` episodes of each row to their end (each runner's own)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases what the runner holds (each runner's own)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run_sync(
+        self, rows: Sequence[Mapping[str, object]], group_size: int = 1, poll_weights: WeightPoll | None = None
+    ) -> list[list[Episode]]:
+        """:meth:`run` from synchronous code (no event loop running in this thread)."""
+        return asyncio.run(self.run(rows, group_size, poll_weights))
+
+
+class EpisodeRunner(EpisodeRunnerFace):
     """Runs episodes of one environment class on one rollout engine.
 
     Args:
@@ -181,18 +208,6 @@ class EpisodeRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.media is not None:
             self.media.close()
-
-    def __enter__(self) -> EpisodeRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def run_sync(
-        self, rows: Sequence[Mapping[str, object]], group_size: int = 1, poll_weights: WeightPoll | None = None
-    ) -> list[list[Episode]]:
-        """:meth:`run` from synchronous code (no event loop running in this thread)."""
-        return asyncio.run(self.run(rows, group_size, poll_weights))
 
     async def run(
         self, rows: Sequence[Mapping[str, object]], group_size: int = 1, poll_weights: WeightPoll | None = None
