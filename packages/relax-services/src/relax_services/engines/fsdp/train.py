@@ -33,7 +33,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from relax_services._malloc import release_free_memory
 from relax_services.engines._threads import pin_intra_op_threads
 from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, joined_mesh, shard_group
 from relax_services.engines.fsdp.sequence_parallel import (
@@ -53,6 +52,7 @@ from relax_services.engines.torch.train import (
     autocast_enabled,
     backward_micro_batch,
     frozen_reference,
+    release_update_memory,
     rescale_by_units,
     trained_tokens,
     units_of_step,
@@ -439,10 +439,7 @@ class FSDPTrainEngine:
                 for key, value in self._optimizer_step(batch[first : first + size], loss_fn).items():
                     totals[key] = totals.get(key, 0.0) + value
         metrics = {k: v / self.config.optimizer_steps_per_update for k, v in totals.items()}
-        # Gradients are not kept between updates (the next one starts from zero): they would hold a model's worth
-        # of memory while the process publishes, checkpoints or (colocated) generates.
-        self.optimizer.zero_grad(set_to_none=True)
-        release_free_memory()
+        release_update_memory(self.optimizer)
         self.scheduler.step()
         self._version += 1
         metrics.update(lr=lr, step_s=time.perf_counter() - start, version=float(self._version))

@@ -332,10 +332,7 @@ class TorchTrainEngine:
                 for key, value in self._optimizer_step(batch[first : first + size], loss_fn).items():
                     totals[key] = totals.get(key, 0.0) + value
         metrics = {k: v / self.config.optimizer_steps_per_update for k, v in totals.items()}
-        # Gradients are not kept between updates (the next one starts from zero): they would hold a model's worth
-        # of memory while the process publishes, checkpoints or (colocated) generates.
-        self.optimizer.zero_grad(set_to_none=True)
-        release_free_memory()
+        release_update_memory(self.optimizer)
         self.scheduler.step()
         self._version += 1
         metrics.update(lr=lr, step_s=time.perf_counter() - start, version=float(self._version))
@@ -447,6 +444,14 @@ def frozen_reference(
         return None
     dtype = None if config.reference_dtype is None else getattr(torch, config.reference_dtype)
     return FrozenReference(reference if reference is not None else _copy.deepcopy(model), device, dtype)
+
+
+def release_update_memory(optimizer: torch.optim.Optimizer) -> None:
+    """The end of an update: its gradients are dropped (the next update starts from zero; kept, they would hold a
+    model's worth of memory while the process publishes, checkpoints or, colocated, generates) and the C heap's
+    free pages go back to the system."""
+    optimizer.zero_grad(set_to_none=True)
+    release_free_memory()
 
 
 def autocast_enabled(config: TorchTrainConfig, device: torch.device) -> bool:
