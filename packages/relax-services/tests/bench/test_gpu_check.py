@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from relax_services.bench.gpu_check import QWEN25_05B_SHAPE, layouts, parse_junit, train_overrides
+from relax_services.bench.gpu_check import (
+    QWEN25_05B_SHAPE,
+    RolloutEngine,
+    layouts,
+    main,
+    parse_junit,
+    train_overrides,
+)
 from relax_services.bench.gpu_report import passed, summarize_metrics
 from relax_services.config import load_run_config
 
@@ -193,11 +200,17 @@ def _gpus_asked(overrides: tuple[str, ...]) -> float:
 
 def test_layouts_fit_the_gpus_listed() -> None:
     one, skipped = layouts("cuda", 1)
-    assert [layout.name for layout in one] == ["colocated"] and [s["name"] for s in skipped] == ["split"]
-    assert _gpus_asked(one[0].overrides) <= 1
+    assert [layout.name for layout in one] == ["one-process", "colocated", "fsdp"]
+    assert [s["name"] for s in skipped] == ["split"]
+    assert all(_gpus_asked(layout.overrides) <= 1 for layout in one[1:])
     two, skipped = layouts("cuda", 2)
-    assert [layout.name for layout in two] == ["colocated", "split"] and skipped == []
-    assert _gpus_asked(two[1].overrides) == 2
+    assert [layout.name for layout in two] == ["one-process", "colocated", "fsdp", "split"] and skipped == []
+    assert _gpus_asked(two[3].overrides) == 2
+    picked, skipped = layouts("cuda", 1, "hf", ["split", "colocated"])
+    assert [layout.name for layout in picked] == ["colocated"] and [s["name"] for s in skipped] == ["split"]
+    assert not any("vllm" in o for o in picked[0].overrides)
+    with pytest.raises(ValueError, match=r"unknown layout.*ring"):
+        layouts("cuda", 1, "hf", ["ring"])
 
 
 def test_cpu_overrides_are_a_valid_run_config(tmp_path: Path) -> None:
@@ -207,11 +220,24 @@ def test_cpu_overrides_are_a_valid_run_config(tmp_path: Path) -> None:
     assert cfg.trainer.total_steps == 2 and cfg.run.mode == "colocated" and cfg.data.tasks == ["text"]
 
 
-def test_cuda_overrides_are_a_valid_run_config(tmp_path: Path) -> None:
-    overrides = train_overrides("cuda", tmp_path / "model", tmp_path)
-    for layout in layouts("cuda", 2)[0]:
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_cuda_overrides_are_a_valid_run_config(tmp_path: Path, engine: RolloutEngine) -> None:
+    overrides = train_overrides("cuda", tmp_path / "model", tmp_path, engine)
+    for layout in layouts("cuda", 2, engine)[0]:
         cfg = load_run_config(None, [*overrides, *layout.overrides])
-        assert cfg.trainer.total_steps == 20 and cfg.rollout.engine == "vllm" and cfg.run.device == "cuda"
+        assert cfg.trainer.total_steps == 20 and cfg.rollout.engine == engine and cfg.run.device == "cuda"
+        assert (cfg.run.mode == "colocated") == (layout.name == "one-process")
+        assert (cfg.trainer.engine == "fsdp") == (layout.name == "fsdp")
+    cfg = load_run_config(None, train_overrides("cuda", tmp_path / "model", tmp_path, engine, updates=6))
+    assert cfg.trainer.total_steps == 6 and cfg.eval.every_steps == 3
+
+
+def test_bad_layout_or_updates_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--out", str(tmp_path / "a"), "--layouts", "colocated,ring"]) == 2
+    assert "unknown ring" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path / "b"), "--updates", "0"]) == 2
+    assert "--updates 0 is below 1" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_the_shape_is_qwen25_05b() -> None:

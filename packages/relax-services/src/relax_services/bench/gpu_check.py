@@ -30,6 +30,7 @@ every test passed or skipped and every layout's run ended with exit code 0.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -38,9 +39,11 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Literal
 
 from relax_services.bench.gpu_report import (
     Device,
@@ -58,18 +61,22 @@ from relax_services.bench.gpu_report import (
 )
 
 __all__ = [
+    "CUDA_LAYOUTS",
     "QWEN25_05B_SHAPE",
     "QWEN25_05B_VOCAB",
     "RUN_TIMEOUT_S",
     "TESTS_TIMEOUT_S",
     "Layout",
+    "RolloutEngine",
     "build_checkpoint",
     "check",
+    "default_rollout_engine",
     "gpu_count",
     "layouts",
     "machine_info",
     "main",
     "parse_junit",
+    "rollout_engine_overrides",
     "run_gpu_tests",
     "run_layout",
     "train_overrides",
@@ -120,8 +127,6 @@ _SIZES = {
         "trainer.max_minutes=3.5",
         "trainer.checkpoint_every=1000",
         "trainer.checkpoint_every_s=null",
-        "rollout.engine=vllm",
-        "rollout.vllm.max_model_len=512",
     ),
     "cpu": (
         "trainer.total_steps=2",
@@ -147,40 +152,93 @@ class Layout:
 
 _CPU_LAYOUT = Layout("cpu", "every service a thread of one process (run.mode=colocated), transformers engine", ())
 
+CUDA_LAYOUTS = ("one-process", "colocated", "fsdp", "split")
+"""The layouts a CUDA check can run, in order (``--layouts`` picks some)."""
 
-def layouts(device: Device, gpus: int) -> tuple[list[Layout], list[SkippedLayout]]:
-    """The layouts to run on ``device`` with ``gpus`` GPUs, and those left out (name and reason).
+RolloutEngine = Literal["vllm", "hf"]
 
-    On CUDA the Reference and the Evaluator stand in the Rollout's process (``run.hosts``' default), which reserves
-    the largest of their GPU counts; the Rollout and the Evaluator each build a vLLM engine, so each takes a share of
-    the GPU (``rollout.vllm.gpu_memory_utilization``) that leaves the Trainer its part.
+
+def rollout_engine_overrides(engine: RolloutEngine) -> tuple[str, ...]:
+    """The ``relax train`` overrides of the rollout engine (``vllm``: relax-services[vllm]; ``hf``: transformers,
+    for a machine without vLLM)."""
+    if engine == "vllm":
+        return ("rollout.engine=vllm", "rollout.vllm.max_model_len=512")
+    return ("rollout.engine=hf",)
+
+
+def default_rollout_engine() -> RolloutEngine:
+    """``vllm`` when it is installed, else ``hf``."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def layouts(
+    device: Device, gpus: int, engine: RolloutEngine = "vllm", names: Sequence[str] = CUDA_LAYOUTS
+) -> tuple[list[Layout], list[SkippedLayout]]:
+    """The layouts of ``names`` to run on ``device`` with ``gpus`` GPUs and the ``engine`` rollout engine, and those
+    left out (name and reason).
+
+    On CUDA: ``one-process`` is every role a thread of one process on the GPU (``run.mode=colocated``, no Ray);
+    ``colocated`` the distributed services sharing GPU 0 through fractional GPU counts; ``fsdp`` the same with the
+    Trainer a group of one FSDP2 rank (NCCL); ``split`` the Trainer on one GPU and the Rollout process on another.
+    The Reference and the Evaluator stand in the Rollout's process (``run.hosts``' default), which reserves the
+    largest of their GPU counts; with vLLM the Rollout and the Evaluator each build an engine, so each takes a share
+    of the GPU (``rollout.vllm.gpu_memory_utilization``) that leaves the Trainer its part.
     """
     if device == "cpu":
         return [_CPU_LAYOUT], []
+    unknown = sorted(set(names) - set(CUDA_LAYOUTS))
+    if unknown:
+        raise ValueError(f"unknown layout(s) {', '.join(unknown)}; the CUDA layouts are {', '.join(CUDA_LAYOUTS)}")
     roles = ("trainer.gpus_per_rank", "rollout.gpus", "reference.gpus", "eval.gpus")
-    colocated = Layout(
-        "colocated",
-        "trainer and rollout processes share GPU 0 (fractional GPU counts)",
-        (*(f"{f}=0.5" for f in roles), "rollout.vllm.gpu_memory_utilization=0.25"),
-    )
-    split = Layout(
-        "split",
-        "the trainer on one GPU, the rollout process (with reference and evaluator) on another",
-        (*(f"{f}=1" for f in roles), "rollout.vllm.gpu_memory_utilization=0.4"),
-    )
-    if gpus >= 2:
-        return [colocated, split], []
-    return [colocated], [{"name": split.name, "reason": f"nvidia-smi -L lists {gpus} GPU(s); the layout needs 2"}]
+
+    def share(count: str, utilization: float) -> tuple[str, ...]:
+        vllm = (f"rollout.vllm.gpu_memory_utilization={utilization}",) if engine == "vllm" else ()
+        return (*(f"{f}={count}" for f in roles), *vllm)
+
+    every = {
+        "one-process": Layout(
+            "one-process",
+            "every role a thread of one process on GPU 0 (run.mode=colocated, no Ray)",
+            ("run.mode=colocated", *(("rollout.vllm.gpu_memory_utilization=0.4",) if engine == "vllm" else ())),
+        ),
+        "colocated": Layout(
+            "colocated", "trainer and rollout processes share GPU 0 (fractional GPU counts)", share("0.5", 0.25)
+        ),
+        "fsdp": Layout(
+            "fsdp",
+            "a Trainer group of one FSDP2 rank (NCCL) and the rollout process share GPU 0",
+            ("trainer.engine=fsdp", "trainer.world_size=1", *share("0.5", 0.25)),
+        ),
+        "split": Layout(
+            "split",
+            "the trainer on one GPU, the rollout process (with reference and evaluator) on another",
+            share("1", 0.4),
+        ),
+    }
+    to_run: list[Layout] = []
+    skipped: list[SkippedLayout] = []
+    for name in (n for n in CUDA_LAYOUTS if n in names):
+        if name == "split" and gpus < 2:
+            skipped.append({"name": name, "reason": f"nvidia-smi -L lists {gpus} GPU(s); the layout needs 2"})
+        else:
+            to_run.append(every[name])
+    return to_run, skipped
 
 
-def train_overrides(device: Device, model: Path, out: Path) -> list[str]:
-    """The ``relax train`` overrides every layout of ``device`` shares (``run.device`` among them)."""
+def train_overrides(
+    device: Device, model: Path, out: Path, engine: RolloutEngine = "vllm", updates: int | None = None
+) -> list[str]:
+    """The ``relax train`` overrides every layout of ``device`` shares (``run.device`` among them); ``updates``
+    replaces the default number of updates."""
+    steps = () if updates is None else (f"trainer.total_steps={updates}", f"eval.every_steps={max(1, updates // 2)}")
     return [
         f"model.source={model}",
         f"data.data_dir={out / 'data'}",
         f"run.output_dir={out / 'runs'}",
         *_COMMON,
         *_SIZES[device],
+        *(rollout_engine_overrides(engine) if device == "cuda" else ()),
+        *steps,
         f"run.device={device}",
     ]
 
@@ -239,11 +297,11 @@ def parse_junit(path: Path) -> JunitCounts:
     return counts
 
 
-def run_gpu_tests(repo: Path, out: Path) -> PytestStep:
-    """Runs ``pytest -m gpu packages/`` in ``repo`` with a junit xml under ``out``; its exit code and counts (None
-    when pytest wrote no xml: its log says why)."""
+def run_gpu_tests(repo: Path, out: Path, paths: Sequence[str] = ("packages/",)) -> PytestStep:
+    """Runs ``pytest -m gpu PATHS`` (default ``packages/``) in ``repo`` with a junit xml under ``out``; its exit code
+    and counts (None when pytest wrote no xml: its log says why)."""
     xml = out / "gpu_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "packages/", "-q", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", *paths, "-q", "-p", "no:cacheprovider"]
     cmd.append(f"--junitxml={xml}")
     log = out / "gpu_tests.log"
     rc, seconds = _run(cmd, log, TESTS_TIMEOUT_S, cwd=repo)
@@ -364,13 +422,22 @@ def _tail(log: Path, lines: int = 30) -> list[str]:
     return log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
 
 
-def check(device: Device, out: Path, repo: Path) -> Report:
-    """Runs the check's steps on ``device`` with everything written under ``out``; the report."""
+def check(
+    device: Device,
+    out: Path,
+    repo: Path,
+    engine: RolloutEngine = "vllm",
+    names: Sequence[str] = CUDA_LAYOUTS,
+    updates: int | None = None,
+    test_paths: Sequence[str] = ("packages/",),
+) -> Report:
+    """Runs the check's steps on ``device`` with everything written under ``out`` (on CUDA the ``engine`` rollout
+    engine, the layouts of ``names`` the machine has, ``updates`` updates each when given); the report."""
     started = time.monotonic()
     machine = machine_info()
     tests: PytestStep
     if device == "cuda":
-        tests = run_gpu_tests(repo, out)
+        tests = run_gpu_tests(repo, out, test_paths)
     else:
         tests = {
             "ran": False,
@@ -384,10 +451,11 @@ def check(device: Device, out: Path, repo: Path) -> Report:
         }
     model = build_checkpoint(device, out / "model")
     (out / "data").mkdir()
-    overrides = train_overrides(device, out / "model", out)
-    to_run, skipped = layouts(device, gpu_count() if device == "cuda" else 0)
+    overrides = train_overrides(device, out / "model", out, engine, updates)
+    to_run, skipped = layouts(device, gpu_count() if device == "cuda" else 0, engine, names)
     return {
         "device": device,
+        "rollout_engine": engine if device == "cuda" else "hf",
         "machine": machine,
         "tests": tests,
         "model": model,
@@ -405,13 +473,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the results (empty or new)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--repo", type=Path, default=Path.cwd(), help="repository root (for the tests' step)")
+    parser.add_argument(
+        "--rollout-engine",
+        choices=("vllm", "hf"),
+        default=None,
+        help="CUDA rollout engine (default: vllm when installed, else hf, the transformers engine)",
+    )
+    parser.add_argument(
+        "--layouts",
+        default=",".join(CUDA_LAYOUTS),
+        help=f"comma-separated CUDA layouts to run (default: all the machine has: {','.join(CUDA_LAYOUTS)})",
+    )
+    parser.add_argument("--updates", type=int, default=None, help="updates per layout (default: 20 on CUDA)")
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        default=["packages/"],
+        help="paths of the gpu-marked tests' step, relative to --repo (default: packages/)",
+    )
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.layouts.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(CUDA_LAYOUTS))
+    if unknown or (args.updates is not None and args.updates < 1):
+        problem = f"--layouts: unknown {', '.join(unknown)}" if unknown else f"--updates {args.updates} is below 1"
+        print(f"gpu_check: {problem} (layouts: {', '.join(CUDA_LAYOUTS)})", file=sys.stderr)
+        return 2
     out = args.out.resolve()
     if out.is_file() or (out.is_dir() and any(out.iterdir())):
         print(f"gpu_check: --out {out} must be an empty or new folder", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    report = check(args.device, out, args.repo.resolve())
+    engine: RolloutEngine = args.rollout_engine or default_rollout_engine()
+    report = check(args.device, out, args.repo.resolve(), engine, names, args.updates, args.tests)
     path = out / "gpu_check.json"
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(format_report(report) + f"\nwrote {path}", flush=True)

@@ -196,6 +196,7 @@ class Report(TypedDict):
     """``gpu_check.json``."""
 
     device: Device
+    rollout_engine: str  # vllm or hf (the transformers engine)
     machine: Machine
     tests: PytestStep
     model: ModelInfo
@@ -425,7 +426,8 @@ def _layout_line(run: LayoutRun) -> str:
 def format_report(report: Report) -> str:
     """A few lines for the terminal: machine, tests, model, and each layout's main figures."""
     gpus = report["machine"]["gpus"]
-    lines = [f"gpu check ({report['device']}): GPUs: {', '.join(g['name'] for g in gpus) if gpus else 'none'}"]
+    names = ", ".join(g["name"] for g in gpus) if gpus else "none"
+    lines = [f"gpu check ({report['device']}, rollout engine {report['rollout_engine']}): GPUs: {names}"]
     tests, counts = report["tests"], report["tests"]["counts"]
     if not tests["ran"]:
         lines.append(f"tests: not run ({tests['reason']})")

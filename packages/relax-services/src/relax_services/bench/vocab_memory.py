@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ __all__ = [
     "StepPeak",
     "VocabMemory",
     "Workload",
+    "cuda_peak_bytes",
     "format_table",
     "measure_vocab",
     "step_peak",
@@ -130,11 +131,13 @@ def _samples(work: Workload, vocab: int, suppressed: Sequence[int]) -> list[Trai
     return samples
 
 
-def step_peak(folder: Path, kl_estimator: str, work: Workload) -> StepPeak:
-    """One ``engine.step``'s peak and the embedding + LM head bytes for the checkpoint in ``folder``."""
+def step_peak(folder: Path, kl_estimator: str, work: Workload, device: str = "cpu") -> StepPeak:
+    """One ``engine.step``'s peak and the embedding + LM head bytes for the checkpoint in ``folder``, on ``device``
+    (``cpu``: the profiler's exact count; ``cuda``: the CUDA allocator's peak, bf16 autocast as a GPU run trains)."""
     cfg = load_run_config(
         None,
         [
+            f"run.device={device}",
             f"model.source={folder}",
             f"algorithm.kl_estimator={kl_estimator}",
             f"algorithm.group_size={work.group_size}",
@@ -149,7 +152,8 @@ def step_peak(folder: Path, kl_estimator: str, work: Workload) -> StepPeak:
     batch = _samples(work, vocab, engine.config.suppressed_ids)
     loss_fn = make_loss_fn(cfg)
     metrics: dict[str, float] = {}
-    peak = peak_bytes(lambda: metrics.update(engine.step(batch, loss_fn)))
+    measure = peak_bytes if device == "cpu" else cuda_peak_bytes
+    peak = measure(lambda: metrics.update(engine.step(batch, loss_fn)))
     if not math.isfinite(metrics["loss"]):
         raise RuntimeError(f"V={vocab}, kl_estimator={kl_estimator}: the step's loss is {metrics['loss']}")
     reference = 0 if engine.reference is None else _head_bytes(engine.reference.model)
@@ -163,14 +167,26 @@ def _head_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in heads)
 
 
-def measure_vocab(vocab: int, workdir: Path, work: Workload | None = None) -> VocabMemory:
-    """Writes the V-row checkpoint under ``workdir`` and measures one step with k3 and one with the full KL."""
+def cuda_peak_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes the CUDA caching allocator handed out at once while ``fn()`` ran, beyond what was allocated
+    before it (``torch.cuda.max_memory_allocated``)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def measure_vocab(vocab: int, workdir: Path, work: Workload | None = None, device: str = "cpu") -> VocabMemory:
+    """Writes the V-row checkpoint under ``workdir`` and measures one step with k3 and one with the full KL on
+    ``device``."""
     work = work or Workload()
     folder = write_tiny_checkpoint(
         workdir / f"qwen2-v{vocab}", "qwen2", shape={"vocab_size": vocab, "hidden_size": HIDDEN, "num_hidden_layers": 2}
     )
-    k3 = step_peak(folder, "k3", work)
-    full = step_peak(folder, "full", work)
+    k3 = step_peak(folder, "k3", work, device)
+    full = step_peak(folder, "full", work, device)
     return VocabMemory(vocab, k3.head_bytes, k3.peak, full.peak, full.reference_head_bytes)
 
 
