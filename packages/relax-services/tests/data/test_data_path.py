@@ -170,3 +170,23 @@ def test_a_checkpoint_with_per_task_streams_is_refused_by_name(tmp_path: Path) -
     with pytest.raises(ValueError, match=r"per-task streams \['image', 'text'\]"):
         feeder.load_state_dict(old)  # type: ignore[arg-type]
     queue.close()
+
+
+def test_a_source_checkout_without_package_metadata_keys_the_files_by_the_generators_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from a checkout (``src`` folders on ``PYTHONPATH``, nothing installed), relax-modalities has no version:
+    the cache key is a digest of its generators' source instead, other than the installed version's key."""
+    import relax_services.data.synthetic as synthetic
+
+    cfg = _cfg(tmp_path)
+    installed = with_synthetic_files(cfg).data.train_files
+
+    def not_installed(name: str) -> str:
+        raise synthetic.PackageNotFoundError(name)
+
+    monkeypatch.setattr(synthetic, "version", not_installed)
+    from_source = with_synthetic_files(cfg).data.train_files
+    assert [Path(f.path).name for f in from_source] == [Path(f.path).name for f in installed]
+    assert {Path(f.path).parent for f in from_source}.isdisjoint(Path(f.path).parent for f in installed)
+    assert [f.path for f in with_synthetic_files(cfg).data.train_files] == [f.path for f in from_source]

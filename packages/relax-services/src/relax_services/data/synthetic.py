@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from relax_core import DataFileSpec, RewardSpec
@@ -39,12 +39,26 @@ SYNTHETIC_REWARDS: dict[str, str] = {
 _FORMAT = 1  # bump when the files' layout changes, so old cache folders are not reused
 
 
+def _generator_version() -> str:
+    """relax-modalities' installed version; from a source checkout (its ``src`` on ``PYTHONPATH``, no package
+    metadata) a digest of its synthetic generators' source, so a changed generator still never reuses old files."""
+    try:
+        return version("relax-modalities")
+    except PackageNotFoundError:
+        import relax_modalities.synthetic as generators
+
+        digest = hashlib.sha256()
+        for file in sorted(Path(generators.__file__).parent.glob("*.py")):
+            digest.update(file.read_bytes())
+        return f"source-{digest.hexdigest()[:12]}"
+
+
 def _folder(root: Path, task: str, n: int, seed: int, difficulty: int) -> Path:
     # The generator's package version is in the key: a changed generator never reuses old files.
     key = json.dumps(
         {
             "format": _FORMAT,
-            "modalities": version("relax-modalities"),
+            "modalities": _generator_version(),
             "task": task,
             "n": n,
             "seed": seed,

@@ -181,13 +181,14 @@ def _asked(cfg: RunConfig, slots: Sequence[ProcessSlot]) -> str:
 
 
 def check_cluster(cfg: RunConfig, slots: Sequence[ProcessSlot], cluster_gpus: float) -> None:
-    """The run's GPU processes fit the cluster's GPUs, and a Trainer group over NCCL has a whole GPU per rank.
+    """The run's GPU processes fit the cluster's GPUs, and a Trainer group of several ranks over NCCL has a whole GPU
+    per rank (NCCL refuses two ranks on one device; a group of one rank may take a share of a GPU).
 
     Raises:
         DeviceError: naming the fields, what they ask and what Ray reports.
     """
     ranks = [s for s in slots if s.process.startswith("trainer-rank-")]
-    if ranks and 0 < ranks[0].gpus < 1:
+    if len(ranks) > 1 and 0 < ranks[0].gpus < 1:  # one rank alone may share its GPU with other roles
         raise DeviceError(
             f"trainer.gpus_per_rank={ranks[0].gpus:g} with trainer.world_size={cfg.trainer.world_size}: the ranks of "
             "a Trainer group talk over NCCL, which needs a GPU of its own per rank; use trainer.gpus_per_rank=1"
