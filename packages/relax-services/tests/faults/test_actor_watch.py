@@ -10,7 +10,7 @@ import time
 import pytest
 
 from relax_queue import QueueConfig, RowInput, TaskSpec, create_ray_queue
-from relax_services.faults.actor_watch import ActorLost, ActorWatch, why_dead
+from relax_services.faults.actor_watch import ActorLost, ActorWatch, creation_error, why_dead
 from relax_services.faults.health import GlobalRestartNeeded
 from relax_services.faults.monitor import HealthMonitor
 
@@ -20,6 +20,25 @@ def test_why_names_rays_memory_monitor() -> None:
     assert why_dead(exc).startswith("killed by Ray's memory monitor (OutOfMemoryError")
     text = "The actor is dead because its worker process has died. Worker exit type: INTENDED_USER_EXIT Worker"
     assert why_dead(RuntimeError(text)) == "its process ended (Ray: worker exit type INTENDED_USER_EXIT)"
+
+
+def test_why_names_what_an_actors_constructor_raised() -> None:
+    """Ray's text of an actor whose ``__init__`` raised (as Ray 2.60 words it, colour codes included): its first line
+    names only the actor; the reason is the exception at the end of the traceback."""
+    text = (
+        "The actor died because of an error raised in its creation task, \x1b[36mray::A.__init__()\x1b[39m (pid=1, "
+        'ip=192.0.2.2, actor_id=f0, repr=<A object>)\n           ^^^^^^^^\n  File "/x/trainer.py", line 6, in '
+        "__init__\n    raise RuntimeError(...)\ntorch.distributed.DistBackendError: NCCL error: invalid usage\n"
+        "Last error: duplicate GPU detected"
+    )
+    assert why_dead(RuntimeError(text)) == (
+        "RuntimeError: its constructor raised torch.distributed.DistBackendError: NCCL error: invalid usage Last "
+        "error: duplicate GPU detected"
+    )
+    assert creation_error("x" * 10 + "\nValueError: " + "y" * 1000) == "ValueError: " + "y" * 387 + "…"
+    assert creation_error("The actor died because of an error raised in its creation task, no traceback") is None
+    bare = "The actor died because of an error raised in its creation task, ray::A.__init__() (pid=1)"
+    assert why_dead(RuntimeError(bare)) == f"RuntimeError: {bare}"
 
 
 @pytest.mark.integration

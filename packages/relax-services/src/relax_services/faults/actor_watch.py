@@ -22,7 +22,7 @@ from typing import Any
 
 from relax_services.faults.health import GlobalRestartNeeded, memory_kill
 
-__all__ = ["ACTOR_TITLES", "ActorLost", "ActorWatch", "actor_lost", "why_dead"]
+__all__ = ["ACTOR_TITLES", "ActorLost", "ActorWatch", "actor_lost", "creation_error", "why_dead"]
 
 ACTOR_TITLES: dict[str, str] = {
     "prompt_queue": "the prompt queue",
@@ -35,6 +35,10 @@ ACTOR_TITLES: dict[str, str] = {
 is."""
 
 _EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
+_CREATION = "error raised in its creation task"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b.*")
+_CAUSE_CHARS = 400
 
 
 class ActorLost(GlobalRestartNeeded):
@@ -65,7 +69,24 @@ def why_dead(exc: BaseException) -> str:
     if exit_type is not None:
         return f"its process ended (Ray: worker exit type {exit_type.group(1)})"
     first = str(exc).strip().splitlines()
+    if _CREATION in str(exc):
+        raised = creation_error(str(exc))
+        if raised:
+            return f"{type(exc).__name__}: its constructor raised {raised}"
     return f"{type(exc).__name__}: {first[0] if first else 'no detail'}"
+
+
+def creation_error(text: str) -> str | None:
+    """The exception an actor's ``__init__`` raised, from Ray's text of the death it caused (its traceback ends in
+    ``Type: message``; the message's lines joined, at most 400 characters): Ray's first line only names the
+    actor. None when the text has no such line."""
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    for i in range(frames[-1] + 1 if frames else 1, len(lines)):
+        if _RAISED.match(lines[i]):
+            message = " ".join(line.strip() for line in lines[i:] if line.strip())
+            return message if len(message) <= _CAUSE_CHARS else message[: _CAUSE_CHARS - 1] + "…"
+    return None
 
 
 def actor_lost(exc: BaseException) -> bool:
