@@ -133,6 +133,9 @@ def test_the_cluster_check_names_fields_counts_and_what_ray_reports() -> None:
     shared = load_run_config(None, [*GPU, "trainer.world_size=2", "trainer.gpus_per_rank=0.5"])
     with pytest.raises(DeviceError, match=r"trainer\.gpus_per_rank=0\.5 with trainer\.world_size=2: .* NCCL"):
         check_cluster(shared, run_processes(shared), 8.0)
+    one = [*GPU, "trainer.engine=fsdp", "trainer.world_size=1", "trainer.gpus_per_rank=0.5", "rollout.gpus=0.5"]
+    alone = load_run_config(None, [*one, "reference.gpus=0.5", "eval.gpus=0.5"])  # one rank beside the rollout host
+    check_cluster(alone, run_processes(alone), 1.0)
     host = load_run_config(None, [*GPU, "reference.gpus=2"])
     with pytest.raises(
         DeviceError,

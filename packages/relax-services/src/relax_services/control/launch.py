@@ -104,13 +104,20 @@ def launch(
     Raises:
         LaunchError: Before anything ran: a colocated run that one process cannot run
             (:func:`~relax_services.control.colocated.check_colocated`), the Ray cluster at ``run.ray_address``
-            cannot be reached, or the devices asked are not there (:func:`resolve_devices`).
+            cannot be reached, the devices asked are not there (:func:`resolve_devices`), or
+            ``trainer.engine=fsdp`` with a torch whose FSDP2 lacks what the engine calls.
     """
     from relax_services.control.controller import Controller
     from relax_services.hosting.ray_init import init_ray
 
     controller_cls: type[Controller] = Controller
     started = False
+    if cfg.trainer.engine == "fsdp":  # here, once and before Ray starts, not by each rank as the group is built
+        from relax_services.engines.fsdp.train import fsdp2_lacks
+
+        why = fsdp2_lacks()
+        if why is not None:
+            raise LaunchError(why)
     if cfg.run.mode == "colocated":  # every service a thread of this process: no Ray
         from relax_services.control.colocated import ColocatedController, check_colocated
 

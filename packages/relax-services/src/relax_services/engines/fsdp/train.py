@@ -111,14 +111,22 @@ rank's batch reduced all the same); recent FSDP2 additions, checked when an engi
 version tested)."""
 
 
+def fsdp2_lacks() -> str | None:
+    """Why the installed torch cannot run the engine (its FSDP2 lacks a method of :data:`FSDP2_METHODS`), or None."""
+    missing = [name for name in FSDP2_METHODS if not hasattr(FSDPModule, name)]
+    if not missing:
+        return None
+    return (
+        f"trainer.engine='fsdp' needs torch's FSDP2 with FSDPModule.{', '.join(missing)}, which torch "
+        f"{torch.__version__} lacks; install a newer torch (2.14 is tested)"
+    )
+
+
 def check_fsdp2() -> None:
     """Raise ``RuntimeError`` naming the installed torch when its FSDP2 lacks a method of :data:`FSDP2_METHODS`."""
-    missing = [name for name in FSDP2_METHODS if not hasattr(FSDPModule, name)]
-    if missing:
-        raise RuntimeError(
-            f"trainer.engine='fsdp' needs torch's FSDP2 with FSDPModule.{', '.join(missing)}, which torch "
-            f"{torch.__version__} lacks; install a newer torch (2.14 is tested)"
-        )
+    why = fsdp2_lacks()
+    if why is not None:
+        raise RuntimeError(why)
 
 
 def _to_meta(model: torch.nn.Module) -> torch.nn.Module:
