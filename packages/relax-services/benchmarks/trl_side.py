@@ -228,8 +228,9 @@ def config_main(work: Path, model_dir: Path, out_path: Path, hp: dict[str, Any])
         output_dir=str(out_path.parent / "trl_output"),
         use_cpu=True,
         bf16=False,
-        # GRPOConfig's default recomputes activations in the backward; relax keeps them, so both sides do.
-        gradient_checkpointing=False,
+        # GRPOConfig's default recomputes activations in the backward; here as relax's run config says
+        # (trainer.activation_checkpointing, off by default).
+        gradient_checkpointing=bool(hp.get("gradient_checkpointing", False)),
         report_to="none",
         save_strategy="no",
         logging_steps=1,

@@ -71,7 +71,9 @@ def test_config_mode_gives_both_sides_the_same_settings_prompts_and_reward(tmp_p
     assert (hp["max_new_tokens"], hp["temperature"], hp["lr"], hp["beta"]) == (5, 0.9, 3e-5, 0.01)
     assert (hp["clip_eps"], hp["clip_eps_high"], hp["grad_clip"], hp["intra_op_threads"]) == (0.2, 0.28, 1.0, 1)
     assert hp["loss_type"] == {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}[cfg.algorithm.loss_agg_mode]
-    assert hp["minutes"] == 2.5
+    assert hp["minutes"] == 2.5 and hp["gradient_checkpointing"] is False  # relax's default: activations kept
+    recompute = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"activation_checkpointing": True})})
+    assert config_hparams(recompute)["gradient_checkpointing"] is True
 
     work = tmp_path / "work"
     write_config_task(cfg, work, hp)

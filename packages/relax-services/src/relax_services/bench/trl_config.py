@@ -88,6 +88,7 @@ class ConfigHParams(TypedDict):
     scale_rewards: str
     suppressed_ids: list[int]
     intra_op_threads: int
+    gradient_checkpointing: bool  # trainer.activation_checkpointing (TRL recomputes whole layers, relax the MLPs)
     reward: dict[str, object]  # relax-core's RewardRunnerConfig, as JSON
 
 
@@ -135,6 +136,7 @@ def config_hparams(cfg: RunConfig, minutes: float | None = None) -> ConfigHParam
         "scale_rewards": "group" if algo.norm_adv_by_std else "none",
         "suppressed_ids": list(open_checkpoint(cfg.model.source).tokens.never_sample),
         "intra_op_threads": _threads(cfg),
+        "gradient_checkpointing": trainer.activation_checkpointing,
         "reward": cfg.reward.runner_config().model_dump(mode="json"),
     }
 

@@ -308,6 +308,11 @@ class TrainerConfig(ConfigModel):
     numbers to float rounding). Needs ``sdpa`` or ``eager`` attention (a dense block mask of ``tokens × (distinct
     prompts' tokens + tokens)``); the update's ``padding_frac`` metric is then 0."""
 
+    activation_checkpointing: bool = False
+    """Recompute each text decoder block's MLP activations in the backward pass instead of keeping them (the
+    one-process engine, ``trainer.engine=torch``; a Trainer group has ``trainer.fsdp.activation_checkpointing``): less
+    memory for one more forward of the MLPs per micro-batch, the same numbers."""
+
     minibatches: int = pydantic.Field(default=1, ge=1)
     """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,
     the proximal log-probs of decoupled PPO are computed once, before the first."""

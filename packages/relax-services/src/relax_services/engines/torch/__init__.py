@@ -68,6 +68,7 @@ def train_config(cfg: RunConfig, role: str = "trainer") -> TorchTrainConfig:
         micro_batch_size=cfg.trainer.micro_batch_groups * cfg.algorithm.group_size,
         max_tokens_per_micro_batch=cfg.trainer.max_tokens_per_micro_batch,
         packing=cfg.trainer.packing,
+        activation_checkpointing=cfg.trainer.activation_checkpointing,
         minibatches=cfg.trainer.minibatches,
         epochs=cfg.trainer.ppo_epochs,
         loss_weighting=weighting,

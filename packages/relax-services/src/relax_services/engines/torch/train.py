@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -92,6 +92,9 @@ class TorchTrainConfig:
             update and scoring call (None: the process's own setting). CPU reductions are split per thread, so
             the same update gives other bits at another count: a fixed count is what makes two processes (the
             Trainer service, a synchronous reference loop) compute identical weights.
+        activation_checkpointing: Recompute each text decoder block's MLP activations in the backward pass
+            instead of keeping them (torch's composable ``checkpoint``, :func:`checkpoint_blocks`): one more forward
+            of the MLPs per micro-batch, the same numbers.
         lora: Train low-rank adapters injected into the model (:func:`~relax_services.models.lora.apply_lora`,
             drawn after seeding) instead of every weight: the optimizer holds the adapters only,
             :meth:`~TorchTrainEngine.policy_state` gives the merged weights under the plain model's names and the
@@ -106,6 +109,7 @@ class TorchTrainConfig:
     micro_batch_size: int = 64
     max_tokens_per_micro_batch: int | None = None
     packing: bool = False
+    activation_checkpointing: bool = False
     minibatches: int = 1
     epochs: int = 1
     loss_weighting: LossWeighting = "tokens"
@@ -209,6 +213,8 @@ class TorchTrainEngine:
         if self.config.lora is not None:
             model = apply_lora(model, self.config.lora)
         self.model = model.to(self.device, dtype)
+        if self.config.activation_checkpointing:
+            checkpoint_blocks(self.model)
         if self.config.packing:
             check_packing(self.model.thinker if isinstance(self.model, ValueModel) else self.model)
         self.optimizer = torch.optim.AdamW(
@@ -579,3 +585,20 @@ def _stack_fields(batch: Sequence[TrainSample], mask: torch.Tensor) -> dict[str,
             padded[i, : v.shape[0]] = v
         out[name] = padded.to(mask.device)
     return out
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> None:
+    """Make the MLP of every text decoder block of ``model`` recompute its activations in the backward pass (the
+    policy's or a value model's blocks, :func:`~relax_services.engines.fsdp.layout.decoder_blocks`), as the FSDP2
+    engine does. The MLP only: attention's recompute would append its keys and values to the prompt cache a
+    group's rows share a second time.
+
+    Raises:
+        ValueError: If ``model`` has no decoder blocks by those names.
+    """
+    from torch.distributed._composable.checkpoint_activation import checkpoint
+
+    from relax_services.engines.fsdp.layout import decoder_blocks
+
+    for block in decoder_blocks(model):
+        checkpoint(cast(torch.nn.Module, block.mlp))
