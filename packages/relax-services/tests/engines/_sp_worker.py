@@ -31,9 +31,10 @@ HELD_OUT = 100  # batch(HELD_OUT) is scored after the updates
 
 
 def grad_batch() -> list[Any]:
-    """Two images and two audio clips (other seeds give other media): the gradient probe's one micro-batch, in which
-    the ranks of an sp group share the encoding of each modality's items."""
-    return [batch(0)[0], batch(1)[0], batch(0)[2], batch(1)[2]]
+    """Two images, two audio clips, one video of two temporal patches and a text prompt (other seeds give other
+    media): the gradient probe's one micro-batch, in which the ranks of an sp group share the encoding of each
+    modality's items, the video's along time."""
+    return [batch(0)[0], batch(1)[0], batch(0)[2], batch(1)[2], batch(0)[5], batch(0)[1]]
 
 
 def _engine(layout: ParallelConfig) -> tuple[FSDPTrainEngine, dict[str, int]]:
@@ -72,13 +73,14 @@ def _gradients(engine: FSDPTrainEngine, out: dict[str, Any], key: str) -> None:
     engine._used.zero_()
     sp = engine.sequence_parallel
     assert sp is not None
-    before = sp.encoded_items
+    before, frames = sp.encoded_items, sp.encoded_frames
     engine.config = dataclasses.replace(CONFIG, micro_batch_size=len(grad_batch()))
     engine._accumulate_gradients(grad_batch(), pg_token_mean)
     engine.config = CONFIG
     engine._drop_unused_gradients()
     out[f"{key}_grads"] = {n: _full(p.grad) for n, p in engine.model.named_parameters() if p.grad is not None}
     out[f"{key}_encoded_items"] = sp.encoded_items - before
+    out[f"{key}_encoded_frames"] = sp.encoded_frames - frames
     engine.optimizer.zero_grad(set_to_none=True)
 
 

@@ -128,18 +128,25 @@ def expected_local_work(sp: int, samples: list[Any]) -> tuple[list[tuple[int, in
 
 
 def check_shared_encoding(group: list[dict[str, Any]], key: str, dp: int = 1) -> None:
-    """In the gradient probe's micro-batch (each sp group's share of two images and two audio clips), rank ``r`` of
-    an sp group encoded the ``r``-th of ``sp`` contiguous shares of each modality's distinct items, not all."""
+    """In the gradient probe's micro-batch (each sp group's share of two images, two audio clips, a video and a text
+    prompt), rank ``r`` of an sp group encoded the ``r``-th of ``sp`` contiguous shares of each modality's distinct
+    items, not all; the video (2 temporal patches of 4 × 4, in the second half) is split along time: each of the 2
+    ranks of the group that has it encoded one temporal patch."""
     samples = sp_worker.grad_batch()
     size = len(samples) // dp
     first = group[0][f"{key}_coords"]["dp"] * size
     share = samples[first : first + size]
     sp = len(group)
-    items = [sum(1 for s in share if s.prompt.media_of(m)) for m in MODEL_MODALITIES.values()]  # distinct here
+    items = [
+        sum(1 for s in share if s.prompt.media_of(m)) for name, m in MODEL_MODALITIES.items() if name != "video"
+    ]  # distinct here
+    videos = sum(1 for s in share if s.prompt.media_of(MODEL_MODALITIES["video"]))
+    assert videos == (1 if dp == 1 or first else 0)
     for r, rank in enumerate(group):
         expected = sum(max(0, min(-(-n // sp), n - r * -(-n // sp))) for n in items)
         assert rank[f"{key}_encoded_items"] == expected
-        assert expected < sum(items)  # a share, not everything
+        assert expected < sum(items) or sum(items) == 1  # a share, not everything (one item goes to one rank)
+        assert rank[f"{key}_encoded_frames"] == videos * 2 // sp  # half the video's frames each, at sp = 2
     assert sum(rank[f"{key}_encoded_items"] for rank in group) == sum(items)  # every item encoded once
 
 

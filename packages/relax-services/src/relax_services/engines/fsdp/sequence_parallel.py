@@ -46,7 +46,7 @@ from relax_services.engines.scoring import (
 from relax_services.models.deepstack import text_decoder
 from relax_services.models.embeddings import MediaEncoder, decoder_inputs, encode_media
 from relax_services.models.inputs import OmniPrompt, pad_sequences
-from relax_services.models.modalities import ModelModality
+from relax_services.models.modalities import ModelModality, VisionModality
 from relax_services.models.positions import position_ids_for, sequence_positions
 from relax_services.models.tokens import model_pad_id
 from relax_services.models.value import ValueModel
@@ -60,6 +60,7 @@ __all__ = [
     "response_mask_4d",
     "score_responses_sp",
     "score_values_sp",
+    "time_shares",
 ]
 
 ULYSSES_ATTENTION = "relax_ulysses"
@@ -79,7 +80,8 @@ class SequenceParallel:
             values include a cached prefix: the cache and the new tokens are exchanged separately).
         local_tokens: Input positions this rank ran through the decoder so far (its slices, padding included).
         encoded_items: Prompts whose media (of one modality) this rank encoded so far (its share of each
-            micro-batch's distinct ones).
+            micro-batch's distinct ones); videos are split along time instead and counted in ``encoded_frames``.
+        encoded_frames: Temporal patches of videos this rank encoded so far (its share of each micro-batch's).
     """
 
     group: dist.ProcessGroup
@@ -88,6 +90,7 @@ class SequenceParallel:
     exchanges: int = 0
     local_tokens: int = 0
     encoded_items: int = 0
+    encoded_frames: int = 0
 
     @classmethod
     def of(cls, mesh: DeviceMesh) -> SequenceParallel:
@@ -131,6 +134,8 @@ class SequenceParallel:
                 raise ValueError(
                     "sequence parallelism does not split DeepStack vision features: use sequence_parallel=1"
                 )
+            if isinstance(modality, VisionModality) and modality.seconds is not None:
+                return self._encode_along_time(model, modality, prompts, device), []
             per = -(-len(prompts) // self.size)
             mine = prompts[self.rank * per : (self.rank + 1) * per]
             self.encoded_items += len(mine)
@@ -138,6 +143,45 @@ class SequenceParallel:
             return self._exchange_features(own, per, device), []
 
         return encode
+
+    def _encode_along_time(
+        self, model: object, video: VisionModality, prompts: Sequence[OmniPrompt], device: torch.device
+    ) -> list[torch.Tensor]:
+        """Each prompt's video features ``[tokens_i, H]``, the work split along time: the micro-batch's temporal
+        patches (every video's ``t`` of its ``(t, h, w)`` grid, in prompt, item and time order) are cut into ``size``
+        contiguous shares of about equal patch counts (:func:`time_shares`), rank ``r`` encodes the ``r``-th (as
+        pieces of ``(t', h, w)``, a video's consecutive frames in it) and the pieces' features are all-gathered in
+        order. Exact for the families' vision towers: they attend within a temporal patch (window and full attention
+        alike, ``cu_seqlens`` per frame) with 2-D rotary positions, so a piece's features are the whole video's
+        rows for those frames."""
+        parts = [p.media_of(video) for p in prompts]
+        frames = [
+            (i, row, k, int(h) * int(w))
+            for i, part in enumerate(parts)
+            for row, (t, h, w) in enumerate(part[video.grid].tolist() if part else [])
+            for k in range(int(t))
+        ]
+        shares = time_shares([patches for *_, patches in frames], self.size)
+        pieces = _pieces(
+            frames, shares, self.size
+        )  # per rank: (prompt, grid row, first frame, frames, patches per frame)
+        mine = pieces[self.rank]
+        own: list[torch.Tensor] = []
+        if mine:
+            pixels, grids = [], []
+            for i, row, first, count, area in mine:
+                grid = parts[i][video.grid]
+                start = int(grid[:row].prod(-1).sum()) + first * area
+                pixels.append(parts[i][video.pixels][start : start + count * area])
+                grids.append(torch.tensor([count, int(grid[row, 1]), int(grid[row, 2])]))
+            media = {video.pixels: torch.cat(pixels).to(device), video.grid: torch.stack(grids).to(device)}
+            own = list(video.encode(model, media))
+            self.encoded_frames += sum(count for _, _, _, count, _ in mine)
+        gathered = self._exchange_features(own, max(len(p) for p in pieces), device)
+        per_prompt: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for (i, *_), features in zip((q for share in pieces for q in share), gathered, strict=True):
+            per_prompt[i].append(features)
+        return [torch.cat(f) for f in per_prompt]
 
     def _exchange_features(self, own: list[torch.Tensor], per: int, device: torch.device) -> list[torch.Tensor]:
         """Every rank's ``own`` features (``[tokens_i, H]`` each, up to ``per`` of them), in rank order."""
@@ -165,6 +209,32 @@ class SequenceParallel:
     def _max(self, value: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
         return value
+
+
+def time_shares(patches: Sequence[int], size: int) -> list[int]:
+    """The rank (0 … ``size − 1``) that encodes each temporal patch of a micro-batch's videos, given each one's patch
+    count in order: contiguous shares of about ``total / size`` patches (a temporal patch goes to the share its
+    first patch falls in)."""
+    total, before, out = sum(patches), 0, []
+    for n in patches:
+        out.append(min(size - 1, before * size // total) if total else 0)
+        before += n
+    return out
+
+
+def _pieces(
+    frames: Sequence[tuple[int, int, int, int]], shares: Sequence[int], size: int
+) -> list[list[tuple[int, int, int, int, int]]]:
+    """Per rank of ``size``, its temporal patches as pieces of consecutive frames of one video: ``(prompt, grid
+    row, first frame, frames, patches per frame)`` each, in order."""
+    pieces: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(size)]
+    for (i, row, k, area), rank in zip(frames, shares, strict=True):
+        last = pieces[rank][-1] if pieces[rank] else None
+        if last is not None and last[:2] == (i, row) and last[2] + last[3] == k:
+            pieces[rank][-1] = (i, row, last[2], last[3] + 1, area)
+        else:
+            pieces[rank].append((i, row, k, 1, area))
+    return pieces
 
 
 class _Ctx(FunctionCtx):
