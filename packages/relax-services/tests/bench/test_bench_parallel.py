@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from relax_services.bench.parallel import LAYOUTS, SAMPLES, layout_config, predict, run
+from relax_services.bench.parallel import LAYOUTS, SAMPLES, layout_config, media_prompt, predict, run
 
 
 def test_every_layout_is_a_two_rank_mesh_the_group_executes() -> None:
@@ -23,6 +23,23 @@ def test_the_predictions_follow_the_split() -> None:
     assert sp < dp and tp < dp
     assert predict("sp2", 16384)[0] > sp
     assert SAMPLES == 2  # one sequence per data-parallel rank at dp = 2
+
+
+def test_media_workloads_are_the_sizes_they_name() -> None:
+    """Image: 8 images of 224 px, 16 × 16 patches of 14 px, 64 tokens each after the 2 × 2 merge, each between its
+    vision markers; video: 32 frames of 112 px, 16 temporal patches of 8 × 8, 256 tokens; then 32 text tokens. The
+    planner's predictions for them are positive and sp = 2 holds less than dp = 2 of the video's long sequence."""
+    import torch
+
+    image = media_prompt("image", torch.Generator().manual_seed(0))
+    assert image.num_tokens == 8 * (64 + 2) + 32 and tuple(image.media()["image_grid_thw"].shape) == (8, 3)
+    video = media_prompt("video", torch.Generator().manual_seed(0))
+    assert video.num_tokens == 256 + 2 + 32 and video.media()["video_grid_thw"].tolist() == [[16, 8, 8]]
+    for kind in ("image", "video"):
+        assert all(x > 0 for name in LAYOUTS for x in predict(name, 0, kind))
+    assert predict("sp2", 0, "video")[0] < predict("dp2", 0, "video")[0]
+    with pytest.raises(ValueError, match="image or video"):
+        media_prompt("text", torch.Generator())
 
 
 @pytest.mark.slow  # a group of two spawned ranks imports the model stack: ~1 min on 2 loaded cores
