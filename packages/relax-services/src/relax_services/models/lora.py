@@ -158,7 +158,8 @@ def _delta_weight(layer: LoraLinear, state: Mapping[str, torch.Tensor], name: st
     if half_on_cpu:
         a, b = a.float(), b.float()
     product = b @ a
-    delta = (product.T if layer.fan_in_fan_out else product) * layer.scaling[_ADAPTER]
+    scaling = float(layer.scaling[_ADAPTER])
+    delta = (product.T if layer.fan_in_fan_out else product) * scaling
     return delta.to(dtype) if half_on_cpu else delta
 
 
@@ -225,9 +226,7 @@ def save_adapter(
     config.base_model_name_or_path = str(base_path)
     config.save_pretrained(str(out))
     # peft's own key layout (adapter name dropped), under the prefix PeftModel gives the wrapped model
-    weights = get_peft_model_state_dict(
-        model, state_dict=None if state is None else dict(state), adapter_name=_ADAPTER
-    )
+    weights = get_peft_model_state_dict(model, state_dict=None if state is None else dict(state), adapter_name=_ADAPTER)
     save_file(
         {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
         str(out / "adapter_model.safetensors"),

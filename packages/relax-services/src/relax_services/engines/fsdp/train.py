@@ -29,7 +29,7 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.checkpoint.state_dict import OptimizerStateType, StateDictOptions, ValueType
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -152,10 +152,11 @@ def _inputs_require_grad(module: torch.nn.Module, args: tuple[object, ...], outp
         output.requires_grad_(True)
 
 
-def _own_counts(moments: Mapping[str, Any]) -> dict[str, Any]:
+def _own_counts(moments: Mapping[str, ValueType]) -> dict[str, ValueType]:
     """One parameter's optimizer state with its unsharded tensors (the step count) copied."""
-    plain = (k for k, v in moments.items() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor))
-    return {**moments, **{k: moments[k].clone() for k in plain}}
+    return {
+        k: v.clone() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) else v for k, v in moments.items()
+    }
 
 
 class FSDPTrainEngine:
@@ -595,7 +596,7 @@ class FSDPTrainEngine:
         entries = trainable_state(self.model, StateDictOptions(full_state_dict=True, cpu_offload=True))
         return cast(dict[str, torch.Tensor], entries)
 
-    def train_state(self, options: StateDictOptions | None = None) -> tuple[dict[str, Any], Any]:
+    def train_state(self, options: StateDictOptions | None = None) -> tuple[dict[str, ValueType], OptimizerStateType]:
         """Model and optimizer entries keyed by name (:func:`~relax_services.engines.fsdp.state.train_state`); with
         ``config.lora`` the model's are the adapters alone (the frozen weights are the checkpoint folder's)."""
         return train_state(self.model, self.optimizer, options, trainable_only=self.config.lora is not None)
@@ -616,7 +617,7 @@ class FSDPTrainEngine:
             "version": self._version,
         }
 
-    def full_state_dict(self) -> dict[str, Any]:
+    def full_state_dict(self) -> dict[str, object]:
         """:meth:`state_dict` gathered: full (unsharded) CPU tensors keyed by parameter name, which any world size
         loads (:meth:`load_full_state_dict`); collective, and only the shard group's rank 0 gets the model and
         optimizer entries (the others' are empty). With ``config.lora`` the model entries are the adapters, named as
@@ -624,7 +625,7 @@ class FSDPTrainEngine:
         model_state, optim_state = self.train_state(StateDictOptions(full_state_dict=True, cpu_offload=True))
         # The gathered tensors are new, but AdamW's step counts (plain tensors, not sharded) come back as the live
         # ones, which the next update would advance under the caller's feet.
-        moments = cast(dict[str, dict[str, Any]], optim_state.get("state", {}))
+        moments = cast("dict[str, dict[str, ValueType]]", optim_state.get("state", {}))
         optim_state = {**optim_state, "state": {name: _own_counts(entry) for name, entry in moments.items()}}
         return {
             "model": model_state,
@@ -634,14 +635,18 @@ class FSDPTrainEngine:
             "version": self._version,
         }
 
-    def load_full_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_full_state_dict(self, state: Mapping[str, object]) -> None:
         """Restores :meth:`full_state_dict` (of any world size), given whole on every rank (collective)."""
         # strict=False: see load_state_dict; a LoRA state's model entries are the adapters alone (the rest stays)
         options = StateDictOptions(full_state_dict=True, strict=False)
-        load_train_state(self.model, self.optimizer, state["model"], state["optimizer"], options)
-        self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        self._version = int(state["version"])
+        model_state, optim_state = (
+            cast("Mapping[str, object]", state["model"]),
+            cast("Mapping[str, object]", state["optimizer"]),
+        )
+        load_train_state(self.model, self.optimizer, model_state, optim_state, options)
+        self.scheduler.load_state_dict(cast("dict[str, Any]", state["scheduler"]))
+        torch.set_rng_state(cast("dict[str, torch.Tensor]", state["rng"])["torch"])
+        self._version = int(cast(int, state["version"]))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict` (model and optimizer entries as DTensors on this mesh, or full tensors)."""
