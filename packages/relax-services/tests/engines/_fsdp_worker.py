@@ -279,7 +279,8 @@ def _lora_policy() -> torch.nn.Module:
 def lora(out: dict[str, Any], folder: Path) -> None:
     """LoRA adapters on two ranks, in float64 as :func:`units`; rank 1 is built on the meta device and receives rank
     0's weights and adapters. Two updates, a sharded checkpoint and a full state after the first; engines with other
-    initial adapters (seed 7) resume from each and take the second update again; an HF export after the second."""
+    initial adapters (seed 7) resume from each and take the second update again; an HF export after the second; the
+    same two updates with activation checkpointing."""
     engine = FSDPTrainEngine(_lora_policy(), LORA_CONFIG)
     out["lora_initial_adapters"] = engine.adapter_state()
     out["lora_initial"] = engine.policy_state()
@@ -297,6 +298,9 @@ def lora(out: dict[str, Any], folder: Path) -> None:
     out["lora_weights"] = engine.policy_state()
     out["lora_moments"] = sorted(names[id(p)] for p in engine.optimizer.state)
     export_hf(engine, folder / "lora_hf", side_files_from=tiny_omni_checkpoint(0))
+    checkpointed = FSDPTrainEngine(_lora_policy(), LORA_CONFIG, FSDPConfig(activation_checkpointing=True))
+    _train(checkpointed, range(LORA_UPDATES))
+    out["lora_checkpointed_weights"] = checkpointed.policy_state()  # the MLP's adapters recomputed in backward
     for how in ("sharded", "full"):
         resumed = FSDPTrainEngine(_lora_policy(), dataclasses.replace(LORA_CONFIG, seed=7))
         if how == "sharded":

@@ -308,6 +308,7 @@ def test_two_ranks_train_lora_adapters_as_one_process_does(
     assert _max_diff(ranks[0]["lora_weights"], lora_reference["weights"]) < ATOL_F64  # same names, merged
     assert _max_diff(lora_reference["weights"], ranks[0]["lora_initial"]) > 1e-3
     assert _equal(ranks[0]["lora_weights"], ranks[1]["lora_weights"])
+    assert _equal(ranks[0]["lora_checkpointed_weights"], ranks[0]["lora_weights"])  # activation checkpointing
 
 
 def test_lora_on_two_ranks_trains_and_keeps_state_for_the_adapters_only(
