@@ -3,7 +3,8 @@
 
 A checkpoint folder holds the DCP files of the model and optimizer shards (keyed by parameter name, so a
 checkpoint saved on ``N`` ranks loads on ``M``: DCP reshards), ``engine_meta.pt`` (scheduler, version, world
-size) and ``rng_rank{R}.pt`` per rank. It is written into a temporary sibling folder and renamed into place
+size) and ``rng_rank{R}.pt`` per rank. A LoRA engine's (``config.lora``) model entries are its adapters alone: the
+frozen weights are the model folder's. It is written into a temporary sibling folder and renamed into place
 by rank 0 after every rank has finished, like the run checkpoints of the run checkpoints
 (:class:`~relax_services.control.checkpoint.CheckpointManager`): a
 crash mid-write leaves the previous checkpoint intact and never a half-written one under the final name.

@@ -17,6 +17,10 @@ Parameters one rank did not use get zero gradients in the reduction (``set_reduc
 With sequence parallelism (``sp_mesh``) the ranks of an sp group take the same share and split every sequence of it
 (:mod:`~relax_services.engines.fsdp.sequence_parallel`); FSDP then shards over ``dp × sp`` flattened, so the
 reduce-scatter also sums the sequence slices' gradients.
+
+With ``config.lora`` every rank injects the adapters before sharding (data parallelism only): the frozen weights are
+sharded like any others but get no gradient and no optimizer state, the published weights are the merged ones under
+the plain model's names (as the single-process engine's) and every state or checkpoint holds the adapters alone.
 """
 
 from __future__ import annotations
@@ -291,9 +295,9 @@ class FSDPTrainEngine:
         if self.tp_mesh is not None or self.sequence_parallel is not None:
             raise ValueError(
                 "FSDPTrainEngine: LoRA (config.lora) trains with data parallelism only; tensor parallelism "
-                f"(tp={1 if self.tp_mesh is None else self.tp_mesh.size()}) would split the adapted layers and "
-                f"sequence parallelism (sp={1 if self.sequence_parallel is None else self.sequence_parallel.size}) is "
-                "untested with adapters"
+                f"(tp={1 if self.tp_mesh is None else self.tp_mesh.size()}) and sequence parallelism "
+                f"(sp={1 if self.sequence_parallel is None else self.sequence_parallel.size}) are not supported with "
+                "adapters: give neither tp_mesh nor sp_mesh"
             )
         if isinstance(model, ValueModel):
             raise ValueError("FSDPTrainEngine: LoRA (config.lora) adapts a policy; a critic trains every weight")
@@ -619,9 +623,9 @@ class FSDPTrainEngine:
 
     def full_state_dict(self) -> dict[str, object]:
         """:meth:`state_dict` gathered: full (unsharded) CPU tensors keyed by parameter name, which any world size
-        loads (:meth:`load_full_state_dict`); collective, and only the shard group's rank 0 gets the model and
-        optimizer entries (the others' are empty). With ``config.lora`` the model entries are the adapters, named as
-        the single-process engine's (what :func:`~relax_services.models.export.export_checkpoint` reads)."""
+        loads (:meth:`load_full_state_dict`); collective, and only the shard group's rank 0 is sure to get every
+        entry (torch's gathers leave the others' empty). With ``config.lora`` the model entries are the adapters,
+        named as the single-process engine's (what :func:`~relax_services.models.export.export_checkpoint` reads)."""
         model_state, optim_state = self.train_state(StateDictOptions(full_state_dict=True, cpu_offload=True))
         # The gathered tensors are new, but AdamW's step counts (plain tensors, not sharded) come back as the live
         # ones, which the next update would advance under the caller's feet.
