@@ -14,6 +14,9 @@ import pytest
 import torch
 
 from relax_services.control.checkpoint import CheckpointManager
+from relax_services.models import load_model
+from relax_services.models.export import HF_FOLDER
+from relax_services.models.lora import ADAPTER_FOLDER, apply_lora, load_adapter_state, merged_state
 from relax_services.models.policy import build_policy
 from relax_services.reporting.metrics import read_metrics
 
@@ -69,6 +72,36 @@ def test_tau0_pipeline_with_two_trainer_ranks_equals_sequential_trainer(
     _check_against_sequential(cfg, state, sequential_weights, tmp_path, steps)
     assert result.ledger["lost"] == 0 and result.ledger["duplicated"] == 0
     assert result.ledger["consumed"] == steps * cfg.trainer.groups_per_step
+
+
+@pytest.mark.slow  # another whole run with two ranks; tests/engines/test_engines_fsdp.py checks LoRA on 2 ranks
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_tau0_pipeline_with_lora_on_two_trainer_ranks_equals_sequential_trainer(
+    small_config, run_pipeline, sequential_weights, tmp_path: Path
+) -> None:
+    """``model.lora`` on the two ranks: the run's checkpoint (the group's full state) holds the adapters alone, and
+    merged into the frozen weights they are the sequential trainer's (one process, adapters too); its Hugging Face
+    export is that merged model plus the adapter folder."""
+    steps = 3
+    lora = "model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj, o_proj]}"
+    cfg = small_config(*TAU0, lora, f"trainer.total_steps={steps}")
+    assert cfg.trainer.engine == "fsdp" and cfg.model.lora is not None
+    result = run_pipeline(cfg)
+    assert result.steps == steps
+    assert result.staleness_hist == {0: steps * cfg.samples_per_step}
+    state = _final_state(result.run_dir)
+    assert state["version"] == steps
+    assert state["model"] and all(".lora_A." in k or ".lora_B." in k for k in state["model"])
+    adapted = apply_lora(build_policy(cfg.model), cfg.model.lora)
+    load_adapter_state(adapted, state["model"])
+    merged = merged_state(adapted)
+    _check_against_sequential(cfg, {"model": merged}, sequential_weights, tmp_path, steps)
+    latest = CheckpointManager(result.run_dir / "checkpoints").latest()
+    assert latest is not None
+    exported = load_model(latest / HF_FOLDER).state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in merged.items())
+    assert (latest / HF_FOLDER / ADAPTER_FOLDER / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.slow  # a second whole run with two ranks; the dp = 2 run above stays in the default suite

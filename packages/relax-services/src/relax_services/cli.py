@@ -94,7 +94,7 @@ def _train_guarded(args: argparse.Namespace, signals: _StartupSignals) -> int:
         if cfg.model.lora is None:
             folder: Path | None = check_source(cfg.model.source, cfg.model.seed, in_process=in_process)
         else:
-            folder = None  # a LoRA run trains in one process: no sequence parallelism to check
+            folder = None  # LoRA is refused with sequence parallelism: no heads to check
             names = linear_layer_names(cfg.model.source, cfg.model.seed, in_process=in_process)
             if unknown := [t for t in cfg.model.lora.target_modules if t not in names]:
                 print(

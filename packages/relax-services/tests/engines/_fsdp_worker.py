@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from relax_services.config import ModelConfig
+from relax_services.config import LoraConfig, ModelConfig
 from relax_services.engines import (
     LOSS_MASK_FIELD,
     LossFn,
@@ -37,7 +37,7 @@ from relax_services.models import build_tiny_omni, build_value_model
 from relax_services.models.policy import empty_policy
 from relax_services.models.synthetic import synthetic_prompt
 from relax_services.models.tiny_omni import tiny_omni_checkpoint
-from relax_services.weights.buckets import BucketLoader, InProcessWeightStream, stream_buckets
+from relax_services.weights.buckets import BucketLoader, InProcessWeightStream, full_tensors, stream_buckets
 
 # Rank 0's shares hold an image and a video, rank 1's an audio clip: the ranks use different encoders.
 MODALITIES = ("image", "text", "audio", "text", "text", "video", "text", "text")
@@ -264,6 +264,54 @@ def step0_checkpoint(out: dict[str, Any], folder: Path) -> None:
     out["step0_resumed_weights"] = resumed.policy_state()
 
 
+LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+LORA_CONFIG = dataclasses.replace(CONFIG, lora=LORA)
+LORA_UPDATES = 2
+
+
+def _lora_policy() -> torch.nn.Module:
+    """The float64 tiny policy on rank 0, its empty shape on the meta device elsewhere (the ranks that receive it)."""
+    if dist.get_rank() == 0:
+        return build_tiny_omni(0).double()
+    return empty_policy(ModelConfig(source="tiny-omni", seed=0)).double()
+
+
+def lora(out: dict[str, Any], folder: Path) -> None:
+    """LoRA adapters on two ranks, in float64 as :func:`units`; rank 1 is built on the meta device and receives rank
+    0's weights and adapters. Two updates, a sharded checkpoint and a full state after the first; engines with other
+    initial adapters (seed 7) resume from each and take the second update again; an HF export after the second; the
+    same two updates with activation checkpointing."""
+    engine = FSDPTrainEngine(_lora_policy(), LORA_CONFIG)
+    out["lora_initial_adapters"] = engine.adapter_state()
+    out["lora_initial"] = engine.policy_state()
+    names = {id(p): n for n, p in engine.model.named_parameters()}
+    out["lora_trainable"] = sorted(n for n, p in engine.model.named_parameters() if p.requires_grad)
+    out["lora_optimized"] = sorted(names[id(p)] for g in engine.optimizer.param_groups for p in g["params"])
+    out["lora_metrics"] = _train(engine, range(1))
+    save_checkpoint(engine, folder / "lora_ckpt")
+    full = engine.full_state_dict()
+    full = [full if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(full, src=0)  # as the Trainer group hands rank 0's state to every rank
+    out["lora_full_state"] = full[0]
+    out["lora_metrics"] += _train(engine, range(1, LORA_UPDATES))
+    out["lora_raw"] = dict(full_tensors(engine.model))  # unmerged: frozen base layers and trained adapters
+    out["lora_weights"] = engine.policy_state()
+    out["lora_moments"] = sorted(names[id(p)] for p in engine.optimizer.state)
+    export_hf(engine, folder / "lora_hf", side_files_from=tiny_omni_checkpoint(0))
+    checkpointed = FSDPTrainEngine(_lora_policy(), LORA_CONFIG, FSDPConfig(activation_checkpointing=True))
+    _train(checkpointed, range(LORA_UPDATES))
+    out["lora_checkpointed_weights"] = checkpointed.policy_state()  # the MLP's adapters recomputed in backward
+    for how in ("sharded", "full"):
+        resumed = FSDPTrainEngine(_lora_policy(), dataclasses.replace(LORA_CONFIG, seed=7))
+        if how == "sharded":
+            load_checkpoint(resumed, folder / "lora_ckpt")
+        else:
+            resumed.load_full_state_dict(full[0])
+        out[f"lora_{how}_version"] = resumed.version
+        out[f"lora_{how}_metrics"] = _train(resumed, range(1, LORA_UPDATES))
+        out[f"lora_{how}_weights"] = resumed.policy_state()
+
+
 def buckets(out: dict[str, Any], engine: FSDPTrainEngine) -> None:
     """Stream the trained weights into a fresh rollout-side model, with small and large buckets."""
     for name, size in (("small", SMALL_BUCKET), ("large", 2**30)):
@@ -291,13 +339,16 @@ def main(rank: int, world: int, out_dir: str) -> None:
         budget(out)
         full_kl(out)
         t3 = time.perf_counter()
+        lora(out, Path(out_dir))
+        t4 = time.perf_counter()
         checkpoints(out, Path(out_dir))
         step0_checkpoint(out, Path(out_dir))
         out["phase_s"] = {
             "gloo": t1 - t0,
             "equivalence": t2 - t1,
             "buckets": t3 - t2,
-            "checkpoints": time.perf_counter() - t3,
+            "lora": t4 - t3,
+            "checkpoints": time.perf_counter() - t4,
         }
         torch.save(out, Path(out_dir, f"rank{rank}.pt"))
     finally:

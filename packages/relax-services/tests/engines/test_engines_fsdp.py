@@ -19,10 +19,14 @@ from typing import Any
 import pytest
 import torch
 
+from relax_services.config import ModelConfig
+from relax_services.control.checkpoint import ENGINE_FILE
 from relax_services.engines import TorchTrainEngine, TorchValueEngine
 from relax_services.engines.fsdp.checkpoint import checkpoint_model_state
 from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine, decoder_blocks
 from relax_services.models import build_tiny_omni, build_value_model, load_model
+from relax_services.models.export import export_checkpoint
+from relax_services.models.lora import ADAPTER_FOLDER, adapter_state
 from relax_services.weights.buckets import (
     BucketLoader,
     InProcessWeightStream,
@@ -265,6 +269,96 @@ def test_two_ranks_train_the_critic_one_process_trains(ranks: list[dict[str, Any
     ref_values, ref_mask = engine.compute_values(worker.batch(100))
     assert torch.equal(mask, ref_mask)
     assert torch.allclose(values, ref_values, atol=1e-4)
+
+
+# -- LoRA -------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora_reference() -> dict[str, Any]:
+    """The single-process engine with the worker's adapters, in float64 as the worker's LoRA group."""
+    torch.manual_seed(0)
+    engine = TorchTrainEngine(build_tiny_omni(0).double(), worker.LORA_CONFIG)
+    initial = adapter_state(engine.model)
+    metrics = [engine.step(worker.batch(s), worker.pg_token_mean) for s in range(worker.LORA_UPDATES)]
+    return {
+        "initial": initial,
+        "metrics": metrics,
+        "adapters": adapter_state(engine.model),
+        "weights": engine.policy_state(),
+    }
+
+
+def test_two_ranks_train_lora_adapters_as_one_process_does(
+    ranks: list[dict[str, Any]], lora_reference: dict[str, Any]
+) -> None:
+    """Same initial adapters on every rank (rank 1, built on the meta device, receives rank 0's), the same losses,
+    adapters and merged published weights as one process, to float64 summation order (``ATOL_F64``)."""
+    initial = lora_reference["initial"]
+    assert all(not torch.any(v) for k, v in initial.items() if ".lora_B." in k)  # B starts at zero
+    for r in ranks:
+        assert _equal(r["lora_initial_adapters"], initial)
+        # Merged with B = 0: the checkpoint's own weights, under the plain model's names.
+        assert _equal(r["lora_initial"], build_tiny_omni(0).double().state_dict())
+    for ours, theirs in zip(ranks[0]["lora_metrics"], lora_reference["metrics"], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=ATOL_F64)
+    adapters = {k: ranks[0]["lora_raw"][k] for k in initial}
+    assert _max_diff(lora_reference["adapters"], initial) > 1e-2  # the updates moved the adapters
+    assert _max_diff(adapters, lora_reference["adapters"]) < ATOL_F64
+    assert _max_diff(ranks[0]["lora_weights"], lora_reference["weights"]) < ATOL_F64  # same names, merged
+    assert _max_diff(lora_reference["weights"], ranks[0]["lora_initial"]) > 1e-3
+    assert _equal(ranks[0]["lora_weights"], ranks[1]["lora_weights"])
+    assert _equal(ranks[0]["lora_checkpointed_weights"], ranks[0]["lora_weights"])  # activation checkpointing
+
+
+def test_lora_on_two_ranks_trains_and_keeps_state_for_the_adapters_only(
+    ranks: list[dict[str, Any]], lora_reference: dict[str, Any]
+) -> None:
+    r = ranks[0]
+    adapters = sorted(lora_reference["initial"])
+    assert r["lora_trainable"] == r["lora_optimized"] == adapters  # the optimizer holds the adapters alone
+    assert r["lora_moments"] and set(r["lora_moments"]) <= set(adapters)
+    # The frozen weights keep their bits: every unmerged tensor but the adapters is the checkpoint's.
+    base = build_tiny_omni(0).double().state_dict()
+    frozen = {k: v for k, v in r["lora_raw"].items() if k not in lora_reference["initial"]}
+    assert _equal({k: base[k.replace(".base_layer.", ".")] for k in frozen}, frozen)
+    # Full state (what the Trainer group checkpoints) and sharded checkpoint: the adapters and their moments.
+    assert sorted(r["lora_full_state"]["model"]) == adapters
+    assert r["lora_full_state"]["optimizer"]["state"] and set(r["lora_full_state"]["optimizer"]["state"]) <= set(
+        adapters
+    )
+    assert sorted(checkpoint_model_state(r["folder"] / "lora_ckpt")) == adapters
+
+
+def test_lora_on_two_ranks_resumes_identically_from_either_checkpoint(ranks: list[dict[str, Any]]) -> None:
+    """Engines with other initial adapters (seed 7) load the adapters and moments saved after the first update and
+    take the second update bit for bit as the engine that went on."""
+    r = ranks[0]
+    for how in ("sharded", "full"):
+        assert r[f"lora_{how}_version"] == 1
+        assert r[f"lora_{how}_metrics"][0]["loss"] == r["lora_metrics"][1]["loss"]
+        assert _equal(r[f"lora_{how}_weights"], r["lora_weights"]), how
+
+
+def test_lora_exports_the_merged_model_and_a_peft_adapter(ranks: list[dict[str, Any]], tmp_path: Path) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    r = ranks[0]
+    assert _equal(load_file(str(r["folder"] / "lora_hf" / "model.safetensors")), r["lora_weights"])
+    peft_model = PeftModel.from_pretrained(build_tiny_omni(0).double(), r["folder"] / "lora_hf" / "adapter")
+    loaded = {n.removeprefix("base_model.model."): p for n, p in peft_model.named_parameters() if "lora_" in n}
+    assert _equal({k: v.detach() for k, v in loaded.items()}, {k: r["lora_raw"][k] for k in r["lora_trainable"]})
+    # A run checkpoint of the Trainer group holds its full state: the run's export reads its adapters.
+    folder = tmp_path / "step_00000001"
+    folder.mkdir()
+    torch.save(r["lora_full_state"], folder / ENGINE_FILE)
+    out = export_checkpoint(folder, ModelConfig(lora=worker.LORA), tmp_path / "hf")
+    exported = load_file(str(out / ADAPTER_FOLDER / "adapter_model.safetensors"))
+    saved = {
+        f"base_model.model.{k.replace('.default.', '.')}": v.float() for k, v in r["lora_full_state"]["model"].items()
+    }
+    assert _equal(exported, saved)
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------------

@@ -167,8 +167,12 @@ def test_config_errors_name_the_field() -> None:
         _engine(LoraConfig(target_modules=["q_proj", "qkv"]))
     with pytest.raises(ValueError, match="LM head"):
         _engine(LoraConfig(target_modules=["lm_head"], dropout=0.1))
-    with pytest.raises(ValueError, match=r"model\.lora.*trainer\.world_size=2"):
-        load_run_config(None, ["model.lora={}", "trainer.world_size=2"])
+    # The FSDP2 group trains adapters data-parallel (tests/engines/test_engines_fsdp.py); splitting layers is refused.
+    assert load_run_config(None, ["model.lora={}", "trainer.world_size=2"]).model.lora == LoraConfig()
+    with pytest.raises(ValueError, match=r"model\.lora.*data parallelism only.*trainer\.tensor_parallel=2"):
+        load_run_config(None, ["model.lora={}", "trainer.world_size=2", "trainer.tensor_parallel=2"])
+    with pytest.raises(ValueError, match=r"model\.lora.*trainer\.sequence_parallel=2 is not supported"):
+        load_run_config(None, ["model.lora={}", "trainer.world_size=2", "trainer.sequence_parallel=2"])
 
 
 def test_run_config_gives_the_trainer_adapters_and_the_reference_the_plain_model() -> None:

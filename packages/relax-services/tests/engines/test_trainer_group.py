@@ -39,6 +39,12 @@ def crash_on_rank_1(inputs: LossInputs) -> torch.Tensor:
     return worker.pg_token_mean(inputs)[0]
 
 
+def _pg_seq_mean(inputs: LossInputs) -> torch.Tensor:
+    """The policy gradient as a mean over samples of each one's token mean (a run config's default aggregation)."""
+    per_sample = (inputs.logprobs * inputs.fields["advantages"] * inputs.mask).sum(1) / inputs.mask.sum(1)  # [B]
+    return -per_sample.mean()
+
+
 def test_bad_group_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="world_size"):
         TrainerGroupConfig(world_size=0)
@@ -122,6 +128,40 @@ def test_the_group_realises_the_plan_relax_plan_prints(ray_session: Any, capsys:
         assert "dp groups  [[0, 1]]; rank 0 in [0, 1]" in group.plan_text
     finally:
         group.shutdown()
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # another group start (~15 s); test_engines_fsdp.py checks LoRA on 2 ranks in the default suite
+def test_a_lora_run_config_builds_a_group_that_trains_and_saves_the_adapters(ray_session: Any, tmp_path: Path) -> None:
+    """``model.lora`` on 2 ranks from a run config (rank 1 receives rank 0's checkpoint and adapters): one update as
+    the single-process engine of the same config, merged weights published, the adapters alone in the full state,
+    which the run's Hugging Face export reads."""
+    from relax_services.config import load_run_config
+    from relax_services.control.checkpoint import ENGINE_FILE
+    from relax_services.engines.fsdp import build_trainer_group
+    from relax_services.engines.torch import build_train_engine
+    from relax_services.models.export import export_checkpoint
+
+    overrides = ["trainer.world_size=2", "trainer.groups_per_step=4", "model.lora.rank=2"]
+    cfg = load_run_config(None, overrides)
+    assert cfg.algorithm.loss_agg_mode == "seq-mean-token-mean"  # micro-batches weighted by their samples
+    reference = build_train_engine(cfg)
+    group = build_trainer_group(cfg)
+    try:
+        metrics = group.step(worker.batch(0), _pg_seq_mean)
+        ref_metrics = reference.step(worker.batch(0), _pg_seq_mean)
+        assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)
+        assert _max_diff(group.policy_state(), reference.policy_state()) < ATOL  # merged, under the plain names
+        state = group.state_dict()
+    finally:
+        group.shutdown()
+    adapters = reference.state_dict()["model"]
+    assert state["model"].keys() == adapters.keys()
+    assert _max_diff(state["model"], adapters) < ATOL
+    folder = tmp_path / "step_00000001"
+    folder.mkdir()
+    torch.save(state, folder / ENGINE_FILE)
+    assert (export_checkpoint(folder, cfg.model, tmp_path / "hf") / "adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.integration

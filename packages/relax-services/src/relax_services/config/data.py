@@ -64,8 +64,9 @@ class ModelConfig(ConfigModel):
     """Train low-rank adapters instead of every weight (``model.lora.rank=16``, or ``model.lora={}`` for the
     defaults); None: full fine-tuning. The Trainer optimises the adapters only; rollout engines and the Reference
     receive merged weights under the model's own names; checkpoints hold the adapters; the Hugging Face export
-    writes the merged model and the adapter in peft's format (``hf/adapter``). The single-process trainer only
-    (``trainer.world_size=1``); the critic and the format warm-up train every weight.
+    writes the merged model and the adapter in peft's format (``hf/adapter``). The single-process trainer, or the
+    FSDP2 group data-parallel (``trainer.tensor_parallel`` and ``trainer.sequence_parallel`` 1); the critic and the
+    format warm-up train every weight.
     """
 
 

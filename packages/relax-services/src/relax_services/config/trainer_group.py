@@ -77,11 +77,13 @@ def check_trainer_group(cfg: RunConfig) -> None:
                 f"faults: kind 'kill_rank' hits a rank of the Trainer group (service: trainer, trainer.engine in "
                 f"{sorted(GROUP_TRAIN_ENGINES)}); got service {fault.service!r}, trainer.engine={trainer.engine!r}"
             )
-    if cfg.model.lora is not None and trainer.engine in GROUP_TRAIN_ENGINES:
+    splits = {"tensor_parallel": trainer.tensor_parallel, "sequence_parallel": trainer.sequence_parallel}
+    if cfg.model.lora is not None and (split := {k: v for k, v in splits.items() if v > 1}):
         raise ValueError(
-            f"model.lora trains adapters in the single-process trainer only; trainer.world_size={world} "
-            f"(trainer.engine={trainer.engine!r}) shards the policy over a group of ranks: use trainer.world_size=1 "
-            "or full fine-tuning (model.lora=null)"
+            f"model.lora trains adapters with data parallelism only (trainer.engine={trainer.engine!r}, "
+            f"trainer.world_size={world}); {', '.join(f'trainer.{k}={v}' for k, v in split.items())} is not supported "
+            "with adapters: use trainer.tensor_parallel=1 and trainer.sequence_parallel=1, or full fine-tuning "
+            "(model.lora=null)"
         )
     tp = trainer.tensor_parallel
     if tp > 1 and trainer.engine not in GROUP_TRAIN_ENGINES:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
     from peft import LoraConfig as PeftLoraConfig
     from peft.tuners.lora import Linear as LoraLinear
@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADAPTER_FOLDER",
+    "adapter_names",
     "adapter_state",
     "apply_lora",
     "linear_names",
     "load_adapter_state",
+    "merge_adapters",
     "merged_state",
     "peft_config",
     "save_adapter",
@@ -115,20 +117,50 @@ def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     the adapter tensors are left out. The live model is not changed (merging in place and back would not give
     the frozen weights' bits back).
     """
-    layers = _lora_layers(model)
-    out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        deltas = {f"{name}.weight": layer.get_delta_weight(_ADAPTER) for name, layer in layers.items()}  # [out, in]
-        for key, value in model.state_dict().items():
-            layer_name = _owning_layer(key.rpartition(".")[0], layers)
-            if layer_name is not None:
-                part, _, tail = key[len(layer_name) + 1 :].partition(".")
-                if part != "base_layer":
-                    continue  # lora_A / lora_B / dropout: adapter tensors
-                key = f"{layer_name}.{tail}"
-            merged = value + deltas[key].to(value.dtype) if key in deltas else value
-            out[key] = merged.detach().to("cpu", copy=True)
-    return out
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        return {k: v.to("cpu", copy=True) for k, v in _merged(_lora_layers(model), state)}
+
+
+def merge_adapters(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`merged_state` of full tensors given under ``model``'s own (adapted) state-dict names, e.g. gathered
+    from a sharded ``model``: ``model`` supplies the adapted layers and their scaling, ``state`` every value. The same
+    arithmetic as :func:`merged_state`, so the same tensors give the same bits; unchanged tensors are ``state``'s own.
+    """
+    with torch.no_grad():
+        return dict(_merged(_lora_layers(model), state))
+
+
+def _merged(layers: Mapping[str, LoraLinear], state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(plain name, value)`` of ``state`` with each adapted weight merged and the adapter tensors left out."""
+    for key, value in state.items():
+        layer_name = _owning_layer(key.rpartition(".")[0], layers)
+        if layer_name is None:
+            yield key, value
+            continue
+        part, _, tail = key[len(layer_name) + 1 :].partition(".")
+        if part != "base_layer":
+            continue  # lora_A / lora_B / dropout: adapter tensors
+        if tail != "weight":
+            yield f"{layer_name}.{tail}", value
+            continue
+        delta = _delta_weight(layers[layer_name], state, layer_name)  # [out, in]
+        yield f"{layer_name}.weight", value + delta.to(value.dtype)
+
+
+def _delta_weight(layer: LoraLinear, state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """``(alpha / rank) · B A`` of adapted layer ``name`` from ``state``'s tensors, as peft's ``get_delta_weight``
+    computes it from the layer's own (half precision on the CPU through float32)."""
+    a = state[f"{name}.lora_A.{_ADAPTER}.weight"]  # [rank, in]
+    b = state[f"{name}.lora_B.{_ADAPTER}.weight"]  # [out, rank]
+    dtype = b.dtype
+    half_on_cpu = b.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)
+    if half_on_cpu:
+        a, b = a.float(), b.float()
+    product = b @ a
+    scaling = float(layer.scaling[_ADAPTER])
+    delta = (product.T if layer.fan_in_fan_out else product) * scaling
+    return delta.to(dtype) if half_on_cpu else delta
 
 
 def _owning_layer(owner: str, layers: Mapping[str, object]) -> str | None:
@@ -144,6 +176,11 @@ def _owning_layer(owner: str, layers: Mapping[str, object]) -> str | None:
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Detached CPU copies of the adapters' parameters (the trainable ones), under the adapted model's names."""
     return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def adapter_names(model: torch.nn.Module) -> list[str]:
+    """Names of the adapters' parameters (the trainable ones) of an adapted ``model``, in parameter order."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -165,8 +202,17 @@ def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
             p.copy_(state[name])
 
 
-def save_adapter(model: torch.nn.Module, cfg: LoraConfig, folder: str | Path, base_path: str | Path) -> Path:
+def save_adapter(
+    model: torch.nn.Module,
+    cfg: LoraConfig,
+    folder: str | Path,
+    base_path: str | Path,
+    state: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
     """Writes ``model``'s adapters to ``folder`` in peft's format, ``base_path`` recorded as the base model.
+
+    ``state``: the adapters' full tensors under ``model``'s names (:func:`adapter_state`, or gathered from the shards
+    of a sharded ``model``); None reads ``model``'s own.
 
     Returns:
         ``folder``.
@@ -180,7 +226,7 @@ def save_adapter(model: torch.nn.Module, cfg: LoraConfig, folder: str | Path, ba
     config.base_model_name_or_path = str(base_path)
     config.save_pretrained(str(out))
     # peft's own key layout (adapter name dropped), under the prefix PeftModel gives the wrapped model
-    weights = get_peft_model_state_dict(model, adapter_name=_ADAPTER)
+    weights = get_peft_model_state_dict(model, state_dict=None if state is None else dict(state), adapter_name=_ADAPTER)
     save_file(
         {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
         str(out / "adapter_model.safetensors"),

@@ -7,6 +7,7 @@ Only the factory is defined here; the engine's modules import ``torch.distribute
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ def build_trainer_group(
     if role != "trainer":
         raise ValueError(f"trainer.engine='fsdp' trains the policy; the {role} scores with a one-process engine")
     train = train_config(cfg)
+    if cfg.model.lora is not None:  # the ranks train the policy's adapters; the full KL's reference stays plain
+        train = dataclasses.replace(train, lora=cfg.model.lora)
     group = TrainerGroupConfig(
         world_size=cfg.trainer.world_size,
         backend=trainer_backend(train.device),

@@ -3,7 +3,8 @@
 
 A checkpoint folder holds the DCP files of the model and optimizer shards (keyed by parameter name, so a
 checkpoint saved on ``N`` ranks loads on ``M``: DCP reshards), ``engine_meta.pt`` (scheduler, version, world
-size) and ``rng_rank{R}.pt`` per rank. It is written into a temporary sibling folder and renamed into place
+size) and ``rng_rank{R}.pt`` per rank. A LoRA engine's (``config.lora``) model entries are its adapters alone: the
+frozen weights are the model folder's. It is written into a temporary sibling folder and renamed into place
 by rank 0 after every rank has finished, like the run checkpoints of the run checkpoints
 (:class:`~relax_services.control.checkpoint.CheckpointManager`): a
 crash mid-write leaves the previous checkpoint intact and never a half-written one under the final name.
@@ -30,8 +31,9 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from relax_services._files import fsync_path
-from relax_services.engines.fsdp.state import load_train_state, train_state
+from relax_services.engines.fsdp.state import load_train_state
 from relax_services.engines.fsdp.train import FSDPTrainEngine
+from relax_services.models.lora import ADAPTER_FOLDER, adapter_names, save_adapter
 
 __all__ = ["META_FILE", "checkpoint_model_state", "export_hf", "load_checkpoint", "save_checkpoint"]
 
@@ -81,7 +83,7 @@ def save_checkpoint(engine: FSDPTrainEngine, folder: Path) -> Path:
     """
     folder = Path(folder)
     tmp = _fresh_tmp(engine, folder)
-    model_state, optim_state = train_state(engine.model, engine.optimizer)  # no moments before the first update
+    model_state, optim_state = engine.train_state()  # no moments before the first update; LoRA: adapters only
     state = {_MODEL_KEY: model_state, _OPTIMIZER_KEY: optim_state}
     dcp_save(state, checkpoint_id=tmp, process_group=engine.shard_group)
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
@@ -112,6 +114,9 @@ def load_checkpoint(engine: FSDPTrainEngine, folder: Path) -> None:
     # The templates fix the target sharding; get_state_dict also creates the optimizer's state tensors when
     # it has not stepped yet, so that the moments have somewhere to load into.
     model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    if engine.config.lora is not None:  # the checkpoint holds the adapters; the frozen weights stay the model's
+        adapters = set(adapter_names(engine.model))
+        model_state = {name: value for name, value in model_state.items() if name in adapters}
     # ... but a parameter that never had a gradient before the save has no optimizer state in the checkpoint,
     # and must have none after the load (AdamW's first step on it must be its step 1).
     saved = FileSystemReader(folder).read_metadata().state_dict_metadata
@@ -134,7 +139,8 @@ def load_checkpoint(engine: FSDPTrainEngine, folder: Path) -> None:
 
 
 def checkpoint_model_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The full model weights of a checkpoint folder, read in this process alone (no process group needed).
+    """The full model weights of a checkpoint folder (of a LoRA engine: its adapters), read in this process alone
+    (no process group needed).
 
     Raises:
         FileNotFoundError: If ``folder`` holds no complete checkpoint.
@@ -159,7 +165,10 @@ def checkpoint_model_state(folder: Path) -> dict[str, torch.Tensor]:
 
 def export_hf(engine: FSDPTrainEngine, folder: Path, side_files_from: Path | None = None) -> Path:
     """Gathers the full weights from the shards and writes them as a transformers checkpoint (``config.json``
-    and ``model.safetensors``) atomically from rank 0 (collective: every rank takes part in the gathers).
+    and ``model.safetensors``) atomically from rank 0 (collective: every rank takes part in the gathers). With
+    ``model.lora`` (``engine.config.lora``), as :func:`~relax_services.models.export.export_checkpoint` writes a LoRA
+    run's: the merged model, and the adapters in peft's format in its ``adapter`` folder (the base recorded as
+    ``side_files_from``, or ``folder`` itself without it).
 
     Args:
         engine: The sharded engine.
@@ -174,6 +183,8 @@ def export_hf(engine: FSDPTrainEngine, folder: Path, side_files_from: Path | Non
 
     folder = Path(folder)
     full = engine.policy_state()
+    lora = engine.config.lora
+    adapters = engine.adapter_state() if lora is not None else {}
     tmp = _fresh_tmp(engine, folder)
     if engine.shard_rank == 0:
         engine.model.config.save_pretrained(tmp)  # type: ignore[union-attr,operator]
@@ -187,5 +198,8 @@ def export_hf(engine: FSDPTrainEngine, folder: Path, side_files_from: Path | Non
             from relax_services.models import copy_side_files
 
             copy_side_files(side_files_from, tmp)
+        if lora is not None:
+            base = side_files_from if side_files_from is not None else folder
+            save_adapter(engine.model, lora, tmp / ADAPTER_FOLDER, base, state=adapters)
     _rank0_replace(engine, tmp, folder)
     return folder

@@ -194,33 +194,11 @@ class _TrainerRank:
         return state if self.rank == 0 else None
 
     def full_state(self) -> dict[str, Any] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        from relax_services.engines.fsdp.state import train_state
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model, optimizer = train_state(self.engine.model, self.engine.optimizer, options)
-        if self.rank != 0:
-            return None
-        return {
-            "model": model,
-            "optimizer": optimizer,
-            "scheduler": self.engine.scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state()},
-            "version": self.engine.version,
-        }
+        state = self.engine.full_state_dict()  # every rank gathers; rank 0 alone gets the entries
+        return state if self.rank == 0 else None
 
     def load_full_state(self, state: Mapping[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        from relax_services.engines.fsdp.state import load_train_state
-
-        engine = self.engine
-        options = StateDictOptions(full_state_dict=True, strict=False)  # strict=False: see FSDPTrainEngine
-        load_train_state(engine.model, engine.optimizer, state["model"], state["optimizer"], options)
-        engine.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        engine._version = int(state["version"])
+        self.engine.load_full_state_dict(state)
 
     def save_checkpoint(self, folder: str) -> None:
         from relax_services.engines.fsdp.checkpoint import save_checkpoint

@@ -17,17 +17,27 @@ from torch.distributed.checkpoint.state_dict import (
     OptimizerStateType,
     StateDictOptions,
     ValueType,
+    get_optimizer_state_dict,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
-__all__ = ["clone_state", "load_train_state", "train_state"]
+__all__ = ["clone_state", "load_train_state", "train_state", "trainable_state"]
 
 
 def train_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions | None = None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    options: StateDictOptions | None = None,
+    *,
+    trainable_only: bool = False,
 ) -> tuple[dict[str, ValueType], OptimizerStateType]:
     """``get_state_dict(model, optimizer)`` without its side effect on an optimizer that has not stepped yet.
+
+    ``trainable_only``: the model entries of the parameters that train only (``model.lora``'s adapters: the frozen
+    weights are the checkpoint folder's), never gathering the others; :func:`load_train_state` takes such a partial
+    state with ``strict=False``.
 
     ``get_state_dict`` creates a fresh optimizer's state by stepping it once at lr 0 with zero gradients: the
     weights stay, but AdamW's step count becomes 1, so the first real update would use the bias correction of
@@ -36,11 +46,32 @@ def train_state(
     update (a run's step-0 checkpoint) holds no moments, as the single-process engine's does.
     """
     fresh = not optimizer.state
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    if trainable_only:
+        model_state = trainable_state(model, options or StateDictOptions())
+        optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer, options=options)
     if fresh:
         optimizer.state.clear()
         optim_state = {**optim_state, "state": {}}
     return model_state, optim_state
+
+
+def trainable_state(model: torch.nn.Module, options: StateDictOptions) -> dict[str, ValueType]:
+    """The trainable parameters by name: as DTensors (sharded), or with ``options.full_state_dict`` gathered (a
+    collective over each one's mesh) and, with ``options.cpu_offload``, on the CPU; detached either way."""
+    out: dict[str, ValueType] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        value = param.detach()
+        if options.full_state_dict:
+            if isinstance(value, DTensor):
+                value = value.full_tensor()
+            if options.cpu_offload:
+                value = value.to("cpu", copy=True)
+        out[name] = value
+    return out
 
 
 def load_train_state(

@@ -17,6 +17,10 @@ Parameters one rank did not use get zero gradients in the reduction (``set_reduc
 With sequence parallelism (``sp_mesh``) the ranks of an sp group take the same share and split every sequence of it
 (:mod:`~relax_services.engines.fsdp.sequence_parallel`); FSDP then shards over ``dp × sp`` flattened, so the
 reduce-scatter also sums the sequence slices' gradients.
+
+With ``config.lora`` every rank injects the adapters before sharding (data parallelism only): the frozen weights are
+sharded like any others but get no gradient and no optimizer state, the published weights are the merged ones under
+the plain model's names (as the single-process engine's) and every state or checkpoint holds the adapters alone.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.checkpoint.state_dict import OptimizerStateType, StateDictOptions, ValueType
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from relax_services.engines._threads import pin_intra_op_threads
 from relax_services.engines.fsdp.layout import ScoringRoot, decoder_blocks, joined_mesh, shard_group
@@ -40,7 +45,7 @@ from relax_services.engines.fsdp.sequence_parallel import (
     check_sequence_parallel,
     enable_sequence_parallel,
 )
-from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state
+from relax_services.engines.fsdp.state import clone_state, load_train_state, train_state, trainable_state
 from relax_services.engines.fsdp.tensor_parallel import clip_gradients
 from relax_services.engines.micro_batches import padded_response_slots
 from relax_services.engines.protocols import LossFn, TrainSample
@@ -57,6 +62,7 @@ from relax_services.engines.torch.train import (
     trained_tokens,
     units_of_step,
 )
+from relax_services.models.lora import apply_lora, merge_adapters
 from relax_services.models.value import ValueModel
 
 __all__ = [
@@ -144,6 +150,19 @@ def _to_meta(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _inputs_require_grad(module: torch.nn.Module, args: tuple[object, ...], output: torch.Tensor) -> None:
+    """Forward hook of a frozen input embedding: its output requires grad in a forward with grad enabled."""
+    if torch.is_grad_enabled():
+        output.requires_grad_(True)
+
+
+def _own_counts(moments: Mapping[str, ValueType]) -> dict[str, ValueType]:
+    """One parameter's optimizer state with its unsharded tensors (the step count) copied."""
+    return {
+        k: v.clone() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) else v for k, v in moments.items()
+    }
+
+
 class FSDPTrainEngine:
     """:class:`~relax_services.engines.TrainEngine` over ``torch.distributed.fsdp.fully_shard``.
 
@@ -227,6 +246,8 @@ class FSDPTrainEngine:
         if self.config.full_kl and reference is None and empty:
             raise ValueError("FSDPTrainEngine: a rank built on the meta device needs the full KL's reference model")
         reference_copy = frozen_reference(self.config, self.device, model, reference)
+        if self.config.lora is not None:
+            model = self._with_adapters(model)
         from_rank0 = self._any_rank(empty)
         if from_rank0 and self.shard_rank == 0 and empty:
             raise ValueError("FSDPTrainEngine: rank 0 of the group must hold the weights the other ranks receive")
@@ -262,6 +283,32 @@ class FSDPTrainEngine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.config.lr_factor)
         self._version = 0
+
+    def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` with ``config.lora``'s adapters injected, before sharding, on every rank alike.
+
+        Every rank draws ``A`` from the same seeded RNG (``B`` is zero), a rank on the meta device too (peft draws
+        on the CPU, then moves the adapter to its base layer's device); when ranks receive rank 0's weights, the
+        adapters are among them, so every rank starts from rank 0's.
+        """
+        assert self.config.lora is not None
+        if self.tp_mesh is not None or self.sequence_parallel is not None:
+            raise ValueError(
+                "FSDPTrainEngine: LoRA (config.lora) trains with data parallelism only; tensor parallelism "
+                f"(tp={1 if self.tp_mesh is None else self.tp_mesh.size()}) and sequence parallelism "
+                f"(sp={1 if self.sequence_parallel is None else self.sequence_parallel.size}) are not supported with "
+                "adapters: give neither tp_mesh nor sp_mesh"
+            )
+        if isinstance(model, ValueModel):
+            raise ValueError("FSDPTrainEngine: LoRA (config.lora) adapts a policy; a critic trains every weight")
+        model = apply_lora(model, self.config.lora)
+        # FSDP hooks a block's gradient reduction onto its inputs' backward when they require grad, and otherwise
+        # reduces it in the backward's final callback, after the root group's. With the embedding frozen, block 0's
+        # input requires grad only when the micro-batch holds media (whose encoders carry adapters): ranks whose
+        # micro-batches differ would reduce in different orders, a collective mismatch. Embeddings that require
+        # grad give every block its hook on every rank (the adapters' gradients are the same either way).
+        cast(Any, model).get_input_embeddings().register_forward_hook(_inputs_require_grad)
+        return model
 
     def _sequence_parallel(self, model: torch.nn.Module, sp_mesh: DeviceMesh | None) -> SequenceParallel | None:
         """The sp group of ``sp_mesh`` (None for none or one rank), after checking that it can split ``model``."""
@@ -538,16 +585,31 @@ class FSDPTrainEngine:
     def policy_state(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """Full (unsharded) CPU copies of the weights (collective: gathers one tensor at a time); ``keep=False``
         takes part in the gathers and returns ``{}`` (the ranks whose copy nobody reads: only one full copy is
-        made in the group)."""
+        made in the group). With ``config.lora``: the adapters merged in, under the plain model's names, as the
+        single-process engine publishes them (:func:`~relax_services.models.lora.merge_adapters`)."""
         from relax_services.weights.buckets import full_tensors
 
-        return dict(full_tensors(self.model, keep=keep))
+        full = dict(full_tensors(self.model, keep=keep))
+        return merge_adapters(self.model, full) if self.config.lora is not None and keep else full
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """With ``config.lora``: full CPU copies of the adapters under the adapted model's names, on every rank
+        (collective), as :func:`~relax_services.models.lora.adapter_state` gives them in one process."""
+        if self.config.lora is None:
+            raise ValueError("FSDPTrainEngine.adapter_state: the engine trains every weight (config.lora is None)")
+        entries = trainable_state(self.model, StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast(dict[str, torch.Tensor], entries)
+
+    def train_state(self, options: StateDictOptions | None = None) -> tuple[dict[str, ValueType], OptimizerStateType]:
+        """Model and optimizer entries keyed by name (:func:`~relax_services.engines.fsdp.state.train_state`); with
+        ``config.lora`` the model's are the adapters alone (the frozen weights are the checkpoint folder's)."""
+        return train_state(self.model, self.optimizer, options, trainable_only=self.config.lora is not None)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shards: model and optimizer as DTensors keyed by parameter name (what
-        ``torch.distributed.checkpoint`` saves and reshards), scheduler, this rank's RNG states and version.
-        Copies, not views of the live state."""
-        model_state, optim_state = train_state(self.model, self.optimizer)
+        """This rank's shards: model (with ``config.lora`` its adapters) and optimizer as DTensors keyed by parameter
+        name (what ``torch.distributed.checkpoint`` saves and reshards), scheduler, this rank's RNG states and
+        version. Copies, not views of the live state."""
+        model_state, optim_state = self.train_state()
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -558,6 +620,37 @@ class FSDPTrainEngine:
             "rng": rng,
             "version": self._version,
         }
+
+    def full_state_dict(self) -> dict[str, object]:
+        """:meth:`state_dict` gathered: full (unsharded) CPU tensors keyed by parameter name, which any world size
+        loads (:meth:`load_full_state_dict`); collective, and only the shard group's rank 0 is sure to get every
+        entry (torch's gathers leave the others' empty). With ``config.lora`` the model entries are the adapters,
+        named as the single-process engine's (what :func:`~relax_services.models.export.export_checkpoint` reads)."""
+        model_state, optim_state = self.train_state(StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # The gathered tensors are new, but AdamW's step counts (plain tensors, not sharded) come back as the live
+        # ones, which the next update would advance under the caller's feet.
+        moments = cast("dict[str, dict[str, ValueType]]", optim_state.get("state", {}))
+        optim_state = {**optim_state, "state": {name: _own_counts(entry) for name, entry in moments.items()}}
+        return {
+            "model": model_state,
+            "optimizer": optim_state,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            "version": self._version,
+        }
+
+    def load_full_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restores :meth:`full_state_dict` (of any world size), given whole on every rank (collective)."""
+        # strict=False: see load_state_dict; a LoRA state's model entries are the adapters alone (the rest stays)
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        model_state, optim_state = (
+            cast("Mapping[str, object]", state["model"]),
+            cast("Mapping[str, object]", state["optimizer"]),
+        )
+        load_train_state(self.model, self.optimizer, model_state, optim_state, options)
+        self.scheduler.load_state_dict(cast("dict[str, Any]", state["scheduler"]))
+        torch.set_rng_state(cast("dict[str, torch.Tensor]", state["rng"])["torch"])
+        self._version = int(cast(int, state["version"]))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict` (model and optimizer entries as DTensors on this mesh, or full tensors)."""
