@@ -4,12 +4,16 @@ so a video's features are its pieces' features in time order."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
 from relax_services.engines.fsdp.sequence_parallel import time_shares
 from relax_services.models import build_tiny_omni
 from relax_services.models.modalities import MODEL_MODALITIES
+from relax_services.models.tiny_families import write_tiny_checkpoint
 
 
 @pytest.mark.parametrize(
@@ -27,12 +31,22 @@ def test_time_shares_are_contiguous_and_balanced_by_patches(patches: list[int], 
     assert time_shares(patches, size) == ranks
 
 
-def test_a_videos_features_are_its_temporal_pieces_features_in_order() -> None:
-    """The default model's tower on a video of 4 temporal patches of 4 × 4: the whole video against its patches
-    encoded one by one and two by two. Bitwise on the CPU (the same operations on the same rows)."""
-    model = build_tiny_omni(0)
+def _tower(family: str, folder: Path) -> Any:
+    if family == "qwen2.5-omni-thinker":
+        return build_tiny_omni(0)
+    import transformers
+
+    return transformers.AutoModelForImageTextToText.from_pretrained(write_tiny_checkpoint(folder, family))
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-omni-thinker", "qwen2.5-vl"])
+def test_a_videos_features_are_its_temporal_pieces_features_in_order(family: str, tmp_path: Path) -> None:
+    """The tiny model's tower on a video of 4 temporal patches of 8 × 8 (Qwen2.5-VL's: 2 × 2 attention windows of
+    4 × 4 patches and a full-attention block): the whole video against its patches encoded one by one and two by
+    two. Bitwise on the CPU (the same operations on the same rows)."""
+    model = _tower(family, tmp_path / family)
     video = MODEL_MODALITIES["video"]
-    t, h, w = 4, 4, 4
+    t, h, w = 4, 8, 8
     pixels = torch.randn(t * h * w, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         [whole] = video.encode(model, {video.pixels: pixels, video.grid: torch.tensor([[t, h, w]])})
