@@ -396,6 +396,68 @@ def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -
     assert [c.token_ids for c in got[0]] == [expected, expected]
 
 
+STEP_ENV = """
+class Env:
+    def reset(self, row):
+        self.turn = 0
+        return [{"role": "user", "content": row["q"]}]
+
+    def step(self, assistant_message):
+        self.turn += 1
+        return [{"role": "user", "content": "again " + str(self.turn)}], None, self.turn == 3
+"""
+
+
+@needs_vllm
+def test_multi_turn_episodes_on_vllm(engine: VLLMRolloutEngine, tmp_path: Path) -> None:
+    """An environment's episodes (``rollout.env``) on the vLLM engine, through the same runner as the transformers
+    engine: every assistant token's behaviour log-prob equals a float64 forward of the whole conversation (prompt,
+    sampled turns, environment turns) at its position, environment tokens have mask 0 and log-prob 0, and greedy
+    episodes are the transformers engine's, token for token and mask for mask."""
+    from relax_services.agents import AgentConfig, EpisodeRunner, load_environment
+
+    thinker = _thinker()
+    version = _at(engine, thinker.state_dict())
+    reference = _thinker().double().eval()
+    ckpt = open_checkpoint(DEFAULT_SOURCE)
+    tok = ckpt.tokenizer
+    path = tmp_path / "step_env.py"
+    path.write_text(STEP_ENV)
+    env = load_environment(f"{path}:Env")
+    # Only the eos and four characters may be sampled, so the random model ends its turns within a few tokens.
+    keep = {TOKENS.eos_id, *(tok.convert_tokens_to_ids(c) for c in "abcd")}
+    suppressed = tuple(i for i in range(TOKENS.vocab_size) if i not in keep)
+    config = AgentConfig(max_turns=3, max_new_tokens=12, max_episode_tokens=200)
+    rows = [{"q": f"what is {i}+{i}?"} for i in range(3)]
+
+    def episodes(eng: RolloutEngine, temperature: float) -> list[Any]:
+        params = SamplingParams(eos_id=TOKENS.eos_id, suppressed_ids=suppressed, temperature=temperature)
+        with EpisodeRunner(eng, env, tok, ckpt.family, params, config) as runner:
+            return [ep for group in runner.run_sync(rows, group_size=2) for ep in group]
+
+    sampled = episodes(engine, 0.9)
+    assert sum(ep.counters.turns for ep in sampled) > len(sampled)  # some episodes went past their first turn
+    for ep in sampled:
+        n = len(ep.token_ids)
+        assert len(ep.logprobs) == len(ep.versions) == len(ep.mask) == n > 0 and ep.versions == [version] * n
+        assert ep.mask.count(0) == ep.counters.env_tokens and ep.mask.count(1) > 0
+        assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.mask, strict=True) if m == 0)
+        ids = torch.tensor(ep.prompt_ids + ep.token_ids)[None]
+        with torch.no_grad():
+            logits = reference(input_ids=ids).logits[0, len(ep.prompt_ids) - 1 : -1] / 0.9  # [L, V] float64
+        logits[:, list(suppressed)] = -math.inf
+        expected = torch.log_softmax(logits, dim=-1)[torch.arange(n), torch.tensor(ep.token_ids)]
+        policy = torch.tensor(ep.mask, dtype=torch.bool)
+        got = torch.tensor(ep.logprobs, dtype=torch.float64)
+        assert float((got - expected)[policy].abs().max()) <= LOGPROB_ATOL
+    state = _perturbed(thinker, 2)  # weights whose greedy turns end with the eos: three turns per episode
+    _at(engine, state)
+    greedy = episodes(engine, 0.0)
+    expected_episodes = episodes(HFRolloutEngine(_thinker(state)), 0.0)
+    assert [(ep.token_ids, ep.mask) for ep in greedy] == [(ep.token_ids, ep.mask) for ep in expected_episodes]
+    assert [ep.counters.turns for ep in greedy] == [3] * len(greedy)
+
+
 @pytest.mark.gpu
 @needs_vllm
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
