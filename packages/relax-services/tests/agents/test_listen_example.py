@@ -52,7 +52,7 @@ def test_only_the_named_segment_carries_the_answers_tone(rows) -> None:  # type:
         env = env_spec.new()
         [first] = env.reset({"answer": row["answer"], "extra_info": info})  # type: ignore[attr-defined]
         assert first["content"] == row["prompt"]  # text only: nothing to hear before the listen
-        for other in ({"1", "2", "3", "4"} - {str(info["segment"])}) | {"x", ""}:  # noise only: no tone, no answer
+        for other in {"1", "2", "3", "4"} - {str(info["segment"])}:  # noise only: no tone, no answer
             _, peak, rms = _spectrum(env.segment(other))  # type: ignore[attr-defined]
             assert peak < 10 and rms < 0.022, (row, other, peak, rms)
         messages, reward, done = env.step({"role": "assistant", "content": f" {info['segment']}"})  # type: ignore[attr-defined]
@@ -69,6 +69,11 @@ def test_only_the_named_segment_carries_the_answers_tone(rows) -> None:  # type:
         wrong.step({"role": "assistant", "content": str(info["segment"])})  # type: ignore[attr-defined]
         wrong.step({"role": "assistant", "content": str(int(str(row["answer"])) % 4 + 1)})  # type: ignore[attr-defined]
         assert wrong.reward() == 0.0  # type: ignore[attr-defined]
+        for reply in ("", "x", "5"):  # names no segment: the episode ends unanswered
+            silent = env_spec.new()
+            silent.reset({"answer": row["answer"], "extra_info": info})  # type: ignore[attr-defined]
+            assert silent.step({"role": "assistant", "content": reply}) == ([], None, True)  # type: ignore[attr-defined]
+            assert silent.reward() == 0.0  # type: ignore[attr-defined]
 
 
 def test_a_segment_is_twelve_audio_tokens_of_the_default_model(rows) -> None:  # type: ignore[no-untyped-def]
