@@ -133,6 +133,7 @@ def test_resume_continues_the_saved_config_with_safe_overrides_only(tmp_path: Pa
         resume_config(run_dir, None, [*named, "algorithm.group_size=4"])
 
 
+@pytest.mark.slow  # ~28 s; out of the default suite for its 12-minute budget (SIGTERM mid-run: test_cli_and_cluster)
 def test_sigterm_during_start_up_is_handled(tmp_path: Path) -> None:
     """A signal while torch and Ray are imported used to abort with a core dump (rc 134)."""
     import signal
@@ -195,6 +196,7 @@ def test_own_process_rollout_engine_in_the_colocated_mode_is_a_config_issue(tmp_
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~21 s; the dry run's placement rows stay in the default suite (tests/hosting/test_placement.py)
 def test_dry_run_places_without_loading_a_model_or_writing_a_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     probe, printed, err = _cli_output(

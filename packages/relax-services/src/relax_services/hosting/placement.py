@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -245,24 +246,26 @@ class Placement:
         from ray.util.placement_group import placement_group
 
         placement = cls({s.process: s for s in slots})
+        deadline = time.monotonic() + timeout_s
+        # One group after the other, each placed before the next is asked for: Ray gives the free GPUs to the groups
+        # in that order, so the same run on the same free GPUs gets the same ids (a dry run's are the run's).
         for group, strategy in (("trainer", "PACK"), ("roles", "SPREAD")):
             members = sorted((s for s in slots if s.group == group), key=lambda s: s.bundle)
-            if members:
-                bundles = [_bundle(s) for s in members]
-                placement.groups[group] = placement_group(bundles, strategy=strategy, name=f"{namespace}-{group}")
-        try:
-            ready, _ = ray.wait(
-                [g.ready() for g in placement.groups.values()], num_returns=len(placement.groups), timeout=timeout_s
-            )
-        except BaseException:
-            placement.remove()
-            raise
-        if len(ready) < len(placement.groups):
-            placement.remove()
-            raise DeviceError(
-                f"the run's GPUs ({_asked(cfg, slots)}) could not be placed within {timeout_s:.0f} s; Ray's nodes "
-                f"hold {_node_gpus()}"
-            )
+            if not members:
+                continue
+            bundles = [_bundle(s) for s in members]
+            placement.groups[group] = placement_group(bundles, strategy=strategy, name=f"{namespace}-{group}")
+            try:
+                ready, _ = ray.wait([placement.groups[group].ready()], timeout=max(0.0, deadline - time.monotonic()))
+            except BaseException:
+                placement.remove()
+                raise
+            if not ready:
+                placement.remove()
+                raise DeviceError(
+                    f"the run's GPUs ({_asked(cfg, slots)}) could not be placed within {timeout_s:.0f} s; Ray's "
+                    f"nodes hold {_node_gpus()}"
+                )
         return placement
 
     def options(self, process: str) -> dict[str, object]:
@@ -279,14 +282,23 @@ class Placement:
             return None
         return RankPlacement(self.groups["trainer"], rank.gpus)
 
-    def remove(self) -> None:
-        """Release the groups (their processes must be gone or going); harmless twice."""
-        from ray.util.placement_group import remove_placement_group
+    def remove(self, wait_s: float = 0.0) -> None:
+        """Release the groups (their processes must be gone or going); harmless twice. ``wait_s`` > 0: return once
+        Ray reports them removed (their GPUs free again), or after that many seconds."""
+        from ray.util.placement_group import placement_group_table, remove_placement_group
 
-        for group in self.groups.values():
+        groups = list(self.groups.values())
+        for group in groups:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
         self.groups.clear()
+        deadline = time.monotonic() + wait_s
+        for group in groups:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    if placement_group_table(group).get("state") == "REMOVED":
+                        break
+                time.sleep(0.05)
 
 
 def _bundle(slot: ProcessSlot) -> dict[str, float]:
@@ -367,5 +379,5 @@ def probe_placement(cfg: RunConfig, namespace: str) -> dict[str, SlotSite | None
         for _, probe in probes:
             with contextlib.suppress(Exception):
                 ray.kill(probe)
-        placement.remove()
+        placement.remove(wait_s=PLACEMENT_TIMEOUT_S)  # the run placed next on this Ray gets the same free GPUs
     return sites
