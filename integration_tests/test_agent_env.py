@@ -81,7 +81,42 @@ def test_a_colocated_run_trains_on_episodes_of_a_user_environment(small_config, 
     assert skipped and all("no such row" in r["reason"] for r in skipped)
 
 
-ZOOM = Path(__file__).resolve().parents[1] / "packages" / "relax-services" / "examples" / "zoom"
+EXAMPLES = Path(__file__).resolve().parents[1] / "packages" / "relax-services" / "examples"
+
+
+def _run_example(small_config, tmp_path: Path, example: str, env: str, *overrides: str) -> None:
+    """A colocated run of ``STEPS`` updates on ``example``'s environment and 16 of its rows (its ``prepare.py``):
+    some episodes went past their first turn, every update trained with environment tokens masked (the environment's
+    only turn is its media's) and the rewards are the environment's 0 or 1."""
+    from relax_core import import_file
+
+    folder = EXAMPLES / example
+    prepare = import_file(folder / "prepare.py", f"relax_test_{example}_prepare", f"examples/{example}/prepare.py")
+    for name, n, seed in (("train", 16, 0), ("eval", 2, 1)):
+        rows = "".join(json.dumps(r) + "\n" for r in prepare.rows(n, seed))
+        (tmp_path / f"{name}.jsonl").write_text(rows, encoding="utf-8")
+    cfg = small_config(
+        "run.mode=colocated",
+        f"trainer.total_steps={STEPS}",
+        f"rollout.env={folder / f'{example}_env.py'}:{env}",
+        "rollout.max_turns=2",
+        "rollout.max_new_tokens=2",
+        "algorithm.kl_coef=0.05",  # the Reference scores the samples too
+        f"data.train_files={tmp_path / 'train.jsonl'}",
+        f"data.eval_files={tmp_path / 'eval.jsonl'}",
+        *overrides,
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert ColocatedController(cfg, run_dir).run().steps == STEPS
+    metrics = run_dir / "metrics.jsonl"
+    rollouts = list(read_metrics(metrics, "rollout"))
+    assert max(r["turns_mean"] for r in rollouts) > 1  # some episodes got the media and answered
+    trains = list(read_metrics(metrics, "train"))
+    assert len(trains) == STEPS and all(0 <= t["env_token_frac"] < 1 for t in trains), trains
+    # The environment's only turn is its media's: an update with environment tokens trained on samples with them.
+    assert any(t["env_token_frac"] > 0 for t in trains)
+    assert all(0.0 <= t["reward"] <= 1.0 for t in trains)
 
 
 @pytest.mark.integration
@@ -89,35 +124,7 @@ def test_a_colocated_run_trains_on_episodes_whose_environment_returns_an_image(s
     """The zoom example's environment (an image crop in turn 2): the Rollout writes each episode's sample with the
     crop in its prompt's media and its placeholders in the response, and the Trainer and the Reference score them
     (a placeholder count that did not match the media would raise in their forward) to the last update."""
-    from relax_core import import_file
-
-    prepare = import_file(ZOOM / "prepare.py", "relax_test_zoom_prepare", "examples/zoom/prepare.py")
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prepare.rows(16, 0)), encoding="utf-8")
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prepare.rows(2, 1)), encoding="utf-8")
-    cfg = small_config(
-        "run.mode=colocated",
-        f"trainer.total_steps={STEPS}",
-        f"rollout.env={ZOOM / 'zoom_env.py'}:Zoom",
-        "rollout.max_turns=2",
-        "rollout.max_new_tokens=2",
-        "algorithm.kl_coef=0.05",  # the Reference scores the samples too
-        f"data.train_files={tmp_path / 'train.jsonl'}",
-        f"data.eval_files={tmp_path / 'eval.jsonl'}",
-    )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    assert ColocatedController(cfg, run_dir).run().steps == STEPS
-    metrics = run_dir / "metrics.jsonl"
-    rollouts = list(read_metrics(metrics, "rollout"))
-    assert max(r["turns_mean"] for r in rollouts) > 1  # some episodes got the crop and answered
-    trains = list(read_metrics(metrics, "train"))
-    assert len(trains) == STEPS and all(0 <= t["env_token_frac"] < 1 for t in trains), trains
-    # The environment's only turn is the crop's: an update with environment tokens trained on samples with the image.
-    assert any(t["env_token_frac"] > 0 for t in trains)
-    assert all(0.0 <= t["reward"] <= 1.0 for t in trains)
-
-
-LISTEN = Path(__file__).resolve().parents[1] / "packages" / "relax-services" / "examples" / "listen"
+    _run_example(small_config, tmp_path, "zoom", "Zoom")
 
 
 @pytest.mark.slow
@@ -126,30 +133,5 @@ def test_a_colocated_run_trains_on_episodes_whose_environment_returns_audio(smal
     """The listen example's environment (a 0.5 s audio segment in turn 2, 12 audio tokens): as the zoom test, with
     the audio encoder in the Rollout's, the Trainer's and the Reference's forwards. Slow: the zoom test covers the
     same path with an image, and tests/agents/test_media.py scores an audio turn against a plain forward."""
-    from relax_core import import_file
-
-    prepare = import_file(LISTEN / "prepare.py", "relax_test_listen_prepare", "examples/listen/prepare.py")
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prepare.rows(16, 0)), encoding="utf-8")
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prepare.rows(2, 1)), encoding="utf-8")
-    cfg = small_config(
-        "run.mode=colocated",
-        f"trainer.total_steps={STEPS}",
-        f"rollout.env={LISTEN / 'listen_env.py'}:Listen",
-        # A first turn that names no segment ends the episode: the warm-up teaches the form (a digit and the eos).
-        "trainer.warmup_format_steps=30",
-        "rollout.max_turns=2",
-        "rollout.max_new_tokens=2",
-        "algorithm.kl_coef=0.05",  # the Reference scores the samples too
-        f"data.train_files={tmp_path / 'train.jsonl'}",
-        f"data.eval_files={tmp_path / 'eval.jsonl'}",
-    )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    assert ColocatedController(cfg, run_dir).run().steps == STEPS
-    metrics = run_dir / "metrics.jsonl"
-    rollouts = list(read_metrics(metrics, "rollout"))
-    assert max(r["turns_mean"] for r in rollouts) > 1  # some episodes named a segment, heard it and answered
-    trains = list(read_metrics(metrics, "train"))
-    assert len(trains) == STEPS and all(0 <= t["env_token_frac"] < 1 for t in trains), trains
-    assert any(t["env_token_frac"] > 0 for t in trains)  # the environment's only turn is the segment's
-    assert all(0.0 <= t["reward"] <= 1.0 for t in trains)
+    # A first turn that names no segment ends the episode: the warm-up teaches the form (a digit and the eos).
+    _run_example(small_config, tmp_path, "listen", "Listen", "trainer.warmup_format_steps=30")
