@@ -396,6 +396,49 @@ def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -
     assert [c.token_ids for c in got[0]] == [expected, expected]
 
 
+@needs_vllm
+def test_a_second_engine_in_the_process_gets_an_engine_core_of_its_own(ckpt: Path, engine: VLLMRolloutEngine) -> None:
+    """The Rollout's and the Evaluator's engines share the host process: with both engine cores in it, vLLM's
+    per-process forward context and parallel groups were shared, and a run's first update saw behaviour log-probs
+    1e-3–1e-2 (k3) off the trainer's and engines failing with "Forward context is not set". The second engine runs
+    its engine core in a process of its own: both generate at once from two threads, each matching a full forward,
+    and closing the second leaves the first working."""
+    import threading
+
+    thinker = _thinker()
+    _at(engine, thinker.state_dict())
+    assert engine.config.in_process
+    second = VLLMRolloutEngine(ckpt, VLLMRolloutConfig(max_model_len=256, max_num_seqs=64))
+    try:
+        assert not second.config.in_process
+        second.load_weights(thinker.state_dict(), engine.version)
+        params = _params(n=2, max_new_tokens=10, temperature=0.7)
+        prompts = _text_prompts()
+        results: dict[str, list[Any]] = {}
+
+        def run(name: str, eng: VLLMRolloutEngine) -> None:
+            results[name] = [eng.generate(prompts, params) for _ in range(3)]
+
+        threads = [threading.Thread(target=run, args=(n, e)) for n, e in (("first", engine), ("second", second))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        assert sorted(results) == ["first", "second"]
+        for calls in results.values():
+            for groups in calls:
+                for prompt, group in zip(prompts, groups, strict=True):
+                    for c in group:
+                        ref = _full_logprobs(thinker, prompt, c.token_ids, params.temperature)
+                        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=LOGPROB_ATOL, rtol=0)
+    finally:
+        second.close()
+    [group] = engine.generate(prompts[:1], params)
+    for c in group:
+        ref = _full_logprobs(thinker, prompts[0], c.token_ids, params.temperature)
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=LOGPROB_ATOL, rtol=0)
+
+
 STEP_ENV = """
 class Env:
     def reset(self, row):

@@ -73,7 +73,9 @@ class VLLMSettings(ConfigModel):
     ``raw_logits`` (whole logit rows; any top-p), ``auto``: the first unless ``rollout.top_p < 1``."""
 
     in_process: bool = True
-    """Run vLLM's engine core in the worker's own process (weights stream to it without a staging file)."""
+    """Run vLLM's engine core in the worker's own process (weights stream to it without a staging file). vLLM keeps
+    one engine core's state per process: a second engine in the same process (the Evaluator's beside the Rollout's
+    in the default host) runs its engine core in a process of its own."""
 
 
 MAX_REPLICAS = 64

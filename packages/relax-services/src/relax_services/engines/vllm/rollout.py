@@ -53,10 +53,12 @@ order give the same samples. The engine seed is ``config.seed`` until :meth:`VLL
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -91,6 +93,21 @@ def import_vllm() -> Any:
             "packages/relax-services/scripts/vllm_cpu_env.sh)"
         ) from exc
     return vllm
+
+
+_IN_PROCESS_LOCK = threading.Lock()
+_IN_PROCESS_ENGINES: set[int] = set()
+"""The live engines of this process whose engine core runs in it (at most one: :class:`VLLMRolloutEngine` builds any
+further one with its engine core in a process of its own)."""
+
+
+def _thaw_vllm_envs() -> None:
+    """Make vLLM read its environment variables afresh (an in-process engine core caches them when it starts)."""
+    import vllm.envs
+
+    disable = getattr(vllm.envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
 
 
 @dataclass(frozen=True)
@@ -174,25 +191,36 @@ class VLLMRolloutEngine:
     def __init__(self, model_path: str | Path, config: VLLMRolloutConfig | None = None, version: int = 0) -> None:
         self.config = config or VLLMRolloutConfig()
         vllm = import_vllm()
-        # Read by vLLM when the engine is built: with "0" the engine core shares this process.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.config.in_process else "1"
-        raw = self.config.logprobs_mode == "raw_logits"
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            dtype=self.config.dtype,
-            seed=self.config.seed,
-            tensor_parallel_size=self.config.tensor_parallel_size,
-            max_model_len=self.config.max_model_len,
-            max_num_seqs=self.config.max_num_seqs,
-            kv_cache_memory_bytes=self.config.kv_cache_bytes,
-            gpu_memory_utilization=self.config.memory_fraction,
-            enforce_eager=self.config.enforce_eager,
-            enable_prefix_caching=self.config.enable_prefix_caching,
-            logprobs_mode=self.config.logprobs_mode,
-            max_logprobs=-1 if raw else 0,
-            async_scheduling=False,
-            enable_sleep_mode=self.config.sleep_when_idle,
-        )
+        with _IN_PROCESS_LOCK:
+            if self.config.in_process and _IN_PROCESS_ENGINES:
+                # vLLM keeps an in-process engine core's forward context and parallel groups per process: a second
+                # one beside it (the Evaluator's in the Rollout's host) would run its forwards in the first one's
+                # context from another thread, and its shutdown would tear down the first one's groups.
+                self.config = dataclasses.replace(self.config, in_process=False)
+            # Read by vLLM when the engine is built: with "0" the engine core shares this process. An in-process
+            # engine core freezes vLLM's reading of the environment (its envs cache): thawed, so that the variable
+            # set here is the one this engine is built with.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.config.in_process else "1"
+            _thaw_vllm_envs()
+            raw = self.config.logprobs_mode == "raw_logits"
+            self.llm = vllm.LLM(
+                model=str(model_path),
+                dtype=self.config.dtype,
+                seed=self.config.seed,
+                tensor_parallel_size=self.config.tensor_parallel_size,
+                max_model_len=self.config.max_model_len,
+                max_num_seqs=self.config.max_num_seqs,
+                kv_cache_memory_bytes=self.config.kv_cache_bytes,
+                gpu_memory_utilization=self.config.memory_fraction,
+                enforce_eager=self.config.enforce_eager,
+                enable_prefix_caching=self.config.enable_prefix_caching,
+                logprobs_mode=self.config.logprobs_mode,
+                max_logprobs=-1 if raw else 0,
+                async_scheduling=False,
+                enable_sleep_mode=self.config.sleep_when_idle,
+            )
+            if self.config.in_process:
+                _IN_PROCESS_ENGINES.add(id(self))
         self._asleep = False
         self._allowed: dict[frozenset[int], list[int]] = {}
         self._vllm = vllm
@@ -296,7 +324,9 @@ class VLLMRolloutEngine:
             self._staging = None
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            with _IN_PROCESS_LOCK:
+                llm.llm_engine.engine_core.shutdown()
+                _IN_PROCESS_ENGINES.discard(id(self))
 
     def _sampling_params(self, params: SamplingParams, max_tokens: int, seed: int) -> Any:
         raw = self.config.logprobs_mode == "raw_logits"
