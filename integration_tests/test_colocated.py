@@ -164,6 +164,7 @@ def test_colocated_restarts_a_failed_service_in_place(small_config, tmp_path: Pa
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~16 s; out of the default suite for its 12-minute budget (colocated faults: restarts in place)
 def test_colocated_failed_trainer_resumes_from_checkpoint_exactly(
     small_config, sequential_weights, tmp_path: Path
 ) -> None:

@@ -60,6 +60,7 @@ def test_ppo_tau0_pipeline_equals_sequential_ppo(small_config, run_pipeline, seq
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~16 s; out of the default suite for its budget (V-trace: test_advantages, test_seam_algorithm)
 def test_ppo_vtrace_with_stale_data_trains_policy_and_critic(small_config, run_pipeline) -> None:
     cfg = small_config(
         "algorithm.preset=ppo",
