@@ -10,7 +10,6 @@ otherwise. Run with ``uv run pytest integration_tests/test_smollm2_calculator.py
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,18 +19,15 @@ from types import ModuleType
 
 import pytest
 
+from relax_core import import_file
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "packages" / "relax-services" / "examples" / "smollm2"
 ENV = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
 
 
 def _example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"smollm2_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(EXAMPLE / f"{name}.py", f"smollm2_{name}", f"examples/smollm2/{name}.py")
 
 
 def _model(tmp_path: Path) -> Path:

@@ -3,25 +3,19 @@ the reward on decoded episodes, and the task files ``prepare.py`` writes. Values
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
+from relax_core import import_file
 from relax_services.agents import load_environment, parse_qwen_tool_calls
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2"
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"smollm2_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(EXAMPLE / f"{name}.py", f"smollm2_{name}", f"examples/smollm2/{name}.py")
 
 
 CALL = '<tool_call>[{"name": "multiply", "arguments": {"a": 47, "b": 86}}]</tool_call>'

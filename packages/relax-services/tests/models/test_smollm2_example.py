@@ -7,10 +7,8 @@ tokenizer as metadata): the converted folder must give the source model's logits
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from relax_core import import_file
 from relax_services.models import open_checkpoint
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2"
@@ -30,12 +29,7 @@ CORPUS = ["What is 12+25? Reply with only the number.", "37", "3 + 4 = 7", "You 
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"smollm2_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(EXAMPLE / f"{name}.py", f"smollm2_{name}", f"examples/smollm2/{name}.py")
 
 
 prepare = _load("prepare")
