@@ -88,7 +88,7 @@ class ConfigHParams(TypedDict):
     scale_rewards: str
     suppressed_ids: list[int]
     intra_op_threads: int
-    gradient_checkpointing: bool  # trainer.activation_checkpointing (TRL recomputes whole layers, relax the MLPs)
+    gradient_checkpointing: bool  # trainer.activation_checkpointing (both recompute whole layers)
     reward: dict[str, object]  # relax-core's RewardRunnerConfig, as JSON
 
 

@@ -227,7 +227,7 @@ class FSDPSettings(ConfigModel):
     """``trainer.engine=fsdp``: how the group shards the policy (``relax_services.engines.fsdp.train.FSDPConfig``)."""
 
     activation_checkpointing: bool = False
-    """Recompute each decoder block's MLP in the backward pass instead of keeping its activations."""
+    """Recompute each decoder block (attention and MLP) in the backward pass, keeping only its input."""
 
     reshard_after_forward: bool = True
     """Free each block's gathered parameters after its forward (ZeRO-3, least memory); False keeps them until the
@@ -311,9 +311,9 @@ class TrainerConfig(ConfigModel):
     prompts' tokens + tokens)``); the update's ``padding_frac`` metric is then 0."""
 
     activation_checkpointing: bool = False
-    """Recompute each text decoder block's MLP activations in the backward pass instead of keeping them (the
+    """Recompute each text decoder block (attention and MLP) in the backward pass, keeping only its input (the
     one-process engine, ``trainer.engine=torch``; a Trainer group has ``trainer.fsdp.activation_checkpointing``): less
-    memory for one more forward of the MLPs per micro-batch, the same numbers."""
+    memory for one more forward of the decoder per micro-batch, the same numbers."""
 
     minibatches: int = pydantic.Field(default=1, ge=1)
     """Optimizer steps per update, each on an equal slice of whole groups (PPO minibatches). With more than one,

@@ -25,6 +25,7 @@ proximal log-probs, critic values) without grad.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -97,6 +98,52 @@ def distinct_prompts(prompts: Sequence[OmniPrompt]) -> tuple[list[OmniPrompt], t
             by_object[id(prompt)] = slot
         index.append(slot)
     return distinct, torch.tensor(index, dtype=torch.long)
+
+
+class ReplayableCache(DynamicCache):
+    """A key/value cache a forward may run through twice with the same result, as activation checkpointing runs it
+    (each checkpointed decoder block's forward runs again in the backward pass and calls :meth:`update` again).
+
+    A growing cache would append the same keys a second time. Instead there are two uses, one object each:
+
+    - The prompts' forward (the cache starts empty): a layer keeps its first update's keys and values. An update of
+      a layer that already holds them is that forward's recompute, which began on an empty cache too, so it
+      returns the new keys and values alone and stores nothing.
+    - :meth:`continuation`, what the forward after the prompts reads: every update returns the prompts' keys and
+      values followed by the new ones (what a growing cache returns) and stores nothing; nothing reads a
+      response's keys after its own forward.
+    """
+
+    read_only = False
+    """Set on a :meth:`continuation`: updates return the held keys and the new ones, and store nothing."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values layer ``layer_idx`` attends to (see the class)."""
+        layer: Any = self.layers[layer_idx] if layer_idx < len(self.layers) else None  # an attention layer's
+        if self.read_only:
+            return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+        if layer is not None and layer.is_initialized:
+            return key_states, value_states  # the recompute of a forward that began on an empty cache
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return keys, values
+
+    def continuation(self, rows: torch.Tensor | None = None) -> ReplayableCache:
+        """A read-only view of what this cache holds (``rows``: row ``b`` continues held row ``rows[b]``); this
+        cache is left as it is (its recompute still finds every layer written)."""
+        out = copy.copy(self)
+        out.layers = [copy.copy(layer) for layer in self.layers]
+        out.read_only = True
+        if rows is not None:
+            out.batch_select_indices(rows)
+        return out
+
+
+def prompt_cache(decoder: torch.nn.Module) -> ReplayableCache:
+    """An empty :class:`ReplayableCache` for the prompts' forward of ``decoder`` (a transformers text decoder:
+    its config gives the layers' kinds)."""
+    return ReplayableCache(config=cast(Any, decoder).config)
 
 
 @dataclass
@@ -243,6 +290,7 @@ def _prompt_and_text_states(
         **decoder_inputs(thinker, distinct, ids, device),  # media encoded once per distinct item
         attention_mask=prompt_mask,
         position_ids=position_ids_for(thinker, positions.to(device)),  # [3, U, P] ([U, P] for 1-D families)
+        past_key_values=prompt_cache(decoder),
         use_cache=True,
     )
     hidden: torch.Tensor = prefix.last_hidden_state[row_prompt, -1:]  # [B, 1, H]: predicts response token 0
@@ -259,8 +307,7 @@ def _prompt_and_text_states(
         )
         hidden = torch.cat([hidden, rest], dim=1)  # [B, L, H]
     elif length > 1:  # response tokens 0 .. L-2, on each row's copy of its prompt's cache, predict 1 .. L-1
-        cache = prefix.past_key_values
-        cache.batch_select_indices(row_prompt)
+        cache = prefix.past_key_values.continuation(row_prompt)
         steps = torch.arange(length - 1, device=device)
         chunk = decoder(
             inputs_embeds=embed(targets[:, :-1]),
@@ -351,7 +398,7 @@ def _packed_response_states(
     return states.index_put((row_of, step_of), hidden)
 
 
-def _prompts_end_to_end(cache: DynamicCache) -> DynamicCache:
+def _prompts_end_to_end(cache: DynamicCache) -> ReplayableCache:
     """The prompt cache of ``U`` rows as one row: every layer's ``[U, h, P, d]`` keys and values as
     ``[1, h, U·P, d]`` (prompt-major, the order of the packed mask's key columns)."""
     layers = []
@@ -365,7 +412,7 @@ def _prompts_end_to_end(cache: DynamicCache) -> DynamicCache:
                 values.transpose(0, 1).reshape(h, u * p, values.shape[-1])[None],
             )
         )
-    return DynamicCache(ddp_cache_data=layers)
+    return ReplayableCache(ddp_cache_data=layers).continuation()
 
 
 class FrozenReference:

@@ -40,6 +40,7 @@ from relax_services.engines.scoring import (
     FrozenReference,
     TokenScores,
     distinct_prompts,
+    prompt_cache,
     token_scores,
     token_scores_with_kl,
 )
@@ -481,6 +482,7 @@ def _local_states(
     prefix = decoder(
         inputs_embeds=embeds,
         position_ids=position_ids_for(thinker, positions)[..., mine],
+        past_key_values=prompt_cache(decoder),
         use_cache=True,
         sequence_parallel=sp,
         # [U, 1, P', P'] the whole prompts'; none without padding (one prompt, P' = P): causal, no S × S mask
@@ -493,8 +495,7 @@ def _local_states(
         width = chunk * n
         feed = F.pad(targets[:, :-1], (0, width - feed_len), value=pad_id)  # [B, F] F = width
         feed_mask = F.pad(response_mask[:, :-1], (0, width - feed_len), value=0)  # [B, F]
-        cache = prefix.past_key_values  # this rank's slice of every prompt's keys and values
-        cache.batch_select_indices(row_prompt)
+        cache = prefix.past_key_values.continuation(row_prompt)  # this rank's slice of each row's prompt
         steps = torch.arange(width, device=targets.device)
         feed_pos = position_ids_for(thinker, (next_pos.to(device)[row_prompt, None] + steps).expand(3, -1, -1))
         mine = sp.slice_of(width)

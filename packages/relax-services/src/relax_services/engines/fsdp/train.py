@@ -85,9 +85,9 @@ class FSDPConfig:
         mixed_precision: ``"auto"``: bf16 parameters for compute with fp32 gradient reduction on CUDA, full
             fp32 on CPU; ``"bf16"`` forces that policy; ``"off"`` computes and reduces in the parameters'
             dtype. The sharded master weights and the optimizer state stay fp32 either way.
-        activation_checkpointing: Recompute each decoder block's MLP in backward instead of keeping its
-            activations. Attention is not recomputed: the scoring shares each prompt's key/value cache, which
-            attention appends to, so recomputing it would append twice.
+        activation_checkpointing: Recompute each decoder block (attention and MLP) in backward, keeping only its
+            input (the prompt cache the rows share is a :class:`~relax_services.engines.scoring.ReplayableCache`,
+            which a second forward reads as the first did).
         reshard_after_forward: Free each block's gathered parameters after its forward and gather again in
             backward (ZeRO-3, least memory); ``False`` keeps them until backward (ZeRO-2, less traffic).
         cpu_offload: Keep the parameter shards, their gradients and the optimizer state in host memory, copied to
@@ -363,7 +363,7 @@ class FSDPTrainEngine:
             if self.fsdp.activation_checkpointing:
                 from torch.distributed._composable.checkpoint_activation import checkpoint
 
-                checkpoint(cast(torch.nn.Module, block.mlp))
+                checkpoint(block)  # before sharding, as the one-process engine's blocks
             fully_shard(
                 block,
                 mesh=self.fsdp_mesh,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -92,9 +92,9 @@ class TorchTrainConfig:
             update and scoring call (None: the process's own setting). CPU reductions are split per thread, so
             the same update gives other bits at another count: a fixed count is what makes two processes (the
             Trainer service, a synchronous reference loop) compute identical weights.
-        activation_checkpointing: Recompute each text decoder block's MLP activations in the backward pass
-            instead of keeping them (torch's composable ``checkpoint``, :func:`checkpoint_blocks`): one more forward
-            of the MLPs per micro-batch, the same numbers.
+        activation_checkpointing: Recompute each text decoder block (attention and MLP) in the backward pass,
+            keeping only its input (torch's composable ``checkpoint``, :func:`checkpoint_blocks`): one more forward
+            of the decoder per micro-batch, the same numbers.
         lora: Train low-rank adapters injected into the model (:func:`~relax_services.models.lora.apply_lora`,
             drawn after seeding) instead of every weight: the optimizer holds the adapters only,
             :meth:`~TorchTrainEngine.policy_state` gives the merged weights under the plain model's names and the
@@ -588,10 +588,10 @@ def _stack_fields(batch: Sequence[TrainSample], mask: torch.Tensor) -> dict[str,
 
 
 def checkpoint_blocks(model: torch.nn.Module) -> None:
-    """Make the MLP of every text decoder block of ``model`` recompute its activations in the backward pass (the
-    policy's or a value model's blocks, :func:`~relax_services.engines.fsdp.layout.decoder_blocks`), as the FSDP2
-    engine does. The MLP only: attention's recompute would append its keys and values to the prompt cache a
-    group's rows share a second time.
+    """Make every text decoder block of ``model`` (the policy's or a value model's,
+    :func:`~relax_services.engines.fsdp.layout.decoder_blocks`) recompute its activations in the backward pass: a
+    block keeps only its inputs, as the FSDP2 engine's blocks do. The prompt cache a group's rows share is a
+    :class:`~relax_services.engines.scoring.ReplayableCache`, so a block's second forward attends to the same keys.
 
     Raises:
         ValueError: If ``model`` has no decoder blocks by those names.
@@ -601,4 +601,4 @@ def checkpoint_blocks(model: torch.nn.Module) -> None:
     from relax_services.engines.fsdp.layout import decoder_blocks
 
     for block in decoder_blocks(model):
-        checkpoint(cast(torch.nn.Module, block.mlp))
+        checkpoint(block)
