@@ -23,7 +23,7 @@ import torch.distributed as dist
 from _fsdp_worker import CONFIG, _full, batch, pg_token_mean
 
 from relax_parallel import ParallelConfig, ParallelPlan
-from relax_services.engines.fsdp.train import FSDPTrainEngine
+from relax_services.engines.fsdp.train import FSDPConfig, FSDPTrainEngine
 from relax_services.models import build_tiny_omni
 
 UPDATES = 2
@@ -37,10 +37,10 @@ def grad_batch() -> list[Any]:
     return [batch(0)[0], batch(1)[0], batch(0)[2], batch(1)[2], batch(0)[5], batch(0)[1]]
 
 
-def _engine(layout: ParallelConfig) -> tuple[FSDPTrainEngine, dict[str, int]]:
+def _engine(layout: ParallelConfig, fsdp: FSDPConfig | None = None) -> tuple[FSDPTrainEngine, dict[str, int]]:
     mesh = ParallelPlan.from_config(layout).device_mesh("cpu")
     tp_mesh = mesh["tp"] if layout.tp > 1 else None
-    engine = FSDPTrainEngine(build_tiny_omni(0), CONFIG, mesh=mesh["dp"], tp_mesh=tp_mesh, sp_mesh=mesh["cp"])
+    engine = FSDPTrainEngine(build_tiny_omni(0), CONFIG, fsdp, mesh=mesh["dp"], tp_mesh=tp_mesh, sp_mesh=mesh["cp"])
     coords = {d: mesh.get_local_rank(d) for d in ("dp", "cp", "tp")}
     return engine, coords
 
@@ -134,6 +134,8 @@ def main(rank: int, world: int, out_dir: str) -> None:
             start = time.perf_counter()
             scenario(out, key, layout)
             out["phase_s"][key] = time.perf_counter() - start
+        if world == 2:  # the same gradients with every block recomputed in the backward (collectives and all)
+            _gradients(_engine(ParallelConfig(cp=2), FSDPConfig(activation_checkpointing=True))[0], out, "sp2ckpt")
         if world == 4:
             start = time.perf_counter()
             resume_elsewhere(out, Path(out_dir))

@@ -173,6 +173,14 @@ def test_sp2_trains_like_one_process(ranks: list[dict[str, Any]], reference: dic
         check_equal_to_one_process(r, "sp2", reference)
 
 
+def test_sp2_with_recomputed_blocks_gives_the_same_gradients(ranks: list[dict[str, Any]]) -> None:
+    """Activation checkpointing under sp = 2: every block's forward (its head exchanges and the shared prompt cache
+    included) runs again in the backward on the same inputs, so the gradients are the same bits."""
+    for r in ranks:
+        assert r["sp2ckpt_grads"].keys() == r["sp2_grads"].keys()
+        assert all(torch.equal(r["sp2ckpt_grads"][n], g) for n, g in r["sp2_grads"].items())
+
+
 def test_sp2_ranks_each_run_half_of_every_sequence(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     check_split(ranks, "sp2", reference)
     check_shared_encoding(ranks, "sp2")
