@@ -210,6 +210,34 @@ def test_load_weights_refuses_an_older_version(model: torch.nn.Module) -> None:
         engine.load_weights(model.state_dict(), version=3)
 
 
+def test_released_weights_pin_no_published_version(model: torch.nn.Module, prompts: list[OmniPrompt]) -> None:
+    """An engine computing with a published version's arrays (the shared CPU path) holds references to them; after
+    ``release_weights`` it holds none (each array's reference count is back to what it was before the load), refuses
+    to generate, and after loading the version again generates what it generated before."""
+    import sys
+
+    from relax_services.weights.packed import pack_state, unpack_state
+
+    packed = pack_state({k: v.clone() for k, v in _perturbed_state(model, seed=4).items()})
+    before = {name: sys.getrefcount(a) for name, a in packed.arrays.items()}
+    engine = HFRolloutEngine(build_tiny_omni(seed=0))
+    params = SamplingParams(suppressed_ids=SUPPRESSED_IDS, eos_id=TOKENS.eos_id, n=2, max_new_tokens=6, temperature=0)
+    engine.load_weights(unpack_state(packed), version=1)
+    assert all(sys.getrefcount(a) > before[name] for name, a in packed.arrays.items())  # the parameters view them
+    first = engine.generate(prompts, params)
+    assert engine.release_weights() and not engine.release_weights()  # once: nothing is left to drop
+    assert {name: sys.getrefcount(a) for name, a in packed.arrays.items()} == before
+    assert engine.version == 1
+    with pytest.raises(RuntimeError, match="released"):
+        engine.generate(prompts, params)
+    engine.load_weights(unpack_state(packed), version=1)
+    again = engine.generate(prompts, params)
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
+    # Weights of its own (copied in: another dtype) are never dropped.
+    engine.load_weights({k: v.double() for k, v in model.state_dict().items()}, version=2)
+    assert not engine.release_weights()
+
+
 def test_sampler_matches_hand_computed_truncated_distribution() -> None:
     # Vocabulary of 4 after suppressing nothing: probs 0.5, 0.25, 0.15, 0.10.
     probs = torch.tensor([0.5, 0.25, 0.15, 0.10])

@@ -104,6 +104,16 @@ def generation_stats(out: list[Completion], elapsed: float, **counters: float) -
 
 
 @runtime_checkable
+class ReleasesWeights(Protocol):
+    """A rollout engine that can drop the weights it computes with until its next ``load_weights``
+    (:meth:`HFRolloutEngine.release_weights <relax_services.engines.hf.rollout.HFRolloutEngine.release_weights>`)."""
+
+    def release_weights(self) -> bool:
+        """Drops the loaded version's tensors if they are the published ones; returns whether it did."""
+        ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
     """Generates completions; weights change only at safe points between decode steps."""
 

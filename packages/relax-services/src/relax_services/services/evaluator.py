@@ -10,7 +10,7 @@ from collections import defaultdict
 from relax_core import build_reward_runner
 from relax_services.config import RunConfig
 from relax_services.data.prompts import HeldoutReport, HeldoutSet
-from relax_services.engines import RolloutEngine
+from relax_services.engines import ReleasesWeights, RolloutEngine
 from relax_services.engines.registry import RolloutEngineOptions, make_rollout_engine
 from relax_services.engines.sampling import sampling_params
 from relax_services.models.policy import checkpoint_of
@@ -93,6 +93,8 @@ class EvalService(ServiceBase):
             return
         self.engine.load_weights(newer.state_dict, newer.version)
         rewards = self.evaluate()
+        if isinstance(self.engine, ReleasesWeights):  # idle until the next evaluation: pin no version meanwhile
+            self.engine.release_weights()
         self.record("eval", version=newer.version, reward=rewards, samples=self.samples)
         self._next_version = newer.version + self.cfg.eval.every_steps
 

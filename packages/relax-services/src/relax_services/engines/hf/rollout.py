@@ -119,6 +119,8 @@ class HFRolloutEngine:
         keeps = "logits_to_keep" in inspect.signature(type(self.model).forward).parameters
         self._last_logits: dict[str, int] = {"logits_to_keep": 1} if keeps else {}
         self._version = version
+        self._shared = False  # the parameters are a published version's tensors (load_weights' CPU path)
+        self._released = False  # release_weights dropped them: nothing to compute with until load_weights
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.last_stats: dict[str, float] = {}
 
@@ -139,8 +141,42 @@ class HFRolloutEngine:
         if version < self._version:
             raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
         weights = dict(state_dict)
-        self.model.load_state_dict(weights, strict=True, assign=self._can_share(weights))
+        share = self._can_share(weights)
+        if self._released and not share:  # copying needs parameters of its own to copy into
+            self._materialize()
+        self.model.load_state_dict(weights, strict=True, assign=share)
+        self._shared, self._released = share, False
         self._version = version
+
+    def release_weights(self) -> bool:
+        """Drops a published version's tensors this engine computes with (loaded by :meth:`load_weights` on the
+        CPU path), so that an idle reader — an Evaluator between evaluations — keeps no version alive once the store
+        has moved on (a Ray object stays in shared memory while any view of it lives). The parameters become meta
+        tensors and the persistent buffers copies of their own, until the next :meth:`load_weights`; the version
+        is kept. Returns whether anything was dropped (weights of the engine's own, copied in, are kept)."""
+        if not self._shared:
+            return False
+        metas: dict[int, torch.nn.Parameter] = {}  # tied parameters stay one parameter
+        for module in self.model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    meta = metas.setdefault(id(param), torch.nn.Parameter(param.to("meta"), requires_grad=False))
+                    module._parameters[name] = meta
+            for name in set(module._buffers) - module._non_persistent_buffers_set:
+                buffer = module._buffers[name]
+                if buffer is not None:
+                    module._buffers[name] = buffer.clone()
+        self._shared, self._released = False, True
+        return True
+
+    def _materialize(self) -> None:
+        """Uninitialised parameters of the engine's own in place of released (meta) ones, to copy weights into."""
+        owned: dict[int, torch.nn.Parameter] = {}
+        for module in self.model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None and param.is_meta:
+                    empty = torch.empty(param.shape, dtype=param.dtype, device=self.device)
+                    module._parameters[name] = owned.setdefault(id(param), torch.nn.Parameter(empty, False))
 
     def _can_share(self, weights: Mapping[str, torch.Tensor]) -> bool:
         """Whether the model can compute with ``weights`` as they are (CPU, same names, dtypes and shapes)."""
@@ -178,6 +214,8 @@ class HFRolloutEngine:
         start = time.perf_counter()
         if poll_weights is not None:
             self._apply(poll_weights())
+        if self._released:
+            raise RuntimeError("this engine's weights were released (release_weights): load_weights before generate")
         n_slots = len(prompts) * params.n
         out = [Completion() for _ in range(n_slots)]
         state = self._prefill(prompts, torch.arange(n_slots), params.n)
