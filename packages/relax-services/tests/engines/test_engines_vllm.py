@@ -28,8 +28,10 @@ import torch
 
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, RolloutEngine, SamplingParams, truncate
 from relax_services.engines.vllm.checkpoint import chain_buckets, export_text_decoder, text_decoder_weights
+from relax_services.config import LoraConfig
 from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine, request_seed
 from relax_services.models import DEFAULT_SOURCE, OmniPrompt, TinyOmniConfig, build_tiny_omni, open_checkpoint
+from relax_services.models.lora import adapter_state, apply_lora, merged_state
 from relax_services.models.synthetic import synthetic_prompt
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -236,7 +238,8 @@ _DISK_SCRIPT = textwrap.dedent(
     import json, sys
     from relax_services.engines import SamplingParams
     from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine
-    from relax_services.models.synthetic import synthetic_prompt
+    from relax_services.models.lora import adapter_state, apply_lora, merged_state
+from relax_services.models.synthetic import synthetic_prompt
     import torch
     gen = torch.Generator().manual_seed(0)
     prompts = [synthetic_prompt("text", [12 + i, 40 + i, 20 + 2 * i][: 1 + i % 3], gen) for i in range(6)]
@@ -394,6 +397,87 @@ def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -
     got = engine.generate(prompts, params)
     expected = _greedy_continuation(_thinker(new_state), prompts[0].input_ids.tolist(), 8, params.eos_id)
     assert [c.token_ids for c in got[0]] == [expected, expected]
+
+
+LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"])
+
+
+def _adapted(seed: int) -> torch.nn.Module:
+    """The base thinker with random non-zero adapters (the default targets reach the audio encoder too, which the
+    text export leaves out)."""
+    model = apply_lora(_thinker(), LORA)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _merged64(adapted: torch.nn.Module) -> torch.nn.Module:
+    """The merged policy ``W + (alpha / r) · B A`` as a plain thinker computing in float64: the reference."""
+    return _thinker(merged_state(adapted)).double()
+
+
+@needs_vllm
+def test_lora_requests_serve_the_newest_adapters(ckpt: Path) -> None:
+    """Adapters arrive as LoRA requests: behaviour log-probs equal a float64 forward of the merged model, a second
+    version replaces the first (only the newest stays loaded), and a ``switch`` moves requests onto the next one."""
+    eng = VLLMRolloutEngine(ckpt, VLLMRolloutConfig(max_model_len=256, max_num_seqs=64, lora_rank=4, lora_alpha=8))
+    try:
+        loaded = eng.llm.llm_engine.list_loras
+        prompts = _text_prompts()
+        first, second, third = _adapted(1), _adapted(2), _adapted(3)
+        eng.load_weights(adapter_state(first), 1)
+        assert eng.lora_request.lora_int_id == 2 and loaded() == {2}
+        sampled = eng.generate(prompts, _params(n=2, max_new_tokens=10, temperature=1.0))
+        greedy = eng.generate(prompts, _params(n=1, max_new_tokens=10, temperature=0.0))
+        ref, base = _merged64(first), _thinker().double()
+        moved = 0.0
+        for prompt, s_group, g_group in zip(prompts, sampled, greedy, strict=True):
+            for c in s_group:
+                expected = _full_logprobs(ref, prompt, c.token_ids, 1.0)
+                torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=LOGPROB_ATOL, rtol=0)
+                moved = max(moved, float((expected - _full_logprobs(base, prompt, c.token_ids, 1.0)).abs().max()))
+                assert c.versions == [1] * len(c.token_ids)
+            ids = prompt.input_ids.tolist()
+            assert g_group[0].token_ids == _greedy_continuation(ref, ids, 10, TOKENS.eos_id)
+        assert moved > 100 * LOGPROB_ATOL  # the adapters change the policy far beyond the tolerance
+
+        old_folder = Path(eng.lora_request.lora_path)
+        eng.load_weights(adapter_state(second), 2)
+        assert loaded() == {3} and not old_folder.exists()
+        params = _params(n=1, max_new_tokens=10, temperature=0.0)
+        greedy2 = eng.generate(prompts, params)
+        ref2 = _merged64(second)
+        assert [g[0].token_ids for g in greedy2] != [g[0].token_ids for g in greedy]
+        for prompt, group in zip(prompts, greedy2, strict=True):
+            c = group[0]
+            assert c.token_ids == _greedy_continuation(ref2, prompt.input_ids.tolist(), 10, TOKENS.eos_id)
+            torch.testing.assert_close(
+                torch.tensor(c.logprobs), _full_logprobs(ref2, prompt, c.token_ids, 0.0), atol=LOGPROB_ATOL, rtol=0
+            )
+
+        eng.config = dataclasses.replace(eng.config, partial_rollout="switch")
+        poll, v3 = _switching_poll(eng, adapter_state(third), after=4)
+        groups = eng.generate(prompts, _params(n=2, max_new_tokens=12, temperature=0.0), poll_weights=poll)
+        assert eng.version == v3 == 3 and loaded() == {4}
+        ref3, switched = _merged64(third), 0
+        for prompt, group in zip(prompts, groups, strict=True):
+            ids = prompt.input_ids.tolist()
+            for c in group:
+                k = c.versions.count(2)
+                assert c.token_ids[:k] == _greedy_continuation(ref2, ids, k, TOKENS.eos_id)
+                if k < len(c.token_ids):
+                    switched += 1
+                    rest = _greedy_continuation(ref3, ids + c.token_ids[:k], 12 - k, TOKENS.eos_id)
+                    assert c.token_ids[k:] == rest and c.versions[k:] == [3] * len(rest)
+        assert switched > 0
+
+        eng.load_weights(_thinker().state_dict(), 4)  # full weights are the whole policy: the adapter goes
+        assert eng.lora_request is None and loaded() == set()
+    finally:
+        eng.close()
 
 
 @needs_vllm
