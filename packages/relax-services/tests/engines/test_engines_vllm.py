@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import torch
 
+from relax_services.config import LoraConfig
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, RolloutEngine, SamplingParams, truncate
 from relax_services.engines.vllm.checkpoint import chain_buckets, export_text_decoder, text_decoder_weights
-from relax_services.config import LoraConfig
 from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine, request_seed
 from relax_services.models import DEFAULT_SOURCE, OmniPrompt, TinyOmniConfig, build_tiny_omni, open_checkpoint
 from relax_services.models.lora import adapter_state, apply_lora, merged_state
@@ -115,7 +115,13 @@ def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("partial_rollout", "later"), ("logprobs_mode", "raw_logprobs"), ("poll_every", 0), ("memory_fraction", 0.0)],
+    [
+        ("partial_rollout", "later"),
+        ("logprobs_mode", "raw_logprobs"),
+        ("poll_every", 0),
+        ("memory_fraction", 0.0),
+        ("lora_rank", 4),  # without lora_alpha
+    ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"VLLMRolloutConfig.{field}"):

@@ -159,7 +159,9 @@ def write_peft_adapter(
     for name, tensor in state.items():
         match = _ADAPTER_KEY.match(name)
         if match is None:
-            raise ValueError(f"write_peft_adapter: {name!r} is not an adapter tensor ({{layer}}.lora_A|lora_B.*.weight)")
+            raise ValueError(
+                f"write_peft_adapter: {name!r} is not an adapter tensor ({{layer}}.lora_A|lora_B.*.weight)"
+            )
         layer, part = match["layer"], match["part"]
         if layer.startswith(skip_prefixes):
             continue
