@@ -633,15 +633,17 @@ _E2E = [
 
 @needs_vllm
 @pytest.mark.timeout(1200)
-def test_relax_train_on_vllm_at_tau2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [(), ("model.lora={}", "rollout.vllm.lora_requests=true")], ids=["full", "lora"])
+def test_relax_train_on_vllm_at_tau2(tmp_path: Path, lora: tuple[str, ...]) -> None:
     """``relax train rollout.engine=vllm`` on a tiny head-dim-32 Qwen2 checkpoint: the Rollout service and the
     Evaluator build the vLLM engine from the registry; the updates stay within τ and the behaviour log-probs of
-    tokens sampled by the trainer's own weights match its recomputation."""
+    tokens sampled by the trainer's own weights match its recomputation. With ``lora``: the Trainer publishes the
+    adapters alone and vLLM samples under them as LoRA requests."""
     from relax_services.models.tiny_families import write_tiny_checkpoint
     from relax_services.reporting.metrics import read_metrics
 
     folder = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2", hidden_size=128)
-    args = [*_E2E, f"model.source={folder}", f"run.output_dir={tmp_path / 'runs'}", "run.name=run"]
+    args = [*_E2E, *lora, f"model.source={folder}", f"run.output_dir={tmp_path / 'runs'}", "run.name=run"]
     proc = subprocess.run(
         [sys.executable, "-m", "relax_services.cli", "train", *args], capture_output=True, text=True, timeout=1100
     )
@@ -656,6 +658,12 @@ def test_relax_train_on_vllm_at_tau2(tmp_path: Path) -> None:
     # tolerance (|Δ log p| ≤ 2e-4 per token bounds the k3 mean by ≈ 2e-8).
     mismatch = [r["rollout_mismatch_kl"] for r in train if "rollout_mismatch_kl" in r]
     assert mismatch and max(mismatch) < 1e-6, mismatch
+    if lora:  # every version carries the adapters alone: A [r, in] and B [out, r] of each target layer, float32
+        targets, rank = LoraConfig().target_modules, LoraConfig().rank
+        model = open_checkpoint(folder).load_model()
+        layers = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in targets]
+        adapter_bytes = sum(4 * rank * (m.in_features + m.out_features) for m in layers)
+        assert {r["weight_sync_bytes"] for r in train} == {adapter_bytes}
     rollout = list(read_metrics(metrics, "rollout"))
     assert {r["service"] for r in rollout} == {"rollout-0"} and all(r["tokens"] > 0 for r in rollout)
     fetched = {int(v) for r in rollout for v in r["weight_sync_s"]}
