@@ -74,7 +74,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -94,6 +94,9 @@ from relax_services.engines.vllm.checkpoint import (
     write_peft_adapter,
 )
 from relax_services.models.inputs import OmniPrompt
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 LogprobsMode = Literal["processed_logprobs", "raw_logits"]
 LOGPROBS_MODES: tuple[str, ...] = ("processed_logprobs", "raw_logits")
@@ -267,7 +270,7 @@ class VLLMRolloutEngine:
         self._calls = 0
         self._next_request = 0
         self._staging: str | None = None
-        self._lora: Any = None  # the LoRARequest of the loaded adapter version (LoRA requests), or None
+        self._lora: LoRARequest | None = None  # the loaded adapter version's request (LoRA requests)
         self._adapters: str | None = None  # folder of the adapter versions written for vLLM
         self.base_path = str(model_path)
         self.vocab_size: int = self.llm.llm_engine.model_config.get_vocab_size()
@@ -370,7 +373,7 @@ class VLLMRolloutEngine:
         self._lora = None
 
     @property
-    def lora_request(self) -> Any:
+    def lora_request(self) -> LoRARequest | None:
         """The ``LoRARequest`` every request carries (the newest adapter version loaded), or None."""
         return self._lora
 
