@@ -244,8 +244,7 @@ _DISK_SCRIPT = textwrap.dedent(
     import json, sys
     from relax_services.engines import SamplingParams
     from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine
-    from relax_services.models.lora import adapter_state, apply_lora, merged_state
-from relax_services.models.synthetic import synthetic_prompt
+    from relax_services.models.synthetic import synthetic_prompt
     import torch
     gen = torch.Generator().manual_seed(0)
     prompts = [synthetic_prompt("text", [12 + i, 40 + i, 20 + 2 * i][: 1 + i % 3], gen) for i in range(6)]
@@ -428,10 +427,14 @@ def _merged64(adapted: torch.nn.Module) -> torch.nn.Module:
 @needs_vllm
 def test_lora_requests_serve_the_newest_adapters(ckpt: Path) -> None:
     """Adapters arrive as LoRA requests: behaviour log-probs equal a float64 forward of the merged model, a second
-    version replaces the first (only the newest stays loaded), and a ``switch`` moves requests onto the next one."""
+    version replaces the first (only the newest stays loaded), and a ``switch`` moves requests onto the next one.
+    Alone, its engine core runs in this process; beside the module's ``engine`` (the whole file), in its own."""
     eng = VLLMRolloutEngine(ckpt, VLLMRolloutConfig(max_model_len=256, max_num_seqs=64, lora_rank=4, lora_alpha=8))
     try:
-        loaded = eng.llm.llm_engine.list_loras
+
+        def loaded() -> set[int]:  # a set in process, a list from an engine core process
+            return set(eng.llm.llm_engine.list_loras())
+
         prompts = _text_prompts()
         first, second, third = _adapted(1), _adapted(2), _adapted(3)
         eng.load_weights(adapter_state(first), 1)
