@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 import torch
 
+from relax_services.config import LoraConfig
 from relax_services.engines import HFRolloutConfig, HFRolloutEngine, RolloutEngine, SamplingParams, truncate
 from relax_services.engines.vllm.checkpoint import chain_buckets, export_text_decoder, text_decoder_weights
 from relax_services.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine, request_seed
 from relax_services.models import DEFAULT_SOURCE, OmniPrompt, TinyOmniConfig, build_tiny_omni, open_checkpoint
+from relax_services.models.lora import adapter_state, apply_lora, merged_state
 from relax_services.models.synthetic import synthetic_prompt
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -113,7 +115,13 @@ def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("partial_rollout", "later"), ("logprobs_mode", "raw_logprobs"), ("poll_every", 0), ("memory_fraction", 0.0)],
+    [
+        ("partial_rollout", "later"),
+        ("logprobs_mode", "raw_logprobs"),
+        ("poll_every", 0),
+        ("memory_fraction", 0.0),
+        ("lora_rank", 4),  # without lora_alpha
+    ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"VLLMRolloutConfig.{field}"):
@@ -396,6 +404,91 @@ def test_weight_update_invalidates_the_prefix_cache(engine: VLLMRolloutEngine) -
     assert [c.token_ids for c in got[0]] == [expected, expected]
 
 
+LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"])
+
+
+def _adapted(seed: int) -> torch.nn.Module:
+    """The base thinker with random non-zero adapters (the default targets reach the audio encoder too, which the
+    text export leaves out)."""
+    model = apply_lora(_thinker(), LORA)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _merged64(adapted: torch.nn.Module) -> torch.nn.Module:
+    """The merged policy ``W + (alpha / r) · B A`` as a plain thinker computing in float64: the reference."""
+    return _thinker(merged_state(adapted)).double()
+
+
+@needs_vllm
+def test_lora_requests_serve_the_newest_adapters(ckpt: Path) -> None:
+    """Adapters arrive as LoRA requests: behaviour log-probs equal a float64 forward of the merged model, a second
+    version replaces the first (only the newest stays loaded), and a ``switch`` moves requests onto the next one.
+    Alone, its engine core runs in this process; beside the module's ``engine`` (the whole file), in its own."""
+    eng = VLLMRolloutEngine(ckpt, VLLMRolloutConfig(max_model_len=256, max_num_seqs=64, lora_rank=4, lora_alpha=8))
+    try:
+
+        def loaded() -> set[int]:  # a set in process, a list from an engine core process
+            return set(eng.llm.llm_engine.list_loras())
+
+        prompts = _text_prompts()
+        first, second, third = _adapted(1), _adapted(2), _adapted(3)
+        eng.load_weights(adapter_state(first), 1)
+        assert eng.lora_request.lora_int_id == 2 and loaded() == {2}
+        sampled = eng.generate(prompts, _params(n=2, max_new_tokens=10, temperature=1.0))
+        greedy = eng.generate(prompts, _params(n=1, max_new_tokens=10, temperature=0.0))
+        ref, base = _merged64(first), _thinker().double()
+        moved = 0.0
+        for prompt, s_group, g_group in zip(prompts, sampled, greedy, strict=True):
+            for c in s_group:
+                expected = _full_logprobs(ref, prompt, c.token_ids, 1.0)
+                torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=LOGPROB_ATOL, rtol=0)
+                moved = max(moved, float((expected - _full_logprobs(base, prompt, c.token_ids, 1.0)).abs().max()))
+                assert c.versions == [1] * len(c.token_ids)
+            ids = prompt.input_ids.tolist()
+            assert g_group[0].token_ids == _greedy_continuation(ref, ids, 10, TOKENS.eos_id)
+        assert moved > 100 * LOGPROB_ATOL  # the adapters change the policy far beyond the tolerance
+
+        old_folder = Path(eng.lora_request.lora_path)
+        eng.load_weights(adapter_state(second), 2)
+        assert loaded() == {3} and not old_folder.exists()
+        params = _params(n=1, max_new_tokens=10, temperature=0.0)
+        greedy2 = eng.generate(prompts, params)
+        ref2 = _merged64(second)
+        assert [g[0].token_ids for g in greedy2] != [g[0].token_ids for g in greedy]
+        for prompt, group in zip(prompts, greedy2, strict=True):
+            c = group[0]
+            assert c.token_ids == _greedy_continuation(ref2, prompt.input_ids.tolist(), 10, TOKENS.eos_id)
+            torch.testing.assert_close(
+                torch.tensor(c.logprobs), _full_logprobs(ref2, prompt, c.token_ids, 0.0), atol=LOGPROB_ATOL, rtol=0
+            )
+
+        eng.config = dataclasses.replace(eng.config, partial_rollout="switch")
+        poll, v3 = _switching_poll(eng, adapter_state(third), after=4)
+        groups = eng.generate(prompts, _params(n=2, max_new_tokens=12, temperature=0.0), poll_weights=poll)
+        assert eng.version == v3 == 3 and loaded() == {4}
+        ref3, switched = _merged64(third), 0
+        for prompt, group in zip(prompts, groups, strict=True):
+            ids = prompt.input_ids.tolist()
+            for c in group:
+                k = c.versions.count(2)
+                assert c.token_ids[:k] == _greedy_continuation(ref2, ids, k, TOKENS.eos_id)
+                if k < len(c.token_ids):
+                    switched += 1
+                    rest = _greedy_continuation(ref3, ids + c.token_ids[:k], 12 - k, TOKENS.eos_id)
+                    assert c.token_ids[k:] == rest and c.versions[k:] == [3] * len(rest)
+        assert switched > 0
+
+        eng.load_weights(_thinker().state_dict(), 4)  # full weights are the whole policy: the adapter goes
+        assert eng.lora_request is None and loaded() == set()
+    finally:
+        eng.close()
+
+
 @needs_vllm
 def test_a_second_engine_in_the_process_gets_an_engine_core_of_its_own(ckpt: Path, engine: VLLMRolloutEngine) -> None:
     """The Rollout's and the Evaluator's engines share the host process: with both engine cores in it, vLLM's
@@ -543,15 +636,17 @@ _E2E = [
 
 @needs_vllm
 @pytest.mark.timeout(1200)
-def test_relax_train_on_vllm_at_tau2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [(), ("model.lora={}", "rollout.vllm.lora_requests=true")], ids=["full", "lora"])
+def test_relax_train_on_vllm_at_tau2(tmp_path: Path, lora: tuple[str, ...]) -> None:
     """``relax train rollout.engine=vllm`` on a tiny head-dim-32 Qwen2 checkpoint: the Rollout service and the
     Evaluator build the vLLM engine from the registry; the updates stay within τ and the behaviour log-probs of
-    tokens sampled by the trainer's own weights match its recomputation."""
+    tokens sampled by the trainer's own weights match its recomputation. With ``lora``: the Trainer publishes the
+    adapters alone and vLLM samples under them as LoRA requests."""
     from relax_services.models.tiny_families import write_tiny_checkpoint
     from relax_services.reporting.metrics import read_metrics
 
     folder = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2", hidden_size=128)
-    args = [*_E2E, f"model.source={folder}", f"run.output_dir={tmp_path / 'runs'}", "run.name=run"]
+    args = [*_E2E, *lora, f"model.source={folder}", f"run.output_dir={tmp_path / 'runs'}", "run.name=run"]
     proc = subprocess.run(
         [sys.executable, "-m", "relax_services.cli", "train", *args], capture_output=True, text=True, timeout=1100
     )
@@ -566,6 +661,12 @@ def test_relax_train_on_vllm_at_tau2(tmp_path: Path) -> None:
     # tolerance (|Δ log p| ≤ 2e-4 per token bounds the k3 mean by ≈ 2e-8).
     mismatch = [r["rollout_mismatch_kl"] for r in train if "rollout_mismatch_kl" in r]
     assert mismatch and max(mismatch) < 1e-6, mismatch
+    if lora:  # every version carries the adapters alone: A [r, in] and B [out, r] of each target layer, float32
+        targets, rank = LoraConfig().target_modules, LoraConfig().rank
+        model = open_checkpoint(folder).load_model()
+        layers = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in targets]
+        adapter_bytes = sum(4 * rank * (m.in_features + m.out_features) for m in layers)
+        assert {r["weight_sync_bytes"] for r in train} == {adapter_bytes}
     rollout = list(read_metrics(metrics, "rollout"))
     assert {r["service"] for r in rollout} == {"rollout-0"} and all(r["tokens"] > 0 for r in rollout)
     fetched = {int(v) for r in rollout for v in r["weight_sync_s"]}

@@ -4,20 +4,35 @@ folder, and a resumed engine continues bit for bit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pydantic
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForImageTextToText
 
+from relax_queue import TransferQueue
 from relax_services.config import LoraConfig, ModelConfig, load_run_config
 from relax_services.control.checkpoint import ENGINE_FILE
+from relax_services.control.pipeline import queue_configs
 from relax_services.engines import LossInputs, TorchTrainConfig, TorchTrainEngine, TrainSample
+from relax_services.engines.registry import RolloutEngineOptions
 from relax_services.engines.torch import build_train_engine
+from relax_services.engines.vllm import vllm_config
+from relax_services.engines.vllm.checkpoint import (
+    ENCODER_PREFIXES,
+    export_text_decoder,
+    is_adapter_key,
+    write_peft_adapter,
+)
 from relax_services.models import DEFAULT_SOURCE, build_tiny_omni, open_checkpoint
 from relax_services.models.export import export_checkpoint
 from relax_services.models.synthetic import synthetic_prompt
+from relax_services.services import TrainerService
+from relax_services.services.trainer import publishes_adapters
+from relax_services.weights import InProcessWeightStore
 
 SUPPRESSED_IDS = open_checkpoint(DEFAULT_SOURCE).tokens.never_sample
 LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -186,3 +201,91 @@ def test_run_config_gives_the_trainer_adapters_and_the_reference_the_plain_model
     reference = build_train_engine(cfg, role="reference")
     assert reference.config.lora is None
     assert not any("lora_" in n for n, _ in reference.model.named_parameters())
+
+
+def _random_adapters(engine: TorchTrainEngine, seed: int) -> None:
+    """Non-zero adapters (B starts at zero, which would hide a wrong B in the published form)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            if p.requires_grad:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+
+
+def test_adapters_written_for_vllm_load_in_peft_as_the_merged_model(tmp_path: Path) -> None:
+    """What vLLM's LoRA requests read (write_peft_adapter over the text-decoder export) is, loaded by peft, the
+    model whose weights the merged publication carries: same logits within float32 rounding of x(W + sBA) against
+    xW + s(xAᵀ)Bᵀ."""
+    from peft import PeftModel
+    from transformers import Qwen2ForCausalLM
+
+    engine = _engine()  # adapters on the text decoder and the audio encoder's q_proj / v_proj
+    _random_adapters(engine, seed=1)
+    adapters = engine.adapter_state()
+    folder = write_peft_adapter(adapters, tmp_path / "v1", rank=LORA.rank, alpha=LORA.alpha)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8, ["down_proj", "q_proj", "v_proj"])
+    with safe_open(str(folder / "adapter_model.safetensors"), "pt") as f:
+        written = set(f.keys())
+    text = {n for n in adapters if not n.startswith(ENCODER_PREFIXES)}
+    assert len(text) < len(adapters)  # the encoders' adapters are left out
+    assert written == {"base_model.model." + n.replace(".default.", ".") for n in text}
+
+    base = Qwen2ForCausalLM.from_pretrained(export_text_decoder(build_tiny_omni(0), tmp_path / "base"))
+    served = PeftModel.from_pretrained(base, folder).eval()
+    merged = build_tiny_omni(0)
+    merged.load_state_dict(engine.policy_state())
+    ids = torch.tensor([[1, 12, 40, 20, 33, 17, 25, 14]])
+    with torch.no_grad():
+        expected = merged(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        got = served(input_ids=ids).logits
+        plain = build_tiny_omni(0)(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert (expected - plain).abs().max() > 0.1  # the adapters matter far beyond the tolerance
+    published = sum(t.numel() * t.element_size() for t in adapters.values())
+    assert published < 0.1 * sum(t.numel() * t.element_size() for t in engine.policy_state().values())
+
+
+def test_write_peft_adapter_refuses_what_is_not_a_whole_adapter(tmp_path: Path) -> None:
+    engine = _engine()
+    adapters = engine.adapter_state()
+    a_key = next(n for n in adapters if n.startswith("model.") and ".lora_A." in n)
+    with pytest.raises(ValueError, match=r"'model.norm.weight' is not an adapter tensor"):
+        write_peft_adapter({**adapters, "model.norm.weight": torch.ones(4)}, tmp_path, rank=4, alpha=8)
+    with pytest.raises(ValueError, match="only one of lora_A / lora_B"):
+        write_peft_adapter({a_key: adapters[a_key]}, tmp_path, rank=4, alpha=8)
+    with pytest.raises(ValueError, match=r"expected rank 8 in dimension 0"):
+        write_peft_adapter(adapters, tmp_path, rank=8, alpha=8)
+    audio = {n: t for n, t in adapters.items() if n.startswith("audio_tower.")}
+    with pytest.raises(ValueError, match="no adapter tensors outside"):
+        write_peft_adapter(audio, tmp_path, rank=4, alpha=8)
+
+
+def test_lora_requests_choose_the_publication_form() -> None:
+    plain = load_run_config(None, ["model.lora={}", "rollout.engine=vllm"])
+    assert not publishes_adapters(plain)  # default: merged weights, today's behaviour
+    adapters = load_run_config(None, ["model.lora={}", "rollout.engine=vllm", "rollout.vllm.lora_requests=true"])
+    assert publishes_adapters(adapters)
+    assert vllm_config(adapters, RolloutEngineOptions(), exported=True).lora_rank == LoraConfig().rank
+    assert vllm_config(plain, RolloutEngineOptions(), exported=True).lora_rank is None
+    with pytest.raises(ValueError, match=r"rollout\.vllm\.lora_requests.*rollout\.engine='vllm' \(got 'hf'\)"):
+        load_run_config(None, ["model.lora={}", "rollout.vllm.lora_requests=true"])
+    with pytest.raises(ValueError, match=r"rollout\.vllm\.lora_requests.*model\.lora \(got null\)"):
+        load_run_config(None, ["rollout.engine=vllm", "rollout.vllm.lora_requests=true"])
+
+
+@pytest.mark.parametrize("lora_requests", [False, True])
+def test_the_trainer_publishes_adapters_only_for_lora_requests(lora_requests: bool) -> None:
+    cfg = load_run_config(
+        None,
+        ["model.lora.target_modules=[q_proj]", "rollout.engine=vllm", f"rollout.vllm.lora_requests={lora_requests}"],
+    )
+    store = InProcessWeightStore(keep=1)
+    trainer = TrainerService("trainer", cfg, TransferQueue(queue_configs(cfg)[1]), store)
+    update = store.fetch()
+    assert update is not None and update.version == 0
+    if lora_requests:
+        assert update.state_dict.keys() == trainer.engine.adapter_state().keys()
+        assert all(is_adapter_key(n) for n in update.state_dict)
+    else:
+        assert update.state_dict.keys() == build_tiny_omni(0).state_dict().keys()

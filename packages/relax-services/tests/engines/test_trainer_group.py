@@ -134,8 +134,8 @@ def test_the_group_realises_the_plan_relax_plan_prints(ray_session: Any, capsys:
 @pytest.mark.slow  # another group start (~15 s); test_engines_fsdp.py checks LoRA on 2 ranks in the default suite
 def test_a_lora_run_config_builds_a_group_that_trains_and_saves_the_adapters(ray_session: Any, tmp_path: Path) -> None:
     """``model.lora`` on 2 ranks from a run config (rank 1 receives rank 0's checkpoint and adapters): one update as
-    the single-process engine of the same config, merged weights published, the adapters alone in the full state,
-    which the run's Hugging Face export reads."""
+    the single-process engine of the same config, merged weights published (or the adapters alone, gathered, for
+    LoRA requests), the adapters alone in the full state, which the run's Hugging Face export reads."""
     from relax_services.config import load_run_config
     from relax_services.control.checkpoint import ENGINE_FILE
     from relax_services.engines.fsdp import build_trainer_group
@@ -152,6 +152,9 @@ def test_a_lora_run_config_builds_a_group_that_trains_and_saves_the_adapters(ray
         ref_metrics = reference.step(worker.batch(0), _pg_seq_mean)
         assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)
         assert _max_diff(group.policy_state(), reference.policy_state()) < ATOL  # merged, under the plain names
+        published = group.adapter_state()  # what rollout.vllm.lora_requests publishes instead
+        assert published.keys() == reference.adapter_state().keys()
+        assert _max_diff(published, reference.adapter_state()) < ATOL
         state = group.state_dict()
     finally:
         group.shutdown()

@@ -195,6 +195,12 @@ class RunConfig(ConfigModel):
                 "rollout.autoscale.enabled=true with run.mode=colocated: replicas are added and removed as processes "
                 "of a distributed run; use run.mode=distributed or turn autoscaling off"
             )
+        if self.rollout.vllm.lora_requests and (self.rollout.engine != "vllm" or self.model.lora is None):
+            raise ValueError(
+                "rollout.vllm.lora_requests=true publishes the policy's adapters for vLLM's LoRA requests: it needs "
+                f"rollout.engine='vllm' (got {self.rollout.engine!r}) and model.lora "
+                f"(got {'null' if self.model.lora is None else 'set'})"
+            )
         check_trainer_group(self)
         self._check_fault_targets()
         return self

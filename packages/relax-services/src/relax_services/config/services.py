@@ -72,6 +72,12 @@ class VLLMSettings(ConfigModel):
     """How behaviour log-probs are read from vLLM: ``processed_logprobs`` (sampled token only; needs top_p = 1),
     ``raw_logits`` (whole logit rows; any top-p), ``auto``: the first unless ``rollout.top_p < 1``."""
 
+    lora_requests: bool = False
+    """With ``model.lora``: the Trainer publishes each version as its adapters alone (A and B of each target layer)
+    and vLLM, which loads the base checkpoint once, serves them as LoRA requests (a peft folder per version, only the
+    newest loaded). False: every version is the whole policy with the adapters merged in, as for every other
+    engine. Needs ``rollout.engine=vllm`` (the Evaluator then runs vLLM too: every reader serves adapters)."""
+
     in_process: bool = True
     """Run vLLM's engine core in the worker's own process (weights stream to it without a staging file). vLLM keeps
     one engine core's state per process: a second engine in the same process (the Evaluator's beside the Rollout's

@@ -52,6 +52,7 @@ __all__ = [
     "make_loss_fn",
     "make_value_loss_fn",
     "proximal_logprobs",
+    "publishes_adapters",
     "sample_order",
     "trainer_fields",
 ]
@@ -64,6 +65,15 @@ _GET_TIMEOUT_S = 0.5  # a get's wait for a batch: the loop comes back to beat an
 def sample_order(key: str) -> tuple[str, int]:
     """Sort key of a sample row key ``"<prompt key>/<index in group>"``: by prompt, then index."""
     return split_sample_key(key)
+
+
+def publishes_adapters(cfg: RunConfig) -> bool:
+    """Whether the Trainer publishes each version as its adapters alone (``rollout.vllm.lora_requests``, which the
+    config allows only with ``model.lora`` and ``rollout.engine=vllm``): every reader of the policy's weight store,
+    the Rollout workers and the Evaluator, then runs a vLLM engine that serves them as LoRA requests over the base
+    checkpoint it loaded. Otherwise the whole policy (with ``model.lora``, the adapters merged in), which every engine
+    loads."""
+    return cfg.rollout.vllm.lora_requests and cfg.model.lora is not None and cfg.rollout.engine == "vllm"
 
 
 def trainer_fields(cfg: RunConfig) -> list[str]:
@@ -344,7 +354,7 @@ class TrainerService(ServiceBase):
             self.critic_weights.publish(self.version, self.critic.policy_state(copy=False))
         # Views of the live weights: every store copies them as it publishes (the object store's put, the
         # in-process store's copy), so a version costs one copy of the model, not two.
-        stats = self.weights.publish(self.version, self.engine.policy_state(copy=False))
+        stats = self.weights.publish(self.version, self._policy_for_readers())
         start = time.perf_counter()
         if consumed is None:
             self.queue.publish_version(self.version)
@@ -355,6 +365,20 @@ class TrainerService(ServiceBase):
         self._sync_bytes = stats.num_bytes
         if stats.num_bytes not in self._memcpy_s:  # the yardstick, once per size
             self._memcpy_s = {stats.num_bytes: memcpy_seconds(stats.num_bytes)}
+
+    def _policy_for_readers(self) -> dict[str, torch.Tensor]:
+        """What readers get of a version (:func:`publishes_adapters`): the adapters alone, served by vLLM as LoRA
+        requests, or the whole policy (with ``model.lora`` the adapters merged in)."""
+        if not publishes_adapters(self.cfg):
+            return self.engine.policy_state(copy=False)
+        adapters = getattr(self.engine, "adapter_state", None)
+        if adapters is None:
+            raise ValueError(
+                f"rollout.vllm.lora_requests=true: the trainer engine {type(self.engine).__name__} cannot give its "
+                "adapters alone; set rollout.vllm.lora_requests=false"
+            )
+        state: dict[str, torch.Tensor] = adapters()
+        return state
 
     def pause(self, timeout: float = 300.0) -> int:
         """Hold the loop between updates (for a consistent checkpoint); returns the version it holds at."""

@@ -193,6 +193,10 @@ class _TrainerRank:
         state = self.engine.policy_state(keep=self.rank == 0)  # every rank gathers; rank 0 alone keeps a copy
         return state if self.rank == 0 else None
 
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        state = self.engine.adapter_state()  # collective: every rank gathers the adapters
+        return state if self.rank == 0 else None
+
     def full_state(self) -> dict[str, Any] | None:
         state = self.engine.full_state_dict()  # every rank gathers; rank 0 alone gets the entries
         return state if self.rank == 0 else None
@@ -304,6 +308,12 @@ class TrainerGroup:
     def policy_state(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
         """The full weights (gathered by every rank, returned by rank 0: a copy whatever ``copy`` says)."""
         state: dict[str, torch.Tensor] = self._call("policy_state")[0]
+        return state
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """With ``model.lora``: the adapters alone, full tensors under the adapted model's names (rank 0's gathered
+        copy), what the Trainer publishes for LoRA requests (``rollout.vllm.lora_requests``)."""
+        state: dict[str, torch.Tensor] = self._call("adapter_state")[0]
         return state
 
     def state_dict(self, *, copy: bool = True) -> dict[str, Any]:

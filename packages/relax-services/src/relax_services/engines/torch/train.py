@@ -362,6 +362,18 @@ class TorchTrainEngine:
             return merged_state(self.model)
         return {k: v.detach().to("cpu", copy=copy) for k, v in self.model.state_dict().items()}
 
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """With ``config.lora``: CPU copies of the adapters alone under the adapted model's names
+        (:func:`~relax_services.models.lora.adapter_state`), what the Trainer publishes for LoRA requests
+        (``rollout.vllm.lora_requests``).
+
+        Raises:
+            ValueError: The engine trains every weight (``config.lora`` is None).
+        """
+        if self.config.lora is None:
+            raise ValueError("TorchTrainEngine.adapter_state: the engine trains every weight (config.lora is None)")
+        return adapter_state(self.model)
+
     def state_dict(self, *, copy: bool = True) -> dict[str, Any]:
         """Model, optimizer, scheduler, torch RNG states and version: copies, or with ``copy=False`` views of the
         live weights and moments (to be written before the next update). With ``config.lora`` the model entry is

@@ -38,7 +38,8 @@ def vllm_config(cfg: RunConfig, options: RolloutEngineOptions, *, exported: bool
     """The engine settings of ``cfg.rollout.vllm`` and the run's partial-rollout mode, sampling and seed, on the
     device of ``options.role`` (rollout or eval): on GPU the replica spans ``rollout.gpus`` devices (its
     tensor-parallel size unless set), its memory is ``gpu_memory_utilization`` of each and it captures CUDA graphs
-    unless ``enforce_eager``; on the CPU its KV cache is ``kv_cache_mib`` and it runs eagerly.
+    unless ``enforce_eager``; on the CPU its KV cache is ``kv_cache_mib`` and it runs eagerly. With
+    ``lora_requests`` it serves ``model.lora``'s adapters as LoRA requests.
 
     Args:
         exported: The engine serves an exported text decoder, so the encoders' weights are left out of updates.
@@ -52,6 +53,7 @@ def vllm_config(cfg: RunConfig, options: RolloutEngineOptions, *, exported: bool
     else:
         logprobs = settings.logprobs_mode
     gpu = device_of(cfg, options.role) == "cuda"
+    lora = cfg.model.lora if settings.lora_requests else None  # the Trainer publishes adapters (publishes_adapters)
     tp = settings.tensor_parallel_size or (whole_gpus(cfg.rollout.gpus) if gpu else 1)
     return VLLMRolloutConfig(
         partial_rollout=mode,
@@ -68,6 +70,8 @@ def vllm_config(cfg: RunConfig, options: RolloutEngineOptions, *, exported: bool
         sleep_when_idle=settings.sleep_when_idle and gpu,
         in_process=settings.in_process and tp == 1,
         skip_weight_prefixes=ENCODER_PREFIXES if exported else (),
+        lora_rank=lora.rank if lora is not None else None,
+        lora_alpha=lora.alpha if lora is not None else None,
     )
 
 

@@ -6,10 +6,15 @@ components (time, height, width) all equal the token index, and multimodal rope 
 checks it to float equality). Its parameter names are the thinker's own, so a trainer's state dict streams into
 vLLM unchanged once the encoder weights (``visual.*``, ``audio_tower.*``) are left out. This module needs
 transformers only, not vLLM.
+
+A policy trained with ``model.lora`` can instead reach vLLM as its adapters alone (``rollout.vllm.lora_requests``):
+:func:`write_peft_adapter` turns the trainer's adapter tensors into the peft folder vLLM's ``LoRARequest`` loads.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,3 +111,90 @@ def chain_buckets(buckets: Iterable[Mapping[str, torch.Tensor]]) -> Iterator[tup
     """Flattens a stream of weight buckets (name → tensor maps) into ``(name, tensor)`` pairs, lazily."""
     for bucket in buckets:
         yield from bucket.items()
+
+
+_ADAPTER_KEY = re.compile(r"^(?P<layer>.+)\.lora_(?P<part>[AB])\.[^.]+\.weight$")
+"""An adapter tensor under the adapted model's names: ``{layer}.lora_A.{adapter name}.weight`` (peft's layout)."""
+
+
+def is_adapter_key(name: str) -> bool:
+    """Whether ``name`` is an adapter tensor of a peft-adapted model (``{layer}.lora_A|lora_B.{adapter}.weight``)."""
+    return _ADAPTER_KEY.match(name) is not None
+
+
+def write_peft_adapter(
+    state: Mapping[str, torch.Tensor],
+    folder: str | Path,
+    *,
+    rank: int,
+    alpha: int,
+    skip_prefixes: tuple[str, ...] = ENCODER_PREFIXES,
+    base_path: str | Path | None = None,
+) -> Path:
+    """Writes adapter tensors as a peft LoRA folder (``adapter_config.json``, ``adapter_model.safetensors``), the form
+    ``peft.PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load over the base model.
+
+    Args:
+        state: ``{layer}.lora_A.{adapter}.weight`` (``[rank, in]``) and ``{layer}.lora_B.{adapter}.weight``
+            (``[out, rank]``) tensors under the adapted model's names, as
+            :func:`~relax_services.models.lora.adapter_state` gives them; the update of each layer is
+            ``(alpha / rank) · B A``.
+        folder: Folder to write; created if missing.
+        rank: The adapters' rank ``r`` (``model.lora.rank``).
+        alpha: Scale numerator (``model.lora.alpha``).
+        skip_prefixes: Layers left out (the omni encoders a text-decoder export has no place for).
+        base_path: Recorded as the base model (peft's ``base_model_name_or_path``).
+
+    Returns:
+        ``folder``.
+
+    Raises:
+        ValueError: A tensor that is not an adapter tensor, a layer with only one of ``A`` / ``B``, a shape that does
+            not fit ``rank``, or no adapter left after ``skip_prefixes``.
+    """
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    parts: dict[str, set[str]] = {}
+    for name, tensor in state.items():
+        match = _ADAPTER_KEY.match(name)
+        if match is None:
+            raise ValueError(
+                f"write_peft_adapter: {name!r} is not an adapter tensor ({{layer}}.lora_A|lora_B.*.weight)"
+            )
+        layer, part = match["layer"], match["part"]
+        if layer.startswith(skip_prefixes):
+            continue
+        dim = 0 if part == "A" else 1
+        if tensor.ndim != 2 or tensor.shape[dim] != rank:
+            raise ValueError(
+                f"write_peft_adapter: {name} has shape {tuple(tensor.shape)}, expected rank {rank} in dimension {dim}"
+            )
+        parts.setdefault(layer, set()).add(part)
+        # peft's file layout: the adapter name dropped, under the prefix PeftModel gives the wrapped model
+        tensors[f"base_model.model.{layer}.lora_{part}.weight"] = tensor.detach().to("cpu").contiguous()
+    lonely = sorted(layer for layer, p in parts.items() if p != {"A", "B"})
+    if lonely:
+        raise ValueError(f"write_peft_adapter: layers with only one of lora_A / lora_B: {lonely[:4]}")
+    if not tensors:
+        raise ValueError(f"write_peft_adapter: no adapter tensors outside {skip_prefixes} among {len(state)} given")
+    config = {
+        "peft_type": "LORA",
+        "task_type": None,
+        "base_model_name_or_path": None if base_path is None else str(base_path),
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "target_modules": sorted({layer.rsplit(".", 1)[-1] for layer in parts}),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return out

@@ -37,7 +37,17 @@ So:
 
 **Weights** are reloaded in place through the worker's ``reload_weights(weights_iterator=...,
 is_checkpoint_format=True)`` (vLLM's own ``load_weights`` name mapping, one pass over a possibly bucketed stream),
-then the prefix cache is reset; seconds per version are kept in :attr:`VLLMRolloutEngine.sync_seconds`. With
+then the prefix cache is reset; seconds per version are kept in :attr:`VLLMRolloutEngine.sync_seconds`.
+
+**LoRA requests** (``lora_rank`` set; ``rollout.vllm.lora_requests`` in a run): the engine is built with vLLM's LoRA
+support (``enable_lora``, ``max_lora_rank`` the smallest rank vLLM offers that holds ``lora_rank``, one adapter
+slot) and keeps the base checkpoint's weights. An update whose tensors are adapters (``{layer}.lora_A|lora_B.*``,
+what the trainer's :func:`~relax_services.models.lora.adapter_state` gives) is written as a peft folder per version
+(:func:`~relax_services.engines.vllm.checkpoint.write_peft_adapter`), loaded with ``add_lora`` as that version's
+``LoRARequest``, and the previous version's adapter is removed first, so only the newest is loaded; every request
+from then on (a ``switch``'s re-added ones included) carries the new ``LoRARequest``. vLLM computes
+``x Wᵀ + (alpha / rank) · (x Aᵀ) Bᵀ``, the merged model's output up to float rounding. An update of full weights
+replaces the base weights and drops the adapter (the full weights are the whole policy). With
 the engine core in this process and one rank the stream goes straight to the worker; with worker processes
 (``in_process=False`` or tensor parallelism) vLLM's msgpack RPC would turn the tensors into lists, so the update is
 staged as one safetensors file that every rank reads (``weights_path=``). On GPUs
@@ -55,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -63,7 +74,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -75,11 +86,22 @@ from relax_services.engines.protocols import (
     generation_stats,
 )
 from relax_services.engines.sampling import SamplingParams, policy_logprobs, truncate
-from relax_services.engines.vllm.checkpoint import ENCODER_PREFIXES, chain_buckets, export_text_decoder
+from relax_services.engines.vllm.checkpoint import (
+    ENCODER_PREFIXES,
+    chain_buckets,
+    export_text_decoder,
+    is_adapter_key,
+    write_peft_adapter,
+)
 from relax_services.models.inputs import OmniPrompt
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 LogprobsMode = Literal["processed_logprobs", "raw_logits"]
 LOGPROBS_MODES: tuple[str, ...] = ("processed_logprobs", "raw_logits")
+MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM takes as ``max_lora_rank`` (its ``LoRAConfig``); an adapter of a smaller rank fits the next one."""
 
 
 def import_vllm() -> Any:
@@ -135,6 +157,9 @@ class VLLMRolloutConfig:
         sleep_when_idle: Between generate calls, put vLLM to sleep (level 1: its KV cache freed, its weights moved
             to host memory) and wake it for the next call or weight update, so a trainer sharing the GPU has the
             memory while it updates (vLLM's sleep mode; CUDA only).
+        lora_rank: With LoRA requests: the rank ``r`` of the adapters that updates carry (``model.lora.rank``);
+            None: updates carry full weights only.
+        lora_alpha: With LoRA requests: the adapters' scale numerator (``model.lora.alpha``).
     """
 
     partial_rollout: PartialRolloutMode = "finish_old"
@@ -152,8 +177,19 @@ class VLLMRolloutConfig:
     in_process: bool = True
     skip_weight_prefixes: tuple[str, ...] = ENCODER_PREFIXES
     sleep_when_idle: bool = False
+    lora_rank: int | None = None
+    lora_alpha: int | None = None
 
     def __post_init__(self) -> None:
+        if (self.lora_rank is None) != (self.lora_alpha is None):
+            raise ValueError(
+                "VLLMRolloutConfig.lora_rank and lora_alpha are set together (LoRA requests) or not at all, got "
+                f"lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha}"
+            )
+        if self.lora_rank is not None and not 1 <= self.lora_rank <= MAX_LORA_RANKS[-1]:
+            raise ValueError(f"VLLMRolloutConfig.lora_rank must be in [1, {MAX_LORA_RANKS[-1]}], got {self.lora_rank}")
+        if self.lora_alpha is not None and self.lora_alpha < 1:
+            raise ValueError(f"VLLMRolloutConfig.lora_alpha must be >= 1, got {self.lora_alpha}")
         if self.partial_rollout not in PARTIAL_ROLLOUT_MODES:
             raise ValueError(
                 f"VLLMRolloutConfig.partial_rollout must be one of {PARTIAL_ROLLOUT_MODES}, "
@@ -203,6 +239,10 @@ class VLLMRolloutEngine:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.config.in_process else "1"
             _thaw_vllm_envs()
             raw = self.config.logprobs_mode == "raw_logits"
+            lora: dict[str, Any] = {}
+            if self.config.lora_rank is not None:
+                max_rank = next(r for r in MAX_LORA_RANKS if r >= self.config.lora_rank)
+                lora = {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1, "max_cpu_loras": 1}
             self.llm = vllm.LLM(
                 model=str(model_path),
                 dtype=self.config.dtype,
@@ -218,6 +258,7 @@ class VLLMRolloutEngine:
                 max_logprobs=-1 if raw else 0,
                 async_scheduling=False,
                 enable_sleep_mode=self.config.sleep_when_idle,
+                **lora,
             )
             if self.config.in_process:
                 _IN_PROCESS_ENGINES.add(id(self))
@@ -229,6 +270,9 @@ class VLLMRolloutEngine:
         self._calls = 0
         self._next_request = 0
         self._staging: str | None = None
+        self._lora: LoRARequest | None = None  # the loaded adapter version's request (LoRA requests)
+        self._adapters: str | None = None  # folder of the adapter versions written for vLLM
+        self.base_path = str(model_path)
         self.vocab_size: int = self.llm.llm_engine.model_config.get_vocab_size()
         self.sync_seconds: dict[int, float] = {}
         self.last_stats: dict[str, float] = {}
@@ -259,16 +303,27 @@ class VLLMRolloutEngine:
 
         Entries under ``config.skip_weight_prefixes`` are left out; names are the checkpoint's (vLLM maps them
         onto its fused layers). The prefix cache is reset afterwards, so no KV computed by older weights is reused.
+        Adapter tensors (``{layer}.lora_A|lora_B.*``) become this version's LoRA request instead (module docstring).
 
         Raises:
-            ValueError: If ``version`` is older than the loaded one.
+            ValueError: If ``version`` is older than the loaded one, or adapters arrive at an engine built without
+                ``lora_rank``.
         """
         if version < self._version:
             raise ValueError(f"refusing to load weights version {version} over newer version {self._version}")
         start = time.perf_counter()
         self._wake()
+        pairs = chain_buckets(buckets)
+        first = next(pairs, None)
+        if first is not None and is_adapter_key(first[0]):
+            self._load_adapters(dict(itertools.chain([first], pairs)), version)
+            self._version = version
+            self.sync_seconds[version] = time.perf_counter() - start
+            return
+        self._drop_adapter()  # full weights are the whole policy
         skip = self.config.skip_weight_prefixes
-        weights = ((name, tensor) for name, tensor in chain_buckets(buckets) if not name.startswith(skip))
+        stream = pairs if first is None else itertools.chain([first], pairs)
+        weights = ((name, tensor) for name, tensor in stream if not name.startswith(skip))
         if self.config.in_process and self.config.tensor_parallel_size == 1:
             # The worker lives in this process: it consumes the stream directly, one bucket at a time.
             kwargs: dict[str, Any] = {"weights_iterator": weights}
@@ -280,6 +335,47 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
         self._version = version
         self.sync_seconds[version] = time.perf_counter() - start
+
+    def _load_adapters(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Writes ``state`` as version ``version``'s peft folder, loads it into vLLM and removes the previous one."""
+        rank, alpha = self.config.lora_rank, self.config.lora_alpha
+        if rank is None or alpha is None:
+            raise ValueError(
+                f"adapter weights ({next(iter(state))}, ...) arrived at a vLLM engine built without LoRA requests "
+                "(VLLMRolloutConfig.lora_rank; in a run rollout.vllm.lora_requests=true)"
+            )
+        if self._adapters is None:
+            self._adapters = tempfile.mkdtemp(prefix="relax-vllm-adapters-")
+        folder = write_peft_adapter(
+            state,
+            os.path.join(self._adapters, f"v{version}"),
+            rank=rank,
+            alpha=alpha,
+            skip_prefixes=self.config.skip_weight_prefixes,
+            base_path=self.base_path,
+        )
+        from vllm.lora.request import LoRARequest
+
+        self._drop_adapter()  # one adapter slot: the newest version only
+        # Ids are unique per version (vLLM caches adapters by id); the folder is read once, here.
+        request = LoRARequest(f"relax-policy-v{version}", version + 1, str(folder))
+        if not self.llm.llm_engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapters of version {version} from {folder}")
+        self._lora = request
+        self.llm.reset_prefix_cache()
+
+    def _drop_adapter(self) -> None:
+        """Removes the loaded adapter version from vLLM and its folder from disk."""
+        if self._lora is None:
+            return
+        self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+        shutil.rmtree(self._lora.lora_path, ignore_errors=True)
+        self._lora = None
+
+    @property
+    def lora_request(self) -> LoRARequest | None:
+        """The ``LoRARequest`` every request carries (the newest adapter version loaded), or None."""
+        return self._lora
 
     def _stage(self, weights: Iterable[tuple[str, torch.Tensor]]) -> str:
         from safetensors.torch import save_file
@@ -318,10 +414,12 @@ class VLLMRolloutEngine:
         return allowed
 
     def close(self) -> None:
-        """Shuts vLLM down and removes the weight staging folder."""
-        if self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
-            self._staging = None
+        """Shuts vLLM down and removes the weight staging and adapter folders."""
+        for attr in ("_staging", "_adapters"):
+            folder = getattr(self, attr)
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+                setattr(self, attr, None)
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             with _IN_PROCESS_LOCK:
@@ -400,7 +498,10 @@ class VLLMRolloutEngine:
             seed = request_seed(self._seed, call, slot, segments[slot])
             budget = params.max_new_tokens - len(out[slot].token_ids)
             engine.add_request(
-                request_id, {"prompt_token_ids": prompt_ids}, self._sampling_params(params, budget, seed)
+                request_id,
+                {"prompt_token_ids": prompt_ids},
+                self._sampling_params(params, budget, seed),
+                lora_request=self._lora,
             )
             active[request_id] = slot
 
