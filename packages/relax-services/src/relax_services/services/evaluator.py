@@ -5,6 +5,7 @@ It runs in its own process and reads weights from the weight store, so evaluatio
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 
 from relax_core import build_reward_runner
@@ -58,6 +59,9 @@ class EvalService(ServiceBase):
         self.params = sampling_params(cfg.model, n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0)
         self.tokenizer = checkpoint_of(cfg.model).tokenizer
         self._next_version = 0
+        # The periodic loop and evaluate_latest each load, evaluate and release: one at a time (the loop may still be
+        # inside an evaluation when evaluate_latest's stop gives up waiting for it).
+        self._engine_lock = threading.Lock()
         self.batch = 64
         self.samples: list[EvalSample] = []
         """The last evaluation's conversations: the first ``eval.samples_per_task`` of each task, held-out order."""
@@ -91,10 +95,11 @@ class EvalService(ServiceBase):
         if newer is None:
             self._stop.wait(0.2)
             return
-        self.engine.load_weights(newer.state_dict, newer.version)
-        rewards = self.evaluate()
-        if isinstance(self.engine, ReleasesWeights):  # idle until the next evaluation: pin no version meanwhile
-            self.engine.release_weights()
+        with self._engine_lock:
+            self.engine.load_weights(newer.state_dict, newer.version)
+            rewards = self.evaluate()
+            if isinstance(self.engine, ReleasesWeights):  # idle until the next evaluation: pin no version meanwhile
+                self.engine.release_weights()
         self.record("eval", version=newer.version, reward=rewards, samples=self.samples)
         self._next_version = newer.version + self.cfg.eval.every_steps
 
@@ -115,7 +120,8 @@ class EvalService(ServiceBase):
         version, the reward per task and the conversations kept (:attr:`samples`)."""
         ServiceBase.stop(self)  # the loop only: the reward runner is needed below (closed by stop())
         newer = self.weights.fetch(None)
-        if newer is not None:
-            self.engine.load_weights(newer.state_dict, newer.version)
-        rewards = self.evaluate()
+        with self._engine_lock:
+            if newer is not None:
+                self.engine.load_weights(newer.state_dict, newer.version)
+            rewards = self.evaluate()
         return self.engine.version, rewards, self.samples
