@@ -2,7 +2,7 @@
 buffers of a retired version when no tensor of the process still uses them.
 
 A fresh allocation per version costs the first touch of every page (a page fault per 4 KiB, and the kernel zeroing
-it): measured on SmolLM2-135M's 0.54 GB, copying into fresh buffers took ~4.5× a copy into buffers already
+it): measured on SmolLM2-135M's 0.54 GB, copying into fresh buffers took ~5× a copy into buffers already
 touched. Readers compute in place with the tensors they fetched (``load_state_dict(assign=True)``), so a retired
 buffer may be written only when nothing references its storage any more: the test is the storage's use count
 (every tensor, view, ``nn.Parameter`` or numpy array over the bytes holds one), never Python object identity.

@@ -149,10 +149,10 @@ class InProcessWeightStore:
     A version is a CPU snapshot (tied tensors once) that readers compute with in place. With ``recycle`` the
     snapshot of the version that last left the store is kept as a spare and the next publication is copied into
     it when no tensor of the process references its bytes any more (:mod:`~relax_services.weights._snapshots`):
-    no page is touched for the first time, so a publication costs about a plain memory copy instead of ~4.5×
-    one. The trade: between publications the spare is one more copy of the weights in memory (none while a reader
-    still computes with that version); at the publication itself the peak is the same two copies (the readers'
-    version and the new one) as with fresh allocations.
+    no page is touched for the first time, so a publication costs about a plain memory copy instead of ~5× one
+    (``benchmarks/weight_publish.py``). The trade: between publications the spare is one more copy of the weights
+    in memory (none while a reader still computes with that version); at the publication itself the peak is the
+    same two copies (the readers' version and the new one) as with fresh allocations.
 
     Args:
         keep: Versions retained (older ones are dropped as new ones arrive).
@@ -181,7 +181,7 @@ class InProcessWeightStore:
             self._versions.check_newer(version)
             spare, self._spare = self._spare, None  # only the publisher touches the spare
         into = spare if spare is not None and reusable(spare, state_dict) else None
-        del spare  # one that cannot be reused is freed here
+        del spare  # one that cannot be reused goes (a reader that still holds it keeps it)
         copy = snapshot(state_dict, into)
         with self._lock:
             dropped = self._versions.add(version, copy)
@@ -217,10 +217,7 @@ class InProcessWeightStore:
     def rollback(self, version: int) -> list[int]:
         """Drops versions newer than ``version`` (a trainer resumed from an older checkpoint); returns them."""
         with self._lock:
-            dropped = self._versions.rollback(version)
-            if dropped:
-                self._spare = None  # a newer spare would outlive the versions it was kept for
-            return dropped
+            return self._versions.rollback(version)
 
 
 class WeightStoreActor:
