@@ -185,3 +185,64 @@ def test_ray_store_readers_view_one_copy_and_an_engine_computes_with_it(ray_sess
     assert half.model.lm_head.weight.data_ptr() != first.state_dict[name].data_ptr()
     store.publish(2, build_tiny_omni(2).state_dict())
     assert store.versions() == [2]  # keep=1: only the newest stays referenced by the store
+
+
+def _ptrs(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    return {k: t.data_ptr() for k, t in state.items()}
+
+
+def test_in_process_store_recycles_only_buffers_no_reader_holds() -> None:
+    """A reader that computes in place with version 1 (an engine loaded with ``assign``) keeps it bit for bit while
+    three more versions are published; a retired version nothing references is written over (same data pointers)
+    and then holds the new values."""
+    store = InProcessWeightStore(keep=1)
+    models = [build_tiny_omni(seed) for seed in range(5)]
+    values = [{k: t.clone() for k, t in m.state_dict().items()} for m in models]  # what each version must hold
+    store.publish(1, models[1].state_dict())
+    first = store.fetch(None)
+    assert first is not None
+    engine = HFRolloutEngine(build_tiny_omni(0))
+    engine.load_weights(first.state_dict, first.version)
+    held = _ptrs(engine.model.state_dict())
+    assert held == _ptrs(first.state_dict)  # computes with the store's tensors, no copy of its own
+    del first
+    store.publish(2, models[2].state_dict())  # fresh: the only spare candidate does not exist yet
+    second = store.fetch(None)
+    assert second is not None
+    v2 = _ptrs(second.state_dict)
+    del second
+    store.publish(3, models[3].state_dict())  # version 1 is the spare, but the engine uses it: fresh again
+    assert store.recycled == 0
+    store.publish(4, models[4].state_dict())  # version 2, which nobody holds, takes version 4
+    assert store.recycled == 1
+    fourth = store.fetch(None)
+    assert fourth is not None and _ptrs(fourth.state_dict) == v2
+    for key, tensor in fourth.state_dict.items():
+        assert torch.equal(tensor, values[4][key]), key
+    # The reader's version 1 never moved: same memory, same bits.
+    assert _ptrs(engine.model.state_dict()) == held
+    for key, tensor in engine.model.state_dict().items():
+        assert torch.equal(tensor, values[1][key]), key
+    # A reader that keeps any view of a version (here one row) also keeps it from being reused.
+    row = fourth.state_dict["lm_head.weight"][0]
+    del fourth
+    store.publish(5, models[1].state_dict())  # spare: version 3 (free) -> reused
+    store.publish(6, models[2].state_dict())  # spare: version 4, the row still views it -> fresh
+    assert store.recycled == 2
+    assert torch.equal(row, values[4]["lm_head.weight"][0])
+
+
+def test_in_process_store_copies_tied_tensors_once_and_can_allocate_every_version() -> None:
+    embed = torch.randn(6, 4)
+    state = {"embed.weight": embed, "lm_head.weight": embed, "norm.weight": torch.randn(4)}
+    for recycle, reused in ((True, 2), (False, 0)):
+        store = InProcessWeightStore(keep=1, recycle=recycle)
+        for v in range(1, 5):
+            stats = store.publish(v, state)
+            assert stats.num_bytes == (6 * 4 + 4) * 4  # the tied tensor once
+        update = store.fetch(None)
+        assert update is not None
+        assert update.state_dict["lm_head.weight"] is update.state_dict["embed.weight"]
+        assert update.state_dict["embed.weight"].data_ptr() != embed.data_ptr()  # a copy, not the live weights
+        assert torch.equal(update.state_dict["lm_head.weight"], embed)
+        assert store.recycled == reused  # versions 3 and 4 reuse 1 and 2 (nobody fetched them)

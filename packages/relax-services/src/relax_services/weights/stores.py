@@ -2,7 +2,8 @@
 
 Two implementations of one :class:`WeightStore` protocol:
 
-- :class:`InProcessWeightStore`: a locked dict, for tests and single-process runs.
+- :class:`InProcessWeightStore`: CPU snapshots behind a lock, for tests and the colocated mode's one process; a
+  publication is copied into the buffers of a retired version that no reader uses any more.
 - :class:`RayWeightStore`: a handle on a named Ray actor (``num_cpus=0``) that keeps the object-store
   references of the newest ``keep`` versions (1 in a run: only the newest is kept alive, plus the versions
   readers still compute with). The publisher ``ray.put``s the state dict once as numpy buffers (so the
@@ -23,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 if TYPE_CHECKING:  # torch is not imported at runtime: the store actor's process never needs it
@@ -94,6 +95,11 @@ def state_dict_bytes(state_dict: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state_dict.values())
 
 
+def _distinct_bytes(state_dict: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of tensor data, each tensor object once (a snapshot's tied names share one)."""
+    return state_dict_bytes({str(id(t)): t for t in state_dict.values()})
+
+
 def cpu_copy(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
     """Detached CPU copies (never views of the live parameters)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
@@ -108,13 +114,19 @@ class _Versions(Generic[_Item]):
         self.keep = keep
         self.items: OrderedDict[int, _Item] = OrderedDict()
 
-    def add(self, version: int, item: _Item) -> None:
+    def check_newer(self, version: int) -> None:
         newest = next(reversed(self.items), None)
         if newest is not None and version <= newest:
             raise ValueError(f"weight version {version} is not newer than the published version {newest}")
+
+    def add(self, version: int, item: _Item) -> list[_Item]:
+        """Adds ``version``; returns the items it pushed out, oldest first."""
+        self.check_newer(version)
         self.items[version] = item
+        dropped = []
         while len(self.items) > self.keep:
-            self.items.popitem(last=False)
+            dropped.append(self.items.popitem(last=False)[1])
+        return dropped
 
     def rollback(self, version: int) -> list[int]:
         dropped = [v for v in self.items if v > version]
@@ -134,24 +146,49 @@ class _Versions(Generic[_Item]):
 class InProcessWeightStore:
     """:class:`WeightStore` in one process; thread-safe.
 
+    A version is a CPU snapshot (tied tensors once) that readers compute with in place. With ``recycle`` the
+    snapshot of the version that last left the store is kept as a spare and the next publication is copied into
+    it when no tensor of the process references its bytes any more (:mod:`~relax_services.weights._snapshots`):
+    no page is touched for the first time, so a publication costs about a plain memory copy instead of ~5× one
+    (``benchmarks/weight_publish.py``). The trade: between publications the spare is one more copy of the weights
+    in memory (none while a reader still computes with that version); at the publication itself the peak is the
+    same two copies (the readers' version and the new one) as with fresh allocations.
+
     Args:
         keep: Versions retained (older ones are dropped as new ones arrive).
+        recycle: Reuse the spare's buffers; ``False`` allocates every version afresh.
+
+    Attributes:
+        recycled: Publications written into a spare's buffers.
     """
 
     poll_interval_s = 0.0
     """How often a reader should ask for a newer version: asking is a locked dict lookup, so always."""
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 2, recycle: bool = True) -> None:
         self._versions: _Versions[StateDict] = _Versions(keep)
         self._lock = threading.Lock()
+        self._recycle = recycle
+        self._spare: StateDict | None = None
+        self.recycled = 0
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> PublishStats:
-        """Stores a CPU copy of ``state_dict`` as ``version``."""
+        """Stores a CPU snapshot of ``state_dict`` as ``version`` (in the spare's buffers when nothing uses them)."""
+        from relax_services.weights._snapshots import reusable, snapshot
+
         start = time.perf_counter()
-        copy = cpu_copy(state_dict)
         with self._lock:
-            self._versions.add(version, copy)
-        return PublishStats(version, state_dict_bytes(copy), time.perf_counter() - start)
+            self._versions.check_newer(version)
+            spare, self._spare = self._spare, None  # only the publisher touches the spare
+        into = spare if spare is not None and reusable(spare, state_dict) else None
+        del spare  # one that cannot be reused goes (a reader that still holds it keeps it)
+        copy = snapshot(state_dict, into)
+        with self._lock:
+            dropped = self._versions.add(version, copy)
+            if self._recycle and dropped:
+                self._spare = dropped[-1]
+        self.recycled += into is not None
+        return PublishStats(version, _distinct_bytes(copy), time.perf_counter() - start)
 
     def latest_version(self) -> int | None:
         """Newest published version."""
@@ -160,13 +197,17 @@ class InProcessWeightStore:
         return None if newest is None else newest[0]
 
     def fetch(self, have_version: int | None = None) -> WeightUpdate | None:
-        """Newest weights if newer than ``have_version``."""
+        """Newest weights if newer than ``have_version``: new tensor objects over the version's bytes, so that
+        whatever a reader keeps of them is seen before the bytes are reused."""
+        from relax_services.weights._snapshots import views
+
         start = time.perf_counter()
-        with self._lock:
+        with self._lock:  # views made under the lock: the version cannot become a spare before they count
             newest = self._versions.newest(have_version)
-        if newest is None:
-            return None
-        return WeightUpdate(newest[0], newest[1], time.perf_counter() - start)
+            if newest is None:
+                return None
+            update = WeightUpdate(newest[0], views(newest[1]), 0.0)
+        return replace(update, seconds=time.perf_counter() - start)
 
     def versions(self) -> list[int]:
         """Retained versions, oldest first."""
