@@ -194,8 +194,9 @@ def build_local_pipeline(
     prompt_queue, sample_queue = TransferQueue(prompts_cfg), TransferQueue(samples_cfg)
     if restore is not None:  # leased-but-unacked rows of the snapshot are delivered again
         load_queue_snapshots(prompt_queue, sample_queue, restore)
-    weights = InProcessWeightStore(keep=1)  # only the newest; readers compute with it in place
-    critic_weights = InProcessWeightStore(keep=1) if critic else None
+    # Only the newest; readers compute with it in place.
+    weights = InProcessWeightStore(keep=1, recycle=cfg.run.reuse_weight_buffers)
+    critic_weights = InProcessWeightStore(keep=1, recycle=cfg.run.reuse_weight_buffers) if critic else None
     health = LocalHealth()
     services = {
         name: LocalService(name, role, cls, args, {**kwargs, "health": health})
