@@ -14,16 +14,13 @@ from collections.abc import Mapping
 
 import torch
 
+from relax_services.weights.packed import view_identity
+
 StateDict = dict[str, torch.Tensor]
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 """``(storage._cdata) -> int``: references to a storage's bytes (c10's ``StorageImpl`` refcount). Private to torch,
 so it is looked up once; without it no buffer is ever reused (each version is a fresh allocation, as before)."""
-
-
-def _identity(t: torch.Tensor) -> tuple[object, ...]:
-    """Tensors with equal identities view the same bytes (tied weights: embedding and LM head)."""
-    return (t.device, t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), t.stride(), t.dtype)
 
 
 def _layout(
@@ -33,7 +30,7 @@ def _layout(
     first: dict[object, str] = {}
     out = []
     for name, t in state_dict.items():
-        key = id(t) if by_object else _identity(t.detach())
+        key = id(t) if by_object else view_identity(t.detach())
         out.append((name, tuple(t.shape), t.dtype, first.setdefault(key, name)))
     return out
 
@@ -46,7 +43,7 @@ def snapshot(state_dict: Mapping[str, torch.Tensor], into: StateDict | None = No
     made: dict[tuple[object, ...], torch.Tensor] = {}
     for name, tensor in state_dict.items():
         t = tensor.detach()
-        ident = _identity(t)
+        ident = view_identity(t)
         if ident in made:
             out[name] = made[ident]
             continue

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["PackedWeights", "memcpy_seconds", "pack_state", "unpack_state"]
+__all__ = ["PackedWeights", "memcpy_seconds", "pack_state", "unpack_state", "view_identity"]
 
 _NUMPY_VIEW = {torch.bfloat16: torch.int16}
 """Dtypes numpy has no type for, and the same-width integer their bytes travel as."""
@@ -46,6 +46,11 @@ class PackedWeights:
         return sum(a.nbytes for a in self.arrays.values())
 
 
+def view_identity(t: torch.Tensor) -> tuple[object, ...]:
+    """Tensors with equal identities view the same bytes (tied weights: embedding and LM head)."""
+    return (t.device, t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), t.stride(), t.dtype)
+
+
 def pack_state(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
     """Numpy views (no copy for contiguous CPU tensors) of ``state_dict``'s tensors; a tensor that views the same
     bytes as an earlier one (same storage, offset, shape and strides) becomes an alias of it.
@@ -55,10 +60,10 @@ def pack_state(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
     arrays: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
     aliases: dict[str, str] = {}
-    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
+    seen: dict[tuple[object, ...], str] = {}
     for name, tensor in state_dict.items():
         t = tensor.detach()
-        ident = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), t.stride(), t.dtype)
+        ident = view_identity(t)
         if t.device.type == "cpu" and ident in seen:
             aliases[name] = seen[ident]
             continue
