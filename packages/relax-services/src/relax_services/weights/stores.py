@@ -2,8 +2,9 @@
 
 Two implementations of one :class:`WeightStore` protocol:
 
-- :class:`InProcessWeightStore`: CPU snapshots behind a lock, for tests and the colocated mode's one process; a
-  publication is copied into the buffers of a retired version that no reader uses any more.
+- :class:`InProcessWeightStore`: CPU snapshots behind a lock, for tests and the colocated mode's one process; with
+  ``recycle`` (``run.reuse_weight_buffers`` in a run) a publication is copied into the buffers of a retired version
+  that no reader uses any more.
 - :class:`RayWeightStore`: a handle on a named Ray actor (``num_cpus=0``) that keeps the object-store
   references of the newest ``keep`` versions (1 in a run: only the newest is kept alive, plus the versions
   readers still compute with). The publisher ``ray.put``s the state dict once as numpy buffers (so the
